@@ -1,0 +1,9 @@
+#!/bin/sh
+# Installs the Debian 12 packages k3 needs to build and test (run as root, or with sudo).
+set -e
+PKGS="build-essential libcjson-dev libpcre2-dev"
+if [ "${1:-}" = "--with-wide" ]; then PKGS="$PKGS python3-numpy"; fi
+SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq $PKGS

@@ -1,0 +1,15 @@
+/* cli.h — subcommands of the k3 command-line tool. Each takes the arguments after its
+ * name (argv[0] is the subcommand name), prints to stdout/stderr and returns the process
+ * exit status (0, or a k3_status code). */
+#ifndef K3_CLI_H
+#define K3_CLI_H
+
+int k3_cmd_run(int argc, char **argv);
+int k3_cmd_tokenize(int argc, char **argv);
+int k3_cmd_detokenize(int argc, char **argv);
+
+/* The bundled fixture model's folder (tests/fixtures/k3-nano beside the executable, else
+ * relative to the working directory); used when no MODEL_DIR is given. */
+const char *k3_default_model_dir(void);
+
+#endif

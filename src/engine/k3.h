@@ -1,0 +1,83 @@
+/* k3.h — the engine's public API: an immutable loaded model (k3_engine) and one mutable
+ * timeline over it (k3_session). The CLI, and later the REPL and server, are thin clients.
+ *
+ * Invariants:
+ *  - k3_engine is read-only after k3_engine_load; several sessions may share it.
+ *  - A session holds all per-sequence state: KDA recurrent + conv state, the MLA KV cache,
+ *    the position, and scratch buffers sized at creation. k3_session_step allocates nothing.
+ *  - Weights are used in place from memory-mapped shards; nothing is widened to f32 at load.
+ *  - Logits are exact float32 per spec §2 (no lossy mode exists yet).
+ */
+#ifndef K3_H
+#define K3_H
+
+#include <stdint.h>
+#include <stddef.h>
+#include "../util/err.h"
+#include "../format/config.h"
+
+typedef struct k3_engine k3_engine;
+typedef struct k3_session k3_session;
+typedef struct k3_tokenizer k3_tokenizer;
+
+typedef struct k3_engine_opts {
+    int threads;      /* OpenMP threads for the kernels; 0 = OpenMP default */
+    int verbose;      /* 1: print the load summary line to stderr */
+} k3_engine_opts;
+
+/* Loads MODEL_DIR (a Hugging Face snapshot: config.json, model.safetensors.index.json,
+ * shards, tiktoken.model, tokenizer_config.json). Parses headers only and maps the shards;
+ * load time is proportional to header sizes. vision_tower.* / mm_projector.* are skipped and
+ * shards holding only them are never opened.
+ * Errors: K3_ERR_IO, K3_ERR_CONFIG, K3_ERR_CHECKPOINT, K3_ERR_TOKENIZER; the message names the
+ * file and tensor. */
+int k3_engine_load(const char *model_dir, const k3_engine_opts *opts, k3_engine **out,
+                   k3_err *err);
+void k3_engine_free(k3_engine *e);
+const k3_config *k3_engine_config(const k3_engine *e);
+const k3_tokenizer *k3_engine_tokenizer(const k3_engine *e);
+/* Bytes of the mapped weights the forward pass reads (spine + routed experts). */
+uint64_t k3_engine_weight_bytes(const k3_engine *e);
+
+/* What a trace hook sees (spec §3 names; fixtures' trace_len*.json use the same points). */
+enum k3_trace_point {
+    K3_TRACE_ATTN_IN,     /* AttnRes-mixed input of the mixer, before input_layernorm */
+    K3_TRACE_ATTN_OUT,    /* mixer output after o_proj */
+    K3_TRACE_MLP_IN,      /* AttnRes-mixed input of the FFN, before post_attention_layernorm */
+    K3_TRACE_MLP_OUT,     /* dense MLP or MoE output */
+    K3_TRACE_PARTIAL_SUM, /* block partial sum P after the layer */
+    K3_TRACE_FINAL_HIDDEN,/* output AttnRes mix (layer = -1) */
+    K3_TRACE_FINAL_NORMED,/* after model.norm (layer = -1) */
+};
+
+typedef struct k3_trace {
+    void *user;
+    /* x has n floats (hidden_size); called for every point of every layer. */
+    void (*on_vector)(void *user, int pos, int layer, enum k3_trace_point point,
+                      const float *x, int n);
+    /* The router's choice at a MoE layer: k expert ids in canonical order (descending biased
+     * score, ties to the lower id) and their renormalised unbiased weights. */
+    void (*on_routing)(void *user, int pos, int layer, const int *ids, const float *weights,
+                       int k);
+} k3_trace;
+
+/* Creates a session able to hold max_ctx positions (0 = min(max_position_embeddings, 4096)).
+ * The KV cache is reserved virtually and committed as positions are used.
+ * Errors: K3_ERR_GENERIC (out of memory), K3_ERR_INPUT (max_ctx out of range). */
+int k3_session_new(const k3_engine *e, int max_ctx, k3_session **out, k3_err *err);
+void k3_session_free(k3_session *s);
+/* Forgets every position: zero KDA/conv state, empty KV cache. */
+void k3_session_reset(k3_session *s);
+/* Number of positions processed so far. */
+int k3_session_pos(const k3_session *s);
+int k3_session_max_ctx(const k3_session *s);
+/* Installs (or with NULL removes) a trace hook; the struct is copied. */
+void k3_session_set_trace(k3_session *s, const k3_trace *trace);
+
+/* Runs the forward pass (spec §3) for `token` at position k3_session_pos(s), updating the
+ * KDA/conv state and KV cache. Writes vocab_size float32 logits to `logits` when non-NULL
+ * (prefill may pass NULL to skip lm_head).
+ * Errors: K3_ERR_INPUT (token outside [0, vocab_size), context full). */
+int k3_session_step(k3_session *s, int32_t token, float *logits, k3_err *err);
+
+#endif

@@ -1,0 +1,72 @@
+/* kernels.h — the math primitives the forward pass is built from (scalar reference path).
+ *
+ * Invariants (spec §2):
+ *  - Weights stay in their checkpoint dtype; BF16 is widened exactly (bits << 16) and MXFP4 is
+ *    decoded exactly (§10.4) inside the kernels. No f32 copy of a weight matrix is made.
+ *  - Canonical reduction order: every dot product sums i = 0..n-1 ascending into one f32
+ *    accumulator with separate multiply and add (the build uses -ffp-contract=off).
+ *    Threads split work by output row only, so results do not depend on the thread count.
+ *  - Divisions stay divisions (mean, SiTU's /25, SiLU) as in the PyTorch CPU reference.
+ */
+#ifndef K3_KERNELS_H
+#define K3_KERNELS_H
+
+#include <stdint.h>
+#include <string.h>
+
+/* A dense weight matrix [rows, cols], row-major, BF16 or F32 (enum k3_dtype). Vectors (norm
+ * weights, biases) are matrices with rows = 1. */
+typedef struct k3_mat {
+    const void *data;
+    int dtype;
+    int64_t rows, cols;
+} k3_mat;
+
+/* An MXFP4 matrix [rows, cols] (compressed-tensors mxfp4-pack-quantized, spec §10.4):
+ * packed [rows, cols/2] (even column in the low nibble), scale [rows, cols/32] (E8M0). */
+typedef struct k3_mxfp4 {
+    const uint8_t *packed;
+    const uint8_t *scale;
+    int64_t rows, cols;
+} k3_mxfp4;
+
+static inline float k3_bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* E8M0 scale 2^(s-127) built from bits: s = 0 is the subnormal 2^-127, s = 255 is NaN. */
+static inline float k3_e8m0_to_f32(uint8_t s) {
+    uint32_t u = s == 0 ? 0x00400000u : s == 255 ? 0x7fc00000u : (uint32_t)s << 23;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* E2M1 code (0..15: bit 3 sign, bits 2..1 exponent, bit 0 mantissa) times an E8M0 scale. */
+float k3_mxfp4_value(uint8_t code, uint8_t scale);
+
+/* Element i of a BF16/F32 matrix viewed as a flat vector. */
+float k3_mat_at(const k3_mat *m, int64_t i);
+
+/* y[rows] = W x, x[cols]. Spec §2.3. */
+void k3_matvec(const k3_mat *w, const float *x, float *y);
+/* y[rows] = W x for an MXFP4 matrix with fused exact decode. Spec §10.4. */
+void k3_matvec_mxfp4(const k3_mxfp4 *w, const float *x, float *y);
+
+/* y[n] = w ⊙ (x · 1/sqrt(Σx²/n + eps)); w may be NULL (no weight). y may alias x. Spec §4. */
+void k3_rmsnorm(const float *x, const k3_mat *w, int n, float eps, float *y);
+
+float k3_sigmoid(float x);
+/* x / (1 + e^-x): ATen's CPU SiLU divides (spec §2.6). */
+float k3_silu(float x);
+/* SiTU-GLU (spec §8.1): (β·tanh(g/β)) · σ(g) · (β₂·tanh(u/β₂)), in that order. */
+float k3_situ(float g, float u, float beta, float linear_beta);
+
+/* out[i] = SiTU(gate[i], up[i]) for i < n; out may alias gate. */
+void k3_situ_vec(const float *gate, const float *up, int n, float beta, float linear_beta,
+                 float *out);
+
+#endif

@@ -1,0 +1,76 @@
+/* forward.c — one token through K3 (spec §3): AttnRes around every mixer and FFN, the block
+ * bookkeeping, the final mix, norm and lm_head. Read top to bottom next to spec §3. */
+#include <string.h>
+
+#include "layers.h"
+
+static void trace_vec(const k3_trace *tr, int pos, int layer, enum k3_trace_point pt,
+                      const float *x, int n) {
+    if (tr && tr->on_vector) tr->on_vector(tr->user, pos, layer, pt, x, n);
+}
+
+/* AR(R ++ [last]) with the layer's folded score weights. */
+static void mix(const k3_state *s, const float *last, const float *sw, const k3_config *c,
+                float *out) {
+    const float *vals[K3_MAX_RES_VALUES];
+    int n = 0;
+    for (int j = 0; j < s->n_blocks; j++) vals[n++] = s->blocks + (size_t)j * c->hidden_size;
+    vals[n++] = last;
+    k3_attn_res(vals, n, sw, c->hidden_size, c->rms_norm_eps, out);
+}
+
+static void embed(const k3_model *m, int32_t token, float *out) {
+    int64_t hd = m->cfg.hidden_size;
+    for (int64_t i = 0; i < hd; i++) out[i] = k3_mat_at(&m->embed, (int64_t)token * hd + i);
+}
+
+void k3_forward(const k3_model *m, k3_state *s, int32_t token, float *logits,
+                const k3_trace *tr) {
+    const k3_config *c = &m->cfg;
+    int hd = c->hidden_size, pos = s->pos;
+    size_t vec = (size_t)hd * sizeof(float);
+    float *P = s->partial, *x = s->x, *xn = s->xn, *a = s->mix, *f = s->ffn_out;
+    s->n_blocks = 0;
+    embed(m, token, P); /* the embedding is the first h_in; it becomes block 0 */
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        const k3_layer *L = &m->layers[l];
+        if (s->n_blocks > 0)
+            mix(s, P, L->attn_res_sw, c, x);
+        else
+            memcpy(x, P, vec);
+        trace_vec(tr, pos, l, K3_TRACE_ATTN_IN, x, hd);
+        bool fresh_block = l % c->attn_res_block_size == 0;
+        if (fresh_block) memcpy(s->blocks + (size_t)s->n_blocks++ * hd, P, vec);
+
+        k3_rmsnorm(x, &L->input_layernorm, hd, c->rms_norm_eps, xn);
+        if (L->is_mla)
+            k3_mla_forward(m, L, s, xn, a);
+        else
+            k3_kda_forward(m, L, s, xn, a);
+        trace_vec(tr, pos, l, K3_TRACE_ATTN_OUT, a, hd);
+        if (fresh_block)
+            memcpy(P, a, vec); /* first contribution after a reset is a copy, not 0 + a */
+        else
+            for (int i = 0; i < hd; i++) P[i] = P[i] + a[i];
+
+        mix(s, P, L->mlp_res_sw, c, x);
+        trace_vec(tr, pos, l, K3_TRACE_MLP_IN, x, hd);
+        k3_rmsnorm(x, &L->post_attention_layernorm, hd, c->rms_norm_eps, xn);
+        if (L->is_moe) {
+            k3_moe_forward(m, L, s, xn, f);
+            if (tr && tr->on_routing)
+                tr->on_routing(tr->user, pos, l, s->topk, s->topk_w, c->num_experts_per_token);
+        } else {
+            k3_dense_forward(m, L, s, xn, f);
+        }
+        trace_vec(tr, pos, l, K3_TRACE_MLP_OUT, f, hd);
+        for (int i = 0; i < hd; i++) P[i] = P[i] + f[i];
+        trace_vec(tr, pos, l, K3_TRACE_PARTIAL_SUM, P, hd);
+    }
+    mix(s, P, m->out_res_sw, c, x);
+    trace_vec(tr, pos, -1, K3_TRACE_FINAL_HIDDEN, x, hd);
+    k3_rmsnorm(x, &m->norm, hd, c->rms_norm_eps, xn);
+    trace_vec(tr, pos, -1, K3_TRACE_FINAL_NORMED, xn, hd);
+    if (logits) k3_matvec(&m->lm_head, xn, logits);
+    s->pos++;
+}

@@ -1,0 +1,96 @@
+/* model.h — K3's weights bound to layers, the per-sequence state, and the forward pass.
+ *
+ * Invariants (each tied to a fixture test that fails when broken):
+ *  - Layer kinds: zero-based layer i is MLA iff i+1 is in full_attn_layers (config.h).
+ *  - A_log is PER HEAD: A_log[h] for h < kda_num_heads; trailing entries are padding (§6.4).
+ *  - MLA is NoPE: the qk_rope_head_dim "pe" dims are used unrotated; k_pe is shared by all
+ *    heads (§7.2). The two MLA LoRA norms use eps 1e-6, not rms_norm_eps (§4).
+ *  - The router bias (e_score_correction_bias) affects selection only; weights are the
+ *    renormalised UNBIASED sigmoid scores (§8.3).
+ *  - AttnRes folds w_norm ⊙ w_proj once at load and dots it with the unweighted RMS-normed
+ *    value; the mix is over raw values (§5). Blocks start at layers l % attn_res_block_size
+ *    == 0 and the embedding is block 0.
+ *  - The latent RMSNorm is applied to the weighted SUM of experts, never per expert (§8.3).
+ *  - Experts are read from their mapped shard in place; the expert store (a later issue)
+ *    will replace the direct pointers in k3_expert.
+ */
+#ifndef K3_MODEL_H
+#define K3_MODEL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include "../format/config.h"
+#include "../format/safetensors.h"
+#include "../kernels/kernels.h"
+#include "../engine/k3.h"
+
+typedef struct k3_kda_weights {
+    k3_mat q_proj, k_proj, v_proj, g_proj, o_proj; /* [P, hidden] / o_proj [hidden, P] */
+    k3_mat f_a_proj, f_b_proj;                     /* [rank, hidden], [P, rank] */
+    k3_mat b_proj;                                 /* [heads, hidden] */
+    k3_mat q_conv, k_conv, v_conv;                 /* F32 [P, 1, conv] viewed as [P, conv] */
+    k3_mat A_log, dt_bias, o_norm;                 /* F32 [>= heads], [P], [head_dim] */
+} k3_kda_weights;
+
+typedef struct k3_mla_weights {
+    k3_mat q_a_proj, q_a_layernorm, q_b_proj;
+    k3_mat kv_a_proj, kv_a_layernorm, kv_b_proj;
+    k3_mat g_proj, o_proj;
+} k3_mla_weights;
+
+typedef struct k3_expert {
+    k3_mxfp4 w1, w2, w3; /* gate [inter, latent], down [latent, inter], up [inter, latent] */
+} k3_expert;
+
+typedef struct k3_moe_weights {
+    k3_mat router, router_bias;          /* gate.weight [E, hidden], bias F32 [E] */
+    k3_mat down_proj, up_proj, norm;     /* latent projections and routed_expert_norm */
+    k3_mat shared_gate, shared_up, shared_down;
+    k3_expert *experts;                  /* [E] */
+} k3_moe_weights;
+
+typedef struct k3_dense_weights {
+    k3_mat gate_proj, up_proj, down_proj;
+} k3_dense_weights;
+
+typedef struct k3_layer {
+    bool is_mla, is_moe;
+    int state_slot;                       /* index among KDA layers or among MLA layers */
+    k3_mat input_layernorm, post_attention_layernorm;
+    float *attn_res_sw, *mlp_res_sw;      /* folded AttnRes score weights [hidden] */
+    k3_kda_weights kda;
+    k3_mla_weights mla;
+    k3_dense_weights dense;
+    k3_moe_weights moe;
+} k3_layer;
+
+typedef struct k3_model {
+    k3_config cfg;
+    int kda_rank;                         /* f_a_proj rows (from the checkpoint) */
+    int n_kda, n_mla;
+    k3_layer *layers;
+    k3_mat embed, norm, lm_head;
+    float *out_res_sw;
+    uint64_t spine_bytes, expert_bytes;
+} k3_model;
+
+/* Binds every tensor the forward pass needs, checking dtype and shape against cfg.
+ * Errors: K3_ERR_CHECKPOINT naming the tensor and shard; K3_ERR_GENERIC (out of memory). */
+int k3_model_bind(k3_model *m, const k3_config *cfg, const k3_checkpoint *ck, k3_err *err);
+void k3_model_free(k3_model *m);
+
+/* Per-sequence state + scratch, sized from the config at creation. */
+typedef struct k3_state k3_state;
+
+int k3_state_new(const k3_model *m, int max_ctx, k3_state **out, k3_err *err);
+void k3_state_free(k3_state *s);
+void k3_state_reset(k3_state *s);
+int k3_state_pos(const k3_state *s);
+int k3_state_max_ctx(const k3_state *s);
+
+/* One token through the whole model at position k3_state_pos(s) (spec §3); advances the
+ * position. logits [vocab] may be NULL. trace may be NULL. Allocation-free. */
+void k3_forward(const k3_model *m, k3_state *s, int32_t token, float *logits,
+                const k3_trace *trace);
+
+#endif

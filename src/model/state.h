@@ -1,0 +1,44 @@
+/* state.h — the per-sequence state and scratch of the forward pass (internal to src/model).
+ *
+ * Invariants:
+ *  - Everything here is sized from the config in k3_state_new; k3_forward never allocates.
+ *  - KDA: per layer, S[head][key i][value j] (f32, zero at start) and the last conv-1 raw
+ *    inputs of q, k, v per channel, oldest first.
+ *  - MLA KV cache, EXPANDED form (spec §7.5): per layer and position, k_nope [heads][nope],
+ *    the shared k_pe [rope] once, and v [heads][v]. Expanded rather than latent because the
+ *    latent form needs kv_b_proj re-applied to every cached position at every token (or the
+ *    absorbed form, which is not bit-exact); k_pe is stored once, not per head. The cache is
+ *    reserved as virtual memory for max_ctx positions and committed page by page as used.
+ */
+#ifndef K3_STATE_H
+#define K3_STATE_H
+
+#include "model.h"
+
+struct k3_state {
+    int pos, max_ctx;
+    int n_kda;
+    /* KDA */
+    float *kda_S;       /* [n_kda][heads][d][d] */
+    float *kda_conv;    /* [n_kda][3][P][conv-1] */
+    size_t kda_S_floats, kda_conv_floats; /* per layer */
+    /* MLA */
+    float *kv;          /* [n_mla][max_ctx][kv_floats] (mmap'd, lazily committed) */
+    size_t kv_floats;   /* per position per layer */
+    size_t kv_bytes;    /* total mapping size */
+    /* AttnRes */
+    float *blocks;      /* [max_blocks][hidden]: R */
+    int n_blocks, max_blocks;
+    float *partial, *x, *xn, *mix, *ffn_out, *logit_in;  /* [hidden] each */
+    /* mixer scratch */
+    float *q, *k, *v, *g, *f, *fa, *beta, *o;          /* KDA: [P] (fa [rank], beta [heads]) */
+    float *cq, *Q, *ckv, *KV, *scores;                 /* MLA; scores [heads][max_ctx] */
+    /* FFN scratch */
+    float *gate, *up;                                  /* [max(inter, shared, expert inter)] */
+    float *router, *biased, *lat, *lat_acc, *exp_out;  /* [E] x2, [latent] x3 */
+    float *ffn_tmp;                                    /* [hidden] shared-expert output */
+    int *topk;                                         /* [k] */
+    float *topk_w;                                     /* [k] */
+};
+
+#endif

@@ -1,0 +1,39 @@
+/* err.h — status codes and error messages that travel up to main.
+ *
+ * Invariants:
+ *  - Library code never exits and never prints errors itself: a failing function fills a
+ *    k3_err (code + one human-readable message naming the file/tensor and, when known, the
+ *    fix) and returns the same code. Only main() decides to exit, with err.code as status.
+ *  - K3_OK is 0; every other code is a distinct, documented process exit status.
+ */
+#ifndef K3_ERR_H
+#define K3_ERR_H
+
+#include <stddef.h>
+
+enum k3_status {
+    K3_OK = 0,
+    K3_ERR_GENERIC = 1,   /* internal error, out of memory */
+    K3_ERR_USAGE = 2,     /* bad command line */
+    K3_ERR_IO = 3,        /* a file is missing, unreadable or a read failed */
+    K3_ERR_CONFIG = 4,    /* config.json / tokenizer_config.json missing a field or malformed */
+    K3_ERR_CHECKPOINT = 5,/* safetensors/index inconsistent: missing tensor, bad shape/dtype, truncated */
+    K3_ERR_TOKENIZER = 6, /* tiktoken.model malformed, or text the tokenizer cannot encode */
+    K3_ERR_INPUT = 7,     /* a token id out of range, prompt longer than the context */
+    K3_ERR_INTERRUPTED = 130, /* stopped by SIGINT (128 + 2, the shell convention) */
+};
+
+typedef struct k3_err {
+    int code;
+    char msg[1024];
+} k3_err;
+
+/* Fills err (if non-NULL) with code and a printf-style message; returns code.
+ * Usage: return k3_fail(err, K3_ERR_IO, "%s: cannot open: %s", path, strerror(errno)); */
+int k3_fail(k3_err *err, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Prefixes an existing message with more context ("loading model: ..."); returns err->code. */
+int k3_err_prefix(k3_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#endif
