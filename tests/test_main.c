@@ -8,7 +8,8 @@
 
 extern const k3_test k3_suite_util[];
 extern const k3_test k3_suite_model[];
-#define SUITES X(util) X(model)
+extern const k3_test k3_suite_tokenizer[];
+#define SUITES X(util) X(tokenizer) X(model)
 
 #define X(name) {#name, k3_suite_##name},
 static const struct {

@@ -1,0 +1,173 @@
+/* cmd_tokenize.c — `k3 tokenize` (text → comma-separated ids) and `k3 detokenize` (ids →
+ * text). Both need only DIR/tiktoken.model and DIR/tokenizer_config.json; DIR defaults to
+ * the bundled fixture model. The first positional argument is DIR when it is a folder that
+ * holds tiktoken.model, otherwise it is the TEXT/IDS argument. */
+#include <errno.h>
+#include <limits.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "../tok/tokenizer.h"
+#include "../util/fileio.h"
+#include "cli.h"
+
+#define MAX_FILE_BYTES ((size_t)1 << 30)
+
+static void tokenize_usage(FILE *f) {
+    fprintf(f,
+        "usage: k3 tokenize [DIR] [--special] (--file PATH | TEXT)\n"
+        "\n"
+        "Prints the token ids of TEXT (UTF-8) on one line, comma-separated. No [BOS] is added.\n"
+        "DIR holds tiktoken.model and tokenizer_config.json (default: the bundled fixture\n"
+        "model).\n"
+        "\n"
+        "  --special      special-token spellings such as <|open|> or [BOS] become their ids\n"
+        "                 (default: they are ordinary text, as in user content)\n"
+        "  --file PATH    tokenize the exact bytes of PATH instead of TEXT\n"
+        "  --             end of options (for a TEXT that starts with '-')\n"
+        "  -h, --help     this help\n");
+}
+
+static void detokenize_usage(FILE *f) {
+    fprintf(f,
+        "usage: k3 detokenize [DIR] IDS\n"
+        "\n"
+        "Prints the text of IDS (comma-separated token ids) followed by a newline. Bytes that\n"
+        "are not valid UTF-8 print as U+FFFD; special ids print as their spelling.\n"
+        "DIR holds tiktoken.model and tokenizer_config.json (default: the bundled fixture\n"
+        "model).\n"
+        "\n"
+        "  -h, --help     this help\n");
+}
+
+static int usage_error(const char *cmd, const char *what, const char *arg) {
+    fprintf(stderr, "k3 %s: %s%s%s (see k3 %s --help)\n", cmd, what, arg ? ": " : "",
+            arg ? arg : "", cmd);
+    return K3_ERR_USAGE;
+}
+
+static bool is_tokenizer_dir(const char *path) {
+    char p[PATH_MAX];
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode)) return false;
+    return stat(k3_path_join(p, sizeof p, path, "tiktoken.model"), &st) == 0;
+}
+
+/* ---- argument parsing ---------------------------------------------------------------- */
+
+typedef struct tok_args {
+    const char *dir, *arg, *file; /* arg: TEXT or IDS */
+    bool special;
+} tok_args;
+
+/* Parses [DIR] [options] ARG; with_options enables --special/--file (tokenize only).
+ * Returns 0, -1 after printing help, or K3_ERR_USAGE. */
+static int parse_args(int argc, char **argv, bool with_options, tok_args *a) {
+    const char *cmd = argv[0], *pos[3];
+    int n_pos = 0;
+    bool opts_done = false;
+    *a = (tok_args){0};
+    for (int i = 1; i < argc; i++) {
+        const char *s = argv[i];
+        bool is_opt = !opts_done && s[0] == '-' && s[1] != 0;
+        if (!is_opt && n_pos == 2) return usage_error(cmd, "too many arguments", s);
+        if (!is_opt) pos[n_pos++] = s;
+        else if (!strcmp(s, "--")) opts_done = true;
+        else if (!strcmp(s, "-h") || !strcmp(s, "--help")) return -1;
+        else if (with_options && !strcmp(s, "--special")) a->special = true;
+        else if (with_options && !strcmp(s, "--file") && i + 1 < argc) a->file = argv[++i];
+        else return usage_error(cmd, "unknown option or missing value", s);
+    }
+    int first = 0;
+    if (n_pos > 0 && is_tokenizer_dir(pos[0])) a->dir = pos[first++];
+    int rest = n_pos - first;
+    if (a->file ? rest != 0 : rest != 1)
+        return usage_error(cmd, a->file ? "--file and TEXT both given" :
+                           rest == 0 ? "missing argument" :
+                           "too many arguments, or DIR has no tiktoken.model", NULL);
+    if (!a->file) a->arg = pos[first];
+    if (!a->dir) a->dir = k3_default_model_dir();
+    return 0;
+}
+
+/* ---- k3 tokenize --------------------------------------------------------------------- */
+
+static void print_ids(const int32_t *ids, size_t n) {
+    for (size_t i = 0; i < n; i++) printf(i ? ",%d" : "%d", ids[i]);
+    putchar('\n');
+}
+
+static int fail(const k3_err *err) {
+    fprintf(stderr, "k3: %s\n", err->msg);
+    return err->code;
+}
+
+int k3_cmd_tokenize(int argc, char **argv) {
+    tok_args a;
+    int rc = parse_args(argc, argv, true, &a);
+    if (rc) return rc < 0 ? (tokenize_usage(stdout), 0) : rc;
+    k3_err err = {0};
+    char *file_text = NULL;
+    size_t len = a.arg ? strlen(a.arg) : 0, n;
+    if (a.file && k3_read_file(a.file, MAX_FILE_BYTES, &file_text, &len, &err) != K3_OK)
+        return fail(&err);
+    k3_tokenizer *t = NULL;
+    int32_t *ids = NULL;
+    if (k3_tokenizer_load(a.dir, &t, &err) == K3_OK &&
+        k3_tokenizer_encode(t, a.file ? file_text : a.arg, len, a.special, &ids, &n, &err) ==
+            K3_OK)
+        print_ids(ids, n);
+    free(ids);
+    free(file_text);
+    k3_tokenizer_free(t);
+    return err.code ? fail(&err) : 0;
+}
+
+/* ---- k3 detokenize ------------------------------------------------------------------- */
+
+/* Parses "1, 2,3" into a malloc'd array (ids need not be in range; decode checks that).
+ * An empty string is zero ids. Returns 0 or K3_ERR_USAGE. */
+static int parse_ids(const char *s, int32_t **ids, size_t *n) {
+    size_t cap = 1;
+    for (const char *p = s; *p; p++) cap += *p == ',';
+    *ids = malloc(cap * sizeof **ids);
+    *n = 0;
+    for (const char *p = s; *ids;) {
+        while (*p == ' ') p++;
+        if (*p == 0 && *n == 0) return 0;
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        while (*end == ' ') end++;
+        if (end == p || errno || v < 0 || v > INT32_MAX || (*end && *end != ',')) break;
+        (*ids)[(*n)++] = (int32_t)v;
+        if (*end == 0) return 0;
+        p = end + 1;
+    }
+    free(*ids);
+    return usage_error("detokenize", "IDS must be comma-separated non-negative integers", s);
+}
+
+int k3_cmd_detokenize(int argc, char **argv) {
+    tok_args a;
+    int rc = parse_args(argc, argv, false, &a);
+    if (rc) return rc < 0 ? (detokenize_usage(stdout), 0) : rc;
+    int32_t *ids;
+    size_t n, len;
+    if ((rc = parse_ids(a.arg, &ids, &n)) != 0) return rc;
+    k3_err err = {0};
+    k3_tokenizer *t = NULL;
+    char *text = NULL;
+    if (k3_tokenizer_load(a.dir, &t, &err) == K3_OK &&
+        k3_tokenizer_decode(t, ids, n, &text, &len, &err) == K3_OK) {
+        fwrite(text, 1, len, stdout);
+        putchar('\n');
+    }
+    free(text);
+    free(ids);
+    k3_tokenizer_free(t);
+    return err.code ? fail(&err) : 0;
+}
