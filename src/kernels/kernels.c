@@ -109,6 +109,11 @@ float k3_situ(float g, float u, float beta, float linear_beta) {
     return a * (linear_beta * tanhf(u / linear_beta));
 }
 
+float k3_kda_gate(float f, float dt_bias, float a_log, float lower_bound) {
+    float z = f + dt_bias;
+    return expf(lower_bound * k3_sigmoid(expf(a_log) * z));
+}
+
 void k3_situ_vec(const float *gate, const float *up, int n, float beta, float linear_beta,
                  float *out) {
     for (int i = 0; i < n; i++) out[i] = k3_situ(gate[i], up[i], beta, linear_beta);

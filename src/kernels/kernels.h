@@ -65,6 +65,11 @@ float k3_silu(float x);
 /* SiTU-GLU (spec §8.1): (β·tanh(g/β)) · σ(g) · (β₂·tanh(u/β₂)), in that order. */
 float k3_situ(float g, float u, float beta, float linear_beta);
 
+/* KDA lower-bound decay gate for one (head, channel) (spec §6.4):
+ * α = exp(lower_bound · σ(exp(a_log) · (f + dt_bias))), in that order; a_log is the head's
+ * A_log[h] (per head), f and dt_bias the channel's. With lower_bound = -5, α ∈ (e⁻⁵, 1]. */
+float k3_kda_gate(float f, float dt_bias, float a_log, float lower_bound);
+
 /* out[i] = SiTU(gate[i], up[i]) for i < n; out may alias gate. */
 void k3_situ_vec(const float *gate, const float *up, int n, float beta, float linear_beta,
                  float *out);

@@ -83,11 +83,9 @@ void k3_kda_forward(const k3_model *m, const k3_layer *L, k3_state *s, const flo
         float *q = s->q + h * D, *k = s->k + h * D, *v = s->v + h * D, *o = s->o + h * D;
         l2norm_head(q, D, q_scale);
         l2norm_head(k, D, 1.0f);
-        float decay = expf(A_log[h]); /* per head (spec §6.4, §14.1) */
-        for (int d = 0; d < D; d++) {
-            float z = s->f[h * D + d] + dt_bias[h * D + d];
-            alpha[d] = expf(c->kda_gate_lower_bound * k3_sigmoid(decay * z));
-        }
+        for (int d = 0; d < D; d++) /* A_log per head (spec §6.4, §14.1) */
+            alpha[d] = k3_kda_gate(s->f[h * D + d], dt_bias[h * D + d], A_log[h],
+                                   c->kda_gate_lower_bound);
         float beta = k3_sigmoid(s->beta[h]);
         delta_rule(S0 + (size_t)h * D * D, q, k, v, alpha, beta, D, u, o);
         /* gated per-head RMSNorm: normalise, weight, gate (spec §6.7) */
