@@ -539,12 +539,17 @@ static void test_bad_tokenizer_files(void) {
     CHECK(mkdtemp(dir) != NULL);
     expect_load_error(dir, K3_ERR_IO, "tiktoken.model", "cannot open");
     write_text(dir, "tokenizer_config.json", "{\"added_tokens_decoder\": {\n"
-               "\"256\": {\"content\": \"[BOS]\"}}}");
+               "\"256\": {\"content\": \"[BOS]\"}, \"257\": {\"content\": \"[BOS]x\"}}}");
     write_model(dir, 0, NULL);
     k3_tokenizer *t = load_tok(dir);
     if (k3_test_stopped()) return;
     CHECK(k3_tokenizer_vocab_size(t) == 512 && k3_tokenizer_special_id(t, "[BOS]") == 256);
     CHECK(k3_tokenizer_special_id(t, "<|reserved_token_511|>") == 511);
+    int32_t *ids;
+    size_t n;
+    if (encode(t, "a[BOS]x[BOS]", 12, true, &ids, &n)) return; /* longest spelling wins */
+    CHECK(n == 3 && ids[0] == 'a' && ids[1] == 257 && ids[2] == 256, "%zu ids", n);
+    free(ids);
     k3_tokenizer_free(t);
     write_model(dir, 3, "Ag== 2 extra");
     expect_load_error(dir, K3_ERR_TOKENIZER, "tiktoken.model:3:", "malformed");

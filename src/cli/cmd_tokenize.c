@@ -63,6 +63,13 @@ typedef struct tok_args {
     bool special;
 } tok_args;
 
+/* What is wrong with `rest` positionals after DIR, or NULL. */
+static const char *arity_problem(bool has_file, int rest, bool with_options) {
+    if (has_file) return rest ? "--file and TEXT both given" : NULL;
+    if (rest == 0) return with_options ? "missing TEXT (or --file PATH)" : "missing IDS";
+    return rest > 1 ? "too many arguments, or DIR has no tiktoken.model" : NULL;
+}
+
 /* Parses [DIR] [options] ARG; with_options enables --special/--file (tokenize only).
  * Returns 0, -1 after printing help, or K3_ERR_USAGE. */
 static int parse_args(int argc, char **argv, bool with_options, tok_args *a) {
@@ -83,11 +90,8 @@ static int parse_args(int argc, char **argv, bool with_options, tok_args *a) {
     }
     int first = 0;
     if (n_pos > 0 && is_tokenizer_dir(pos[0])) a->dir = pos[first++];
-    int rest = n_pos - first;
-    if (a->file ? rest != 0 : rest != 1)
-        return usage_error(cmd, a->file ? "--file and TEXT both given" :
-                           rest == 0 ? "missing argument" :
-                           "too many arguments, or DIR has no tiktoken.model", NULL);
+    const char *problem = arity_problem(a->file != NULL, n_pos - first, with_options);
+    if (problem) return usage_error(cmd, problem, NULL);
     if (!a->file) a->arg = pos[first];
     if (!a->dir) a->dir = k3_default_model_dir();
     return 0;
