@@ -28,14 +28,14 @@ static void usage(FILE *f) {
 }
 
 static int is_model_dir(const char *dir) {
-    char p[PATH_MAX];
+    char p[PATH_MAX + 32];
     struct stat st;
-    snprintf(p, sizeof p, "%s/config.json", dir);
+    if (snprintf(p, sizeof p, "%s/config.json", dir) >= (int)sizeof p) return 0;
     return stat(p, &st) == 0;
 }
 
 const char *k3_default_model_dir(void) {
-    static char buf[PATH_MAX]; /* written once, before any thread starts */
+    static char buf[PATH_MAX + 64]; /* CLI-only; written before any thread starts */
     char exe[PATH_MAX];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (n > 0) {
@@ -43,10 +43,12 @@ const char *k3_default_model_dir(void) {
         char *slash = strrchr(exe, '/');
         if (slash) {
             *slash = 0;
-            snprintf(buf, sizeof buf, "%s/" BUNDLED_MODEL, exe);
-            if (is_model_dir(buf)) return buf;
-            snprintf(buf, sizeof buf, "%s/../" BUNDLED_MODEL, exe); /* build/k3 */
-            if (is_model_dir(buf)) return buf;
+            if (snprintf(buf, sizeof buf, "%s/" BUNDLED_MODEL, exe) < (int)sizeof buf &&
+                is_model_dir(buf))
+                return buf;
+            if (snprintf(buf, sizeof buf, "%s/../" BUNDLED_MODEL, exe) < (int)sizeof buf &&
+                is_model_dir(buf)) /* build/k3 */
+                return buf;
         }
     }
     return BUNDLED_MODEL;

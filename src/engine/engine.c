@@ -42,7 +42,7 @@ int k3_engine_load(const char *model_dir, const k3_engine_opts *opts, k3_engine 
     }
     if (opts && opts->verbose)
         fprintf(stderr, "k3: loaded %s: %d layers (%d KDA, %d MLA), hidden %d, %d experts "
-                "(top-%d), spine %.2f GB + experts %.2f GB mapped from %d shard(s)%s, "
+                "(top-%d), spine %.3f GB + experts %.3f GB mapped from %d shard(s)%s, "
                 "%d threads\n", model_dir, e->cfg.num_hidden_layers, e->model.n_kda,
                 e->model.n_mla, e->cfg.hidden_size, e->cfg.num_experts,
                 e->cfg.num_experts_per_token, (double)e->model.spine_bytes / 1e9,
