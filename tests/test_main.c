@@ -10,7 +10,8 @@ extern const k3_test k3_suite_util[];
 extern const k3_test k3_suite_model[];
 extern const k3_test k3_suite_tokenizer[];
 extern const k3_test k3_suite_kernels[];
-#define SUITES X(util) X(tokenizer) X(kernels) X(model)
+extern const k3_test k3_suite_badinput[];
+#define SUITES X(util) X(tokenizer) X(kernels) X(model) X(badinput)
 
 #define X(name) {#name, k3_suite_##name},
 static const struct {

@@ -116,15 +116,24 @@ static int parse_entry(const k3_shard *sh, const cJSON *e, k3_tensor *t, k3_err 
                        t->ndim, K3_MAX_DIMS);
     uint64_t numel = 1;
     for (int d = 0; d < t->ndim; d++) {
-        double v = cJSON_GetArrayItem(shape, d)->valuedouble;
-        if (!cJSON_IsNumber(cJSON_GetArrayItem(shape, d)) || v < 0 || v > 1e15)
-            return k3_fail(err, K3_ERR_CHECKPOINT, "%s: tensor %s: bad shape", p, name);
+        const cJSON *dim = cJSON_GetArrayItem(shape, d);
+        double v = dim->valuedouble;
+        /* Integers only, and an element count that cannot wrap 64 bits (a wrapped count
+         * would let a huge shape pass the byte-span check below as a tiny tensor). */
+        if (!cJSON_IsNumber(dim) || v < 0 || v > 1e15 || v != (double)(int64_t)v ||
+            __builtin_mul_overflow(numel, (uint64_t)v, &numel) ||
+            numel > (UINT64_MAX >> 3))
+            return k3_fail(err, K3_ERR_CHECKPOINT, "%s: tensor %s: bad shape: dimensions must "
+                           "be non-negative integers with a representable element count", p,
+                           name);
         t->shape[d] = (int64_t)v;
-        numel *= (uint64_t)v;
     }
-    double b = cJSON_GetArrayItem(offs, 0)->valuedouble, en = cJSON_GetArrayItem(offs, 1)->valuedouble;
-    if (b < 0 || en < b || en > 1e18)
-        return k3_fail(err, K3_ERR_CHECKPOINT, "%s: tensor %s: bad data_offsets", p, name);
+    const cJSON *ob = cJSON_GetArrayItem(offs, 0), *oe = cJSON_GetArrayItem(offs, 1);
+    double b = ob->valuedouble, en = oe->valuedouble;
+    if (!cJSON_IsNumber(ob) || !cJSON_IsNumber(oe) || b < 0 || en < b || en > 1e18 ||
+        b != (double)(uint64_t)b || en != (double)(uint64_t)en)
+        return k3_fail(err, K3_ERR_CHECKPOINT, "%s: tensor %s: bad data_offsets: need two "
+                       "integers 0 <= begin <= end <= 1e18", p, name);
     uint64_t ub = (uint64_t)b, ue = (uint64_t)en;
     t->nbytes = ue - ub;
     if (t->nbytes != numel * k3_dtype_size(t->dtype))
@@ -286,8 +295,9 @@ static int check_index(const k3_checkpoint *c, const cJSON *root, k3_err *err) {
                            "%s/" INDEX_NAME " lists tensor %s in %s, but that shard's header "
                            "does not contain it", c->dir, e->string, e->valuestring);
         if (strcmp(strrchr(c->shards[t->shard].path, '/') + 1, e->valuestring) != 0)
-            return k3_fail(err, K3_ERR_CHECKPOINT, "tensor %s: index says %s, found in %s",
-                           e->string, e->valuestring, c->shards[t->shard].path);
+            return k3_fail(err, K3_ERR_CHECKPOINT, "%s/" INDEX_NAME ": tensor %s: index says "
+                           "%s, but it is in %s", c->dir, e->string, e->valuestring,
+                           c->shards[t->shard].path);
     }
     return K3_OK;
 }
