@@ -9,12 +9,14 @@ BUILD   ?= build
 LIB_SRC  := $(sort $(filter-out src/cli/main.c,$(wildcard src/*/*.c)))
 CLI_SRC  := src/cli/main.c
 TEST_SRC := $(sort $(wildcard tests/*.c))
+# tests/test_NAME.c defines suite NAME (see tests/test_main.c).
+SUITES   := $(patsubst tests/test_%.c,X(%),$(filter-out tests/test_main.c,$(wildcard tests/test_*.c)))
 
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
 CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 
-.PHONY: all test test-wide asan bench clean deps
+.PHONY: all test test-wide asan bench clean deps FORCE
 all: k3
 
 k3: $(BUILD)/k3
@@ -32,6 +34,17 @@ $(BUILD)/k3_tests: $(TEST_OBJ) $(BUILD)/libk3.a
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c -o $@ $<
+
+$(BUILD)/tests/test_main.o: tests/test_main.c $(BUILD)/suites.txt
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) '-DK3_TEST_SUITES=$(SUITES)' -c -o $@ $<
+
+# Rebuild test_main.o when the set of suites changes.
+$(BUILD)/suites.txt: FORCE
+	@mkdir -p $(BUILD)
+	@echo '$(SUITES)' | cmp -s - $@ || echo '$(SUITES)' > $@
+
+FORCE:
 
 # Every test; the last line of output is "N passed, N failed".
 test: k3 $(BUILD)/k3_tests
