@@ -238,7 +238,7 @@ static void check_matvec(int dtype, int rows, int cols, uint32_t seed) {
         wf[i] = v;
     }
     for (int i = 0; i < cols; i++) x[i] = rnd();
-    k3_mat w = {dtype == K3_DT_BF16 ? (const void *)wb : (const void *)wf, dtype, rows, cols};
+    k3_mat w = {dtype == K3_DT_BF16 ? (const void *)wb : (const void *)wf, dtype, rows, cols, NULL};
     k3_matvec(&w, x, y);
     for (int r = 0; r < rows; r++) {
         double s = 0, a = 0;
@@ -284,7 +284,7 @@ static void test_matvec_same_result_1_and_2_threads(void) {
     int saved = omp_get_max_threads();
     for (int dt = 0; dt < 2; dt++) {
         k3_mat w = {dt ? (const void *)wb : (const void *)wf, dt ? K3_DT_BF16 : K3_DT_F32, TH_R,
-                    TH_C};
+                    TH_C, NULL};
         omp_set_num_threads(1);
         k3_matvec(&w, x, y1);
         omp_set_num_threads(2);
@@ -332,7 +332,7 @@ static void test_rmsnorm_no_weight(void) {
 
 static void test_rmsnorm_bf16_weight(void) {
     float y[4];
-    k3_mat w = {RMS_W_BF16, K3_DT_BF16, 1, 4};
+    k3_mat w = {RMS_W_BF16, K3_DT_BF16, 1, 4, NULL};
     k3_rmsnorm(RMS_X, &w, 4, 1e-5f, y);
     double r = 1.0 / sqrt(30.0 / 4.0 + (double)1e-5f);
     for (int i = 0; i < 4; i++) {
@@ -357,7 +357,7 @@ static void test_rmsnorm_eps_matters_for_small_input(void) {
 
 static void test_rmsnorm_in_place(void) {
     float y[4], xy[4];
-    k3_mat w = {RMS_W_BF16, K3_DT_BF16, 1, 4};
+    k3_mat w = {RMS_W_BF16, K3_DT_BF16, 1, 4, NULL};
     k3_rmsnorm(RMS_X, &w, 4, 1e-5f, y);
     memcpy(xy, RMS_X, sizeof xy);
     k3_rmsnorm(xy, &w, 4, 1e-5f, xy);

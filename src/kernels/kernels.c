@@ -18,6 +18,7 @@ float k3_mxfp4_value(uint8_t code, uint8_t scale) {
 
 float k3_mat_at(const k3_mat *m, int64_t i) {
     if (m->dtype == K3_DT_BF16) return k3_bf16_to_f32(((const uint16_t *)m->data)[i]);
+    if (m->dtype == K3_DT_I8) return ((const int8_t *)m->data)[i] * m->scale[i / m->cols];
     return ((const float *)m->data)[i];
 }
 
@@ -65,6 +66,8 @@ void k3_matvec(const k3_mat *w, const float *x, float *y) {
         int64_t r0 = b * ROW_BLOCK, r1 = r0 + ROW_BLOCK < rows ? r0 + ROW_BLOCK : rows;
         if (w->dtype == K3_DT_BF16)
             rows_bf16(w->data, cols, x, y, r0, r1);
+        else if (w->dtype == K3_DT_I8)
+            k3_rows_i8(w, x, y, r0, r1);
         else
             rows_f32(w->data, cols, x, y, r0, r1);
     }

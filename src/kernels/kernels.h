@@ -14,12 +14,14 @@
 #include <stdint.h>
 #include <string.h>
 
-/* A dense weight matrix [rows, cols], row-major, BF16 or F32 (enum k3_dtype). Vectors (norm
- * weights, biases) are matrices with rows = 1. */
+/* A dense weight matrix [rows, cols], row-major, BF16, F32 or I8 (enum k3_dtype). Vectors
+ * (norm weights, biases) are matrices with rows = 1. I8 (the packed int8 spine, not exact)
+ * carries one f32 scale per row: W[r][i] ≈ scale[r] · q[r][i]. */
 typedef struct k3_mat {
     const void *data;
     int dtype;
     int64_t rows, cols;
+    const float *scale; /* [rows], K3_DT_I8 only; NULL otherwise */
 } k3_mat;
 
 /* An MXFP4 matrix [rows, cols] (compressed-tensors mxfp4-pack-quantized, spec §10.4):
@@ -51,7 +53,7 @@ float k3_mxfp4_value(uint8_t code, uint8_t scale);
 /* Element i of a BF16/F32 matrix viewed as a flat vector. */
 float k3_mat_at(const k3_mat *m, int64_t i);
 
-/* y[rows] = W x, x[cols]. Spec §2.3. */
+/* y[rows] = W x, x[cols]. Spec §2.3 (I8: see k3_rows_i8). */
 void k3_matvec(const k3_mat *w, const float *x, float *y);
 /* y[rows] = W x for an MXFP4 matrix with fused exact decode. Spec §10.4. */
 void k3_matvec_mxfp4(const k3_mxfp4 *w, const float *x, float *y);
@@ -73,5 +75,17 @@ float k3_kda_gate(float f, float dt_bias, float a_log, float lower_bound);
 /* out[i] = SiTU(gate[i], up[i]) for i < n; out may alias gate. */
 void k3_situ_vec(const float *gate, const float *up, int n, float beta, float linear_beta,
                  float *out);
+
+/* ---- int8 spine (src/kernels/int8.c; NOT exact, opt-in via `k3 pack`) ----------------- */
+
+/* Quantizes one BF16 row of n values to int8, symmetric absmax, one scale per row:
+ * scale = f32(absmax / 127); q[i] = round-half-to-even(f32(w[i] / scale)) clamped to ±127.
+ * An all-zero row gets scale 0 and q = 0. Returns the scale, or NaN when the row holds a
+ * non-finite value (q is then unspecified; the caller refuses the tensor). */
+float k3_quantize_row_i8(const uint16_t *w_bf16, int64_t n, int8_t *q);
+
+/* y[r] = (Σ_i f32(q[r][i]) · x[i]) · scale[r] for rows r0 <= r < r1 of an I8 matrix: the sum
+ * in ascending i into one f32 accumulator, then one multiply by the row scale. */
+void k3_rows_i8(const k3_mat *w, const float *x, float *y, int64_t r0, int64_t r1);
 
 #endif
