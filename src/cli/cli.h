@@ -7,6 +7,8 @@
 int k3_cmd_run(int argc, char **argv);
 int k3_cmd_tokenize(int argc, char **argv);
 int k3_cmd_detokenize(int argc, char **argv);
+int k3_cmd_quality(int argc, char **argv);
+int k3_cmd_pack(int argc, char **argv);
 
 /* The bundled fixture model's folder (tests/fixtures/k3-nano beside the executable, else
  * relative to the working directory); used when no MODEL_DIR is given. */

@@ -12,7 +12,8 @@
 #include "cli.h"
 
 typedef struct run_opts {
-    const char *model_dir, *prompt, *prompt_ids, *dump_logits;
+    const char *model_dir, *prompt, *prompt_ids, *dump_logits, *pack_dir;
+    int spine; /* enum k3_spine_mode; the CLI default is auto */
     int max_new, threads, ctx;
     bool special, print_ids, verbose;
 } run_opts;
@@ -36,6 +37,10 @@ static void run_usage(FILE *f) {
         "                       and every generated token fed back (shape printed to stderr)\n"
         "  --threads N          compute threads (default: OMP_NUM_THREADS or all cores)\n"
         "  --ctx N              context capacity in tokens (default min(4096, model max))\n"
+        "  --spine MODE         auto (default): the int8 spine when k3 pack has built it, else\n"
+        "                       BF16; bf16: always the exact BF16 spine; int8: the packed int8\n"
+        "                       spine (NOT exact; an error when it does not exist)\n"
+        "  --pack-dir DIR       folder of the packed spine (default MODEL_DIR; see k3 pack --out)\n"
         "  -q, --quiet          no load line and no summary on stderr\n"
         "  -h, --help           this help\n");
 }
@@ -52,8 +57,19 @@ static int parse_int(const char *s, const char *flag, int lo, int *out) {
     return 0;
 }
 
+static int parse_spine(const char *s, int *out) {
+    if (!strcmp(s, "auto")) *out = K3_SPINE_AUTO;
+    else if (!strcmp(s, "bf16")) *out = K3_SPINE_BF16;
+    else if (!strcmp(s, "int8")) *out = K3_SPINE_INT8;
+    else {
+        fprintf(stderr, "k3 run: --spine needs auto, bf16 or int8, got '%s'\n", s);
+        return K3_ERR_USAGE;
+    }
+    return 0;
+}
+
 static int parse_args(int argc, char **argv, run_opts *o) {
-    *o = (run_opts){.max_new = 128, .verbose = true};
+    *o = (run_opts){.max_new = 128, .verbose = true, .spine = K3_SPINE_AUTO};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool has_val = i + 1 < argc;
@@ -65,6 +81,8 @@ static int parse_args(int argc, char **argv, run_opts *o) {
         else if (!strcmp(a, "--prompt") && has_val) o->prompt = argv[++i];
         else if (!strcmp(a, "--prompt-ids") && has_val) o->prompt_ids = argv[++i];
         else if (!strcmp(a, "--dump-logits") && has_val) o->dump_logits = argv[++i];
+        else if (!strcmp(a, "--pack-dir") && has_val) o->pack_dir = argv[++i];
+        else if (!strcmp(a, "--spine") && has_val) rc = parse_spine(argv[++i], &o->spine);
         else if (!strcmp(a, "--max-new") && has_val) rc = parse_int(argv[++i], a, 0, &o->max_new);
         else if (!strcmp(a, "--threads") && has_val) rc = parse_int(argv[++i], a, 1, &o->threads);
         else if (!strcmp(a, "--ctx") && has_val) rc = parse_int(argv[++i], a, 1, &o->ctx);
@@ -187,7 +205,8 @@ static int run(const run_opts *o, k3_err *err) {
     int32_t *prompt = NULL;
     size_t n_prompt = 0;
     run_ctx r = {.o = o};
-    k3_engine_opts eo = {.threads = o->threads, .verbose = o->verbose};
+    k3_engine_opts eo = {.threads = o->threads, .verbose = o->verbose, .spine = o->spine,
+                         .pack_dir = o->pack_dir};
     int rc = k3_engine_load(o->model_dir, &eo, &e, err);
     if (rc) goto done;
     r.tok = k3_engine_tokenizer(e);

@@ -20,11 +20,13 @@ static void usage(FILE *f) {
             "  run [MODEL_DIR] --prompt TEXT   generate text greedily (see k3 run --help)\n"
             "  tokenize [DIR] TEXT             print the token ids of TEXT\n"
             "  detokenize [DIR] IDS            print the text of comma-separated ids\n"
+            "  quality [DIR] --text FILE       NLL/perplexity and distance from the exact path\n"
+            "  pack DIR [--spine int8]         write the int8 spine (not exact) beside DIR\n"
             "\n"
             "MODEL_DIR is an unmodified Hugging Face snapshot of moonshotai/Kimi-K3; without\n"
             "it, k3 uses the small fixture model bundled in " BUNDLED_MODEL ".\n"
             "Exit status: 0 ok, 2 usage, 3 I/O, 4 config, 5 checkpoint, 6 tokenizer,\n"
-            "7 bad input, 130 interrupted.\n");
+            "7 bad input, 8 packed spine corrupt or from another model, 130 interrupted.\n");
 }
 
 static int is_model_dir(const char *dir) {
@@ -67,6 +69,8 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "run")) return k3_cmd_run(argc - 1, argv + 1);
     if (!strcmp(cmd, "tokenize")) return k3_cmd_tokenize(argc - 1, argv + 1);
     if (!strcmp(cmd, "detokenize")) return k3_cmd_detokenize(argc - 1, argv + 1);
+    if (!strcmp(cmd, "quality")) return k3_cmd_quality(argc - 1, argv + 1);
+    if (!strcmp(cmd, "pack")) return k3_cmd_pack(argc - 1, argv + 1);
     fprintf(stderr, "k3: unknown command '%s'\n\n", cmd);
     usage(stderr);
     return K3_ERR_USAGE;

@@ -1,12 +1,16 @@
 /* engine.c — k3_engine (loaded model) and k3_session (one timeline), see k3.h. */
 #include "k3.h"
 
+#include <limits.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "../format/packed.h"
 #include "../format/safetensors.h"
+#include "../util/fileio.h"
 #include "../model/model.h"
 #include "../tok/tokenizer.h"
 
@@ -15,6 +19,8 @@ struct k3_engine {
     k3_checkpoint *ck;
     k3_model model;
     k3_tokenizer *tok;
+    k3_pack *pack;          /* int8 spine, or NULL (BF16, exact) */
+    char spine_line[PATH_MAX + 640]; /* what k3_engine_spine_line returns */
 };
 
 struct k3_session {
@@ -23,6 +29,47 @@ struct k3_session {
     k3_trace trace;
     int has_trace;
 };
+
+/* The figures `k3 pack` stored beside the pack, if they belong to this very file. */
+static void quality_note(k3_engine *e, const char *dir, char *out, size_t cap) {
+    char path[PATH_MAX];
+    k3_pack_quality q;
+    k3_err ignored;
+    k3_path_join(path, sizeof path, dir, K3_PACK_QUALITY_FILE);
+    if (k3_pack_quality_read(path, &q, &ignored) || q.pack_checksum != e->pack->header_checksum)
+        snprintf(out, cap, "no quality figures stored for this pack (measure with k3 quality)");
+    else
+        snprintf(out, cap, "k3 pack measured on %d predictions: mean KL %.3g nats, top-1 "
+                 "agreement %.2f%%, max |dlogit| %.3g, perplexity %.6g (exact %.6g)",
+                 q.predictions, q.mean_kl, 100 * q.top1, q.max_abs_dlogit, q.ppl_int8,
+                 q.ppl_exact);
+}
+
+/* Opens the packed int8 spine when opts ask for it (docs/PACKED-SPINE.md) and writes the
+ * spine line; must run after the checkpoint is open and before the model is bound. */
+static int open_spine(k3_engine *e, const char *model_dir, const k3_engine_opts *o,
+                      k3_err *err) {
+    int mode = o ? o->spine : K3_SPINE_BF16;
+    const char *dir = o && o->pack_dir ? o->pack_dir : model_dir;
+    char path[PATH_MAX], note[512];
+    k3_path_join(path, sizeof path, dir, K3_PACK_FILE);
+    int present = access(path, F_OK) == 0;
+    if (mode == K3_SPINE_BF16 || (mode == K3_SPINE_AUTO && !present)) {
+        snprintf(e->spine_line, sizeof e->spine_line, "spine: BF16 from the checkpoint (exact)");
+        return K3_OK;
+    }
+    if (!present)
+        return k3_fail(err, K3_ERR_IO, "%s: no packed spine here; build it with k3 pack %s%s%s",
+                       path, model_dir, o->pack_dir ? " --out " : "",
+                       o->pack_dir ? o->pack_dir : "");
+    int rc = k3_pack_open(path, &e->pack, err);
+    if (!rc) rc = k3_pack_check_model(e->pack, e->ck, err);
+    if (rc) return rc;
+    quality_note(e, dir, note, sizeof note);
+    snprintf(e->spine_line, sizeof e->spine_line, "spine: int8 from %s -- NOT exact; %s", path,
+             note);
+    return K3_OK;
+}
 
 int k3_engine_load(const char *model_dir, const k3_engine_opts *opts, k3_engine **out,
                    k3_err *err) {
@@ -35,7 +82,8 @@ int k3_engine_load(const char *model_dir, const k3_engine_opts *opts, k3_engine 
         rc = k3_fail(err, K3_ERR_CONFIG, "%s: tokenizer has %d ids but config.json vocab_size "
                      "is %d", model_dir, k3_tokenizer_vocab_size(e->tok), e->cfg.vocab_size);
     if (!rc) rc = k3_checkpoint_open(model_dir, &e->ck, err);
-    if (!rc) rc = k3_model_bind(&e->model, &e->cfg, e->ck, err);
+    if (!rc) rc = open_spine(e, model_dir, opts, err);
+    if (!rc) rc = k3_model_bind_packed(&e->model, &e->cfg, e->ck, e->pack, err);
     if (rc) {
         k3_engine_free(e);
         return rc;
@@ -49,6 +97,7 @@ int k3_engine_load(const char *model_dir, const k3_engine_opts *opts, k3_engine 
                 (double)e->model.expert_bytes / 1e9, e->ck->n_shards,
                 e->ck->n_skipped_shards ? " (vision-only shards skipped)" : "",
                 omp_get_max_threads());
+    if (opts && opts->verbose) fprintf(stderr, "k3: %s\n", e->spine_line);
     *out = e;
     return K3_OK;
 }
@@ -56,6 +105,7 @@ int k3_engine_load(const char *model_dir, const k3_engine_opts *opts, k3_engine 
 void k3_engine_free(k3_engine *e) {
     if (!e) return;
     k3_model_free(&e->model);
+    k3_pack_close(e->pack);
     k3_checkpoint_close(e->ck);
     k3_tokenizer_free(e->tok);
     free(e);
@@ -66,6 +116,9 @@ const k3_tokenizer *k3_engine_tokenizer(const k3_engine *e) { return e->tok; }
 uint64_t k3_engine_weight_bytes(const k3_engine *e) {
     return e->model.spine_bytes + e->model.expert_bytes;
 }
+
+int k3_engine_spine_int8(const k3_engine *e) { return e->pack != NULL; }
+const char *k3_engine_spine_line(const k3_engine *e) { return e->spine_line; }
 
 int k3_session_new(const k3_engine *e, int max_ctx, k3_session **out, k3_err *err) {
     k3_session *s = calloc(1, sizeof *s);

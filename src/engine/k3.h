@@ -6,7 +6,8 @@
  *  - A session holds all per-sequence state: KDA recurrent + conv state, the MLA KV cache,
  *    the position, and scratch buffers sized at creation. k3_session_step allocates nothing.
  *  - Weights are used in place from memory-mapped shards; nothing is widened to f32 at load.
- *  - Logits are exact float32 per spec §2 (no lossy mode exists yet).
+ *  - Logits are exact float32 per spec §2 unless the engine was loaded with the int8 spine
+ *    (k3_engine_opts.spine; built by `k3 pack`, docs/PACKED-SPINE.md), the one lossy mode.
  */
 #ifndef K3_H
 #define K3_H
@@ -20,17 +21,28 @@ typedef struct k3_engine k3_engine;
 typedef struct k3_session k3_session;
 typedef struct k3_tokenizer k3_tokenizer;
 
+/* Which copy of the spine's BF16 matrices the engine multiplies with. */
+enum k3_spine_mode {
+    K3_SPINE_BF16 = 0, /* the checkpoint's BF16 weights: exact (the library default) */
+    K3_SPINE_AUTO = 1, /* int8 when a packed spine exists, BF16 otherwise (the CLI default) */
+    K3_SPINE_INT8 = 2, /* the packed int8 spine; NOT exact; an error when it does not exist */
+};
+
 typedef struct k3_engine_opts {
     int threads;      /* OpenMP threads for the kernels; 0 = OpenMP default */
     int verbose;      /* 1: print the load summary line to stderr */
+    int spine;        /* enum k3_spine_mode */
+    const char *pack_dir; /* folder holding the packed spine; NULL = MODEL_DIR */
 } k3_engine_opts;
 
 /* Loads MODEL_DIR (a Hugging Face snapshot: config.json, model.safetensors.index.json,
  * shards, tiktoken.model, tokenizer_config.json). Parses headers only and maps the shards;
  * load time is proportional to header sizes. vision_tower.* / mm_projector.* are skipped and
  * shards holding only them are never opened.
- * Errors: K3_ERR_IO, K3_ERR_CONFIG, K3_ERR_CHECKPOINT, K3_ERR_TOKENIZER; the message names the
- * file and tensor. */
+ * With opts->spine INT8 (or AUTO and a pack present) the packed spine is opened, its header and
+ * table checksums and size checked, and it must have been packed from this checkpoint.
+ * Errors: K3_ERR_IO, K3_ERR_CONFIG, K3_ERR_CHECKPOINT, K3_ERR_TOKENIZER, K3_ERR_PACK; the
+ * message names the file and tensor. */
 int k3_engine_load(const char *model_dir, const k3_engine_opts *opts, k3_engine **out,
                    k3_err *err);
 void k3_engine_free(k3_engine *e);
@@ -38,6 +50,11 @@ const k3_config *k3_engine_config(const k3_engine *e);
 const k3_tokenizer *k3_engine_tokenizer(const k3_engine *e);
 /* Bytes of the mapped weights the forward pass reads (spine + routed experts). */
 uint64_t k3_engine_weight_bytes(const k3_engine *e);
+/* 1 when the engine multiplies with the int8 packed spine (not exact), 0 for BF16. */
+int k3_engine_spine_int8(const k3_engine *e);
+/* One line saying which spine is used and, for int8, that it is not exact and the quality
+ * figures `k3 pack` stored for it (or that there are none). Owned by the engine. */
+const char *k3_engine_spine_line(const k3_engine *e);
 
 /* What a trace hook sees (spec §3 names; fixtures' trace_len*.json use the same points). */
 enum k3_trace_point {

@@ -9,9 +9,9 @@ float k3_quantize_row_i8(const uint16_t *w, int64_t n, int8_t *q) {
     float amax = 0;
     for (int64_t i = 0; i < n; i++) {
         float a = fabsf(k3_bf16_to_f32(w[i]));
-        if (!(a <= amax)) amax = a; /* also catches NaN, so it reaches the check below */
+        if (!isfinite(a)) return NAN;
+        if (a > amax) amax = a;
     }
-    if (!isfinite(amax)) return NAN;
     if (amax == 0) {
         memset(q, 0, (size_t)n);
         return 0;

@@ -20,6 +20,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include "../format/config.h"
+#include "../format/packed.h"
 #include "../format/safetensors.h"
 #include "../kernels/kernels.h"
 #include "../engine/k3.h"
@@ -72,11 +73,16 @@ typedef struct k3_model {
     k3_mat embed, norm, lm_head;
     float *out_res_sw;
     uint64_t spine_bytes, expert_bytes;
+    int n_packed;                         /* spine matrices bound to an int8 pack (issue 8) */
 } k3_model;
 
 /* Binds every tensor the forward pass needs, checking dtype and shape against cfg.
  * Errors: K3_ERR_CHECKPOINT naming the tensor and shard; K3_ERR_GENERIC (out of memory). */
 int k3_model_bind(k3_model *m, const k3_config *cfg, const k3_checkpoint *ck, k3_err *err);
+/* The same, binding every spine matrix that pack holds to its int8 copy (NOT exact; pack must
+ * have passed k3_pack_check_model for ck and stay open while m is used). pack may be NULL. */
+int k3_model_bind_packed(k3_model *m, const k3_config *cfg, const k3_checkpoint *ck,
+                         const k3_pack *pack, k3_err *err);
 void k3_model_free(k3_model *m);
 
 /* Per-sequence state + scratch, sized from the config at creation. */

@@ -12,6 +12,8 @@ typedef struct binder {
     int layer; /* -1 for model-level tensors */
     int rc;
     uint64_t *bytes; /* accumulates into spine or expert bytes */
+    const k3_pack *pack; /* int8 spine (issue 8), or NULL: BF16 as stored */
+    int *n_packed;       /* matrices bound to their int8 copy */
 } binder;
 
 static const k3_tensor *get(binder *b, const char *suffix, int dtype, int ndim, int64_t d0,
@@ -29,6 +31,18 @@ static const k3_tensor *get(binder *b, const char *suffix, int dtype, int ndim, 
     return t;
 }
 
+/* With a packed spine, a matrix the pack holds is bound to its int8 copy instead (the pack
+ * was checked against this checkpoint at load, so shapes agree). */
+static void use_packed(binder *b, const k3_tensor *t, k3_mat *m) {
+    const k3_pack_entry *e = b->pack ? k3_pack_find(b->pack, t->name) : NULL;
+    if (!e) return;
+    m->data = b->pack->map + e->q_offset;
+    m->dtype = K3_DT_I8;
+    m->scale = (const float *)(b->pack->map + e->scale_offset);
+    *b->bytes = *b->bytes - t->nbytes + (uint64_t)e->rows * (uint64_t)(e->cols + 4);
+    (*b->n_packed)++;
+}
+
 /* A BF16 (or F32) matrix [rows, cols]; vectors pass cols = 0 and get rows = 1. */
 static k3_mat mat(binder *b, const char *suffix, int dtype, int64_t rows, int64_t cols) {
     k3_mat m = {0};
@@ -39,6 +53,7 @@ static k3_mat mat(binder *b, const char *suffix, int dtype, int64_t rows, int64_
     m.dtype = t->dtype;
     m.rows = cols ? t->shape[0] : 1;
     m.cols = cols ? t->shape[1] : t->shape[0];
+    if (cols) use_packed(b, t, &m);
     return m;
 }
 
@@ -139,10 +154,11 @@ static void bind_moe(binder *b, const k3_config *c, k3_moe_weights *w, uint64_t 
     b->bytes = spine;
 }
 
-static int bind_layer(k3_model *m, const k3_checkpoint *ck, int l, k3_err *err) {
+static int bind_layer(k3_model *m, const k3_checkpoint *ck, const k3_pack *pack, int l,
+                      k3_err *err) {
     const k3_config *c = &m->cfg;
     k3_layer *L = &m->layers[l];
-    binder b = {ck, err, l, 0, &m->spine_bytes};
+    binder b = {ck, err, l, 0, &m->spine_bytes, pack, &m->n_packed};
     int64_t hd = c->hidden_size;
     L->is_mla = c->layer_is_mla[l];
     L->is_moe = c->layer_is_moe[l];
@@ -183,6 +199,11 @@ static int kda_rank(const k3_config *c, const k3_checkpoint *ck, k3_err *err) {
 }
 
 int k3_model_bind(k3_model *m, const k3_config *cfg, const k3_checkpoint *ck, k3_err *err) {
+    return k3_model_bind_packed(m, cfg, ck, NULL, err);
+}
+
+int k3_model_bind_packed(k3_model *m, const k3_config *cfg, const k3_checkpoint *ck,
+                         const k3_pack *pack, k3_err *err) {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
     int rank = kda_rank(cfg, ck, err);
@@ -190,7 +211,7 @@ int k3_model_bind(k3_model *m, const k3_config *cfg, const k3_checkpoint *ck, k3
     m->kda_rank = rank;
     m->layers = calloc((size_t)cfg->num_hidden_layers, sizeof *m->layers);
     if (!m->layers) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
-    binder b = {ck, err, -1, 0, &m->spine_bytes};
+    binder b = {ck, err, -1, 0, &m->spine_bytes, pack, &m->n_packed};
     int64_t hd = cfg->hidden_size, v = cfg->vocab_size;
     m->embed = mat(&b, "model.embed_tokens.weight", K3_DT_BF16, v, hd);
     m->norm = mat(&b, "model.norm.weight", K3_DT_BF16, hd, 0);
@@ -198,7 +219,7 @@ int k3_model_bind(k3_model *m, const k3_config *cfg, const k3_checkpoint *ck, k3
     m->out_res_sw = fold_res(&b, "model.output_attn_res_norm.weight",
                              "model.output_attn_res_proj.weight", hd);
     int rc = b.rc;
-    for (int l = 0; l < cfg->num_hidden_layers && !rc; l++) rc = bind_layer(m, ck, l, err);
+    for (int l = 0; l < cfg->num_hidden_layers && !rc; l++) rc = bind_layer(m, ck, pack, l, err);
     if (rc) k3_model_free(m);
     return rc;
 }

@@ -20,6 +20,8 @@ enum k3_status {
     K3_ERR_CHECKPOINT = 5,/* safetensors/index inconsistent: missing tensor, bad shape/dtype, truncated */
     K3_ERR_TOKENIZER = 6, /* tiktoken.model malformed, or text the tokenizer cannot encode */
     K3_ERR_INPUT = 7,     /* a token id out of range, prompt longer than the context */
+    K3_ERR_PACK = 8,      /* packed spine file corrupt, truncated, incomplete, or from another model */
+    K3_ERR_EXPERT_IO = 9, /* a routed expert could not be read from its shard mid-run */
     K3_ERR_INTERRUPTED = 130, /* stopped by SIGINT (128 + 2, the shell convention) */
 };
 

@@ -1,0 +1,112 @@
+/* packed.h — the packed spine file (`k3 pack`, issue 8): a checkpoint's spine BF16 matrices
+ * re-stored as int8 with one f32 scale per output row. Byte layout, version history and the
+ * quantization rule: docs/PACKED-SPINE.md. The int8 spine is NOT exact (opt-in).
+ *
+ * Invariants:
+ *  - Which tensors are packed is decided by k3_pack_selects() alone (writer and reader agree):
+ *    BF16, 2-D, more than one row, under language_model., except the embedding (read one row
+ *    per token, so int8 saves no per-token bytes), the AttnRes projections ([1, hidden]) and
+ *    the MoE router gate.weight (expert selection is discrete; 1% of the spine).
+ *  - The layout is canonical: given the selected tensors (in checkpoint data order) every
+ *    offset follows from the shapes, so the same snapshot always packs to the same bytes and
+ *    a reader rejects any table that deviates from it.
+ *  - Every byte is covered by a checksum (XXH3-64): the header by its own, the table by one in
+ *    the header, each tensor's payload (int8 values, then scales) by one in its entry. Load
+ *    checks header, table and file size; payloads are checked by `k3 pack --verify`.
+ *  - The header carries a fingerprint of the source snapshot (XXH3-128 over each packed
+ *    tensor's name, shape, first and last 4 KiB of BF16 data); a file packed from another
+ *    model is refused at load.
+ *  - Little-endian hosts only (checked at compile time).
+ */
+#ifndef K3_PACKED_H
+#define K3_PACKED_H
+
+#include <stdint.h>
+#include "safetensors.h"
+
+#define K3_PACK_VERSION 1
+#define K3_PACK_SCHEME_INT8_ROW 1  /* int8, symmetric absmax, one f32 scale per row, RNE */
+#define K3_PACK_HEADER_BYTES 128
+#define K3_PACK_ENTRY_BYTES 256
+#define K3_PACK_NAME_BYTES 192
+#define K3_PACK_ALIGN 4096         /* every tensor's int8 values start on a page boundary */
+#define K3_PACK_FILE "k3-spine-int8.k3pack"
+#define K3_PACK_QUALITY_FILE "k3-spine-int8.quality.json"
+
+typedef struct k3_pack_entry {
+    char name[K3_PACK_NAME_BYTES]; /* the checkpoint tensor name, NUL-terminated */
+    int64_t rows, cols;
+    uint64_t q_offset;             /* int8 [rows, cols] row-major */
+    uint64_t scale_offset;         /* f32 [rows] */
+    uint64_t checksum;             /* XXH3-64 of the int8 bytes followed by the scale bytes */
+    int done;                      /* payload written and synced (resume point) */
+} k3_pack_entry;
+
+typedef struct k3_pack {
+    char *path;
+    uint32_t version, scheme, n_tensors;
+    int complete;                  /* 1 once every payload is written (set last) */
+    uint64_t file_bytes;
+    uint8_t fingerprint[16];
+    uint64_t header_checksum;      /* identifies this exact file (quality figures refer to it) */
+    k3_pack_entry *entries;        /* [n_tensors], in file order */
+    const uint8_t *map;            /* whole file, read-only; NULL unless from k3_pack_open */
+} k3_pack;
+
+/* Whether the packer converts tensor t (the rule in the header comment). */
+int k3_pack_selects(const k3_tensor *t);
+
+/* The canonical pack of checkpoint ck: entries (done = 0, checksum 0), offsets, file size and
+ * fingerprint; complete = 0, map = NULL, path = NULL. Reads 8 KiB of each packed tensor.
+ * Errors: K3_ERR_CHECKPOINT (nothing to pack, a name too long), K3_ERR_GENERIC (memory). */
+int k3_pack_plan(const k3_checkpoint *ck, k3_pack *out, k3_err *err);
+
+/* Writes header + table of p at offset 0 of fd (pwrite). Errors: K3_ERR_IO naming path. */
+int k3_pack_write_meta(int fd, const char *path, const k3_pack *p, k3_err *err);
+
+/* Reads and validates header and table from fd (checksums, version, canonical layout); the
+ * file may be incomplete. Fills p (map = NULL; p->path = strdup(path)).
+ * Errors: K3_ERR_PACK naming path and what is wrong; K3_ERR_IO on a read failure. */
+int k3_pack_read_meta(int fd, const char *path, k3_pack *p, k3_err *err);
+
+/* Opens a complete pack for use: k3_pack_read_meta, complete flag, exact file size, mmap.
+ * Errors: K3_ERR_IO (missing/unreadable), K3_ERR_PACK (corrupt, truncated, incomplete,
+ * unsupported version). */
+int k3_pack_open(const char *path, k3_pack **out, k3_err *err);
+/* Frees what k3_pack_plan / k3_pack_read_meta put in *p (unmaps too) and zeroes it. */
+void k3_pack_clear(k3_pack *p);
+/* Clears and frees a pack from k3_pack_open; NULL is a no-op. */
+void k3_pack_close(k3_pack *p);
+
+/* Checks that p was packed from ck (same tensors, shapes, fingerprint).
+ * Errors: K3_ERR_PACK ("packed from another model"). */
+int k3_pack_check_model(const k3_pack *p, const k3_checkpoint *ck, k3_err *err);
+
+/* Recomputes every payload checksum of an opened pack; names the first bad tensor.
+ * Errors: K3_ERR_PACK. */
+int k3_pack_verify(const k3_pack *p, k3_err *err);
+
+/* The entry named name, or NULL (linear scan; used at load only). */
+const k3_pack_entry *k3_pack_find(const k3_pack *p, const char *name);
+
+/* What `k3 pack` measured for its pack (teacher-forced, int8 vs the exact path), stored as
+ * JSON in K3_PACK_QUALITY_FILE beside the pack (format "k3-pack-quality/1"). */
+typedef struct k3_pack_quality {
+    uint64_t pack_checksum;  /* header_checksum of the pack the figures belong to */
+    int predictions;         /* next-token predictions evaluated */
+    double nll_exact, nll_int8;        /* mean negative log-likelihood per token, nats */
+    double ppl_exact, ppl_int8;        /* exp(mean NLL) */
+    double mean_kl;                    /* mean KL(exact || int8), nats */
+    double top1;                       /* fraction of positions with the same argmax */
+    double max_abs_dlogit;             /* max |logit_int8 - logit_exact| */
+} k3_pack_quality;
+
+/* Writes q as JSON to path. Errors: K3_ERR_IO. */
+int k3_pack_quality_write(const char *path, const k3_pack_quality *q, k3_err *err);
+/* Reads path. Errors: K3_ERR_IO (missing), K3_ERR_PACK (malformed). */
+int k3_pack_quality_read(const char *path, k3_pack_quality *q, k3_err *err);
+
+/* Payload checksum (XXH3-64) of int8 values q[n] followed by scales s[rows]. */
+uint64_t k3_pack_checksum(const int8_t *q, uint64_t n, const float *s, int64_t rows);
+
+#endif

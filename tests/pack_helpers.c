@@ -1,0 +1,137 @@
+/* pack_helpers.c — see pack_helpers.h. */
+#include "pack_helpers.h"
+
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "test.h"
+
+char *ph_join(const char *dir, const char *name) {
+    size_t n = strlen(dir) + strlen(name) + 2;
+    char *p = malloc(n);
+    if (p) snprintf(p, n, "%s/%s", dir, name);
+    return p;
+}
+
+char *ph_tmpdir(void) {
+    const char *t = getenv("TMPDIR");
+    char *tmpl = ph_join(t && *t ? t : "/tmp", "k3packtest.XXXXXX");
+    CHECK_OR(NULL, tmpl && mkdtemp(tmpl), "cannot create a temporary folder");
+    return tmpl;
+}
+
+void ph_rmdir(const char *dir) {
+    DIR *d = dir ? opendir(dir) : NULL;
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        char *p = ph_join(dir, e->d_name);
+        if (p) unlink(p);
+        free(p);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+uint8_t *ph_read(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *b = malloc((size_t)n + 1);
+    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
+        free(b);
+        b = NULL;
+    }
+    fclose(f);
+    if (b) b[n] = 0;
+    if (len) *len = (size_t)n;
+    return b;
+}
+
+int ph_write(const char *path, const uint8_t *b, size_t len) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return -1;
+    size_t w = fwrite(b, 1, len, f);
+    return fclose(f) == 0 && w == len ? 0 : -1;
+}
+
+int ph_copy_dir(const char *src, const char *dst) {
+    DIR *d = opendir(src);
+    if (!d) return -1;
+    struct dirent *e;
+    int rc = 0;
+    while (!rc && (e = readdir(d))) {
+        char *s = ph_join(src, e->d_name), *t = ph_join(dst, e->d_name);
+        struct stat st;
+        if (s && t && stat(s, &st) == 0 && S_ISREG(st.st_mode)) {
+            size_t n;
+            uint8_t *b = ph_read(s, &n);
+            rc = b ? ph_write(t, b, n) : -1;
+            free(b);
+        }
+        free(s);
+        free(t);
+    }
+    closedir(d);
+    return rc;
+}
+
+int ph_k3(const char *args, char **out, char **err) {
+    const char *bin = getenv("K3_BIN");
+    if (!bin || !*bin) bin = "./k3";
+    CHECK_OR(-1, access(bin, X_OK) == 0, "K3_BIN=%s is not executable (make test sets it)", bin);
+    char *dir = ph_tmpdir();
+    if (!dir) return -1;
+    char *po = ph_join(dir, "out"), *pe = ph_join(dir, "err");
+    size_t n = strlen(bin) + strlen(args) + strlen(po) + strlen(pe) + 32;
+    char *cmd = malloc(n);
+    snprintf(cmd, n, "%s %s >%s 2>%s </dev/null", bin, args, po, pe);
+    int st = system(cmd);
+    if (out) *out = (char *)ph_read(po, NULL);
+    if (err) *err = (char *)ph_read(pe, NULL);
+    free(cmd);
+    free(po);
+    free(pe);
+    ph_rmdir(dir);
+    free(dir);
+    return st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static char *g_nano_pack;
+static void drop_nano_pack(void) {
+    ph_rmdir(g_nano_pack);
+    free(g_nano_pack);
+}
+
+const char *ph_nano_pack(void) {
+    if (g_nano_pack) return g_nano_pack;
+    char *dir = ph_tmpdir();
+    if (!dir) return NULL;
+    size_t n = strlen(dir) + 64;
+    char *args = malloc(n), *err = NULL;
+    snprintf(args, n, NANO " --out %s -q", dir);
+    char *full = malloc(n + 8);
+    snprintf(full, n + 8, "pack %s", args);
+    int st = ph_k3(full, NULL, &err);
+    free(args);
+    free(full);
+    if (st != 0) {
+        k3_test_fail(__FILE__, __LINE__, "k3 pack " NANO " exited %d: %s", st, err ? err : "");
+        free(err);
+        ph_rmdir(dir);
+        free(dir);
+        return NULL;
+    }
+    free(err);
+    g_nano_pack = dir;
+    atexit(drop_nano_pack);
+    return dir;
+}

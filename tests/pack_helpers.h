@@ -1,0 +1,34 @@
+/* pack_helpers.h — shared by test_pack.c and test_quality.c: temporary folders, running the
+ * k3 binary, whole-file reads, and a pack of k3-nano built once per test process (never inside
+ * the fixture folder). */
+#ifndef K3_PACK_HELPERS_H
+#define K3_PACK_HELPERS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define NANO "tests/fixtures/k3-nano"
+
+/* A fresh folder under $TMPDIR (or /tmp); malloc'd path, NULL (test failed) on error. */
+char *ph_tmpdir(void);
+/* Removes a folder made by ph_tmpdir and the plain files in it. */
+void ph_rmdir(const char *dir);
+/* dir + "/" + name, malloc'd. */
+char *ph_join(const char *dir, const char *name);
+
+/* Runs "$K3_BIN ARGS" through the shell with stdout and stderr captured; returns the exit
+ * status (-1 if it could not run). *out / *err (may be NULL) get malloc'd copies. */
+int ph_k3(const char *args, char **out, char **err);
+
+/* The whole file, malloc'd (NULL if missing); *len its size. */
+uint8_t *ph_read(const char *path, size_t *len);
+/* Writes len bytes; returns 0 on success. */
+int ph_write(const char *path, const uint8_t *b, size_t len);
+/* Copies every plain file of src into dst (existing folder); returns 0 on success. */
+int ph_copy_dir(const char *src, const char *dst);
+
+/* A folder holding a complete pack of k3-nano with its quality file, built on first use by
+ * `k3 pack` and removed at exit; NULL (and the calling test skipped/failed) if unavailable. */
+const char *ph_nano_pack(void);
+
+#endif
