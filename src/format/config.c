@@ -78,7 +78,7 @@ static void layer_list(const cJSON *lac, const char *key, int n_layers, bool *ou
     }
     const cJSON *e;
     cJSON_ArrayForEach(e, v) {
-        int l = cJSON_IsNumber(e) ? (int)e->valuedouble : 0;
+        int l = cJSON_IsNumber(e) && e->valuedouble == floor(e->valuedouble) ? (int)e->valuedouble : 0;
         if (l < 1 || l > n_layers) {
             note(p, "linear_attn_config.\"%s\" has a layer outside 1..num_hidden_layers", key);
             return;
@@ -178,6 +178,7 @@ static void check_consistency(k3_config *c, problems *p) {
     if (c->eos_token_id >= c->vocab_size || c->bos_token_id >= c->vocab_size)
         note(p, "%s outside vocab_size", "bos/eos_token_id");
     if (!(c->rms_norm_eps > 0)) note(p, "\"%s\" must be > 0", "rms_norm_eps");
+    if (c->max_position_embeddings < 1) note(p, "\"%s\" must be >= 1", "max_position_embeddings");
     if (!(c->situ_beta > 0) || !(c->situ_linear_beta > 0)) note(p, "%s must be > 0", "activation_situ_*beta");
     for (int l = 0; l < c->num_hidden_layers && l < K3_MAX_LAYERS; l++)
         c->layer_is_moe[l] = l >= c->first_k_dense_replace && c->moe_layer_freq > 0 &&
