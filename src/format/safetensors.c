@@ -61,9 +61,12 @@ static int build_hash(k3_checkpoint *c, k3_err *err) {
         while (c->slots[j]) {
             const k3_tensor *o = &c->tensors[c->slots[j] - 1];
             if (strcmp(o->name, c->tensors[i].name) == 0)
-                return k3_fail(err, K3_ERR_CHECKPOINT,
-                               "tensor %s appears twice (in %s and %s)", o->name,
-                               c->shards[o->shard].path, c->shards[c->tensors[i].shard].path);
+                return o->shard == c->tensors[i].shard
+                           ? k3_fail(err, K3_ERR_CHECKPOINT, "%s: tensor %s appears twice in the "
+                                     "header", c->shards[o->shard].path, o->name)
+                           : k3_fail(err, K3_ERR_CHECKPOINT, "tensor %s appears in both %s and %s",
+                                     o->name, c->shards[o->shard].path,
+                                     c->shards[c->tensors[i].shard].path);
             j = (j + 1) & (n - 1);
         }
         c->slots[j] = i + 1;
@@ -149,6 +152,13 @@ static int parse_entry(const k3_shard *sh, const cJSON *e, k3_tensor *t, k3_err 
                        "shard is truncated or its header is corrupt (re-download it)",
                        p, name, (unsigned long long)(t->file_offset + t->nbytes),
                        (unsigned long long)sh->file_bytes);
+    /* The kernels load BF16/F32 elements directly from the mapping. */
+    if (t->file_offset % k3_dtype_size(t->dtype))
+        return k3_fail(err, K3_ERR_CHECKPOINT,
+                       "%s: tensor %s starts at byte %llu, not aligned to its %zu-byte %s "
+                       "elements (re-save the shard with safetensors' 8-byte header padding)",
+                       p, name, (unsigned long long)t->file_offset, k3_dtype_size(t->dtype),
+                       k3_dtype_name(t->dtype));
     return K3_OK;
 }
 
@@ -184,14 +194,40 @@ static int read_header(k3_shard *sh, char **json, k3_err *err) {
     return K3_OK;
 }
 
+static int cmp_offset(const void *a, const void *b) {
+    const k3_tensor *x = *(const k3_tensor *const *)a, *y = *(const k3_tensor *const *)b;
+    return x->file_offset < y->file_offset ? -1 : x->file_offset > y->file_offset;
+}
+
+/* safetensors forbids overlapping data; two tensors sharing bytes means a corrupt header. */
+static int check_overlap(const k3_checkpoint *c, size_t first, k3_err *err) {
+    size_t n = c->n_tensors - first;
+    if (n < 2) return K3_OK;
+    const k3_tensor **v = malloc(n * sizeof *v);
+    if (!v) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
+    for (size_t i = 0; i < n; i++) v[i] = &c->tensors[first + i];
+    qsort(v, n, sizeof *v, cmp_offset);
+    int rc = K3_OK;
+    for (size_t i = 1; i < n && !rc; i++)
+        if (v[i - 1]->file_offset + v[i - 1]->nbytes > v[i]->file_offset)
+            rc = k3_fail(err, K3_ERR_CHECKPOINT, "%s: tensors %s and %s overlap in the file: "
+                         "corrupt header", c->shards[v[i]->shard].path, v[i - 1]->name,
+                         v[i]->name);
+    free(v);
+    return rc;
+}
+
 static int open_shard(k3_checkpoint *c, int idx, size_t *cap, k3_err *err) {
     k3_shard *sh = &c->shards[idx];
-    sh->fd = open(sh->path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO must not hang the open before the regular-file check. */
+    sh->fd = open(sh->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (sh->fd < 0) return k3_fail(err, K3_ERR_IO, "%s: cannot open: %s", sh->path, strerror(errno));
     struct stat st;
-    if (fstat(sh->fd, &st) != 0) return k3_fail(err, K3_ERR_IO, "%s: stat failed", sh->path);
+    if (fstat(sh->fd, &st) != 0 || !S_ISREG(st.st_mode))
+        return k3_fail(err, K3_ERR_IO, "%s: not a regular file", sh->path);
     sh->file_bytes = (uint64_t)st.st_size;
     char *json = NULL;
+    size_t first = c->n_tensors;
     int rc = read_header(sh, &json, err);
     if (rc) return rc;
     cJSON *root = cJSON_Parse(json);
@@ -209,6 +245,7 @@ static int open_shard(k3_checkpoint *c, int idx, size_t *cap, k3_err *err) {
         if (!rc) rc = add_tensor(c, cap, &t, err);
     }
     cJSON_Delete(root);
+    if (!rc) rc = check_overlap(c, first, err);
     if (rc) return rc;
     sh->map = mmap(NULL, sh->file_bytes, PROT_READ, MAP_SHARED, sh->fd, 0);
     if (sh->map == MAP_FAILED) {
