@@ -3,7 +3,7 @@ CC      ?= cc
 CFLAGS  ?= -O2 -g
 CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -ffp-contract=off -fno-fast-math \
            -fopenmp -MMD -MP
-LDLIBS  += -lcjson -lpcre2-8 -lxxhash -lm -fopenmp
+LDLIBS  += -lcjson -lpcre2-8 -lcurl -lcrypto -lxxhash -lm -fopenmp
 BUILD   ?= build
 
 LIB_SRC  := $(sort $(filter-out src/cli/main.c,$(wildcard src/*/*.c)))

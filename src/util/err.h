@@ -22,6 +22,9 @@ enum k3_status {
     K3_ERR_INPUT = 7,     /* a token id out of range, prompt longer than the context */
     K3_ERR_PACK = 8,      /* packed spine file corrupt, truncated, incomplete, or from another model */
     K3_ERR_EXPERT_IO = 9, /* a routed expert could not be read from its shard mid-run */
+    K3_ERR_NETWORK = 10,  /* k3 setup / streaming: a download failed after its retries, or the
+                             server's answer was wrong (status, Content-Range, length, sha256) */
+    K3_ERR_NO_SPACE = 11, /* k3 setup: not enough free disk; the message gives the bytes to free */
     K3_ERR_INTERRUPTED = 130, /* stopped by SIGINT (128 + 2, the shell convention) */
 };
 

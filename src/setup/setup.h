@@ -1,0 +1,223 @@
+/* setup.h — installing a Kimi K3 snapshot over HTTP (`k3 setup`), and fetching routed
+ * experts on demand into a streaming install. Three parts, one module:
+ *
+ *   1. k3_http   — a libcurl range-fetch client with a small pool of keep-alive
+ *                  connections: exact byte ranges into memory or a file, with retries.
+ *   2. k3_setup  — `k3 setup DEST --full | --stream | --finish | --check`.
+ *   3. k3_stream — the run-time side of a streaming install: which experts are local,
+ *                  and one HTTP range request per missing expert into a raw-span file.
+ *
+ * The source is any server laid out like the Hugging Face hub:
+ *   {endpoint}/{repo}/resolve/{revision}/{file}
+ *
+ * Invariants (each has a test in tests/setup/run.sh):
+ *  - Nothing that a server sent is kept unless it was checked: the status (206 for a range,
+ *    200 for a whole file), Content-Range equal to the range asked for, and the length.
+ *    These are checked before the first body byte is written; a response failing them
+ *    writes nothing. A truncated body is never taken for a complete one.
+ *  - Every file appears under its final name only when complete and checked (length, and
+ *    sha256 when the server gave one: an X-Linked-Etag or ETag that is 64 hex digits, as on
+ *    the Hugging Face hub). Until then it lives under a temporary name, so a crash never
+ *    leaves a file that looks complete but is not.
+ *  - A journal entry saying "these bytes of a .partial file are final" is written only
+ *    after the bytes were fdatasync'd; a crash loses at most unjournaled progress, which is
+ *    fetched again, never trusted.
+ *  - Requests go only to the configured endpoint. Redirects are followed only to https: or
+ *    to the endpoint's own host, and the bearer token is sent only to the endpoint's host.
+ *    No message ever contains the token (URLs are printed without user:password@).
+ *  - On-demand streaming costs exactly one HTTP request per missing expert (redirect
+ *    targets are cached, so a hub that redirects to a CDN still costs one).
+ *
+ * ---- On-disk layout of an install (DEST) ------------------------------------------------
+ *
+ *   config.json, model.safetensors.index.json,          complete, checked files
+ *   tiktoken.model, tokenizer_config.json,
+ *   generation_config.json (when the source has one)
+ *   model-XXXXX-of-YYYYYY.safetensors                   a complete, checked shard
+ *   model-XXXXX-of-YYYYYY.safetensors.partial           a shard not yet complete: full length,
+ *                                                       sparse; only the byte ranges listed in
+ *                                                       its journal are final, the rest are holes
+ *   .k3/setup.json                                      the manifest (below)
+ *   .k3/<shard>.done                                    the journal of <shard>.partial: records
+ *                                                       of two little-endian u64 (offset, length)
+ *                                                       of final bytes; a torn last record is
+ *                                                       ignored
+ *   .k3/experts/<layer>/<expert>.bin                    raw-span cache: the expert's bytes verbatim,
+ *                                                       shard bytes [span.offset, span.offset +
+ *                                                       span.nbytes); present = complete (written
+ *                                                       to a temporary name, length-checked, renamed)
+ *
+ * A --full install is the complete shards plus the manifest. A --stream install has, for every
+ * shard holding a routed expert, a .partial whose journal covers the safetensors header and
+ * every text spine tensor (vision tensors and routed experts are holes). An expert is LOCAL
+ * when its shard is complete, or its span lies inside its .partial's journaled ranges, or
+ * its raw-span file exists. `--finish` copies raw spans into the .partial files, fetches the
+ * rest in file-offset order, checks each shard and renames it into place, after which the
+ * install is identical to a --full one.
+ *
+ * The expert span of (layer, expert) is [min begin, max end) over the file offsets of its
+ * tensors (block_sparse_moe.experts.E.*); in K3 the six tensors are back to back, so the
+ * span is exactly their bytes (spec §10.5). A tensor of that expert lies at
+ * (tensor.file_offset - span.offset) inside the raw-span file.
+ *
+ * .k3/setup.json (written atomically): {"format": 1, "endpoint", "repo", "revision",
+ * "mode": "full"|"stream", "files": [{"name", "bytes", "sha256" (or null)}], "shards":
+ * [{"name", "bytes", "sha256" (or null), "header_bytes"}]}. The token is never stored.
+ */
+#ifndef K3_SETUP_H
+#define K3_SETUP_H
+
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include "../util/err.h"
+
+#define K3_HF_ENDPOINT "https://huggingface.co"
+#define K3_HF_REPO "moonshotai/Kimi-K3"
+#define K3_HF_REVISION "main"
+
+/* ==== 1. HTTP range-fetch client =========================================================== */
+
+typedef struct k3_http k3_http;
+
+typedef struct k3_http_opts {
+    const char *endpoint;     /* origin the user configured, e.g. "https://huggingface.co" */
+    const char *token;        /* bearer token (HF_TOKEN) or NULL; sent only to endpoint's host */
+    int connections;          /* keep-alive connections = parallel transfers (0: 4) */
+    int retries;              /* extra attempts on retryable failures (0: 5; -1: none) */
+    double backoff_s;         /* delay before the first retry, doubled each time (0: 0.5 s) */
+    double timeout_s;         /* connect timeout, and a transfer with no byte for this long
+                                 fails and is retried (0: 30 s) */
+    volatile sig_atomic_t *interrupt; /* when *interrupt != 0, transfers stop: K3_ERR_INTERRUPTED */
+    /* Called on the fetching thread for every body byte range written (progress bars). */
+    void (*on_bytes)(void *user, uint64_t nbytes);
+    void *user;
+} k3_http_opts;
+
+/* One request: the byte range [offset, offset + nbytes) of url, or the whole file when
+ * nbytes == 0. The body goes to exactly one sink:
+ *   dst      — memory of nbytes (range requests);
+ *   fd >= 0  — a file, pwrite at file_offset + (byte - offset) (range requests);
+ *   neither  — a malloc'd buffer returned in *body (whole-file requests, at most max_bytes).
+ * A retried range request asks only for the bytes not yet received (done). */
+typedef struct k3_http_req {
+    const char *url;
+    uint64_t offset, nbytes;
+    void *dst;
+    int fd;                   /* -1 when unused (set it: 0 is a valid descriptor) */
+    uint64_t file_offset;
+    uint64_t max_bytes;       /* whole-file requests: refuse bodies larger than this */
+    uint64_t expect_total;    /* if nonzero, the file size the server must report */
+    const char *what;         /* for messages, e.g. "expert 17 of layer 3"; may be NULL */
+    bool not_found_ok;        /* a 404 is a result (status 404), not an error */
+    /* results */
+    char *body;               /* whole-file requests: the body, NUL-terminated; free() it */
+    uint64_t done;            /* body bytes received, checked and written */
+    uint64_t total_bytes;     /* file size from Content-Range or Content-Length */
+    char sha256[65];          /* lowercase hex from X-Linked-Etag/ETag when it is one, else "" */
+    int status;               /* final HTTP status */
+    int attempts;             /* requests made, redirect hops excluded */
+} k3_http_req;
+
+/* Creates a client. Errors: K3_ERR_USAGE (endpoint not an http(s) URL), K3_ERR_GENERIC. */
+int k3_http_new(const k3_http_opts *o, k3_http **out, k3_err *err);
+void k3_http_free(k3_http *h);
+
+/* Runs the n requests over the pool (up to `connections` at once, keep-alive) and returns
+ * when all succeeded or one failed for good. on_done (may be NULL) is called on this thread
+ * as each request completes, in completion order; a nonzero return stops the batch with
+ * that status. Thread-safe (one batch at a time; other callers wait).
+ * Retryable: HTTP 5xx, 408, 429, timeouts, connection resets/refusals, a truncated body, a
+ * Content-Range or length that does not match. Not retryable: other 4xx, redirects off the
+ * endpoint's host to plain http, a body over max_bytes.
+ * Errors: K3_ERR_NETWORK naming r->what, the URL (no credentials) and the last failure;
+ * K3_ERR_INTERRUPTED; K3_ERR_IO (a pwrite failed); whatever on_done returned. */
+int k3_http_fetch(k3_http *h, k3_http_req *reqs, int n,
+                  int (*on_done)(void *user, k3_http_req *r, k3_err *err), void *user,
+                  k3_err *err);
+
+/* Requests made by this client so far (every attempt and redirect hop), and body bytes. */
+void k3_http_stats(const k3_http *h, uint64_t *requests, uint64_t *bytes);
+
+/* "{endpoint}/{repo}/resolve/{revision}/{file}" into buf. Returns buf ("" if it does not fit). */
+char *k3_hub_url(char *buf, size_t cap, const char *endpoint, const char *repo,
+                 const char *revision, const char *file);
+
+/* url without "user:password@" (for messages). Returns buf. */
+char *k3_url_for_humans(char *buf, size_t cap, const char *url);
+
+/* ==== 2. k3 setup ========================================================================= */
+
+enum k3_setup_mode {
+    K3_SETUP_AUTO = 0,  /* --full when the disk has room, else --stream */
+    K3_SETUP_FULL,      /* every shard */
+    K3_SETUP_STREAM,    /* headers + text spine; experts arrive on demand */
+    K3_SETUP_FINISH,    /* fetch every missing expert of an existing install */
+    K3_SETUP_CHECK,     /* verify what is there; fetch nothing */
+};
+
+typedef struct k3_setup_opts {
+    const char *dest;
+    const char *endpoint, *repo, *revision; /* NULL: manifest's, else the K3_HF_* defaults */
+    const char *token;                      /* NULL: no Authorization header */
+    enum k3_setup_mode mode;
+    int connections, retries;               /* see k3_http_opts (0: defaults) */
+    double timeout_s, backoff_s;
+    uint64_t chunk_bytes;                   /* largest single range request (0: 64 MiB) */
+    int64_t free_bytes;                     /* < 0: ask the file system (statvfs); else assume */
+    bool progress_bar;                      /* a redrawn bar (a terminal), else plain lines */
+    FILE *log;                              /* progress and summaries (NULL: stderr) */
+    volatile sig_atomic_t *interrupt;
+} k3_setup_opts;
+
+/* Runs `k3 setup` in o->mode. Install modes fetch config.json, the index, the tokenizer
+ * files and every shard's header first (into memory), plan, check free space, then write.
+ * Errors: K3_ERR_NO_SPACE (message gives the exact bytes to free), K3_ERR_NETWORK,
+ * K3_ERR_IO, K3_ERR_CHECKPOINT (a header or index the server sent is malformed; --check
+ * found a bad file), K3_ERR_USAGE (DEST holds another repo/revision; --finish without an
+ * install), K3_ERR_INTERRUPTED (resumable: run the same command again). */
+int k3_setup_run(const k3_setup_opts *o, k3_err *err);
+
+/* ==== 3. Run-time streaming ================================================================ */
+
+typedef struct k3_stream k3_stream;
+
+/* One routed expert's bytes in its shard (see "expert span" above). */
+typedef struct k3_expert_span {
+    int layer, expert;
+    int shard;                /* index into the install's shard list (k3_stream_shard_name) */
+    uint64_t offset, nbytes;  /* absolute file offset in the shard, and length */
+} k3_expert_span;
+
+/* Opens the streaming state of the install in dir. *out = NULL (and K3_OK) when dir is not
+ * a streaming install (no .k3/setup.json, or every shard complete): read it as a snapshot.
+ * Errors: K3_ERR_IO, K3_ERR_CHECKPOINT (manifest or journal malformed). */
+int k3_stream_open(const char *dir, const k3_http_opts *http, k3_stream **out, k3_err *err);
+void k3_stream_close(k3_stream *s);
+
+/* The path the loader should open for shard `name` (a file name from the index): the
+ * complete shard if present, else its .partial. Returns buf. */
+char *k3_stream_shard_path(const k3_stream *s, const char *name, char *buf, size_t cap);
+
+/* True when the span's bytes are final in the shard file (complete shard, or journaled). */
+bool k3_stream_in_shard(const k3_stream *s, const char *shard_name, uint64_t offset,
+                        uint64_t nbytes);
+
+/* Reads expert (layer, expert), whose span is [offset, offset + nbytes) of shard_name, into
+ * dst: from its raw-span file when present, else with one HTTP range request whose body is
+ * checked, written to the raw-span file (temporary name, renamed) and copied to dst.
+ * Errors: K3_ERR_NETWORK naming the expert and URL; K3_ERR_IO. */
+int k3_stream_read(k3_stream *s, int layer, int expert, const char *shard_name,
+                   uint64_t offset, uint64_t nbytes, void *dst, k3_err *err);
+
+/* Counts for the startup line: experts local / all, and bytes a --finish would fetch. */
+typedef struct k3_stream_summary {
+    uint64_t experts_local, experts_total, finish_bytes;
+} k3_stream_summary;
+void k3_stream_summary_get(const k3_stream *s, k3_stream_summary *out);
+
+/* Experts fetched over HTTP since k3_stream_open (tests, benchmarks). */
+uint64_t k3_stream_fetched(const k3_stream *s);
+
+#endif

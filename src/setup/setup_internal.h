@@ -1,0 +1,132 @@
+/* setup_internal.h — shared by the files of src/setup (not a public header): the model of an
+ * install on disk (manifest, shard headers, journals, expert spans) and the progress display.
+ * The layout itself is documented in setup.h. */
+#ifndef K3_SETUP_INTERNAL_H
+#define K3_SETUP_INTERNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include "setup.h"
+
+#define SN_DIR ".k3"
+#define SN_MANIFEST ".k3/setup.json"
+#define SN_INDEX "model.safetensors.index.json"
+#define SN_SINGLE "model.safetensors"
+#define SN_MAX_SMALL_BYTES (64u << 20)   /* config, index, tokenizer files */
+#define SN_MAX_HEADER_BYTES (512u << 20) /* a safetensors JSON header */
+
+/* ---- sets of byte ranges [a, b), sorted and merged ---------------------------------- */
+typedef struct sn_ranges {
+    uint64_t (*r)[2];
+    int n, cap;
+} sn_ranges;
+
+int sn_ranges_add(sn_ranges *s, uint64_t a, uint64_t b);      /* 0, or ENOMEM */
+bool sn_ranges_covers(const sn_ranges *s, uint64_t a, uint64_t b);
+uint64_t sn_ranges_bytes(const sn_ranges *s);
+/* out = [a, b) minus s (out is cleared first). */
+int sn_ranges_missing(const sn_ranges *s, uint64_t a, uint64_t b, sn_ranges *out);
+void sn_ranges_free(sn_ranges *s);
+
+/* ---- the install ------------------------------------------------------------------- */
+enum sn_kind { SN_SPINE, SN_EXPERT, SN_VISION };
+
+typedef struct sn_tensor {
+    char *name;
+    uint64_t begin, end;      /* absolute file offsets */
+    int kind, layer, expert;  /* layer/expert for SN_EXPERT */
+} sn_tensor;
+
+typedef struct sn_shard {
+    char *name;
+    uint64_t bytes, header_bytes;
+    char sha256[65];          /* "" when the server gave none */
+    char *header;             /* [0, header_bytes) raw; NULL until known */
+    sn_tensor *t;
+    int nt;
+    bool complete;            /* the final file exists (and was checked when written) */
+    bool has_partial;         /* a .partial exists */
+    sn_ranges done;           /* journaled final bytes of the .partial */
+} sn_shard;
+
+typedef struct sn_file {
+    char *name;
+    uint64_t bytes;
+    char sha256[65];
+    bool optional;
+} sn_file;
+
+typedef struct sn_install {
+    char *dest;
+    char *endpoint, *repo, *revision;
+    char mode[16];            /* "full" | "stream" | "" (unknown) */
+    sn_file *files;
+    int n_files;
+    sn_shard *shards;
+    int n_shards;
+    k3_expert_span *spans;    /* sorted by (shard, offset) */
+    int n_spans;
+    int n_layers_seen;        /* 1 + the largest layer index of an expert */
+} sn_install;
+
+void sn_install_free(sn_install *in);
+char *sn_path(char *buf, size_t cap, const char *dest, const char *name, const char *suffix);
+char *sn_journal_path(char *buf, size_t cap, const char *dest, const char *shard);
+char *sn_span_path(char *buf, size_t cap, const char *dest, int layer, int expert);
+
+/* Reads .k3/setup.json into in (dest, source, mode, files, shard names/sizes/sha256).
+ * *found = false (K3_OK) when there is none. Errors: K3_ERR_CHECKPOINT (malformed). */
+int sn_manifest_read(const char *dest, sn_install *in, bool *found, k3_err *err);
+/* Writes it atomically (temporary name, fsync, rename). */
+int sn_manifest_write(const sn_install *in, k3_err *err);
+
+/* Parses a shard's raw header bytes ([0, header_bytes): u64 length + JSON) into sh->t,
+ * classifying tensors; every tensor must end inside sh->bytes.
+ * Errors: K3_ERR_CHECKPOINT naming the shard. Takes ownership of hdr. */
+int sn_parse_header(sn_shard *sh, char *hdr, uint64_t hdr_bytes, k3_err *err);
+/* Builds in->spans from the parsed headers. Errors: K3_ERR_CHECKPOINT (an expert's tensors
+ * in two shards). */
+int sn_build_spans(sn_install *in, k3_err *err);
+
+/* For every shard of the manifest: whether it is complete, the journal of its .partial,
+ * and its header read from the local file (complete or .partial). Shards whose header is
+ * not local yet keep header == NULL. Errors: K3_ERR_IO, K3_ERR_CHECKPOINT. */
+int sn_load_local(sn_install *in, k3_err *err);
+int sn_load_shard(const char *dest, sn_shard *sh, k3_err *err); /* one shard of it */
+
+/* Reads the journal of shard into sh->done (a torn last record is ignored; a record past
+ * the end of the shard discards the whole journal). */
+int sn_journal_load(const char *dest, sn_shard *sh, k3_err *err);
+
+/* sha256 of a whole file as 64 lowercase hex digits; *progress (may be NULL) adds bytes. */
+int sn_sha256_file(const char *path, char out[65], void (*on_bytes)(void *, uint64_t),
+                   void *user, k3_err *err);
+void sn_sha256_mem(const void *p, size_t n, char out[65]);
+
+/* Free bytes for an unprivileged writer in the file system holding dir. */
+int sn_free_bytes(const char *dir, uint64_t *out, k3_err *err);
+int sn_mkdirs(const char *path, k3_err *err);
+/* Writes buf to dir/name via a temporary name, fsync, rename. */
+int sn_write_atomic(const char *dest, const char *name, const void *buf, size_t n, k3_err *err);
+
+/* `k3 setup --check` (check.c); found: whether DEST has a manifest. */
+int sn_check(const k3_setup_opts *o, bool found, k3_err *err);
+
+/* ---- progress ------------------------------------------------------------------------- */
+typedef struct sn_progress {
+    FILE *out;
+    bool bar;
+    const char *label;
+    uint64_t total, done;
+    double t0, last;
+} sn_progress;
+
+void sn_progress_begin(sn_progress *p, FILE *out, bool bar, const char *label, uint64_t total);
+void sn_progress_add(void *p, uint64_t n);  /* k3_http_opts.on_bytes */
+void sn_progress_end(sn_progress *p);
+/* "1.23 GB" (decimal units, as the spec's sizes). Returns buf. */
+char *sn_human(char *buf, size_t cap, uint64_t bytes);
+double sn_now(void);
+
+#endif

@@ -1,0 +1,236 @@
+/* stream.c — the run-time side of a streaming install (setup.h part 3): which experts are
+ * local, and one checked HTTP range request per missing expert, kept as a raw-span file.
+ * Thread-safe: each caller borrows one of a few HTTP clients (one keep-alive connection
+ * each), so the reader threads of the expert store fetch a layer's misses in parallel. */
+#include "setup_internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+struct k3_stream {
+    sn_install in;
+    k3_http_opts http_opts;
+    char *token;
+    k3_http **clients;        /* created on first use */
+    bool *busy;
+    int n_clients;
+    pthread_mutex_t mu;
+    pthread_cond_t freed;
+    uint64_t fetched;         /* experts fetched over HTTP since open */
+};
+
+static void stream_free(k3_stream *s) {
+    for (int i = 0; i < s->n_clients; i++) k3_http_free(s->clients[i]);
+    free(s->clients);
+    free(s->busy);
+    free(s->token);
+    sn_install_free(&s->in);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->freed);
+    free(s);
+}
+
+void k3_stream_close(k3_stream *s) {
+    if (s) stream_free(s);
+}
+
+int k3_stream_open(const char *dir, const k3_http_opts *http, k3_stream **out, k3_err *err) {
+    *out = NULL;
+    k3_stream *s = calloc(1, sizeof *s);
+    if (!s) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->freed, NULL);
+    bool found = false;
+    int rc = sn_manifest_read(dir, &s->in, &found, err);
+    if (!rc && found) rc = sn_load_local(&s->in, err);
+    bool complete = true;
+    for (int i = 0; !rc && found && i < s->in.n_shards; i++) {
+        const sn_shard *sh = &s->in.shards[i];
+        if (!sh->complete && sh->has_partial && !sh->header)
+            rc = k3_fail(err, K3_ERR_CHECKPOINT, "%s/%s.partial: its header was never fetched: "
+                         "run k3 setup %s again", dir, sh->name, dir);
+        complete &= sh->complete;
+    }
+    if (rc || !found || complete) {
+        stream_free(s);
+        return rc;
+    }
+    rc = sn_build_spans(&s->in, err);
+    s->http_opts = http ? *http : (k3_http_opts){0};
+    s->http_opts.endpoint = s->in.endpoint;
+    if (http && http->token && !(s->token = strdup(http->token)))
+        rc = k3_fail(err, K3_ERR_GENERIC, "out of memory");
+    s->http_opts.token = s->token;
+    s->n_clients = s->http_opts.connections > 0 ? s->http_opts.connections : 4;
+    s->http_opts.connections = 1;
+    s->clients = calloc((size_t)s->n_clients, sizeof *s->clients);
+    s->busy = calloc((size_t)s->n_clients, sizeof *s->busy);
+    if (!rc && (!s->clients || !s->busy)) rc = k3_fail(err, K3_ERR_GENERIC, "out of memory");
+    if (rc) {
+        stream_free(s);
+        return rc;
+    }
+    *out = s;
+    return K3_OK;
+}
+
+static const sn_shard *shard_by_name(const k3_stream *s, const char *name) {
+    for (int i = 0; i < s->in.n_shards; i++)
+        if (!strcmp(s->in.shards[i].name, name)) return &s->in.shards[i];
+    return NULL;
+}
+
+char *k3_stream_shard_path(const k3_stream *s, const char *name, char *buf, size_t cap) {
+    const sn_shard *sh = shard_by_name(s, name);
+    return sn_path(buf, cap, s->in.dest, name, sh && !sh->complete ? ".partial" : NULL);
+}
+
+bool k3_stream_in_shard(const k3_stream *s, const char *shard_name, uint64_t offset,
+                        uint64_t nbytes) {
+    const sn_shard *sh = shard_by_name(s, shard_name);
+    return sh && (sh->complete || sn_ranges_covers(&sh->done, offset, offset + nbytes));
+}
+
+/* Reads the raw-span file when it exists with the right length. Returns 1 read, 0 absent. */
+static int read_cached(const char *path, void *dst, uint64_t nbytes, k3_err *err) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || (uint64_t)st.st_size != nbytes) {
+        close(fd);
+        return 0; /* a stale span (another snapshot): fetch it again */
+    }
+    uint64_t done = 0;
+    while (done < nbytes) {
+        ssize_t r = pread(fd, (char *)dst + done, nbytes - done, (off_t)done);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            close(fd);
+            return -k3_fail(err, K3_ERR_IO, "%s: read failed: %s", path,
+                            r < 0 ? strerror(errno) : "unexpected end of file");
+        }
+        done += (uint64_t)r;
+    }
+    close(fd);
+    return 1;
+}
+
+/* Keeps the fetched bytes as the expert's raw-span file: temporary name, fdatasync, rename. */
+static int keep_span(const k3_stream *s, int layer, const char *path, const void *buf,
+                     uint64_t n, k3_err *err) {
+    char dir[4096], tmp[4200];
+    snprintf(dir, sizeof dir, "%s/" SN_DIR "/experts/%d", s->in.dest, layer);
+    int rc = sn_mkdirs(dir, err);
+    if (rc) return rc;
+    snprintf(tmp, sizeof tmp, "%s.tmp%ld.%lx", path, (long)getpid(), (unsigned long)pthread_self());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return k3_fail(err, K3_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+    const char *p = buf;
+    uint64_t left = n;
+    while (left > 0) {
+        ssize_t w = write(fd, p, left);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) break;
+        p += w, left -= (uint64_t)w;
+    }
+    if (left || fdatasync(fd) != 0) {
+        int e = errno;
+        close(fd);
+        unlink(tmp);
+        return k3_fail(err, K3_ERR_IO, "%s: write failed: %s", tmp, strerror(e ? e : EIO));
+    }
+    close(fd);
+    if (rename(tmp, path) != 0) {
+        unlink(tmp);
+        return k3_fail(err, K3_ERR_IO, "%s: cannot rename into place: %s", path, strerror(errno));
+    }
+    return K3_OK;
+}
+
+static int borrow(k3_stream *s, k3_err *err) {
+    pthread_mutex_lock(&s->mu);
+    int i;
+    for (;;) {
+        for (i = 0; i < s->n_clients && s->busy[i]; i++) {}
+        if (i < s->n_clients) break;
+        pthread_cond_wait(&s->freed, &s->mu);
+    }
+    s->busy[i] = true;
+    int rc = s->clients[i] ? K3_OK : k3_http_new(&s->http_opts, &s->clients[i], err);
+    if (rc) s->busy[i] = false;
+    pthread_mutex_unlock(&s->mu);
+    return rc ? -rc : i;
+}
+
+static void give_back(k3_stream *s, int i) {
+    pthread_mutex_lock(&s->mu);
+    s->busy[i] = false;
+    pthread_cond_signal(&s->freed);
+    pthread_mutex_unlock(&s->mu);
+}
+
+int k3_stream_read(k3_stream *s, int layer, int expert, const char *shard_name,
+                   uint64_t offset, uint64_t nbytes, void *dst, k3_err *err) {
+    char path[4096], url[2048], what[96];
+    sn_span_path(path, sizeof path, s->in.dest, layer, expert);
+    int got = read_cached(path, dst, nbytes, err);
+    if (got) return got < 0 ? -got : K3_OK;
+    const sn_shard *sh = shard_by_name(s, shard_name);
+    if (!sh)
+        return k3_fail(err, K3_ERR_CHECKPOINT, "expert %d of layer %d: shard %s is not in the "
+                       "install's manifest", expert, layer, shard_name);
+    snprintf(what, sizeof what, "expert %d of layer %d", expert, layer);
+    k3_http_req r = {.url = k3_hub_url(url, sizeof url, s->in.endpoint, s->in.repo,
+                                       s->in.revision, shard_name),
+                     .offset = offset, .nbytes = nbytes, .dst = dst, .fd = -1,
+                     .expect_total = sh->bytes, .what = what};
+    int c = borrow(s, err);
+    if (c < 0) return -c;
+    int rc = k3_http_fetch(s->clients[c], &r, 1, NULL, NULL, err);
+    give_back(s, c);
+    if (rc) return rc;
+    __atomic_add_fetch(&s->fetched, 1, __ATOMIC_RELAXED);
+    return keep_span(s, layer, path, dst, nbytes, err);
+}
+
+void k3_stream_summary_get(const k3_stream *s, k3_stream_summary *out) {
+    *out = (k3_stream_summary){.experts_total = (uint64_t)s->in.n_spans};
+    for (int i = 0; i < s->in.n_spans; i++) {
+        const k3_expert_span *sp = &s->in.spans[i];
+        const sn_shard *sh = &s->in.shards[sp->shard];
+        char path[4096];
+        struct stat st;
+        if (sh->complete || sn_ranges_covers(&sh->done, sp->offset, sp->offset + sp->nbytes) ||
+            (stat(sn_span_path(path, sizeof path, s->in.dest, sp->layer, sp->expert), &st) == 0 &&
+             (uint64_t)st.st_size == sp->nbytes))
+            out->experts_local++;
+    }
+    sn_ranges miss = {0};
+    for (int i = 0; i < s->in.n_shards; i++) { /* every byte not yet in a shard */
+        const sn_shard *sh = &s->in.shards[i];
+        if (sh->complete) continue;
+        if (sn_ranges_missing(&sh->done, 0, sh->bytes, &miss) == 0)
+            out->finish_bytes += sn_ranges_bytes(&miss);
+    }
+    sn_ranges_free(&miss);
+    /* raw spans are copied by --finish, not fetched */
+    for (int i = 0; i < s->in.n_spans; i++) {
+        const k3_expert_span *sp = &s->in.spans[i];
+        const sn_shard *sh = &s->in.shards[sp->shard];
+        char path[4096];
+        struct stat st;
+        if (!sh->complete && !sn_ranges_covers(&sh->done, sp->offset, sp->offset + sp->nbytes) &&
+            stat(sn_span_path(path, sizeof path, s->in.dest, sp->layer, sp->expert), &st) == 0 &&
+            (uint64_t)st.st_size == sp->nbytes)
+            out->finish_bytes -= sp->nbytes;
+    }
+}
+
+uint64_t k3_stream_fetched(const k3_stream *s) {
+    return __atomic_load_n(&s->fetched, __ATOMIC_RELAXED);
+}
