@@ -16,6 +16,10 @@
 #include "../src/model/layers.h"
 #include "test.h"
 
+/* These tests check the scalar reference path against independent computations;
+ * tests/test_simd.c checks every SIMD path against it. */
+#define SCALAR k3_kernels_get("scalar")
+
 /* ---- independent references -------------------------------------------------------------- */
 
 /* E2M1 from its bit fields (spec §10.4: bit 3 sign, bits 2..1 exponent, bit 0 mantissa),
@@ -166,7 +170,7 @@ static void test_mxfp4_matvec_vs_double_reference(void) {
     mx_build(&m);
     k3_mxfp4 w = {m.packed, &m.scale[0][0], MX_R, MX_C};
     float y[MX_R];
-    k3_matvec_mxfp4(&w, m.x, y);
+    k3_matvec_mxfp4(SCALAR, &w, m.x, y);
     for (int r = 0; r < MX_R; r++) {
         double a, want = mx_ref(&m, r, 0, &a);
         CHECK(close_to(y[r], want, 1e-5, a), "row %d: %.9g, want %.9g", r, y[r], want);
@@ -178,7 +182,7 @@ static void test_mxfp4_matvec_detects_nibble_swap(void) {
     mx_build(&m);
     k3_mxfp4 w = {m.packed, &m.scale[0][0], MX_R, MX_C};
     float y[MX_R];
-    k3_matvec_mxfp4(&w, m.x, y);
+    k3_matvec_mxfp4(SCALAR, &w, m.x, y);
     for (int r = 0; r < MX_R; r++) {
         double a, swapped = mx_ref(&m, r, 1, &a);
         /* the swapped-order result is far outside the tolerance the real check uses */
@@ -196,7 +200,7 @@ static void test_mxfp4_matvec_unit_columns_exact(void) {
     for (int c = 0; c < MX_C; c++) {
         memset(x, 0, sizeof x);
         x[c] = 1.0f;
-        k3_matvec_mxfp4(&w, x, y);
+        k3_matvec_mxfp4(SCALAR, &w, x, y);
         for (int r = 0; r < MX_R; r++) {
             double want = e2m1_ref(m.code[r][c]) * ldexp(1.0, m.scale[r][c / 32] - 127);
             CHECK((double)y[r] == want, "W[%d][%d] = %g, want %g", r, c, y[r], want);
@@ -239,7 +243,7 @@ static void check_matvec(int dtype, int rows, int cols, uint32_t seed) {
     }
     for (int i = 0; i < cols; i++) x[i] = rnd();
     k3_mat w = {dtype == K3_DT_BF16 ? (const void *)wb : (const void *)wf, dtype, rows, cols, NULL};
-    k3_matvec(&w, x, y);
+    k3_matvec(SCALAR, &w, x, y);
     for (int r = 0; r < rows; r++) {
         double s = 0, a = 0;
         for (int i = 0; i < cols; i++) {
@@ -286,9 +290,9 @@ static void test_matvec_same_result_1_and_2_threads(void) {
         k3_mat w = {dt ? (const void *)wb : (const void *)wf, dt ? K3_DT_BF16 : K3_DT_F32, TH_R,
                     TH_C, NULL};
         omp_set_num_threads(1);
-        k3_matvec(&w, x, y1);
+        k3_matvec(SCALAR, &w, x, y1);
         omp_set_num_threads(2);
-        k3_matvec(&w, x, y2);
+        k3_matvec(SCALAR, &w, x, y2);
         omp_set_num_threads(saved);
         CHECK(memcmp(y1, y2, sizeof y1) == 0, "%s: 1-thread and 2-thread results differ",
               dt ? "bf16" : "f32");
@@ -306,9 +310,9 @@ static void test_matvec_mxfp4_same_result_1_and_2_threads(void) {
     k3_mxfp4 w = {packed, scale, R, C};
     int saved = omp_get_max_threads();
     omp_set_num_threads(1);
-    k3_matvec_mxfp4(&w, x, y1);
+    k3_matvec_mxfp4(SCALAR, &w, x, y1);
     omp_set_num_threads(2);
-    k3_matvec_mxfp4(&w, x, y2);
+    k3_matvec_mxfp4(SCALAR, &w, x, y2);
     omp_set_num_threads(saved);
     CHECK(memcmp(y1, y2, sizeof y1) == 0, "1-thread and 2-thread results differ");
 }

@@ -1,96 +1,224 @@
-/* kernels.c — scalar reference kernels (spec §2). Rows are split across OpenMP threads;
- * within a row the sum is sequential, so results are identical for any thread count. */
+/* kernels.c — the public kernel entry points: path selection (once, at engine load), the
+ * split of a product's rows across OpenMP threads, and the small element-wise functions. The
+ * per-CPU inner loops live in cpu_scalar.c, cpu_avx2.c, cpu_avx512.c and cpu_neon.c. */
 #include "kernels.h"
 
 #include <math.h>
+#include <omp.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
 
 #include "../format/safetensors.h"
+#include "dispatch.h"
 
 /* Below this many multiply-adds a product runs on one thread (fork/join costs more). */
 #define PARALLEL_MIN_MACS (1 << 15)
-
-static const float E2M1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
-                               -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+/* Threads get contiguous row ranges in multiples of this (whole cache lines of y). */
+#define ROW_BLOCK 16
 
 float k3_mxfp4_value(uint8_t code, uint8_t scale) {
-    return E2M1[code & 15] * k3_e8m0_to_f32(scale);
+    return k3_e2m1[code & 15] * k3_e8m0_to_f32(scale);
 }
-
 float k3_mat_at(const k3_mat *m, int64_t i) {
     if (m->dtype == K3_DT_BF16) return k3_bf16_to_f32(((const uint16_t *)m->data)[i]);
     if (m->dtype == K3_DT_I8) return ((const int8_t *)m->data)[i] * m->scale[i / m->cols];
     return ((const float *)m->data)[i];
 }
 
-/* Four rows at a time: four independent sequential sums give the CPU parallel work without
- * changing any row's order of operations. */
-static void rows_bf16(const uint16_t *w, int64_t cols, const float *x, float *y, int64_t r0,
-                      int64_t r1) {
-    int64_t r = r0;
-    for (; r + 4 <= r1; r += 4) {
-        const uint16_t *a = w + r * cols, *b = a + cols, *c = b + cols, *d = c + cols;
-        float sa = 0, sb = 0, sc = 0, sd = 0;
-        for (int64_t i = 0; i < cols; i++) {
-            float xi = x[i];
-            sa += k3_bf16_to_f32(a[i]) * xi;
-            sb += k3_bf16_to_f32(b[i]) * xi;
-            sc += k3_bf16_to_f32(c[i]) * xi;
-            sd += k3_bf16_to_f32(d[i]) * xi;
+/* ---- path selection ------------------------------------------------------------------ */
+
+/* Every path compiled into this binary, fastest first. */
+static const k3_kernels *const PATHS[] = {
+#if defined(__x86_64__)
+    &k3_kernels_avx512,
+    &k3_kernels_avx2,
+#endif
+#if defined(__aarch64__)
+    &k3_kernels_neon,
+#endif
+    &k3_kernels_scalar,
+};
+#define N_PATHS (int)(sizeof PATHS / sizeof PATHS[0])
+
+static int cpu_runs(const k3_kernels *k) {
+#if defined(__x86_64__)
+    /* libgcc's checks include the OS having enabled the AVX / AVX-512 register state. */
+    if (k == &k3_kernels_avx512) return __builtin_cpu_supports("avx512f");
+    if (k == &k3_kernels_avx2)
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#endif
+    (void)k;
+    return 1; /* scalar everywhere; NEON is part of the aarch64 base ISA */
+}
+
+int k3_kernels_available(const k3_kernels **out, int cap) {
+    int n = 0;
+    for (int i = 0; i < N_PATHS && n < cap; i++)
+        if (cpu_runs(PATHS[i])) out[n++] = PATHS[i];
+    return n;
+}
+
+const k3_kernels *k3_kernels_get(const char *name) {
+    for (int i = 0; i < N_PATHS; i++)
+        if (!strcmp(PATHS[i]->name, name)) return cpu_runs(PATHS[i]) ? PATHS[i] : NULL;
+    return NULL;
+}
+
+const k3_kernels *k3_kernels_best(void) {
+    const k3_kernels *k[N_PATHS];
+    k3_kernels_available(k, N_PATHS);
+    return k[0];
+}
+
+int k3_kernels_select(const char *name, const k3_kernels **out, k3_err *err) {
+    const char *from = "requested";
+    if (!name || !*name) name = getenv("K3_KERNELS"), from = "K3_KERNELS";
+    if (!name || !*name) {
+        *out = k3_kernels_best();
+        return K3_OK;
+    }
+    if ((*out = k3_kernels_get(name))) return K3_OK;
+    char list[128] = "";
+    const k3_kernels *k[N_PATHS];
+    for (int i = 0, n = k3_kernels_available(k, N_PATHS); i < n; i++)
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "",
+                 k[i]->name);
+    return k3_fail(err, K3_ERR_USAGE, "%s kernel path '%s' is unknown or this CPU cannot run "
+                   "it; this CPU runs: %s", from, name, list);
+}
+
+const char *k3_kernels_name(const k3_kernels *k) { return k->name; }
+
+/* One number from a sysfs file, or -1. */
+static long read_long(const char *fmt, int cpu) {
+    char path[128];
+    long v = -1;
+    snprintf(path, sizeof path, fmt, cpu);
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    if (fscanf(f, "%ld", &v) != 1) v = -1;
+    fclose(f);
+    return v;
+}
+
+/* Counts distinct (package, core) pairs among the CPUs in our affinity mask; falls back to
+ * the mask size when sysfs is unreadable. Called once at engine load, not per token. */
+int k3_cpu_physical_cores(void) {
+    enum { MAX_CPUS = 1024 };
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) != 0) return omp_get_num_procs();
+    int n_cpus = CPU_COUNT(&set), n = 0;
+    long seen[MAX_CPUS];
+    for (int cpu = 0; cpu < CPU_SETSIZE && cpu < MAX_CPUS; cpu++) {
+        if (!CPU_ISSET(cpu, &set)) continue;
+        long core = read_long("/sys/devices/system/cpu/cpu%d/topology/core_id", cpu);
+        long pkg = read_long("/sys/devices/system/cpu/cpu%d/topology/physical_package_id", cpu);
+        if (core < 0 || pkg < 0) return n_cpus > 0 ? n_cpus : 1;
+        long id = pkg * 1000000 + core;
+        int dup = 0;
+        for (int j = 0; j < n && !dup; j++) dup = seen[j] == id;
+        if (!dup) seen[n++] = id;
+    }
+    return n > 0 ? n : 1;
+}
+
+/* ---- products: rows split across threads ----------------------------------------------- */
+
+/* The dtype switch: a new weight format adds one case here. */
+static void mat_rows(const k3_kernels *kr, const k3_mat *w, const float *x, int n, float *y,
+                     int64_t r0, int64_t r1) {
+    switch (w->dtype) {
+    case K3_DT_BF16:
+        kr->bf16(w->data, w->rows, w->cols, x, n, y, r0, r1);
+        break;
+    case K3_DT_I8: /* one vector at a time (src/kernels/int8.c); AVX2 on the x86 SIMD paths */
+#if defined(__x86_64__)
+        if (kr != &k3_kernels_scalar) {
+            for (int b = 0; b < n; b++)
+                k3_rows_i8_avx2(w, x + b * w->cols, y + b * w->rows, r0, r1);
+            break;
         }
-        y[r] = sa, y[r + 1] = sb, y[r + 2] = sc, y[r + 3] = sd;
-    }
-    for (; r < r1; r++) {
-        const uint16_t *a = w + r * cols;
-        float s = 0;
-        for (int64_t i = 0; i < cols; i++) s += k3_bf16_to_f32(a[i]) * x[i];
-        y[r] = s;
+#endif
+        for (int b = 0; b < n; b++) k3_rows_i8(w, x + b * w->cols, y + b * w->rows, r0, r1);
+        break;
+    default:
+        kr->f32(w->data, w->rows, w->cols, x, n, y, r0, r1);
     }
 }
 
-static void rows_f32(const float *w, int64_t cols, const float *x, float *y, int64_t r0,
-                     int64_t r1) {
-    for (int64_t r = r0; r < r1; r++) {
-        const float *a = w + r * cols;
-        float s = 0;
-        for (int64_t i = 0; i < cols; i++) s += a[i] * x[i];
-        y[r] = s;
-    }
-}
+typedef struct product {
+    const k3_kernels *kr;
+    const k3_mat *mat;
+    const k3_mxfp4 *mx;
+    int64_t rows, cols;
+} product;
 
-#define ROW_BLOCK 16
-
-void k3_matvec(const k3_mat *w, const float *x, float *y) {
-    int64_t rows = w->rows, cols = w->cols, nblk = (rows + ROW_BLOCK - 1) / ROW_BLOCK;
-#pragma omp parallel for schedule(static) if (rows * cols >= PARALLEL_MIN_MACS)
-    for (int64_t b = 0; b < nblk; b++) {
-        int64_t r0 = b * ROW_BLOCK, r1 = r0 + ROW_BLOCK < rows ? r0 + ROW_BLOCK : rows;
-        if (w->dtype == K3_DT_BF16)
-            rows_bf16(w->data, cols, x, y, r0, r1);
-        else if (w->dtype == K3_DT_I8)
-            k3_rows_i8(w, x, y, r0, r1);
+/* Rows [r0, r1) for all n vectors, K3_MAX_BATCH vectors per kernel call. */
+static void product_rows(const product *p, const float *x, int n, float *y, int64_t r0,
+                         int64_t r1) {
+    for (int b = 0; b < n; b += K3_MAX_BATCH) {
+        int nb = n - b < K3_MAX_BATCH ? n - b : K3_MAX_BATCH;
+        const float *xb = x + (int64_t)b * p->cols;
+        float *yb = y + (int64_t)b * p->rows;
+        if (p->mx)
+            p->kr->mxfp4(p->mx->packed, p->mx->scale, p->rows, p->cols, xb, nb, yb, r0, r1);
         else
-            rows_f32(w->data, cols, x, y, r0, r1);
+            mat_rows(p->kr, p->mat, xb, nb, yb, r0, r1);
     }
 }
 
-void k3_matvec_mxfp4(const k3_mxfp4 *w, const float *x, float *y) {
-    int64_t rows = w->rows, cols = w->cols, ngroups = cols / 32;
-#pragma omp parallel for schedule(static) if (rows * cols >= PARALLEL_MIN_MACS)
-    for (int64_t r = 0; r < rows; r++) {
-        const uint8_t *p = w->packed + r * (cols / 2), *sc = w->scale + r * ngroups;
-        float s = 0;
-        for (int64_t g = 0; g < ngroups; g++) {
-            float scale = k3_e8m0_to_f32(sc[g]);
-            const uint8_t *pg = p + g * 16;
-            const float *xg = x + g * 32;
-            for (int j = 0; j < 16; j++) {
-                s += (E2M1[pg[j] & 15] * scale) * xg[2 * j];
-                s += (E2M1[pg[j] >> 4] * scale) * xg[2 * j + 1];
-            }
-        }
-        y[r] = s;
+/* Each thread takes one contiguous range of ROW_BLOCK-row blocks. */
+static void product_run(const product *p, const float *x, int n, float *y) {
+    if (n <= 0 || p->rows <= 0) return;
+    int64_t nblk = (p->rows + ROW_BLOCK - 1) / ROW_BLOCK;
+#pragma omp parallel if (p->rows * p->cols * n >= PARALLEL_MIN_MACS && nblk > 1)
+    {
+        int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+        int64_t r0 = nblk * t / nt * ROW_BLOCK, r1 = nblk * (t + 1) / nt * ROW_BLOCK;
+        if (r1 > p->rows) r1 = p->rows;
+        if (r0 < r1) product_rows(p, x, n, y, r0, r1);
     }
 }
+
+void k3_matvec(const k3_kernels *kr, const k3_mat *w, const float *x, float *y) {
+    k3_matmul(kr, w, x, 1, y);
+}
+
+void k3_matmul(const k3_kernels *kr, const k3_mat *w, const float *x, int n, float *y) {
+    if (!kr) kr = &k3_kernels_scalar; /* a model bound outside the engine */
+    product p = {kr, w, NULL, w->rows, w->cols};
+    product_run(&p, x, n, y);
+}
+
+void k3_matvec_mxfp4(const k3_kernels *kr, const k3_mxfp4 *w, const float *x, float *y) {
+    k3_matmul_mxfp4(kr, w, x, 1, y);
+}
+
+void k3_matmul_mxfp4(const k3_kernels *kr, const k3_mxfp4 *w, const float *x, int n, float *y) {
+    if (!kr) kr = &k3_kernels_scalar; /* a model bound outside the engine */
+    product p = {kr, NULL, w, w->rows, w->cols};
+    product_run(&p, x, n, y);
+}
+
+float k3_dot(const k3_kernels *kr, const float *a, const float *b, int64_t n) {
+    if (!kr) kr = &k3_kernels_scalar;
+    return kr->dot(a, b, n);
+}
+
+void k3_axpy(const k3_kernels *kr, float a, const float *x, float *y, int64_t n) {
+    if (!kr) kr = &k3_kernels_scalar;
+    kr->axpy(a, x, y, n);
+}
+
+void k3_kda_delta_rule(const k3_kernels *kr, float *S, const float *q, const float *k,
+                       const float *v, const float *alpha, float beta, int d, float *u,
+                       float *o) {
+    if (!kr) kr = &k3_kernels_scalar;
+    kr->kda_delta(S, q, k, v, alpha, beta, d, u, o);
+}
+
+/* ---- element-wise (scalar on every path: a few thousand values per token) ---------------- */
 
 void k3_rmsnorm(const float *x, const k3_mat *w, int n, float eps, float *y) {
     float ss = 0;

@@ -1,11 +1,22 @@
-/* kernels.h — the math primitives the forward pass is built from (scalar reference path).
+/* kernels.h — the math primitives the forward pass is built from, behind one dispatch table.
  *
  * Invariants (spec §2):
  *  - Weights stay in their checkpoint dtype; BF16 is widened exactly (bits << 16) and MXFP4 is
- *    decoded exactly (§10.4) inside the kernels. No f32 copy of a weight matrix is made.
- *  - Canonical reduction order: every dot product sums i = 0..n-1 ascending into one f32
- *    accumulator with separate multiply and add (the build uses -ffp-contract=off).
- *    Threads split work by output row only, so results do not depend on the thread count.
+ *    decoded exactly (§10.4) inside the kernels, a few registers (or one small L1 tile in a
+ *    batched product) at a time. No f32 copy of a weight matrix is ever made.
+ *  - Kernel paths: "scalar" (the reference), "avx2" (x86-64 AVX2+FMA), "avx512" (AVX-512F)
+ *    and "neon" (aarch64). One binary holds every path of its architecture; k3_kernels_select
+ *    picks one at engine load (K3_KERNELS=NAME forces it) and the model keeps the pointer.
+ *  - Scalar order: every dot product sums i = 0..n-1 ascending into one f32 accumulator with
+ *    separate multiply and add (-ffp-contract=off). A SIMD path sums lane-wise with FMA (lane
+ *    l takes columns l, l+W, ...; a zero-padded last vector takes the tail) and then adds the
+ *    lanes in a fixed order, so it differs from scalar by rounding only (tests/test_simd.c
+ *    states the bound). On every path a row's result depends only on that row and its input
+ *    vector: not on the thread count, not on the rows computed beside it, and not on the
+ *    batch size — row b of k3_matmul equals k3_matvec of x[b] bit for bit.
+ *  - Threads split work by output row only (OpenMP, inside k3_matvec / k3_matmul).
+ *  - The element-wise helpers (k3_axpy, k3_kda_delta_rule) use separate multiply and add on
+ *    every path and keep the scalar order per element, so they are exact on every path.
  *  - Divisions stay divisions (mean, SiTU's /25, SiLU) as in the PyTorch CPU reference.
  */
 #ifndef K3_KERNELS_H
@@ -13,6 +24,27 @@
 
 #include <stdint.h>
 #include <string.h>
+
+#include "../util/err.h"
+
+/* One CPU path's kernels (src/kernels/dispatch.h); read-only, chosen once at engine load. */
+typedef struct k3_kernels k3_kernels;
+
+/* The path called name ("scalar", "avx2", "avx512", "neon"), or NULL when it is not compiled
+ * into this binary or this CPU cannot run it. */
+const k3_kernels *k3_kernels_get(const char *name);
+/* The fastest path this CPU runs (never NULL: scalar runs everywhere). */
+const k3_kernels *k3_kernels_best(void);
+/* name if non-NULL and non-empty, else $K3_KERNELS if set and non-empty, else the best path.
+ * Errors: K3_ERR_USAGE when the requested path is unknown or this CPU cannot run it (the
+ * message lists the paths it can). */
+int k3_kernels_select(const char *name, const k3_kernels **out, k3_err *err);
+const char *k3_kernels_name(const k3_kernels *k);
+/* Fills out[0..] with every path this CPU runs, fastest first; returns how many (<= cap). */
+int k3_kernels_available(const k3_kernels **out, int cap);
+/* Physical cores this process may run on (affinity mask, SMT siblings counted once): the
+ * default thread count. At least 1. */
+int k3_cpu_physical_cores(void);
 
 /* A dense weight matrix [rows, cols], row-major, BF16, F32 or I8 (enum k3_dtype). Vectors
  * (norm weights, biases) are matrices with rows = 1. I8 (the packed int8 spine, not exact)
@@ -54,9 +86,26 @@ float k3_mxfp4_value(uint8_t code, uint8_t scale);
 float k3_mat_at(const k3_mat *m, int64_t i);
 
 /* y[rows] = W x, x[cols]. Spec §2.3 (I8: see k3_rows_i8). */
-void k3_matvec(const k3_mat *w, const float *x, float *y);
-/* y[rows] = W x for an MXFP4 matrix with fused exact decode. Spec §10.4. */
-void k3_matvec_mxfp4(const k3_mxfp4 *w, const float *x, float *y);
+void k3_matvec(const k3_kernels *kr, const k3_mat *w, const float *x, float *y);
+/* Batched product for n input vectors (prefill): y[b][rows] = W x[b] for b < n, x [n][cols]
+ * and y [n][rows] row-major. W is streamed from memory once per 64 vectors. n >= 1. */
+void k3_matmul(const k3_kernels *kr, const k3_mat *w, const float *x, int n, float *y);
+/* y[rows] = W x for an MXFP4 matrix with fused exact decode (the table of the 16 E2M1 codes
+ * times the block's E8M0 scale). cols is a multiple of 32. Spec §10.4. */
+void k3_matvec_mxfp4(const k3_kernels *kr, const k3_mxfp4 *w, const float *x, float *y);
+/* The batched form of k3_matvec_mxfp4, shapes as k3_matmul. */
+void k3_matmul_mxfp4(const k3_kernels *kr, const k3_mxfp4 *w, const float *x, int n, float *y);
+
+/* Σ_i a[i]·b[i] for i < n (one thread; SIMD paths reorder the sum as described above). */
+float k3_dot(const k3_kernels *kr, const float *a, const float *b, int64_t n);
+/* y[i] = y[i] + a·x[i] for i < n (exact: the same result on every path). */
+void k3_axpy(const k3_kernels *kr, float a, const float *x, float *y, int64_t n);
+/* KDA delta rule for one head (spec §6.6, fla's naive order), exact on every path:
+ * S [d key][d value] ← diag(alpha)·S; δ = v − Sᵀk; S ← S + (beta·k) δᵀ; o = Sᵀq with the
+ * updated S. q, k, v, alpha [d]; u [d] is scratch (left holding δ); o [d] is written. */
+void k3_kda_delta_rule(const k3_kernels *kr, float *S, const float *q, const float *k,
+                       const float *v, const float *alpha, float beta, int d, float *u,
+                       float *o);
 
 /* y[n] = w ⊙ (x · 1/sqrt(Σx²/n + eps)); w may be NULL (no weight). y may alias x. Spec §4. */
 void k3_rmsnorm(const float *x, const k3_mat *w, int n, float eps, float *y);
@@ -87,5 +136,10 @@ float k3_quantize_row_i8(const uint16_t *w_bf16, int64_t n, int8_t *q);
 /* y[r] = (Σ_i f32(q[r][i]) · x[i]) · scale[r] for rows r0 <= r < r1 of an I8 matrix: the sum
  * in ascending i into one f32 accumulator, then one multiply by the row scale. */
 void k3_rows_i8(const k3_mat *w, const float *x, float *y, int64_t r0, int64_t r1);
+#if defined(__x86_64__)
+/* The same with AVX2 + FMA (the CPU must have them): lane-wise sums, then the lanes in a fixed
+ * order, then the cols % 16 tail in ascending order; differs from k3_rows_i8 by rounding only. */
+void k3_rows_i8_avx2(const k3_mat *w, const float *x, float *y, int64_t r0, int64_t r1);
+#endif
 
 #endif

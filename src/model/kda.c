@@ -30,43 +30,19 @@ static void l2norm_head(float *x, int d, float scale) {
         for (int i = 0; i < d; i++) x[i] = x[i] * scale;
 }
 
-/* Delta rule for one head (spec §6.6, fla naive order): decay, read, write (β·k̂_i)·δ_j,
- * then o = Sᵀ q̂ with the updated S. S is [d key][d value]. */
-static void delta_rule(float *S, const float *q, const float *k, const float *v,
-                       const float *alpha, float beta, int d, float *u, float *o) {
-    for (int j = 0; j < d; j++) u[j] = 0;
-    for (int i = 0; i < d; i++) {
-        float *row = S + (size_t)i * d;
-        for (int j = 0; j < d; j++) {
-            row[j] = row[j] * alpha[i];
-            u[j] += k[i] * row[j];
-        }
-    }
-    for (int j = 0; j < d; j++) u[j] = v[j] - u[j]; /* δ */
-    for (int j = 0; j < d; j++) o[j] = 0;
-    for (int i = 0; i < d; i++) {
-        float bk = beta * k[i];
-        float *row = S + (size_t)i * d;
-        for (int j = 0; j < d; j++) {
-            row[j] = row[j] + bk * u[j];
-            o[j] += q[i] * row[j];
-        }
-    }
-}
-
 void k3_kda_forward(const k3_model *m, const k3_layer *L, k3_state *s, const float *x,
                     float *out) {
     const k3_config *c = &m->cfg;
     const k3_kda_weights *w = &L->kda;
     int H = c->kda_num_heads, D = c->kda_head_dim, conv = c->kda_conv_size;
     int64_t P = (int64_t)H * D;
-    k3_matvec(&w->q_proj, x, s->q);
-    k3_matvec(&w->k_proj, x, s->k);
-    k3_matvec(&w->v_proj, x, s->v);
-    k3_matvec(&w->f_a_proj, x, s->fa);
-    k3_matvec(&w->f_b_proj, s->fa, s->f);
-    k3_matvec(&w->b_proj, x, s->beta);
-    k3_matvec(&w->g_proj, x, s->g);
+    k3_matvec(m->kr, &w->q_proj, x, s->q);
+    k3_matvec(m->kr, &w->k_proj, x, s->k);
+    k3_matvec(m->kr, &w->v_proj, x, s->v);
+    k3_matvec(m->kr, &w->f_a_proj, x, s->fa);
+    k3_matvec(m->kr, &w->f_b_proj, s->fa, s->f);
+    k3_matvec(m->kr, &w->b_proj, x, s->beta);
+    k3_matvec(m->kr, &w->g_proj, x, s->g);
 
     float *hist = s->kda_conv + s->kda_conv_floats * (size_t)L->state_slot;
     size_t per = (size_t)P * (size_t)(conv - 1);
@@ -87,7 +63,8 @@ void k3_kda_forward(const k3_model *m, const k3_layer *L, k3_state *s, const flo
             alpha[d] = k3_kda_gate(s->f[h * D + d], dt_bias[h * D + d], A_log[h],
                                    c->kda_gate_lower_bound);
         float beta = k3_sigmoid(s->beta[h]);
-        delta_rule(S0 + (size_t)h * D * D, q, k, v, alpha, beta, D, u, o);
+        /* delta rule (spec §6.6), vectorised over the value index; exact on every path */
+        k3_kda_delta_rule(m->kr, S0 + (size_t)h * D * D, q, k, v, alpha, beta, D, u, o);
         /* gated per-head RMSNorm: normalise, weight, gate (spec §6.7) */
         float ss = 0;
         for (int d = 0; d < D; d++) ss += o[d] * o[d];
@@ -97,5 +74,5 @@ void k3_kda_forward(const k3_model *m, const k3_layer *L, k3_state *s, const flo
             o[d] = y * k3_sigmoid(s->g[h * D + d]);
         }
     }
-    k3_matvec(&w->o_proj, s->o, out);
+    k3_matvec(m->kr, &w->o_proj, s->o, out);
 }

@@ -13,12 +13,12 @@ void k3_mla_forward(const k3_model *m, const k3_layer *L, k3_state *s, const flo
     int H = c->num_attention_heads, nope = c->qk_nope_head_dim, rope = c->qk_rope_head_dim;
     int vd = c->v_head_dim, qk = nope + rope, lora = c->kv_lora_rank, t = s->pos;
 
-    k3_matvec(&w->q_a_proj, x, s->cq);
+    k3_matvec(m->kr, &w->q_a_proj, x, s->cq);
     k3_rmsnorm(s->cq, &w->q_a_layernorm, c->q_lora_rank, MLA_LORA_EPS, s->cq);
-    k3_matvec(&w->q_b_proj, s->cq, s->Q);
-    k3_matvec(&w->kv_a_proj, x, s->ckv);
+    k3_matvec(m->kr, &w->q_b_proj, s->cq, s->Q);
+    k3_matvec(m->kr, &w->kv_a_proj, x, s->ckv);
     k3_rmsnorm(s->ckv, &w->kv_a_layernorm, lora, MLA_LORA_EPS, s->ckv); /* latent part only */
-    k3_matvec(&w->kv_b_proj, s->ckv, s->KV);
+    k3_matvec(m->kr, &w->kv_b_proj, s->ckv, s->KV);
 
     /* Append this position: k_nope [H][nope], k_pe [rope] (shared, unrotated), v [H][vd]. */
     float *layer_kv = s->kv + (size_t)L->state_slot * s->max_ctx * s->kv_floats;
@@ -39,9 +39,7 @@ void k3_mla_forward(const k3_model *m, const k3_layer *L, k3_state *s, const flo
         for (int j = 0; j <= t; j++) {
             const float *ej = layer_kv + (size_t)j * s->kv_floats;
             const float *kn = ej + (size_t)h * nope, *kp = ej + (size_t)H * nope;
-            float dot = 0;
-            for (int d = 0; d < nope; d++) dot += q[d] * kn[d];
-            for (int d = 0; d < rope; d++) dot += q[nope + d] * kp[d];
+            float dot = k3_dot(m->kr, q, kn, nope) + k3_dot(m->kr, q + nope, kp, rope);
             sc[j] = dot * scale;
             mx = sc[j] > mx ? sc[j] : mx;
         }
@@ -49,13 +47,12 @@ void k3_mla_forward(const k3_model *m, const k3_layer *L, k3_state *s, const flo
         for (int j = 0; j <= t; j++) sc[j] = sc[j] / sum;
         float *o = s->o + (size_t)h * vd;
         for (int d = 0; d < vd; d++) o[d] = 0;
-        for (int j = 0; j <= t; j++) {
-            const float *vj = layer_kv + (size_t)j * s->kv_floats + (size_t)H * nope + rope + h * vd;
-            for (int d = 0; d < vd; d++) o[d] += sc[j] * vj[d];
-        }
+        for (int j = 0; j <= t; j++) /* o += p_j · v_j, exact on every path */
+            k3_axpy(m->kr, sc[j], layer_kv + (size_t)j * s->kv_floats + (size_t)H * nope + rope +
+                    h * vd, o, vd);
     }
     /* Output gate on the normed layer input, then o_proj (spec §7.4). */
-    k3_matvec(&w->g_proj, x, s->g);
+    k3_matvec(m->kr, &w->g_proj, x, s->g);
     for (int i = 0; i < H * vd; i++) s->o[i] = s->o[i] * k3_sigmoid(s->g[i]);
-    k3_matvec(&w->o_proj, s->o, out);
+    k3_matvec(m->kr, &w->o_proj, s->o, out);
 }

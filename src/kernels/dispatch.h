@@ -1,0 +1,44 @@
+/* dispatch.h — the per-CPU kernel tables behind kernels.h (internal to src/kernels).
+ *
+ * Each cpu_*.c file defines one const table. The products work on a row range so that
+ * kernels.c can split rows across threads; a kernel must give every row the same result
+ * whatever range it is called with (rows are never summed together), and must give row b
+ * of a batch (n > 1) exactly what it gives that vector alone (n = 1): see kernels.h.
+ */
+#ifndef K3_DISPATCH_H
+#define K3_DISPATCH_H
+
+#include "kernels.h"
+
+/* Most input vectors a product kernel takes at once; kernels.c splits larger batches. */
+#define K3_MAX_BATCH 64
+
+struct k3_kernels {
+    const char *name;
+    /* y[b*rows + r] = Σ_i W[r][i]·x[b*cols + i] for r0 <= r < r1 and b < n (1..K3_MAX_BATCH);
+     * W [rows, cols] row-major. */
+    void (*bf16)(const uint16_t *w, int64_t rows, int64_t cols, const float *x, int n,
+                 float *y, int64_t r0, int64_t r1);
+    void (*f32)(const float *w, int64_t rows, int64_t cols, const float *x, int n, float *y,
+                int64_t r0, int64_t r1);
+    /* The same for an MXFP4 matrix (packed [rows, cols/2], scale [rows, cols/32]). */
+    void (*mxfp4)(const uint8_t *packed, const uint8_t *scale, int64_t rows, int64_t cols,
+                  const float *x, int n, float *y, int64_t r0, int64_t r1);
+    float (*dot)(const float *a, const float *b, int64_t n);
+    void (*axpy)(float a, const float *x, float *y, int64_t n);
+    void (*kda_delta)(float *S, const float *q, const float *k, const float *v,
+                      const float *alpha, float beta, int d, float *u, float *o);
+};
+
+extern const k3_kernels k3_kernels_scalar;
+#if defined(__x86_64__)
+extern const k3_kernels k3_kernels_avx2, k3_kernels_avx512;
+#endif
+#if defined(__aarch64__)
+extern const k3_kernels k3_kernels_neon;
+#endif
+
+/* E2M1 codes 0..15 as f32 (spec §10.4): 0, ±0.5, ±1, ±1.5, ±2, ±3, ±4, ±6; code 8 is -0. */
+extern const float k3_e2m1[16];
+
+#endif

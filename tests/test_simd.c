@@ -1,0 +1,365 @@
+/* test_simd.c — every SIMD kernel path this CPU runs against the scalar reference path.
+ *
+ * Needs nothing but src/kernels (and src/util/err.c), so `make test-neon` also builds it alone
+ * for aarch64 and runs it under qemu. Sizes are awkward on purpose (not multiples of any
+ * vector width, rows not multiples of 4) and every pointer is misaligned by one element.
+ *
+ * Tolerance (rounding only, any summation order): a sum of n products in f32 is within
+ * n·2⁻²⁴·Σ|wᵢxᵢ| of the exact sum, so two orders differ by at most 2n·2⁻²⁴·Σ|wᵢxᵢ|; we
+ * allow exactly that. A dropped, repeated or misplaced element is off by about Σ|wᵢxᵢ|/n,
+ * which is larger for every n used here (n < 2^11). Small-integer inputs, whose sums are
+ * exact in f32 in any order, must match the exact result bit for bit. */
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../src/format/safetensors.h"
+#include "../src/kernels/kernels.h"
+#include "test.h"
+
+enum { DT_BF16, DT_F32, DT_MXFP4 };
+static const char *const DT_NAME[] = {"bf16", "f32", "mxfp4"};
+
+static uint32_t rng;
+static uint32_t rnd_u32(void) { return rng = rng * 1664525u + 1013904223u; }
+static float rnd(void) { return (float)((rnd_u32() >> 8) & 0xffff) / 32768.0f - 1.0f; }
+static int rnd_int(int lo, int hi) { return lo + (int)((rnd_u32() >> 8) % (uint32_t)(hi - lo + 1)); }
+
+static uint16_t to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)(u >> 16);
+}
+
+/* A test matrix in one of the three formats, every buffer misaligned by one element (or one
+ * byte), plus its exact f64 values for the reference sums. */
+typedef struct tmat {
+    int dt;
+    int64_t rows, cols;
+    uint16_t *bf16_buf;
+    float *f32_buf;
+    uint8_t *packed_buf, *scale_buf;
+    k3_mat mat;
+    k3_mxfp4 mx;
+    double *val; /* [rows][cols] */
+} tmat;
+
+/* integers = 1: values are small integers (bf16/f32) or E2M1 codes at scale 2^0 (mxfp4),
+ * so that with integer x every partial sum is exact. */
+static void tmat_make(tmat *t, int dt, int64_t rows, int64_t cols, int integers) {
+    memset(t, 0, sizeof *t);
+    t->dt = dt, t->rows = rows, t->cols = cols;
+    int64_t n = rows * cols;
+    t->val = malloc((size_t)n * sizeof *t->val);
+    if (dt == DT_MXFP4) {
+        t->packed_buf = calloc((size_t)(n / 2 + 1), 1);
+        t->scale_buf = malloc((size_t)(n / 32 + 1));
+        uint8_t *p = t->packed_buf + 1, *s = t->scale_buf + 1;
+        for (int64_t i = 0; i < n / 32; i++) s[i] = integers ? 127 : (uint8_t)rnd_int(118, 134);
+        for (int64_t i = 0; i < n; i++) {
+            uint8_t code = (uint8_t)rnd_int(0, 15);
+            p[i / 2] = (uint8_t)(p[i / 2] | (i % 2 ? code << 4 : code));
+            t->val[i] = k3_mxfp4_value(code, s[(i / cols) * (cols / 32) + (i % cols) / 32]);
+        }
+        t->mx = (k3_mxfp4){p, s, rows, cols};
+        return;
+    }
+    if (dt == DT_BF16) {
+        t->bf16_buf = malloc((size_t)(n + 1) * sizeof *t->bf16_buf);
+        for (int64_t i = 0; i < n; i++) {
+            float v = integers ? (float)rnd_int(-4, 4) : rnd() * 2.0f;
+            t->bf16_buf[i + 1] = to_bf16(v);
+            t->val[i] = k3_bf16_to_f32(t->bf16_buf[i + 1]);
+        }
+        t->mat = (k3_mat){.data = t->bf16_buf + 1, .dtype = K3_DT_BF16, .rows = rows, .cols = cols};
+    } else {
+        t->f32_buf = malloc((size_t)(n + 1) * sizeof *t->f32_buf);
+        for (int64_t i = 0; i < n; i++) {
+            float v = integers ? (float)rnd_int(-4, 4) : rnd() * 2.0f;
+            t->f32_buf[i + 1] = v;
+            t->val[i] = v;
+        }
+        t->mat = (k3_mat){.data = t->f32_buf + 1, .dtype = K3_DT_F32, .rows = rows, .cols = cols};
+    }
+}
+
+static void tmat_free(tmat *t) {
+    free(t->bf16_buf), free(t->f32_buf), free(t->packed_buf), free(t->scale_buf), free(t->val);
+}
+
+static void product(const k3_kernels *k, const tmat *t, const float *x, int n, float *y) {
+    if (t->dt == DT_MXFP4)
+        k3_matmul_mxfp4(k, &t->mx, x, n, y);
+    else
+        k3_matmul(k, &t->mat, x, n, y);
+}
+
+/* The SIMD paths this CPU runs (scalar excluded); skips the test when there is none. */
+static int simd_paths(const k3_kernels **out) {
+    const k3_kernels *all[8];
+    int n = k3_kernels_available(all, 8), m = 0;
+    for (int i = 0; i < n; i++)
+        if (strcmp(k3_kernels_name(all[i]), "scalar") != 0) out[m++] = all[i];
+    if (!m) k3_test_skip("this CPU runs no SIMD kernel path");
+    return m;
+}
+
+/* x [n][cols] (misaligned by one float), random or small integers. */
+static float *make_x(int n, int64_t cols, int integers, float **buf) {
+    *buf = malloc(((size_t)n * (size_t)cols + 1) * sizeof **buf);
+    float *x = *buf + 1;
+    for (int64_t i = 0; i < n * cols; i++) x[i] = integers ? (float)rnd_int(-3, 3) : rnd();
+    return x;
+}
+
+/* Compares path k with scalar (and with the f64 sums) for one shape and batch size. */
+static void check_shape(const k3_kernels *k, int dt, int64_t rows, int64_t cols, int n,
+                        int integers) {
+    tmat t;
+    tmat_make(&t, dt, rows, cols, integers);
+    float *xbuf, *x = make_x(n, cols, integers, &xbuf);
+    float *ys = malloc((size_t)(n * rows) * sizeof *ys), *yk = malloc((size_t)(n * rows) * sizeof *yk);
+    product(k3_kernels_get("scalar"), &t, x, n, ys);
+    product(k, &t, x, n, yk);
+    for (int b = 0; b < n && !k3_test_stopped(); b++)
+        for (int64_t r = 0; r < rows; r++) {
+            double exact = 0, mag = 0;
+            for (int64_t i = 0; i < cols; i++) {
+                double p = t.val[r * cols + i] * x[b * cols + i];
+                exact += p, mag += fabs(p);
+            }
+            float s = ys[b * rows + r], v = yk[b * rows + r];
+            double tol = integers ? 0 : 2.0 * (double)cols * ldexp(1.0, -24) * mag;
+            int ok = integers ? v == exact && s == exact : fabs((double)v - s) <= tol;
+            if (!ok) {
+                k3_test_fail(__FILE__, __LINE__, "%s %s %lldx%lld n=%d: row %lld vec %d: %.9g, "
+                             "scalar %.9g, exact %.9g (tol %.3g)", k3_kernels_name(k),
+                             DT_NAME[dt], (long long)rows, (long long)cols, n, (long long)r, b,
+                             v, s, exact, tol);
+                break;
+            }
+        }
+    free(ys), free(yk), free(xbuf);
+    tmat_free(&t);
+}
+
+static const int64_t ROWS[] = {1, 3, 5, 17, 38};
+static const int64_t COLS[] = {1, 7, 13, 33, 100, 1031};
+static const int64_t MX_COLS[] = {32, 96, 288, 1024};
+
+static void check_all_shapes(int integers, int n) {
+    const k3_kernels *paths[8];
+    int np = simd_paths(paths);
+    rng = 4242u + (uint32_t)n;
+    for (int p = 0; p < np; p++)
+        for (int dt = 0; dt < 3; dt++)
+            for (size_t ri = 0; ri < sizeof ROWS / sizeof ROWS[0]; ri++) {
+                size_t nc = dt == DT_MXFP4 ? 4 : sizeof COLS / sizeof COLS[0];
+                for (size_t ci = 0; ci < nc; ci++) {
+                    check_shape(paths[p], dt, ROWS[ri], dt == DT_MXFP4 ? MX_COLS[ci] : COLS[ci], n,
+                                integers);
+                    if (k3_test_stopped()) return;
+                }
+            }
+}
+
+static void test_matvec_integers_exact(void) { check_all_shapes(1, 1); }
+static void test_matvec_random_within_bound(void) { check_all_shapes(0, 1); }
+static void test_matmul_integers_exact(void) { check_all_shapes(1, 5); }
+static void test_matmul_random_within_bound(void) { check_all_shapes(0, 3); }
+
+/* Row b of a batched product equals the matrix-vector product of x[b] bit for bit, on every
+ * path (scalar included), for batches below, at and above the kernels' 64-vector batch. */
+static void test_matmul_rows_equal_matvec_bitwise(void) {
+    const k3_kernels *all[8];
+    int np = k3_kernels_available(all, 8);
+    static const int NS[] = {2, 4, 7, 64, 67};
+    rng = 777;
+    for (int p = 0; p < np; p++)
+        for (int dt = 0; dt < 3; dt++)
+            for (size_t ni = 0; ni < sizeof NS / sizeof NS[0]; ni++) {
+                int n = NS[ni];
+                int64_t rows = 21, cols = dt == DT_MXFP4 ? 544 : 523; /* > one 256-column tile */
+                tmat t;
+                tmat_make(&t, dt, rows, cols, 0);
+                float *xbuf, *x = make_x(n, cols, 0, &xbuf);
+                float *yb = malloc((size_t)(n * rows) * sizeof *yb), *yv = malloc((size_t)rows * 4);
+                product(all[p], &t, x, n, yb);
+                int bad = -1;
+                for (int b = 0; b < n && bad < 0; b++) {
+                    product(all[p], &t, x + b * cols, 1, yv);
+                    if (memcmp(yv, yb + b * rows, (size_t)rows * sizeof *yv) != 0) bad = b;
+                }
+                free(yb), free(yv), free(xbuf);
+                tmat_free(&t);
+                CHECK(bad < 0, "%s %s n=%d: batched row of vector %d differs from matvec",
+                      k3_kernels_name(all[p]), DT_NAME[dt], n, bad);
+            }
+}
+
+/* One thread and two threads give the same bits (rows split only). */
+static void test_thread_count_does_not_change_results(void) {
+    const k3_kernels *all[8];
+    int np = k3_kernels_available(all, 8), saved = omp_get_max_threads();
+    rng = 31337;
+    for (int p = 0; p < np; p++)
+        for (int dt = 0; dt < 3; dt++)
+            for (int n = 1; n <= 3; n += 2) {
+                int64_t rows = 301, cols = dt == DT_MXFP4 ? 256 : 250;
+                tmat t;
+                tmat_make(&t, dt, rows, cols, 0);
+                float *xbuf, *x = make_x(n, cols, 0, &xbuf);
+                float *y1 = malloc((size_t)(n * rows) * sizeof *y1), *y2 = malloc((size_t)(n * rows) * sizeof *y2);
+                omp_set_num_threads(1);
+                product(all[p], &t, x, n, y1);
+                omp_set_num_threads(2);
+                product(all[p], &t, x, n, y2);
+                omp_set_num_threads(saved);
+                int same = memcmp(y1, y2, (size_t)(n * rows) * sizeof *y1) == 0;
+                free(y1), free(y2), free(xbuf);
+                tmat_free(&t);
+                CHECK(same, "%s %s n=%d: 1 and 2 threads differ", k3_kernels_name(all[p]),
+                      DT_NAME[dt], n);
+            }
+}
+
+/* MXFP4 edge scales: 0 (2^-127, subnormal weights), 254 (2^127: codes >= 2 overflow to inf)
+ * and 255 (NaN) must give what the scalar path gives (same value, inf or NaN). */
+static void test_mxfp4_edge_scales(void) {
+    const k3_kernels *paths[8];
+    int np = simd_paths(paths);
+    enum { R = 6, C = 64 };
+    static uint8_t packed[R * C / 2 + 1], scale[R * C / 32 + 1];
+    static const uint8_t SC[R] = {0, 1, 254, 255, 127, 254};
+    float x[C + 1], ys[R], yk[R];
+    rng = 99;
+    for (int r = 0; r < R; r++) {
+        scale[1 + 2 * r] = SC[r], scale[2 + 2 * r] = r == 4 ? 255 : SC[r];
+        for (int j = 0; j < C / 2; j++) /* row 2: codes <= 3 (|1.5·2^127| is finite) */
+            packed[1 + r * C / 2 + j] = (uint8_t)(r == 2 ? (rnd_int(0, 3) | rnd_int(8, 11) << 4)
+                                                        : rnd_int(0, 255));
+    }
+    for (int i = 0; i < C; i++) x[1 + i] = rnd() * ldexp(1.0, -100); /* no overflow at 2^127 */
+    k3_mxfp4 w = {packed + 1, scale + 1, R, C};
+    k3_matvec_mxfp4(k3_kernels_get("scalar"), &w, x + 1, ys);
+    for (int p = 0; p < np; p++) {
+        k3_matvec_mxfp4(paths[p], &w, x + 1, yk);
+        for (int r = 0; r < R; r++) {
+            int same_class = !!isnan(ys[r]) == !!isnan(yk[r]) && !!isinf(ys[r]) == !!isinf(yk[r]);
+            double tol = 64 * 2 * ldexp(1.0, -24) * fabs(ys[r]);
+            CHECK(same_class && (isnan(ys[r]) || isinf(ys[r]) ? isnan(ys[r]) || ys[r] == yk[r]
+                                                               : fabs(yk[r] - ys[r]) <= tol),
+                  "%s row %d (scale %d): %g, scalar %g", k3_kernels_name(paths[p]), r, SC[r],
+                  yk[r], ys[r]);
+        }
+    }
+}
+
+static void test_dot_within_bound(void) {
+    const k3_kernels *paths[8];
+    int np = simd_paths(paths);
+    static float a[1200], b[1200];
+    rng = 5;
+    for (int i = 0; i < 1200; i++) a[i] = rnd(), b[i] = rnd();
+    static const int NS[] = {1, 3, 8, 15, 64, 128, 192, 1099};
+    for (int p = 0; p < np; p++)
+        for (size_t ni = 0; ni < sizeof NS / sizeof NS[0]; ni++) {
+            int n = NS[ni];
+            float s = k3_dot(k3_kernels_get("scalar"), a + 1, b + 3, n);
+            float v = k3_dot(paths[p], a + 1, b + 3, n);
+            double mag = 0;
+            for (int i = 0; i < n; i++) mag += fabs((double)a[1 + i] * b[3 + i]);
+            CHECK(fabs((double)v - s) <= 2.0 * n * ldexp(1.0, -24) * mag,
+                  "%s n=%d: %.9g vs scalar %.9g", k3_kernels_name(paths[p]), n, v, s);
+        }
+}
+
+static void test_axpy_exact(void) {
+    const k3_kernels *paths[8];
+    int np = simd_paths(paths);
+    static float x[300], y0[300], ys[300], yk[300];
+    rng = 6;
+    for (int i = 0; i < 300; i++) x[i] = rnd(), y0[i] = rnd();
+    for (int p = 0; p < np; p++)
+        for (int n = 1; n < 140; n += 23) {
+            memcpy(ys, y0, sizeof ys), memcpy(yk, y0, sizeof yk);
+            k3_axpy(k3_kernels_get("scalar"), 0.3711f, x + 1, ys + 2, n);
+            k3_axpy(paths[p], 0.3711f, x + 1, yk + 2, n);
+            CHECK(memcmp(ys, yk, sizeof ys) == 0, "%s n=%d: differs from scalar",
+                  k3_kernels_name(paths[p]), n);
+        }
+}
+
+/* The KDA state update is element-wise in the value index: bit-exact on every path, over
+ * several steps (the state carries forward), for K3's head_dim 128 and an awkward 13. */
+static void test_kda_delta_rule_exact(void) {
+    const k3_kernels *paths[8];
+    int np = simd_paths(paths);
+    enum { D = 128 };
+    static float S0[D * D + 1], Ss[D * D + 1], Sk[D * D + 1];
+    float q[D + 1], k[D + 1], v[D + 1], al[D + 1], u[D + 1], os[D + 1], ok[D + 1];
+    for (int p = 0; p < np; p++)
+        for (int d = 13; d <= D; d += D - 13) {
+            rng = 11;
+            for (int i = 0; i < d * d; i++) S0[1 + i] = rnd();
+            memcpy(Ss, S0, sizeof Ss), memcpy(Sk, S0, sizeof Sk);
+            for (int step = 0; step < 3; step++) {
+                for (int i = 0; i < d; i++)
+                    q[1 + i] = rnd(), k[1 + i] = rnd() * 0.1f, v[1 + i] = rnd(),
+                    al[1 + i] = 0.5f + 0.5f * (rnd() + 1) / 2;
+                float beta = 0.7f;
+                k3_kda_delta_rule(k3_kernels_get("scalar"), Ss + 1, q + 1, k + 1, v + 1, al + 1,
+                                  beta, d, u + 1, os + 1);
+                k3_kda_delta_rule(paths[p], Sk + 1, q + 1, k + 1, v + 1, al + 1, beta, d, u + 1,
+                                  ok + 1);
+                CHECK(memcmp(os + 1, ok + 1, (size_t)d * sizeof *os) == 0 &&
+                          memcmp(Ss, Sk, sizeof Ss) == 0,
+                      "%s d=%d step %d: output or state differs from scalar",
+                      k3_kernels_name(paths[p]), d, step);
+            }
+        }
+}
+
+static void test_select_by_name_and_env(void) {
+    k3_err err = {0};
+    const k3_kernels *k = NULL;
+    CHECK(k3_kernels_select("scalar", &k, &err) == 0 && k == k3_kernels_get("scalar"),
+          "select scalar");
+    CHECK(k3_kernels_select("nosuchpath", &k, &err) == K3_ERR_USAGE &&
+              strstr(err.msg, "nosuchpath") && strstr(err.msg, "scalar"),
+          "unknown path: %s", err.msg);
+    const char *saved = getenv("K3_KERNELS");
+    setenv("K3_KERNELS", "scalar", 1);
+    int rc = k3_kernels_select(NULL, &k, &err);
+    if (saved) setenv("K3_KERNELS", saved, 1); else unsetenv("K3_KERNELS");
+    CHECK(rc == 0 && k == k3_kernels_get("scalar"), "K3_KERNELS=scalar not honoured");
+    const k3_kernels *all[8];
+    int n = k3_kernels_available(all, 8);
+    CHECK(n >= 1 && all[0] == k3_kernels_best() && all[n - 1] == k3_kernels_get("scalar"),
+          "available list: %d paths, best first, scalar last", n);
+#if defined(__aarch64__)
+    CHECK(k3_kernels_best() == k3_kernels_get("neon"), "aarch64 must pick neon");
+#endif
+#if defined(__x86_64__)
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        CHECK(k3_kernels_get("avx2") != NULL, "this CPU has AVX2+FMA but avx2 is unavailable");
+#endif
+    CHECK(k3_cpu_physical_cores() >= 1, "physical cores %d", k3_cpu_physical_cores());
+}
+
+const k3_test k3_suite_simd[] = {
+    {"select_by_name_and_env", test_select_by_name_and_env},
+    {"matvec_integers_exact", test_matvec_integers_exact},
+    {"matvec_random_within_bound", test_matvec_random_within_bound},
+    {"matmul_integers_exact", test_matmul_integers_exact},
+    {"matmul_random_within_bound", test_matmul_random_within_bound},
+    {"matmul_rows_equal_matvec_bitwise", test_matmul_rows_equal_matvec_bitwise},
+    {"thread_count_does_not_change_results", test_thread_count_does_not_change_results},
+    {"mxfp4_edge_scales", test_mxfp4_edge_scales},
+    {"dot_within_bound", test_dot_within_bound},
+    {"axpy_exact", test_axpy_exact},
+    {"kda_delta_rule_exact", test_kda_delta_rule_exact},
+    {0},
+};
