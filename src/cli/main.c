@@ -23,11 +23,13 @@ static void usage(FILE *f) {
             "  setup DEST [--full|--stream]    install a snapshot over HTTP (see k3 setup --help)\n"
             "  quality [DIR] --text FILE       NLL/perplexity and distance from the exact path\n"
             "  pack DIR [--spine int8]         write the int8 spine (not exact) beside DIR\n"
+            "  synth OUT_DIR [options]         write a synthetic K3-shaped snapshot (tests)\n"
             "\n"
             "MODEL_DIR is an unmodified Hugging Face snapshot of moonshotai/Kimi-K3; without\n"
             "it, k3 uses the small fixture model bundled in " BUNDLED_MODEL ".\n"
             "Exit status: 0 ok, 2 usage, 3 I/O, 4 config, 5 checkpoint, 6 tokenizer,\n"
-            "7 bad input, 8 packed spine corrupt or from another model, 130 interrupted.\n");
+            "7 bad input, 8 packed spine corrupt or from another model, 9 a routed expert\n"
+            "could not be read mid-run, 130 interrupted.\n");
 }
 
 static int is_model_dir(const char *dir) {
@@ -73,6 +75,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "setup")) return k3_cmd_setup(argc - 1, argv + 1);
     if (!strcmp(cmd, "quality")) return k3_cmd_quality(argc - 1, argv + 1);
     if (!strcmp(cmd, "pack")) return k3_cmd_pack(argc - 1, argv + 1);
+    if (!strcmp(cmd, "synth")) return k3_cmd_synth(argc - 1, argv + 1);
     fprintf(stderr, "k3: unknown command '%s'\n\n", cmd);
     usage(stderr);
     return K3_ERR_USAGE;

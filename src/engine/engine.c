@@ -6,8 +6,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include "../store/store.h"
 #include "../format/packed.h"
 #include "../format/safetensors.h"
 #include "../util/fileio.h"
@@ -21,6 +23,9 @@ struct k3_engine {
     k3_tokenizer *tok;
     k3_pack *pack;          /* int8 spine, or NULL (BF16, exact) */
     char spine_line[PATH_MAX + 640]; /* what k3_engine_spine_line returns */
+    k3_store *store;        /* routed experts (src/store) */
+    k3_mem_plan plan;       /* the startup memory plan */
+    char store_line[1536];  /* what k3_engine_store_line returns */
 };
 
 struct k3_session {
@@ -71,23 +76,80 @@ static int open_spine(k3_engine *e, const char *model_dir, const k3_engine_opts 
     return K3_OK;
 }
 
+/* ---- expert store (issue 3) ---------------------------------------------------------- */
+
+static int store_settings(const k3_engine_opts *o, k3_store_settings *ss, k3_err *err) {
+    *ss = (k3_store_settings){0};
+    if (o) {
+        *ss = (k3_store_settings){o->expert_gb, o->expert_slots, o->load_threads, o->direct,
+                                  o->pipe, K3_POLICY_DEFAULT, o->experts_in_place, o->dirs};
+        if (o->cache_policy && (ss->policy = k3_cache_policy_parse(o->cache_policy)) < 0)
+            return k3_fail(err, K3_ERR_USAGE, "cache policy '%s': expected lru or s3fifo",
+                           o->cache_policy);
+    }
+    return k3_store_settings_env(ss, err);
+}
+
+static uint64_t rss_bytes(void) {
+    long pages = 0, rss = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f && fscanf(f, "%ld %ld", &pages, &rss) != 2) rss = 0;
+    if (f) fclose(f);
+    return (uint64_t)rss * (uint64_t)sysconf(_SC_PAGESIZE);
+}
+
+static int open_store(k3_engine *e, const k3_store_settings *ss, k3_err *err) {
+    k3_mem_plan plan = {.base_bytes = rss_bytes(), .spine_bytes = e->model.spine_bytes,
+                        .state_bytes = k3_state_plan_bytes(&e->model, 0)};
+    int rc = k3_store_open(e->ck, &e->cfg, ss, &plan, &e->store, err);
+    if (rc) return rc;
+    e->model.store = e->store;
+    e->plan = plan;
+    e->model.expert_bytes = k3_store_expert_bytes(e->store);
+    k3_store_describe(e->store, e->store_line, sizeof e->store_line);
+    return K3_OK;
+}
+
+struct k3_store *k3_engine_store(const k3_engine *e) { return e->store; }
+const char *k3_engine_store_line(const k3_engine *e) { return e->store_line; }
+
+void k3_session_stats(const k3_session *s, k3_run_stats *out) {
+    k3_store_stats ss;
+    k3_store_get_stats(s->e->store, &ss);
+    const k3_mem_plan *p = &s->e->plan;
+    *out = (k3_run_stats){
+        .expert_requests = ss.requests,
+        .hits = ss.hits, .prefetch_hits = ss.prefetch_hits, .prefetch_late = ss.prefetch_late,
+        .misses = ss.misses, .prefetch_reads = ss.prefetch_reads,
+        .prefetch_wasted = ss.prefetch_wasted, .reads = ss.reads, .bytes_read = ss.bytes_read,
+        .read_s = ss.read_s, .cache_bytes = p->cache_bytes,
+        .peak_cache_bytes = ss.peak_slots_used * k3_store_slot_bytes(s->e->store),
+        .plan_bytes = p->base_bytes + p->spine_bytes + p->cache_bytes + p->state_bytes};
+    for (int src = K3_PIPE_PREV; src <= K3_PIPE_LOOKAHEAD; src++) {
+        double r = ss.recall_total[src] ? (double)ss.recall_hits[src] / ss.recall_total[src] : -1;
+        if (src == K3_PIPE_PREV) out->recall_prev = r;
+        else out->recall_lookahead = r;
+    }
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) == 0) out->peak_rss_bytes = (uint64_t)ru.ru_maxrss * 1024;
+}
+
 int k3_engine_load(const char *model_dir, const k3_engine_opts *opts, k3_engine **out,
                    k3_err *err) {
     k3_engine *e = calloc(1, sizeof *e);
     if (!e) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
-    if (opts && opts->threads > 0)
-        omp_set_num_threads(opts->threads);
-    else if (!getenv("OMP_NUM_THREADS")) /* SMT siblings share the FPU and the memory bus */
-        omp_set_num_threads(k3_cpu_physical_cores());
+    if (opts && opts->threads > 0) omp_set_num_threads(opts->threads);
     int rc = k3_config_load(model_dir, &e->cfg, err);
     if (!rc) rc = k3_tokenizer_load(model_dir, &e->tok, err);
     if (!rc && k3_tokenizer_vocab_size(e->tok) > e->cfg.vocab_size)
         rc = k3_fail(err, K3_ERR_CONFIG, "%s: tokenizer has %d ids but config.json vocab_size "
                      "is %d", model_dir, k3_tokenizer_vocab_size(e->tok), e->cfg.vocab_size);
-    if (!rc) rc = k3_checkpoint_open(model_dir, &e->ck, err);
+    k3_store_settings ss;
+    if (!rc) rc = store_settings(opts, &ss, err);
+    if (!rc) rc = k3_checkpoint_open_dirs(model_dir, ss.dirs, &e->ck, err);
     if (!rc) rc = open_spine(e, model_dir, opts, err);
     if (!rc) rc = k3_model_bind_packed(&e->model, &e->cfg, e->ck, e->pack, err);
-    if (!rc) rc = k3_kernels_select(opts ? opts->kernels : NULL, &e->model.kr, err);
+    if (!rc) rc = open_store(e, &ss, err);
     if (rc) {
         k3_engine_free(e);
         return rc;
@@ -102,10 +164,7 @@ int k3_engine_load(const char *model_dir, const k3_engine_opts *opts, k3_engine 
                 e->ck->n_skipped_shards ? " (vision-only shards skipped)" : "",
                 omp_get_max_threads());
     if (opts && opts->verbose) fprintf(stderr, "k3: %s\n", e->spine_line);
-    if (opts && opts->verbose)
-        fprintf(stderr, "k3: kernels: %s path, %d threads (K3_KERNELS and --threads / "
-                "OMP_NUM_THREADS override)\n", k3_kernels_name(e->model.kr),
-                omp_get_max_threads());
+    if (opts && opts->verbose) fprintf(stderr, "k3: %s\n", e->store_line);
     *out = e;
     return K3_OK;
 }
@@ -113,6 +172,7 @@ int k3_engine_load(const char *model_dir, const k3_engine_opts *opts, k3_engine 
 void k3_engine_free(k3_engine *e) {
     if (!e) return;
     k3_model_free(&e->model);
+    k3_store_close(e->store);
     k3_pack_close(e->pack);
     k3_checkpoint_close(e->ck);
     k3_tokenizer_free(e->tok);
@@ -164,6 +224,6 @@ int k3_session_step(k3_session *s, int32_t token, float *logits, k3_err *err) {
     if (k3_state_pos(s->state) >= k3_state_max_ctx(s->state))
         return k3_fail(err, K3_ERR_INPUT, "the context is full (%d positions); start a new "
                        "session or raise --ctx", k3_state_max_ctx(s->state));
-    k3_forward(&s->e->model, s->state, token, logits, s->has_trace ? &s->trace : NULL);
-    return K3_OK;
+    return k3_forward(&s->e->model, s->state, token, logits, s->has_trace ? &s->trace : NULL,
+                      err);
 }

@@ -29,13 +29,21 @@ enum k3_spine_mode {
 };
 
 typedef struct k3_engine_opts {
-    int threads;      /* OpenMP threads for the kernels; 0 = $OMP_NUM_THREADS, else the
-                         number of physical cores (k3_cpu_physical_cores) */
-    const char *kernels; /* kernel path ("scalar", "avx2", "avx512", "neon"); NULL =
-                            $K3_KERNELS, else the fastest this CPU runs (kernels.h) */
+    int threads;      /* OpenMP threads for the kernels; 0 = OpenMP default */
     int verbose;      /* 1: print the load summary line to stderr */
     int spine;        /* enum k3_spine_mode */
     const char *pack_dir; /* folder holding the packed spine; NULL = MODEL_DIR */
+    /* Expert store (src/store/store.h): 0 / NULL = the K3_* environment variable, else the
+     * default. Routed experts are read on demand into a byte-budgeted cache. */
+    double expert_gb;         /* K3_EXPERT_GB: cache budget in GB (default: the memory plan) */
+    int expert_slots;         /* > 0: exactly this many cache slots (tests); beats expert_gb */
+    int load_threads;         /* K3_LOAD_THREADS: expert reader threads (default 4) */
+    int direct;               /* K3_DIRECT: 1 O_DIRECT, -1 buffered, 0 auto */
+    int pipe;                 /* K3_PIPE: 3 all predictors, 1 previous token, 2 lookahead,
+                               * -1 off, 0 auto (on when the cache holds 2 x top-k slots) */
+    const char *cache_policy; /* K3_CACHE_POLICY: "lru" or "s3fifo" */
+    const char *dirs;         /* K3_DIRS: extra ':'-separated folders holding shards */
+    int experts_in_place;     /* K3_MMAP_EXPERTS=1: no cache, experts used from the mapping */
 } k3_engine_opts;
 
 /* Loads MODEL_DIR (a Hugging Face snapshot: config.json, model.safetensors.index.json,
@@ -99,5 +107,35 @@ void k3_session_set_trace(k3_session *s, const k3_trace *trace);
  * (prefill may pass NULL to skip lm_head).
  * Errors: K3_ERR_INPUT (token outside [0, vocab_size), context full). */
 int k3_session_step(k3_session *s, int32_t token, float *logits, k3_err *err);
+
+/* ---- observability (issue 3) -------------------------------------------------------- */
+
+/* Wall time per phase in seconds; moe includes router, eload (waiting for expert reads) and
+ * expert (computing the routed experts). */
+typedef struct k3_phase_times {
+    double total_s, attn_s, moe_s, router_s, eload_s, expert_s, head_s;
+    long tokens;
+} k3_phase_times;
+
+typedef struct k3_run_stats {
+    k3_phase_times time, last;      /* the session's steps summed; its last step */
+    uint64_t expert_requests, hits, prefetch_hits, prefetch_late, misses; /* engine-wide */
+    uint64_t prefetch_reads, prefetch_wasted, reads, bytes_read;
+    double read_s;                  /* summed over reader threads */
+    double recall_prev, recall_lookahead; /* fraction of chosen experts predicted; -1 = none */
+    uint64_t cache_bytes, peak_cache_bytes; /* expert arena; most of it ever occupied */
+    uint64_t plan_bytes, peak_rss_bytes;    /* the startup memory plan; measured peak RSS */
+} k3_run_stats;
+
+void k3_session_stats(const k3_session *s, k3_run_stats *out);
+/* The end-of-run line (no newline): time total / attn / moe (eload) / head, expert requests,
+ * hit rate without and with prefetch hits, GB streamed, GB/s, prefetch recall, peak RSS. */
+void k3_run_stats_summary(const k3_run_stats *st, char *buf, size_t cap);
+/* The K3_PROFILE line for the last step (no newline). */
+void k3_run_stats_profile(const k3_run_stats *st, char *buf, size_t cap);
+/* One line describing the expert store: memory plan, I/O mode, policy, prefetch, notes. */
+const char *k3_engine_store_line(const k3_engine *e);
+/* The engine's expert store (src/store/store.h), e.g. to install a test read hook. */
+struct k3_store *k3_engine_store(const k3_engine *e);
 
 #endif

@@ -257,6 +257,20 @@ static int open_shard(k3_checkpoint *c, int idx, size_t *cap, k3_err *err) {
 
 /* ---- index ------------------------------------------------------------------------- */
 
+/* dir/file, else the first of c->dirs holding file (K3_DIRS), else dir/file (so that the
+ * open error names the snapshot folder). malloc'd; NULL when out of memory. */
+static char *shard_path(const k3_checkpoint *c, const char *file) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", c->dir, file);
+    for (const char *d = c->dirs; d && *d && access(path, F_OK) != 0;) {
+        size_t n = strcspn(d, ":");
+        snprintf(path, sizeof path, "%.*s/%s", (int)n, d, file);
+        d += n + (d[n] == ':');
+    }
+    if (access(path, F_OK) != 0) snprintf(path, sizeof path, "%s/%s", c->dir, file);
+    return strdup(path);
+}
+
 static int shard_index(k3_checkpoint *c, const char *file, int *cap, k3_err *err) {
     for (int i = c->n_shards - 1; i >= 0; i--) /* recent first: the index is grouped */
         if (strcmp(strrchr(c->shards[i].path, '/') + 1, file) == 0) return i;
@@ -272,9 +286,8 @@ static int shard_index(k3_checkpoint *c, const char *file, int *cap, k3_err *err
     k3_shard *sh = &c->shards[c->n_shards];
     memset(sh, 0, sizeof *sh);
     sh->fd = -1;
-    size_t n = strlen(c->dir) + strlen(file) + 2;
-    if (!(sh->path = malloc(n))) return -k3_fail(err, K3_ERR_GENERIC, "out of memory");
-    snprintf(sh->path, n, "%s/%s", c->dir, file);
+    if (!(sh->path = shard_path(c, file)))
+        return -k3_fail(err, K3_ERR_GENERIC, "out of memory");
     return c->n_shards++;
 }
 
@@ -341,8 +354,14 @@ static int check_index(const k3_checkpoint *c, const cJSON *root, k3_err *err) {
 }
 
 int k3_checkpoint_open(const char *dir, k3_checkpoint **out, k3_err *err) {
+    return k3_checkpoint_open_dirs(dir, NULL, out, err);
+}
+
+int k3_checkpoint_open_dirs(const char *dir, const char *dirs, k3_checkpoint **out,
+                            k3_err *err) {
     k3_checkpoint *c = calloc(1, sizeof *c);
-    if (!c || !(c->dir = strdup(dir))) {
+    if (!c || !(c->dir = strdup(dir)) || (dirs && !(c->dirs = strdup(dirs)))) {
+        if (c) free(c->dir);
         free(c);
         return k3_fail(err, K3_ERR_GENERIC, "out of memory");
     }
@@ -377,6 +396,7 @@ void k3_checkpoint_close(k3_checkpoint *c) {
     free(c->tensors);
     free(c->slots);
     free(c->dir);
+    free(c->dirs);
     free(c);
 }
 

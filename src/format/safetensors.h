@@ -50,6 +50,7 @@ typedef struct k3_checkpoint {
     size_t *slots;              /* open-addressing hash: index+1 into tensors, 0 = empty */
     size_t n_slots;             /* power of two */
     int n_skipped_shards;       /* shards listed only for vision tensors, never opened */
+    char *dirs;                 /* extra ':'-separated folders searched for shards, or NULL */
 } k3_checkpoint;
 
 /* Opens the snapshot in dir: reads model.safetensors.index.json (or a lone
@@ -57,6 +58,11 @@ typedef struct k3_checkpoint {
  * Errors: K3_ERR_IO (missing/unreadable file), K3_ERR_CHECKPOINT (malformed index or header,
  * offsets past EOF, tensor in index but not in its shard); messages name file and tensor. */
 int k3_checkpoint_open(const char *dir, k3_checkpoint **out, k3_err *err);
+/* The same, for a snapshot whose shards are split over several folders (drives): a shard
+ * missing from dir is looked up by name in each of dirs (':'-separated; NULL = none), in
+ * order. config, index and tokenizer stay in dir. */
+int k3_checkpoint_open_dirs(const char *dir, const char *dirs, k3_checkpoint **out,
+                            k3_err *err);
 void k3_checkpoint_close(k3_checkpoint *c);
 
 /* The tensor called name, or NULL. */

@@ -1,72 +1,124 @@
 /* ffn.c — the dense SiTU MLP of the first layers and the Stable LatentMoE (spec §8). */
 #include <math.h>
+#include <time.h>
 
 #include "layers.h"
 
 void k3_dense_forward(const k3_model *m, const k3_layer *L, k3_state *s, const float *x,
                       float *out) {
     const k3_config *c = &m->cfg;
-    k3_matvec(m->kr, &L->dense.gate_proj, x, s->gate);
-    k3_matvec(m->kr, &L->dense.up_proj, x, s->up);
+    k3_matvec(&L->dense.gate_proj, x, s->gate);
+    k3_matvec(&L->dense.up_proj, x, s->up);
     k3_situ_vec(s->gate, s->up, c->intermediate_size, c->situ_beta, c->situ_linear_beta, s->gate);
-    k3_matvec(m->kr, &L->dense.down_proj, s->gate, out);
+    k3_matvec(&L->dense.down_proj, s->gate, out);
 }
 
-/* Router (spec §8.3 steps 1-5): picks s->topk in canonical order (descending biased score,
- * ties to the lower id) and sets s->topk_w to the renormalised UNBIASED scores. */
-static void route(const k3_model *m, const k3_moe_weights *w, k3_state *s, const float *x) {
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Router (spec §8.3 steps 1-5) on x: picks ids[K] in canonical order (descending biased
+ * score, ties to the lower id) and sets weights[K] to the renormalised UNBIASED scores.
+ * scores and biased are [E] scratch. */
+static void route(const k3_model *m, const k3_moe_weights *w, const float *x, float *scores,
+                  float *biased, int *ids, float *weights) {
     const k3_config *c = &m->cfg;
     int E = c->num_experts, K = c->num_experts_per_token;
     const float *bias = w->router_bias.data;
-    k3_matvec(m->kr, &w->router, x, s->router);
+    k3_matvec(&w->router, x, scores);
     for (int e = 0; e < E; e++) {
-        s->router[e] = k3_sigmoid(s->router[e]);
-        s->biased[e] = s->router[e] + bias[e];
+        scores[e] = k3_sigmoid(scores[e]);
+        biased[e] = scores[e] + bias[e];
     }
     for (int j = 0; j < K; j++) {
         int best = 0;
         for (int e = 1; e < E; e++)
-            if (s->biased[e] > s->biased[best]) best = e;
-        s->topk[j] = best;
-        s->biased[best] = -INFINITY; /* taken */
+            if (biased[e] > biased[best]) best = e;
+        ids[j] = best;
+        biased[best] = -INFINITY; /* taken */
     }
     float sum = 0;
-    for (int j = 0; j < K; j++) sum += s->router[s->topk[j]];
+    for (int j = 0; j < K; j++) sum += scores[ids[j]];
     sum = sum + 1e-20f;
     for (int j = 0; j < K; j++)
-        s->topk_w[j] = s->router[s->topk[j]] / sum * c->routed_scaling_factor;
+        weights[j] = scores[ids[j]] / sum * c->routed_scaling_factor;
 }
 
 /* E(z) = W2 · SiTU(W1 z, W3 z) for one MXFP4 expert in the latent space. */
-static void expert_forward(const k3_model *m, const k3_expert *ex, k3_state *s, const float *z,
+static void expert_forward(const k3_config *c, const k3_expert *ex, k3_state *s, const float *z,
                            float *out) {
-    const k3_config *c = &m->cfg;
-    k3_matvec_mxfp4(m->kr, &ex->w1, z, s->gate);
-    k3_matvec_mxfp4(m->kr, &ex->w3, z, s->up);
+    k3_matvec_mxfp4(&ex->w1, z, s->gate);
+    k3_matvec_mxfp4(&ex->w3, z, s->up);
     k3_situ_vec(s->gate, s->up, c->moe_intermediate_size, c->situ_beta, c->situ_linear_beta,
                 s->gate);
-    k3_matvec_mxfp4(m->kr, &ex->w2, s->gate, out);
+    k3_matvec_mxfp4(&ex->w2, s->gate, out);
 }
 
-void k3_moe_forward(const k3_model *m, const k3_layer *L, k3_state *s, const float *x,
-                    float *out) {
+/* K3_PIPE: while this layer computes, fetch what the next MoE layer will probably choose —
+ * its router applied to this layer's input (lookahead), and its choice for the previous
+ * token. The store also scores both guesses when the next layer routes (recall). */
+static void prefetch_next(const k3_model *m, int layer, k3_state *s, const float *x) {
+    const k3_config *c = &m->cfg;
+    int next = layer + 1, K = c->num_experts_per_token;
+    if (next >= c->num_hidden_layers || !m->layers[next].is_moe) return;
+    if (k3_store_pipe(m->store) & K3_PIPE_LOOKAHEAD) {
+        route(m, &m->layers[next].moe, x, s->la_router, s->la_biased, s->la_topk, s->la_topk_w);
+        k3_store_prefetch(s->store, next, s->la_topk, K, K3_PIPE_LOOKAHEAD);
+    }
+    const int *prev = k3_store_prev_choice(s->store, next);
+    if (prev) k3_store_prefetch(s->store, next, prev, K, K3_PIPE_PREV);
+}
+
+/* The routed experts of the layer, each computed as soon as the store has it, into its own
+ * row of s->exp_outs (so arrival order cannot change the result). */
+static int routed_experts(const k3_model *m, k3_state *s, k3_err *err) {
+    const k3_config *c = &m->cfg;
+    int K = c->num_experts_per_token, lat = c->routed_expert_hidden_size;
+    for (int n = 0; n < K; n++) {
+        int j;
+        k3_expert ex;
+        double t0 = now_s();
+        int rc = k3_store_next(s->store, &j, &ex, err);
+        double t1 = now_s();
+        s->tok.eload_s += t1 - t0;
+        if (rc) return rc;
+        expert_forward(c, &ex, s, s->lat, s->exp_outs + (size_t)j * lat);
+        k3_store_done(s->store, j);
+        s->tok.expert_s += now_s() - t1;
+    }
+    return K3_OK;
+}
+
+int k3_moe_forward(const k3_model *m, const k3_layer *L, k3_state *s, const float *x,
+                   float *out, k3_err *err) {
     const k3_config *c = &m->cfg;
     const k3_moe_weights *w = &L->moe;
     int K = c->num_experts_per_token, lat = c->routed_expert_hidden_size, hd = c->hidden_size;
-    route(m, w, s, x);
-    k3_matvec(m->kr, &w->down_proj, x, s->lat);
+    int layer = (int)(L - m->layers);
+    double t0 = now_s();
+    route(m, w, x, s->router, s->biased, s->topk, s->topk_w);
+    k3_store_begin(s->store, layer, s->topk, K); /* misses start reading now */
+    prefetch_next(m, layer, s, x);
+    s->tok.router_s += now_s() - t0;
+    k3_matvec(&w->down_proj, x, s->lat);
+    int rc = routed_experts(m, s, err);
+    k3_store_end(s->store);
+    if (rc) return rc;
     for (int i = 0; i < lat; i++) s->lat_acc[i] = 0;
     for (int j = 0; j < K; j++) { /* weighted sum in slot order */
-        expert_forward(m, &w->experts[s->topk[j]], s, s->lat, s->exp_out);
-        for (int i = 0; i < lat; i++) s->lat_acc[i] += s->exp_out[i] * s->topk_w[j];
+        const float *e_out = s->exp_outs + (size_t)j * lat;
+        for (int i = 0; i < lat; i++) s->lat_acc[i] += e_out[i] * s->topk_w[j];
     }
     k3_rmsnorm(s->lat_acc, &w->norm, lat, c->rms_norm_eps, s->lat_acc); /* on the sum */
-    k3_matvec(m->kr, &w->up_proj, s->lat_acc, out);
+    k3_matvec(&w->up_proj, s->lat_acc, out);
     /* Shared experts on the full-width input; routed term first in the final add. */
     int sh = c->moe_intermediate_size * c->num_shared_experts;
-    k3_matvec(m->kr, &w->shared_gate, x, s->gate);
-    k3_matvec(m->kr, &w->shared_up, x, s->up);
+    k3_matvec(&w->shared_gate, x, s->gate);
+    k3_matvec(&w->shared_up, x, s->up);
     k3_situ_vec(s->gate, s->up, sh, c->situ_beta, c->situ_linear_beta, s->gate);
-    k3_matvec(m->kr, &w->shared_down, s->gate, s->ffn_tmp);
+    k3_matvec(&w->shared_down, s->gate, s->ffn_tmp);
     for (int i = 0; i < hd; i++) out[i] = out[i] + s->ffn_tmp[i];
+    return K3_OK;
 }

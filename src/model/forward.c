@@ -1,6 +1,7 @@
 /* forward.c — one token through K3 (spec §3): AttnRes around every mixer and FFN, the block
  * bookkeeping, the final mix, norm and lm_head. Read top to bottom next to spec §3. */
 #include <string.h>
+#include <time.h>
 
 #include "layers.h"
 
@@ -24,12 +25,27 @@ static void embed(const k3_model *m, int32_t token, float *out) {
     for (int64_t i = 0; i < hd; i++) out[i] = k3_mat_at(&m->embed, (int64_t)token * hd + i);
 }
 
-void k3_forward(const k3_model *m, k3_state *s, int32_t token, float *logits,
-                const k3_trace *tr) {
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Adds this token's phase times to the session's (K3_PROFILE and the end-of-run summary). */
+static void add_times(k3_phase_times *sum, const k3_phase_times *t) {
+    sum->total_s += t->total_s, sum->attn_s += t->attn_s, sum->moe_s += t->moe_s;
+    sum->router_s += t->router_s, sum->eload_s += t->eload_s, sum->expert_s += t->expert_s;
+    sum->head_s += t->head_s, sum->tokens += t->tokens;
+}
+
+int k3_forward(const k3_model *m, k3_state *s, int32_t token, float *logits,
+               const k3_trace *tr, k3_err *err) {
     const k3_config *c = &m->cfg;
     int hd = c->hidden_size, pos = s->pos;
     size_t vec = (size_t)hd * sizeof(float);
     float *P = s->partial, *x = s->x, *xn = s->xn, *a = s->mix, *f = s->ffn_out;
+    double t_start = now_s(), t0;
+    s->tok = (k3_phase_times){.tokens = 1};
     s->n_blocks = 0;
     embed(m, token, P); /* the embedding is the first h_in; it becomes block 0 */
     for (int l = 0; l < c->num_hidden_layers; l++) {
@@ -43,10 +59,12 @@ void k3_forward(const k3_model *m, k3_state *s, int32_t token, float *logits,
         if (fresh_block) memcpy(s->blocks + (size_t)s->n_blocks++ * hd, P, vec);
 
         k3_rmsnorm(x, &L->input_layernorm, hd, c->rms_norm_eps, xn);
+        t0 = now_s();
         if (L->is_mla)
             k3_mla_forward(m, L, s, xn, a);
         else
             k3_kda_forward(m, L, s, xn, a);
+        s->tok.attn_s += now_s() - t0;
         trace_vec(tr, pos, l, K3_TRACE_ATTN_OUT, a, hd);
         if (fresh_block)
             memcpy(P, a, vec); /* first contribution after a reset is a copy, not 0 + a */
@@ -57,7 +75,10 @@ void k3_forward(const k3_model *m, k3_state *s, int32_t token, float *logits,
         trace_vec(tr, pos, l, K3_TRACE_MLP_IN, x, hd);
         k3_rmsnorm(x, &L->post_attention_layernorm, hd, c->rms_norm_eps, xn);
         if (L->is_moe) {
-            k3_moe_forward(m, L, s, xn, f);
+            t0 = now_s();
+            int rc = k3_moe_forward(m, L, s, xn, f, err);
+            s->tok.moe_s += now_s() - t0;
+            if (rc) return rc; /* no token from a layer with a missing expert */
             if (tr && tr->on_routing)
                 tr->on_routing(tr->user, pos, l, s->topk, s->topk_w, c->num_experts_per_token);
         } else {
@@ -71,6 +92,12 @@ void k3_forward(const k3_model *m, k3_state *s, int32_t token, float *logits,
     trace_vec(tr, pos, -1, K3_TRACE_FINAL_HIDDEN, x, hd);
     k3_rmsnorm(x, &m->norm, hd, c->rms_norm_eps, xn);
     trace_vec(tr, pos, -1, K3_TRACE_FINAL_NORMED, xn, hd);
-    if (logits) k3_matvec(m->kr, &m->lm_head, xn, logits);
+    t0 = now_s();
+    if (logits) k3_matvec(&m->lm_head, xn, logits);
     s->pos++;
+    double t_end = now_s();
+    s->tok.head_s = t_end - t0;
+    s->tok.total_s = t_end - t_start;
+    add_times(&s->sum, &s->tok);
+    return K3_OK;
 }

@@ -22,8 +22,9 @@ void k3_mla_forward(const k3_model *m, const k3_layer *L, k3_state *s, const flo
 void k3_dense_forward(const k3_model *m, const k3_layer *L, k3_state *s, const float *x,
                       float *out);
 
-/* Stable LatentMoE (spec §8.3). Leaves the chosen ids / weights in s->topk / s->topk_w. */
-void k3_moe_forward(const k3_model *m, const k3_layer *L, k3_state *s, const float *x,
-                    float *out);
+/* Stable LatentMoE (spec §8.3). Leaves the chosen ids / weights in s->topk / s->topk_w.
+ * Routed experts come from m->store. Errors: K3_ERR_EXPERT_IO (an expert read failed). */
+int k3_moe_forward(const k3_model *m, const k3_layer *L, k3_state *s, const float *x,
+                   float *out, k3_err *err);
 
 #endif

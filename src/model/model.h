@@ -11,8 +11,10 @@
  *    value; the mix is over raw values (§5). Blocks start at layers l % attn_res_block_size
  *    == 0 and the embedding is block 0.
  *  - The latent RMSNorm is applied to the weighted SUM of experts, never per expert (§8.3).
- *  - Experts are read from their mapped shard in place; the expert store (a later issue)
- *    will replace the direct pointers in k3_expert.
+ *  - Routed experts come from the expert store (src/store/store.h, model->store): the MoE
+ *    asks for the router's choice, computes each expert as its read completes into its own
+ *    output row, and sums the rows in router order, so results do not depend on where an
+ *    expert came from or when it arrived.
  */
 #ifndef K3_MODEL_H
 #define K3_MODEL_H
@@ -23,6 +25,7 @@
 #include "../format/packed.h"
 #include "../format/safetensors.h"
 #include "../kernels/kernels.h"
+#include "../store/store.h"
 #include "../engine/k3.h"
 
 typedef struct k3_kda_weights {
@@ -39,15 +42,11 @@ typedef struct k3_mla_weights {
     k3_mat g_proj, o_proj;
 } k3_mla_weights;
 
-typedef struct k3_expert {
-    k3_mxfp4 w1, w2, w3; /* gate [inter, latent], down [latent, inter], up [inter, latent] */
-} k3_expert;
-
 typedef struct k3_moe_weights {
     k3_mat router, router_bias;          /* gate.weight [E, hidden], bias F32 [E] */
     k3_mat down_proj, up_proj, norm;     /* latent projections and routed_expert_norm */
     k3_mat shared_gate, shared_up, shared_down;
-    k3_expert *experts;                  /* [E] */
+    /* Routed experts are not bound here: the MoE asks the expert store (src/store). */
 } k3_moe_weights;
 
 typedef struct k3_dense_weights {
@@ -73,7 +72,7 @@ typedef struct k3_model {
     k3_mat embed, norm, lm_head;
     float *out_res_sw;
     uint64_t spine_bytes, expert_bytes;
-    const k3_kernels *kr;                 /* kernel path, chosen at engine load (kernels.h) */
+    k3_store *store;                      /* routed experts; set by the engine after binding */
     int n_packed;                         /* spine matrices bound to an int8 pack (issue 8) */
 } k3_model;
 
@@ -94,10 +93,16 @@ void k3_state_free(k3_state *s);
 void k3_state_reset(k3_state *s);
 int k3_state_pos(const k3_state *s);
 int k3_state_max_ctx(const k3_state *s);
+/* Bytes a session's state takes at max_ctx positions (0 = the default), for the memory plan. */
+size_t k3_state_plan_bytes(const k3_model *m, int max_ctx);
+/* Phase times summed over every step so far, and of the last step. */
+void k3_state_times(const k3_state *s, k3_phase_times *sum, k3_phase_times *last);
 
 /* One token through the whole model at position k3_state_pos(s) (spec §3); advances the
- * position. logits [vocab] may be NULL. trace may be NULL. Allocation-free. */
-void k3_forward(const k3_model *m, k3_state *s, int32_t token, float *logits,
-                const k3_trace *trace);
+ * position. logits [vocab] may be NULL. trace may be NULL. Allocation-free.
+ * Errors: K3_ERR_EXPERT_IO (a routed expert could not be read: logits are not written
+ * and the session must be reset before further use). */
+int k3_forward(const k3_model *m, k3_state *s, int32_t token, float *logits,
+               const k3_trace *trace, k3_err *err);
 
 #endif

@@ -35,6 +35,10 @@ static int alloc_all(k3_state *s, const k3_model *m) {
     ALLOC(s->router, (size_t)c->num_experts); ALLOC(s->biased, (size_t)c->num_experts);
     ALLOC(s->ffn_tmp, hd);
     ALLOC(s->lat, lat); ALLOC(s->lat_acc, lat); ALLOC(s->exp_out, lat);
+    ALLOC(s->exp_outs, lat * (size_t)c->num_experts_per_token);
+    ALLOC(s->la_router, (size_t)c->num_experts); ALLOC(s->la_biased, (size_t)c->num_experts);
+    ALLOC(s->la_topk, (size_t)c->num_experts_per_token);
+    ALLOC(s->la_topk_w, (size_t)c->num_experts_per_token);
     ALLOC(s->topk, (size_t)c->num_experts_per_token);
     ALLOC(s->topk_w, (size_t)c->num_experts_per_token);
 #undef ALLOC
@@ -63,6 +67,10 @@ int k3_state_new(const k3_model *m, int max_ctx, k3_state **out, k3_err *err) {
                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         if (s->kv == MAP_FAILED) s->kv = NULL;
     }
+    if (m->store && k3_store_client_new(m->store, &s->store, err)) {
+        k3_state_free(s);
+        return err ? err->code : K3_ERR_GENERIC;
+    }
     if ((s->kv_bytes && !s->kv) || !alloc_all(s, m)) {
         k3_state_free(s);
         return k3_fail(err, K3_ERR_GENERIC, "out of memory for the session state (context %d)",
@@ -78,6 +86,7 @@ void k3_state_reset(k3_state *s) {
     /* KDA and conv state start at zero; KV cache entries are written before they are read. */
     memset(s->kda_S, 0, s->kda_S_floats * (size_t)s->n_kda * sizeof(float));
     memset(s->kda_conv, 0, s->kda_conv_floats * (size_t)s->n_kda * sizeof(float));
+    if (s->store) k3_store_client_reset(s->store); /* the previous token is no predictor now */
 }
 
 void k3_state_free(k3_state *s) {
@@ -86,10 +95,34 @@ void k3_state_free(k3_state *s) {
     float *bufs[] = {s->kda_S, s->kda_conv, s->blocks, s->partial, s->x, s->xn, s->mix,
                      s->ffn_out, s->logit_in, s->biased, s->ffn_tmp, s->q, s->k, s->v, s->g, s->f, s->fa, s->beta,
                      s->o, s->cq, s->Q, s->ckv, s->KV, s->scores, s->gate, s->up, s->router,
-                     s->lat, s->lat_acc, s->exp_out, s->topk_w};
+                     s->lat, s->lat_acc, s->exp_out, s->topk_w, s->exp_outs, s->la_router,
+                     s->la_biased, s->la_topk_w};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(s->topk);
+    free(s->la_topk);
+    k3_store_client_free(s->store);
     free(s);
+}
+
+size_t k3_state_plan_bytes(const k3_model *m, int max_ctx) {
+    const k3_config *c = &m->cfg;
+    if (max_ctx <= 0) max_ctx = c->max_position_embeddings < 4096 ? c->max_position_embeddings : 4096;
+    size_t P = (size_t)c->kda_num_heads * c->kda_head_dim;
+    size_t kda = (size_t)m->n_kda * ((size_t)c->kda_num_heads * c->kda_head_dim * c->kda_head_dim +
+                                     3 * P * (size_t)(c->kda_conv_size - 1));
+    size_t kv = (size_t)m->n_mla * (size_t)max_ctx *
+                ((size_t)c->num_attention_heads * (c->qk_nope_head_dim + c->v_head_dim) +
+                 (size_t)c->qk_rope_head_dim);
+    size_t scores = (size_t)c->num_attention_heads * (size_t)max_ctx;
+    size_t scratch = 32 * (size_t)c->hidden_size + 16 * P + 4 * (size_t)c->num_experts +
+                     2 * (size_t)c->intermediate_size +
+                     (size_t)c->routed_expert_hidden_size * (c->num_experts_per_token + 3);
+    return (kda + kv + scores + scratch) * sizeof(float);
+}
+
+void k3_state_times(const k3_state *s, k3_phase_times *sum, k3_phase_times *last) {
+    *sum = s->sum;
+    *last = s->tok;
 }
 
 int k3_state_pos(const k3_state *s) { return s->pos; }

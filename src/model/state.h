@@ -39,6 +39,12 @@ struct k3_state {
     float *ffn_tmp;                                    /* [hidden] shared-expert output */
     int *topk;                                         /* [k] */
     float *topk_w;                                     /* [k] */
+    /* routed experts (src/store) */
+    k3_store_client *store;                            /* this session's pins and history */
+    float *exp_outs;                                   /* [k][latent] one row per expert */
+    float *la_router, *la_biased, *la_topk_w;          /* lookahead router scratch [E] [E] [k] */
+    int *la_topk;                                      /* [k] */
+    k3_phase_times tok, sum;                           /* this token's phases; all tokens */
 };
 
 #endif

@@ -64,17 +64,6 @@ static k3_mat conv_taps(binder *b, const char *suffix, int64_t p, int64_t k) {
     return m;
 }
 
-static k3_mxfp4 mxfp4(binder *b, int e, const char *w, int64_t rows, int64_t cols) {
-    char pn[128], sn[128];
-    snprintf(pn, sizeof pn, "block_sparse_moe.experts.%d.%s.weight_packed", e, w);
-    snprintf(sn, sizeof sn, "block_sparse_moe.experts.%d.%s.weight_scale", e, w);
-    const k3_tensor *p = get(b, pn, K3_DT_U8, 2, rows, cols / 2, 0);
-    const k3_tensor *s = get(b, sn, K3_DT_U8, 2, rows, cols / 32, 0);
-    k3_mxfp4 m = {0};
-    if (p && s) m = (k3_mxfp4){p->data, s->data, rows, cols};
-    return m;
-}
-
 /* s_w = f32(w_norm) ⊙ f32(w_proj), folded once (spec §5 step 1). */
 static float *fold_res(binder *b, const char *norm, const char *proj, int64_t hidden) {
     k3_mat n = mat(b, norm, K3_DT_BF16, hidden, 0), p = mat(b, proj, K3_DT_BF16, 1, hidden);
@@ -125,7 +114,8 @@ static void bind_mla(binder *b, const k3_config *c, k3_mla_weights *w) {
     w->o_proj = mat(b, "self_attn.o_proj.weight", K3_DT_BF16, hd, h * c->v_head_dim);
 }
 
-static void bind_moe(binder *b, const k3_config *c, k3_moe_weights *w, uint64_t *expert_bytes) {
+/* The routed experts are mapped by the expert store (src/store/map.c), never bound here. */
+static void bind_moe(binder *b, const k3_config *c, k3_moe_weights *w) {
     int64_t hd = c->hidden_size, lat = c->routed_expert_hidden_size;
     int64_t sh = (int64_t)c->moe_intermediate_size * c->num_shared_experts;
     w->router = mat(b, "block_sparse_moe.gate.weight", K3_DT_BF16, c->num_experts, hd);
@@ -137,21 +127,6 @@ static void bind_moe(binder *b, const k3_config *c, k3_moe_weights *w, uint64_t 
     w->shared_gate = mat(b, "block_sparse_moe.shared_experts.gate_proj.weight", K3_DT_BF16, sh, hd);
     w->shared_up = mat(b, "block_sparse_moe.shared_experts.up_proj.weight", K3_DT_BF16, sh, hd);
     w->shared_down = mat(b, "block_sparse_moe.shared_experts.down_proj.weight", K3_DT_BF16, hd, sh);
-    if (b->rc) return;
-    w->experts = calloc((size_t)c->num_experts, sizeof *w->experts);
-    if (!w->experts) {
-        b->rc = k3_fail(b->err, K3_ERR_GENERIC, "out of memory");
-        return;
-    }
-    uint64_t *spine = b->bytes;
-    b->bytes = expert_bytes;
-    int64_t inter = c->moe_intermediate_size;
-    for (int e = 0; e < c->num_experts && !b->rc; e++) {
-        w->experts[e].w1 = mxfp4(b, e, "w1", inter, lat);
-        w->experts[e].w2 = mxfp4(b, e, "w2", lat, inter);
-        w->experts[e].w3 = mxfp4(b, e, "w3", inter, lat);
-    }
-    b->bytes = spine;
 }
 
 static int bind_layer(k3_model *m, const k3_checkpoint *ck, const k3_pack *pack, int l,
@@ -173,7 +148,7 @@ static int bind_layer(k3_model *m, const k3_checkpoint *ck, const k3_pack *pack,
     else
         bind_kda(&b, c, &L->kda, m->kda_rank);
     if (L->is_moe) {
-        bind_moe(&b, c, &L->moe, &m->expert_bytes);
+        bind_moe(&b, c, &L->moe);
     } else {
         int64_t in = c->intermediate_size;
         L->dense.gate_proj = mat(&b, "mlp.gate_proj.weight", K3_DT_BF16, in, hd);
@@ -229,7 +204,6 @@ void k3_model_free(k3_model *m) {
         for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
             free(m->layers[l].attn_res_sw);
             free(m->layers[l].mlp_res_sw);
-            free(m->layers[l].moe.experts);
         }
     }
     free(m->layers);

@@ -1,0 +1,696 @@
+/* store.c — the expert cache: slots, the demand and prefetch queues, the reader threads and
+ * the client calls the MoE makes (see store.h for the invariants). */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "store_internal.h"
+
+enum client_stage { ST_IDLE, ST_DEFERRED, ST_WAITING, ST_HANDED, ST_DONE };
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* ==== settings from the environment ================================================== */
+
+static int env_int(const char *name, int lo, int hi, int *out, k3_err *err) {
+    const char *v = getenv(name);
+    if (!v || !*v) return K3_OK;
+    char *end;
+    long x = strtol(v, &end, 10);
+    if (*end || x < lo || x > hi)
+        return k3_fail(err, K3_ERR_USAGE, "%s=%s: expected an integer in [%d, %d]", name, v, lo, hi);
+    *out = (int)x;
+    return K3_OK;
+}
+
+/* "0" off, "1"/"all" every predictor, "prev", "lookahead". */
+static int parse_pipe(const char *v) {
+    if (!strcmp(v, "0") || !strcmp(v, "off")) return K3_PIPE_OFF;
+    if (!strcmp(v, "1") || !strcmp(v, "all") || !strcmp(v, "on")) return K3_PIPE_ALL;
+    if (!strcmp(v, "prev")) return K3_PIPE_PREV;
+    if (!strcmp(v, "lookahead")) return K3_PIPE_LOOKAHEAD;
+    return K3_PIPE_AUTO - 100;
+}
+
+int k3_store_settings_env(k3_store_settings *s, k3_err *err) {
+    const char *v;
+    int rc = K3_OK, flag = -1;
+    if (s->expert_gb <= 0 && (v = getenv("K3_EXPERT_GB")) && *v) {
+        char *end;
+        s->expert_gb = strtod(v, &end);
+        if (*end || !(s->expert_gb > 0))
+            return k3_fail(err, K3_ERR_USAGE, "K3_EXPERT_GB=%s: expected a positive number of GB", v);
+    }
+    if (s->load_threads <= 0 && (rc = env_int("K3_LOAD_THREADS", 1, 256, &s->load_threads, err)))
+        return rc;
+    if (s->direct == K3_IO_AUTO) {
+        if ((rc = env_int("K3_DIRECT", 0, 1, &flag, err))) return rc;
+        if (flag >= 0) s->direct = flag ? K3_IO_DIRECT : K3_IO_BUFFERED;
+    }
+    if (s->pipe == K3_PIPE_AUTO && (v = getenv("K3_PIPE")) && *v) {
+        s->pipe = parse_pipe(v);
+        if (s->pipe < K3_PIPE_OFF)
+            return k3_fail(err, K3_ERR_USAGE, "K3_PIPE=%s: expected 0, 1, prev or lookahead", v);
+    }
+    if (s->policy == K3_POLICY_DEFAULT && (v = getenv("K3_CACHE_POLICY")) && *v) {
+        s->policy = k3_cache_policy_parse(v);
+        if (s->policy < 0)
+            return k3_fail(err, K3_ERR_USAGE, "K3_CACHE_POLICY=%s: expected lru or s3fifo", v);
+    }
+    flag = -1;
+    if (!s->in_place && (rc = env_int("K3_MMAP_EXPERTS", 0, 1, &flag, err))) return rc;
+    if (flag == 1) s->in_place = 1;
+    if (!s->dirs && (v = getenv("K3_DIRS")) && *v) s->dirs = v;
+    return K3_OK;
+}
+
+/* ==== memory plan ======================================================================= */
+
+static void read_meminfo(uint64_t *total, uint64_t *avail) {
+    *total = *avail = 0;
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return;
+    char line[256];
+    unsigned long long kb;
+    while (fgets(line, sizeof line, f)) {
+        if (sscanf(line, "MemTotal: %llu kB", &kb) == 1) *total = kb * 1024;
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) *avail = kb * 1024;
+    }
+    fclose(f);
+}
+
+/* Default budget: what is available after the spine, one session's state and a headroom of
+ * max(2 GB, 10% of RAM); at least top-k + 1 slots, at most every expert. */
+static int plan_slots(k3_store *st, const k3_store_settings *set, k3_err *err) {
+    k3_mem_plan *p = &st->plan;
+    read_meminfo(&p->mem_total, &p->mem_available);
+    p->headroom_bytes = p->mem_total / 10 > 2000000000ull ? p->mem_total / 10 : 2000000000ull;
+    uint64_t want;
+    if (set->expert_slots > 0) {
+        want = (uint64_t)set->expert_slots;
+    } else if (set->expert_gb > 0) {
+        want = (uint64_t)(set->expert_gb * 1e9) / st->slot_bytes;
+        if (want == 0)
+            return k3_fail(err, K3_ERR_USAGE, "expert cache budget %.6g GB is below one expert "
+                           "slot (%.3f MB): raise K3_EXPERT_GB / --expert-gb", set->expert_gb,
+                           (double)st->slot_bytes / 1e6);
+    } else {
+        uint64_t other = p->spine_bytes + p->state_bytes + p->headroom_bytes;
+        want = p->mem_available > other ? (p->mem_available - other) / st->slot_bytes : 0;
+        if (want < (uint64_t)st->top_k + 1) want = (uint64_t)st->top_k + 1;
+    }
+    if (want > st->n_mapped) want = st->n_mapped ? st->n_mapped : 1;
+    st->n_slots = (int)want;
+    p->cache_bytes = want * st->slot_bytes;
+    return K3_OK;
+}
+
+/* ==== queues ============================================================================ */
+
+static void q_push(k3_store *st, k3_queue *q, int s) {
+    st->slots[s].qnext = -1;
+    st->slots[s].qprev = q->tail;
+    if (q->tail >= 0) st->slots[q->tail].qnext = s;
+    else q->head = s;
+    q->tail = s;
+}
+
+static void q_remove(k3_store *st, k3_queue *q, int s) {
+    k3_slot *sl = &st->slots[s];
+    if (sl->qprev >= 0) st->slots[sl->qprev].qnext = sl->qnext;
+    else q->head = sl->qnext;
+    if (sl->qnext >= 0) st->slots[sl->qnext].qprev = sl->qprev;
+    else q->tail = sl->qprev;
+    sl->qprev = sl->qnext = -1;
+}
+
+/* Sorts the batch by (shard, offset), then interleaves devices (the i-th read of every drive
+ * before the (i+1)-th of any) so that reads to different drives run at once. rank is scratch
+ * of n ints. */
+static int by_file_offset(const void *a, const void *b, void *ctx) {
+    const k3_store *st = ctx;
+    const k3_expert_loc *x = &st->loc[st->slots[*(const int *)a].key];
+    const k3_expert_loc *y = &st->loc[st->slots[*(const int *)b].key];
+    if (x->shard[0] != y->shard[0]) return x->shard[0] < y->shard[0] ? -1 : 1;
+    return x->off[0] < y->off[0] ? -1 : x->off[0] > y->off[0];
+}
+
+static dev_t slot_dev(const k3_store *st, int s) {
+    return st->dev[st->loc[st->slots[s].key].shard[0]];
+}
+
+static void submit(k3_store *st, int *batch, int *rank, int n, int job) {
+    if (!n) return;
+    qsort_r(batch, (size_t)n, sizeof *batch, by_file_offset, st);
+    int max_rank = 0;
+    for (int i = 0; i < n; i++) {
+        rank[i] = 0;
+        for (int j = 0; j < i; j++) rank[i] += slot_dev(st, batch[j]) == slot_dev(st, batch[i]);
+        if (rank[i] > max_rank) max_rank = rank[i];
+    }
+    for (int r = 0; r <= max_rank; r++)
+        for (int i = 0; i < n; i++) {
+            if (rank[i] != r) continue;
+            st->slots[batch[i]].job = (uint8_t)job;
+            q_push(st, job == JOB_DEMAND ? &st->dq : &st->pq, batch[i]);
+        }
+    pthread_cond_broadcast(&st->work);
+}
+
+/* ==== slots ============================================================================= */
+
+static void pin(k3_store *st, int s) {
+    if (st->pins[s]++ == 0) {
+        st->n_pinned++;
+        if (st->slots[s].state == SLOT_INFLIGHT) st->n_pf_inflight--;
+    }
+}
+
+static void release_slot(k3_store *st, int s) {
+    k3_slot *sl = &st->slots[s];
+    if (sl->key >= 0) st->where[sl->key] = -1;
+    k3_policy_remove(&st->pol, s);
+    *sl = (k3_slot){.key = -1, .state = SLOT_EMPTY, .qprev = -1, .qnext = -1};
+    st->free_slots[st->n_free++] = s;
+}
+
+static void unpin(k3_store *st, int s) {
+    if (--st->pins[s] > 0) return;
+    st->n_pinned--;
+    if (st->slots[s].state == SLOT_INFLIGHT) st->n_pf_inflight++;
+    if (st->slots[s].state == SLOT_FAILED) release_slot(st, s);
+}
+
+/* A queued prefetch whose slot is wanted elsewhere or whose layer arrived without it. */
+static void cancel_prefetch(k3_store *st, int s) {
+    q_remove(st, &st->pq, s);
+    st->n_pf_inflight--;
+    st->stats.prefetch_wasted++;
+    release_slot(st, s);
+}
+
+/* A free slot, else the policy's victim, else (demand only) a queued prefetch's slot. */
+static int claim_slot(k3_store *st, int for_prefetch) {
+    if (st->n_free) return st->free_slots[--st->n_free];
+    int v = k3_policy_victim(&st->pol, st->pins);
+    if (v >= 0) {
+        st->stats.evictions++;
+        if (st->slots[v].by_prefetch) st->stats.prefetch_wasted++;
+        st->where[st->slots[v].key] = -1;
+        st->slots[v] = (k3_slot){.key = -1, .state = SLOT_EMPTY, .qprev = -1, .qnext = -1};
+        return v;
+    }
+    if (!for_prefetch && st->pq.tail >= 0) {
+        cancel_prefetch(st, st->pq.tail);
+        return st->free_slots[--st->n_free];
+    }
+    return -1;
+}
+
+static void assign(k3_store *st, int s, int key, int by_prefetch) {
+    st->slots[s] = (k3_slot){.key = key, .state = SLOT_INFLIGHT, .by_prefetch = (uint8_t)by_prefetch,
+                             .qprev = -1, .qnext = -1};
+    st->where[key] = s;
+    uint64_t used = (uint64_t)(st->n_slots - st->n_free);
+    if (used > st->stats.peak_slots_used) st->stats.peak_slots_used = used;
+}
+
+/* ==== reader threads ==================================================================== */
+
+void *k3_store_reader_main(void *arg) {
+    k3_store *st = arg;
+    pthread_mutex_lock(&st->mu);
+    while (!st->stop) {
+        int s = -1, is_pf = 0;
+        if (st->dq.head >= 0) {
+            s = st->dq.head;
+            q_remove(st, &st->dq, s);
+        } else if (st->pq.head >= 0 && st->pf_running < st->max_pf_running) {
+            s = st->pq.head;
+            q_remove(st, &st->pq, s);
+            is_pf = 1;
+            st->pf_running++;
+        }
+        if (s < 0) {
+            pthread_cond_wait(&st->work, &st->mu);
+            continue;
+        }
+        k3_slot *sl = &st->slots[s];
+        sl->job = JOB_RUNNING;
+        int key = sl->key, shard = 0;
+        uint64_t at = 0, bytes = 0;
+        pthread_mutex_unlock(&st->mu);
+        double t0 = now_s();
+        int e = k3_store_read_expert(st, key, st->arena + (size_t)s * st->slot_bytes, &shard, &at,
+                                     &bytes);
+        double dt = now_s() - t0;
+        pthread_mutex_lock(&st->mu);
+        st->pf_running -= is_pf;
+        sl->job = JOB_NONE;
+        st->stats.reads++;
+        st->stats.bytes_read += bytes;
+        st->stats.read_s += dt;
+        if (st->pins[s] == 0) st->n_pf_inflight--;
+        if (e == 0) {
+            sl->state = SLOT_READY;
+            k3_policy_insert(&st->pol, s, key);
+        } else {
+            sl->state = SLOT_FAILED;
+            sl->err = e;
+            sl->err_at = at;
+            sl->err_shard = shard;
+            if (st->pins[s] == 0) release_slot(st, s); /* a failed prefetch: demand retries */
+        }
+        pthread_cond_broadcast(&st->done);
+    }
+    pthread_mutex_unlock(&st->mu);
+    return NULL;
+}
+
+/* ==== open / close ====================================================================== */
+
+static int alloc_cache(k3_store *st, k3_err *err) {
+    size_t n = (size_t)st->n_slots, keys = (size_t)st->n_layers * st->n_experts;
+    st->arena_bytes = n * st->slot_bytes;
+    st->arena = mmap(NULL, st->arena_bytes, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (st->arena == MAP_FAILED) {
+        st->arena = NULL;
+        return k3_fail(err, K3_ERR_GENERIC, "cannot reserve the expert cache (%.3f GB)",
+                       (double)st->arena_bytes / 1e9);
+    }
+    st->slots = calloc(n, sizeof *st->slots);
+    st->pins = calloc(n, sizeof *st->pins);
+    st->free_slots = malloc(n * sizeof *st->free_slots);
+    if (!st->slots || !st->pins || !st->free_slots ||
+        k3_policy_init(&st->pol, st->policy_kind, st->n_slots, (int)keys))
+        return k3_fail(err, K3_ERR_GENERIC, "out of memory (expert cache)");
+    for (int i = st->n_slots - 1; i >= 0; i--) {
+        st->slots[i] = (k3_slot){.key = -1, .qprev = -1, .qnext = -1};
+        st->free_slots[st->n_free++] = i;
+    }
+    return K3_OK;
+}
+
+static int start_readers(k3_store *st, k3_err *err) {
+    st->thr = calloc((size_t)st->n_threads, sizeof *st->thr);
+    if (!st->thr) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
+    for (int i = 0; i < st->n_threads; i++) {
+        if (pthread_create(&st->thr[i], NULL, k3_store_reader_main, st))
+            return k3_fail(err, K3_ERR_GENERIC, "cannot start expert reader threads");
+        st->n_started++;
+    }
+    return K3_OK;
+}
+
+static void resolve(k3_store *st, const k3_store_settings *set) {
+    st->n_threads = set->load_threads > 0 ? set->load_threads : 4;
+    st->max_pf_running = st->n_threads > 1 ? st->n_threads - 1 : 1;
+    st->policy_kind = set->policy == K3_POLICY_S3FIFO ? K3_POLICY_S3FIFO : K3_POLICY_LRU;
+    const k3_mem_plan *p = &st->plan;
+    uint64_t all = st->n_mapped * st->expert_bytes;
+    if (set->direct == K3_IO_AUTO) /* the page cache is a free second level where it fits */
+        st->direct = p->spine_bytes + all + p->headroom_bytes > p->mem_total;
+    else
+        st->direct = set->direct == K3_IO_DIRECT;
+    if (set->pipe == K3_PIPE_AUTO) st->pipe = st->n_slots >= 2 * st->top_k ? K3_PIPE_ALL : 0;
+    else st->pipe = set->pipe == K3_PIPE_OFF ? 0 : set->pipe;
+}
+
+int k3_store_open(const k3_checkpoint *ck, const k3_config *cfg, const k3_store_settings *set,
+                  k3_mem_plan *plan, k3_store **out, k3_err *err) {
+    k3_store *st = calloc(1, sizeof *st);
+    if (!st) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
+    st->ck = ck;
+    st->n_layers = cfg->num_hidden_layers;
+    st->n_experts = cfg->num_experts;
+    st->top_k = cfg->num_experts_per_token;
+    st->inter = cfg->moe_intermediate_size;
+    st->latent = cfg->routed_expert_hidden_size;
+    st->in_place = set->in_place;
+    st->plan = *plan;
+    st->dq = st->pq = (k3_queue){-1, -1};
+    pthread_mutex_init(&st->mu, NULL);
+    pthread_cond_init(&st->work, NULL);
+    pthread_cond_init(&st->done, NULL);
+    int rc = k3_store_build_map(st, cfg, err);
+    if (!rc && st->in_place) {
+        st->pipe = 0;
+        read_meminfo(&st->plan.mem_total, &st->plan.mem_available);
+    } else if (!rc) {
+        st->where = malloc((size_t)st->n_layers * st->n_experts * sizeof *st->where);
+        if (!st->where) rc = k3_fail(err, K3_ERR_GENERIC, "out of memory");
+        for (size_t i = 0; !rc && i < (size_t)st->n_layers * st->n_experts; i++) st->where[i] = -1;
+        st->slot_bytes = k3_store_slot_size(st);
+        if (!rc) rc = plan_slots(st, set, err);
+        if (!rc) resolve(st, set);
+        if (!rc) rc = k3_store_open_files(st, err);
+        if (!rc) rc = alloc_cache(st, err);
+        if (!rc) rc = start_readers(st, err);
+    }
+    if (rc) {
+        k3_store_close(st);
+        return rc;
+    }
+    if (st->n_fallback) {
+        int k = st->first_fallback_key;
+        snprintf(st->notes, sizeof st->notes, "; NOTE: %llu expert(s) (first: layer %d expert "
+                 "%d) do not lie as six back-to-back tensors in order: reading those tensor by "
+                 "tensor", (unsigned long long)st->n_fallback, k / st->n_experts, k % st->n_experts);
+    }
+    if (st->direct_refused)
+        snprintf(st->notes + strlen(st->notes), sizeof st->notes - strlen(st->notes),
+                 "; NOTE: the file system refused O_DIRECT: buffered reads + "
+                 "POSIX_FADV_DONTNEED");
+    *plan = st->plan;
+    *out = st;
+    return K3_OK;
+}
+
+void k3_store_close(k3_store *st) {
+    if (!st) return;
+    pthread_mutex_lock(&st->mu);
+    st->stop = 1;
+    pthread_cond_broadcast(&st->work);
+    pthread_mutex_unlock(&st->mu);
+    for (int i = 0; i < st->n_started; i++) pthread_join(st->thr[i], NULL);
+    k3_store_close_files(st);
+    if (st->arena) munmap(st->arena, st->arena_bytes);
+    k3_policy_free(&st->pol);
+    pthread_mutex_destroy(&st->mu);
+    pthread_cond_destroy(&st->work);
+    pthread_cond_destroy(&st->done);
+    free(st->thr);
+    free(st->fd);
+    free(st->dev);
+    free(st->slots);
+    free(st->pins);
+    free(st->free_slots);
+    free(st->where);
+    free(st->loc);
+    free(st);
+}
+
+void k3_store_describe(const k3_store *st, char *buf, size_t cap) {
+    const k3_mem_plan *p = &st->plan;
+    double gb = 1e9;
+    if (st->in_place) {
+        snprintf(buf, cap, "experts: %.3f GB used in place from the mapped shards (no cache)%s",
+                 (double)(st->n_mapped * st->expert_bytes) / gb, st->notes);
+        return;
+    }
+    const char *pipe = st->pipe == K3_PIPE_ALL ? "prev+lookahead" : st->pipe == K3_PIPE_PREV ?
+                       "prev" : st->pipe == K3_PIPE_LOOKAHEAD ? "lookahead" : "off";
+    snprintf(buf, cap, "memory plan: base %.2f GB + spine %.2f GB + expert cache %.3f GB (%d "
+             "slots x %.2f MB, %s) + state %.2f GB + headroom %.2f GB; RAM %.1f GB, available "
+             "%.1f GB; experts %.2f GB (%llu); reads %s, %d threads; prefetch %s%s",
+             (double)p->base_bytes / gb, (double)p->spine_bytes / gb, (double)p->cache_bytes / gb,
+             st->n_slots, (double)st->slot_bytes / 1e6, k3_cache_policy_name(st->policy_kind),
+             (double)p->state_bytes / gb, (double)p->headroom_bytes / gb,
+             (double)p->mem_total / gb, (double)p->mem_available / gb,
+             (double)(st->n_mapped * st->expert_bytes) / gb, (unsigned long long)st->n_mapped,
+             st->direct ? "O_DIRECT" : "buffered", st->n_threads, pipe, st->notes);
+}
+
+uint64_t k3_store_expert_bytes(const k3_store *st) { return st->n_mapped * st->expert_bytes; }
+uint64_t k3_store_slot_bytes(const k3_store *st) { return st->slot_bytes; }
+int k3_store_n_slots(const k3_store *st) { return st->n_slots; }
+int k3_store_pipe(const k3_store *st) { return st->pipe; }
+
+void k3_store_get_stats(k3_store *st, k3_store_stats *out) {
+    pthread_mutex_lock(&st->mu);
+    *out = st->stats;
+    pthread_mutex_unlock(&st->mu);
+}
+
+void k3_store_set_read_hook(k3_store *st, k3_store_read_hook hook, void *user) {
+    pthread_mutex_lock(&st->mu);
+    st->hook = hook;
+    st->hook_user = user;
+    pthread_mutex_unlock(&st->mu);
+}
+
+/* ==== clients: what the MoE calls ======================================================= */
+
+int k3_store_client_new(k3_store *st, k3_store_client **out, k3_err *err) {
+    k3_store_client *c = calloc(1, sizeof *c);
+    if (!c) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
+    size_t K = (size_t)st->top_k, L = (size_t)st->n_layers;
+    c->st = st;
+    c->ids = calloc(K, sizeof *c->ids);
+    c->slot = calloc(K, sizeof *c->slot);
+    c->stage = calloc(K, 1);
+    c->prev_ids = calloc(L * K, sizeof *c->prev_ids);
+    c->has_prev = calloc(L, 1);
+    c->pred = calloc(3 * L * K, sizeof *c->pred);
+    c->has_pred = calloc(3 * L, 1);
+    c->batch = calloc(K, sizeof *c->batch);
+    c->rank = calloc(K, sizeof *c->rank);
+    if (!c->ids || !c->slot || !c->stage || !c->prev_ids || !c->has_prev || !c->pred ||
+        !c->has_pred || !c->batch || !c->rank) {
+        k3_store_client_free(c);
+        return k3_fail(err, K3_ERR_GENERIC, "out of memory");
+    }
+    *out = c;
+    return K3_OK;
+}
+
+void k3_store_client_free(k3_store_client *c) {
+    if (!c) return;
+    if (c->k) k3_store_end(c);
+    free(c->ids);
+    free(c->slot);
+    free(c->stage);
+    free(c->prev_ids);
+    free(c->has_prev);
+    free(c->pred);
+    free(c->has_pred);
+    free(c->batch);
+    free(c->rank);
+    free(c);
+}
+
+void k3_store_client_reset(k3_store_client *c) {
+    memset(c->has_prev, 0, (size_t)c->st->n_layers);
+    memset(c->has_pred, 0, 3 * (size_t)c->st->n_layers);
+}
+
+const int *k3_store_prev_choice(const k3_store_client *c, int layer) {
+    return c->has_prev[layer] ? c->prev_ids + (size_t)layer * c->st->top_k : NULL;
+}
+
+static int chosen(const k3_store_client *c, int expert) {
+    for (int j = 0; j < c->k; j++)
+        if (c->ids[j] == expert) return 1;
+    return 0;
+}
+
+/* Each predictor's guess for this layer against the router's choice. */
+static void score_predictions(k3_store *st, k3_store_client *c, int layer) {
+    for (int src = K3_PIPE_PREV; src <= K3_PIPE_LOOKAHEAD; src++) {
+        uint8_t *has = &c->has_pred[(size_t)src * st->n_layers + layer];
+        if (!*has) continue;
+        const int *p = c->pred + ((size_t)src * st->n_layers + layer) * st->top_k;
+        for (int j = 0; j < c->k; j++) st->stats.recall_hits[src] += chosen(c, p[j]);
+        st->stats.recall_total[src] += (uint64_t)c->k;
+        *has = 0;
+    }
+}
+
+/* Gives every deferred expert of the layer a slot while slots can be had: one already
+ * holding or reading it (a queued prefetch is promoted to a demand read), else a claimed
+ * slot with a new demand read. Submits the new reads together. */
+static void assign_deferred(k3_store *st, k3_store_client *c) {
+    int nb = 0;
+    for (int j = 0; j < c->k; j++) {
+        if (c->stage[j] != ST_DEFERRED) continue;
+        int key = c->layer * st->n_experts + c->ids[j], s = st->where[key];
+        if (s >= 0) {
+            if (st->slots[s].job == JOB_PREFETCH) {
+                q_remove(st, &st->pq, s);
+                c->batch[nb++] = s;
+            }
+            pin(st, s);
+        } else {
+            if ((s = claim_slot(st, 0)) < 0) break;
+            assign(st, s, key, 0);
+            st->pins[s] = 1;
+            st->n_pinned++;
+            c->batch[nb++] = s;
+        }
+        c->slot[j] = s;
+        c->stage[j] = ST_WAITING;
+    }
+    submit(st, c->batch, c->rank, nb, JOB_DEMAND);
+}
+
+void k3_store_begin(k3_store_client *c, int layer, const int *ids, int k) {
+    k3_store *st = c->st;
+    pthread_mutex_lock(&st->mu);
+    c->layer = layer;
+    c->k = k;
+    memcpy(c->ids, ids, (size_t)k * sizeof *ids);
+    score_predictions(st, c, layer);
+    memcpy(c->prev_ids + (size_t)layer * st->top_k, ids, (size_t)k * sizeof *ids);
+    c->has_prev[layer] = 1;
+    st->stats.requests += (uint64_t)k;
+    if (st->in_place) {
+        st->stats.hits += (uint64_t)k;
+        memset(c->stage, ST_WAITING, (size_t)k);
+        pthread_mutex_unlock(&st->mu);
+        return;
+    }
+    for (int s = st->pq.head, nx; s >= 0; s = nx) { /* this layer's unchosen prefetches */
+        nx = st->slots[s].qnext;
+        int key = st->slots[s].key;
+        if (key / st->n_experts == layer && !chosen(c, key % st->n_experts))
+            cancel_prefetch(st, s);
+    }
+    for (int j = 0; j < k; j++) {
+        int s = st->where[layer * st->n_experts + ids[j]];
+        k3_slot *sl = s >= 0 ? &st->slots[s] : NULL;
+        if (!sl) st->stats.misses++;
+        else if (sl->state == SLOT_READY) {
+            if (sl->by_prefetch) st->stats.prefetch_hits++;
+            else st->stats.hits++;
+            k3_policy_hit(&st->pol, s);
+        } else if (sl->by_prefetch) st->stats.prefetch_late++;
+        else st->stats.misses++;
+        if (sl) sl->by_prefetch = 0;
+        c->stage[j] = ST_DEFERRED;
+    }
+    assign_deferred(st, c);
+    pthread_mutex_unlock(&st->mu);
+}
+
+static void make_expert(const k3_store *st, const uint8_t *const part[K3_EXPERT_PARTS],
+                        k3_expert *ex) {
+    ex->w1 = (k3_mxfp4){part[0], part[1], st->inter, st->latent};
+    ex->w2 = (k3_mxfp4){part[2], part[3], st->latent, st->inter};
+    ex->w3 = (k3_mxfp4){part[4], part[5], st->inter, st->latent};
+}
+
+static void expert_in_place(const k3_store *st, int key, k3_expert *ex) {
+    const k3_expert_loc *L = &st->loc[key];
+    const uint8_t *part[K3_EXPERT_PARTS];
+    for (int i = 0; i < K3_EXPERT_PARTS; i++)
+        part[i] = (const uint8_t *)st->ck->shards[L->shard[i]].map + L->off[i];
+    make_expert(st, part, ex);
+}
+
+static void expert_in_slot(const k3_store *st, int s, k3_expert *ex) {
+    size_t off[K3_EXPERT_PARTS];
+    const uint8_t *base = st->arena + (size_t)s * st->slot_bytes, *part[K3_EXPERT_PARTS];
+    k3_store_part_offsets(st, st->slots[s].key, off);
+    for (int i = 0; i < K3_EXPERT_PARTS; i++) part[i] = base + off[i];
+    make_expert(st, part, ex);
+}
+
+static int read_error(const k3_store *st, const k3_slot *sl, k3_err *err) {
+    const char *path = st->ck->shards[sl->err_shard].path;
+    int layer = sl->key / st->n_experts, e = sl->key % st->n_experts;
+    if (sl->err == -1)
+        return k3_fail(err, K3_ERR_EXPERT_IO, "%s: layer %d expert %d: the file ends at byte "
+                       "%llu, inside this expert's bytes: the shard is truncated or was "
+                       "rewritten after load (re-download it)", path, layer, e,
+                       (unsigned long long)sl->err_at);
+    return k3_fail(err, K3_ERR_EXPERT_IO, "%s: layer %d expert %d: read failed at byte %llu: %s",
+                   path, layer, e, (unsigned long long)sl->err_at, strerror(sl->err));
+}
+
+int k3_store_next(k3_store_client *c, int *j, k3_expert *ex, k3_err *err) {
+    k3_store *st = c->st;
+    if (st->in_place) {
+        for (int i = 0; i < c->k; i++)
+            if (c->stage[i] == ST_WAITING) {
+                c->stage[i] = ST_HANDED;
+                *j = i;
+                expert_in_place(st, c->layer * st->n_experts + c->ids[i], ex);
+                return K3_OK;
+            }
+        return k3_fail(err, K3_ERR_GENERIC, "internal: no expert left in this layer");
+    }
+    pthread_mutex_lock(&st->mu);
+    for (;;) {
+        int waiting = 0, deferred = 0;
+        for (int i = 0; i < c->k; i++) deferred += c->stage[i] == ST_DEFERRED;
+        if (deferred) assign_deferred(st, c);
+        for (int i = 0; i < c->k; i++) {
+            if (c->stage[i] != ST_WAITING) continue;
+            const k3_slot *sl = &st->slots[c->slot[i]];
+            waiting++;
+            if (sl->state == SLOT_FAILED) {
+                int rc = read_error(st, sl, err);
+                pthread_mutex_unlock(&st->mu);
+                return rc;
+            }
+            if (sl->state != SLOT_READY) continue;
+            c->stage[i] = ST_HANDED;
+            *j = i;
+            expert_in_slot(st, c->slot[i], ex);
+            pthread_mutex_unlock(&st->mu);
+            return K3_OK;
+        }
+        if (!waiting && !deferred) {
+            pthread_mutex_unlock(&st->mu);
+            return k3_fail(err, K3_ERR_GENERIC, "internal: no expert left in this layer");
+        }
+        pthread_cond_wait(&st->done, &st->mu);
+    }
+}
+
+void k3_store_done(k3_store_client *c, int j) {
+    k3_store *st = c->st;
+    c->stage[j] = ST_DONE;
+    if (st->in_place) return;
+    pthread_mutex_lock(&st->mu);
+    unpin(st, c->slot[j]);
+    pthread_cond_broadcast(&st->done); /* a freed slot may unblock a deferred expert */
+    pthread_mutex_unlock(&st->mu);
+}
+
+void k3_store_end(k3_store_client *c) {
+    k3_store *st = c->st;
+    if (!st->in_place) pthread_mutex_lock(&st->mu);
+    for (int j = 0; j < c->k; j++) {
+        if (!st->in_place && (c->stage[j] == ST_WAITING || c->stage[j] == ST_HANDED))
+            unpin(st, c->slot[j]);
+        c->stage[j] = ST_IDLE;
+    }
+    c->k = 0;
+    if (!st->in_place) {
+        pthread_cond_broadcast(&st->done);
+        pthread_mutex_unlock(&st->mu);
+    }
+}
+
+void k3_store_prefetch(k3_store_client *c, int layer, const int *ids, int k, int source) {
+    k3_store *st = c->st;
+    if (k > st->top_k || source < K3_PIPE_PREV || source > K3_PIPE_LOOKAHEAD) return;
+    pthread_mutex_lock(&st->mu);
+    size_t at = (size_t)source * st->n_layers + layer;
+    memcpy(c->pred + at * st->top_k, ids, (size_t)k * sizeof *ids);
+    c->has_pred[at] = 1;
+    int nb = 0;
+    for (int j = 0; !st->in_place && (st->pipe & source) && j < k; j++) {
+        int key = layer * st->n_experts + ids[j];
+        if (st->where[key] >= 0) continue;
+        /* leave the next layer's demand its top-k claimable slots */
+        if (st->n_slots - st->n_pinned - st->n_pf_inflight <= st->top_k) break;
+        int s = claim_slot(st, 1);
+        if (s < 0) break;
+        assign(st, s, key, 1);
+        st->n_pf_inflight++;
+        st->stats.prefetch_reads++;
+        c->batch[nb++] = s;
+    }
+    submit(st, c->batch, c->rank, nb, JOB_PREFETCH);
+    pthread_mutex_unlock(&st->mu);
+}

@@ -1,0 +1,304 @@
+/* test_store.c — the expert streaming store (src/store/store.h, issue 3):
+ *  - logits with the store are bit-identical to the in-place (mapped) path on k3-nano for
+ *    budgets from one slot to every expert, O_DIRECT and buffered, prefetch on and off, both
+ *    policies, shards split over two folders, and a checkpoint whose expert tensors are not
+ *    back to back (per-tensor fallback, written by `k3 synth --scatter`);
+ *  - faults: a shard truncated after load inside an expert, an injected EIO, a read that
+ *    returns short once and one interrupted by EINTR;
+ *  - memory: the cache stays within its budget, a budget below one layer's working set
+ *    completes, and (CLI, real expert size) the measured peak RSS stays within the plan.
+ * The reference is the engine itself with experts used in place from the mapping — the
+ * path the fixture tests (test_model.c) check against PyTorch. */
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "../src/engine/k3.h"
+#include "../src/format/safetensors.h"
+#include "../src/store/store.h"
+#include "test.h"
+
+#define NANO "tests/fixtures/k3-nano"
+#define N_TOK 20
+
+static const int32_t prompt[N_TOK] = {1792, 5,   77,  1000, 9,    300, 1500, 2,  64, 65,
+                                      900,  901, 12,  13,   1793, 4,   800,  33, 7,  1200};
+
+/* Runs the prompt through a fresh engine with opts; writes [N_TOK][vocab] logits. Returns the
+ * status of the first failing call; err gets its message. */
+static int run_logits(const char *dir, const k3_engine_opts *opts, float *logits, int *vocab,
+                      k3_run_stats *st, k3_err *err) {
+    k3_engine *e = NULL;
+    k3_session *s = NULL;
+    int rc = k3_engine_load(dir, opts, &e, err);
+    if (!rc) rc = k3_session_new(e, 64, &s, err);
+    if (!rc) *vocab = k3_engine_config(e)->vocab_size;
+    for (int t = 0; !rc && t < N_TOK; t++)
+        rc = k3_session_step(s, prompt[t], logits + (size_t)t * *vocab, err);
+    if (!rc && st) k3_session_stats(s, st);
+    k3_session_free(s);
+    k3_engine_free(e);
+    return rc;
+}
+
+static float *reference(const char *dir, int *vocab) {
+    float *ref = malloc((size_t)N_TOK * 4096 * sizeof *ref);
+    CHECK_OR(NULL, ref, "out of memory");
+    k3_engine_opts o = {.experts_in_place = 1, .threads = 2};
+    k3_err err = {0};
+    int rc = run_logits(dir, &o, ref, vocab, NULL, &err);
+    if (rc) free(ref);
+    CHECK_OR(NULL, rc == 0, "in-place reference run failed: %s", err.msg);
+    return ref;
+}
+
+/* Store run vs reference, bit for bit. */
+static void expect_identical(const char *dir, const float *ref, int vocab, k3_engine_opts o,
+                             const char *what) {
+    if (k3_test_stopped()) return;
+    float *got = malloc((size_t)N_TOK * vocab * sizeof *got);
+    CHECK(got, "out of memory");
+    k3_err err = {0};
+    int v = 0;
+    k3_run_stats st;
+    int rc = run_logits(dir, &o, got, &v, &st, &err);
+    int same = rc == 0 && memcmp(got, ref, (size_t)N_TOK * vocab * sizeof *got) == 0;
+    size_t first = 0;
+    while (rc == 0 && !same && first < (size_t)N_TOK * vocab && got[first] == ref[first]) first++;
+    free(got);
+    CHECK(rc == 0, "%s: run failed: %s", what, err.msg);
+    CHECK(same, "%s: logits differ from the in-place path (first at token %zu, id %zu)", what,
+          first / vocab, first % vocab);
+    CHECK(st.expert_requests > 0 && st.peak_cache_bytes <= st.cache_bytes,
+          "%s: %llu requests, peak %llu of %llu cache bytes", what,
+          (unsigned long long)st.expert_requests, (unsigned long long)st.peak_cache_bytes,
+          (unsigned long long)st.cache_bytes);
+}
+
+/* k3-nano: top-4 of 32 experts in 8 MoE layers (256 experts). */
+static void test_budgets_bit_identical(void) {
+    int vocab = 0;
+    float *ref = reference(NANO, &vocab);
+    if (!ref) return;
+    const int slots[] = {1, 3, 5, 40, 256};
+    const int direct[] = {K3_IO_DIRECT, K3_IO_BUFFERED};
+    const int pipe[] = {K3_PIPE_OFF, K3_PIPE_ALL};
+    for (size_t a = 0; a < 5; a++)
+        for (size_t b = 0; b < 2; b++)
+            for (size_t c = 0; c < 2; c++) {
+                char what[128];
+                snprintf(what, sizeof what, "%d slots, %s, K3_PIPE %s", slots[a],
+                         b ? "buffered" : "O_DIRECT", c ? "on" : "off");
+                k3_engine_opts o = {.threads = 2, .expert_slots = slots[a], .direct = direct[b],
+                                    .pipe = pipe[c], .cache_policy = a % 2 ? "s3fifo" : "lru"};
+                expect_identical(NANO, ref, vocab, o, what);
+            }
+    free(ref);
+}
+
+/* ---- temporary copies of k3-nano ------------------------------------------------------- */
+
+static char *tmp_copy(const char *tag) {
+    static char dir[256]; /* test-only; one copy in use at a time */
+    snprintf(dir, sizeof dir, "/tmp/k3-store-test-%d-%s", (int)getpid(), tag);
+    char cmd[640];
+    snprintf(cmd, sizeof cmd, "rm -rf %s && cp -r " NANO " %s", dir, dir);
+    CHECK_OR(NULL, system(cmd) == 0, "cannot copy the fixture to %s", dir);
+    return dir;
+}
+
+static void rm_rf(const char *dir) {
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", dir);
+}
+
+/* Shards split over two folders found through K3_DIRS / opts.dirs: even shards in A, odd in
+ * B, none left in the snapshot folder. */
+static void test_two_folders(void) {
+    int vocab = 0;
+    float *ref = reference(NANO, &vocab);
+    if (!ref) return;
+    char *dir = tmp_copy("dirs"), dirs[600], cmd[2048];
+    if (!dir) { free(ref); return; }
+    snprintf(dirs, sizeof dirs, "%s/a:%s/b", dir, dir);
+    snprintf(cmd, sizeof cmd, "cd %s && mkdir a b && for f in model-*.safetensors; do "
+             "case $f in *[02468]-of-*) mv $f a/;; *) mv $f b/;; esac; done && "
+             "ls a | grep -q . && ls b | grep -q .", dir);
+    int ok = system(cmd) == 0;
+    if (ok) {
+        k3_engine_opts o = {.threads = 2, .expert_slots = 7, .direct = K3_IO_DIRECT,
+                            .pipe = K3_PIPE_ALL, .dirs = dirs};
+        expect_identical(dir, ref, vocab, o, "shards in two folders");
+    }
+    rm_rf(dir);
+    free(ref);
+    CHECK(ok, "could not split the shards: %s", cmd);
+}
+
+/* ---- faults ------------------------------------------------------------------------------ */
+
+/* The file offset of layer 1 expert 0's first tensor in dir. */
+static uint64_t expert_offset(const char *dir, int *shard_file_no) {
+    k3_checkpoint *ck = NULL;
+    k3_err err = {0};
+    CHECK_OR(0, k3_checkpoint_open(dir, &ck, &err) == 0, "%s", err.msg);
+    const k3_tensor *t = k3_checkpoint_find(
+        ck, "language_model.model.layers.1.block_sparse_moe.experts.0.w1.weight_packed");
+    uint64_t off = t ? t->file_offset : 0;
+    if (t) sscanf(strrchr(ck->shards[t->shard].path, '/'), "/model-%d", shard_file_no);
+    k3_checkpoint_close(ck);
+    CHECK_OR(0, t, "no layer 1 expert 0 in %s", dir);
+    return off;
+}
+
+/* A shard cut short after load, inside layer 1's experts: the step fails with
+ * K3_ERR_EXPERT_IO naming shard, layer and expert, and writes no logits. */
+static void test_truncated_after_load(void) {
+    char *dir = tmp_copy("trunc");
+    if (!dir) return;
+    int no = 0;
+    uint64_t off = expert_offset(dir, &no);
+    k3_engine *e = NULL;
+    k3_session *s = NULL;
+    k3_err err = {0};
+    k3_engine_opts o = {.threads = 2, .expert_slots = 256, .direct = K3_IO_BUFFERED, .pipe = K3_PIPE_OFF};
+    int rc = off ? k3_engine_load(dir, &o, &e, &err) : -1;
+    if (!rc) rc = k3_session_new(e, 16, &s, &err);
+    char shard[512];
+    snprintf(shard, sizeof shard, "%s/model-%05d-of-000011.safetensors", dir, no);
+    float logits[2048];
+    for (int i = 0; i < 2048; i++) logits[i] = NAN;
+    int trunc = !rc ? truncate(shard, (off_t)(off + 100)) : -1;
+    int step = !rc && !trunc ? k3_session_step(s, 1792, logits, &err) : -1;
+    int untouched = 1;
+    for (int i = 0; i < 2048; i++) untouched &= isnan(logits[i]);
+    k3_session_free(s);
+    k3_engine_free(e);
+    rm_rf(dir);
+    CHECK(rc == 0 && trunc == 0, "setup failed: rc %d trunc %d %s", rc, trunc, err.msg);
+    CHECK(step == K3_ERR_EXPERT_IO, "status %d, want %d (K3_ERR_EXPERT_IO): %s", step,
+          K3_ERR_EXPERT_IO, err.msg);
+    CHECK(strstr(err.msg, strrchr(shard, '/') + 1) && strstr(err.msg, "layer 1 expert ") &&
+              strstr(err.msg, "truncated"), "message does not name shard/layer/expert: %s", err.msg);
+    CHECK(untouched, "logits were written by a step that failed");
+}
+
+typedef struct hook_state {
+    int calls, mode, shortened, interrupted, failed;
+} hook_state;
+
+enum { HOOK_SHORT_ONCE, HOOK_EIO_THIRD };
+
+/* Test read hook: mode SHORT_ONCE halves the first read and interrupts the second with
+ * EINTR; EIO_THIRD fails the third read with EIO. */
+static int hook(void *user, int shard, uint64_t off, size_t *len) {
+    (void)shard, (void)off;
+    hook_state *h = user;
+    int n = ++h->calls;
+    if (h->mode == HOOK_SHORT_ONCE && n == 1 && *len > 1) { *len /= 2; h->shortened++; }
+    if (h->mode == HOOK_SHORT_ONCE && n == 2) { h->interrupted++; return EINTR; }
+    if (h->mode == HOOK_EIO_THIRD && n == 3) { h->failed++; return EIO; }
+    return 0;
+}
+
+static int run_with_hook(const float *ref, int vocab, hook_state *h, int direct, k3_err *err,
+                         int *same) {
+    k3_engine *e = NULL;
+    k3_session *s = NULL;
+    k3_engine_opts o = {.threads = 1, .expert_slots = 6, .direct = direct, .pipe = K3_PIPE_OFF,
+                        .load_threads = 1};
+    int rc = k3_engine_load(NANO, &o, &e, err);
+    if (!rc) rc = k3_session_new(e, 64, &s, err);
+    if (!rc) k3_store_set_read_hook(k3_engine_store(e), hook, h);
+    float *got = malloc((size_t)N_TOK * vocab * sizeof *got);
+    for (int t = 0; !rc && got && t < N_TOK; t++)
+        rc = k3_session_step(s, prompt[t], got + (size_t)t * vocab, err);
+    *same = !rc && got && memcmp(got, ref, (size_t)N_TOK * vocab * sizeof *got) == 0;
+    free(got);
+    k3_session_free(s);
+    k3_engine_free(e);
+    return rc;
+}
+
+static void test_short_read_and_eintr_retried(void) {
+    int vocab = 0;
+    float *ref = reference(NANO, &vocab);
+    if (!ref) return;
+    for (int direct = 0; direct < 2; direct++) {
+        hook_state h = {.mode = HOOK_SHORT_ONCE};
+        k3_err err = {0};
+        int same = 0;
+        int rc = run_with_hook(ref, vocab, &h, direct ? K3_IO_DIRECT : K3_IO_BUFFERED, &err, &same);
+        CHECK(rc == 0, "%s: run failed: %s", direct ? "direct" : "buffered", err.msg);
+        CHECK(h.shortened == 1 && h.interrupted == 1 && h.calls > 3, "hook saw %d calls", h.calls);
+        CHECK(same, "%s: logits differ after a short read + EINTR", direct ? "direct" : "buffered");
+    }
+    free(ref);
+}
+
+static void test_eio_fails_with_exit_status(void) {
+    int vocab = 0;
+    float *ref = reference(NANO, &vocab);
+    if (!ref) return;
+    hook_state h = {.mode = HOOK_EIO_THIRD};
+    k3_err err = {0};
+    int same = 0;
+    int rc = run_with_hook(ref, vocab, &h, K3_IO_BUFFERED, &err, &same);
+    free(ref);
+    CHECK(h.failed == 1, "the hook injected %d errors", h.failed);
+    CHECK(rc == K3_ERR_EXPERT_IO && K3_ERR_EXPERT_IO == 9, "status %d: %s", rc, err.msg);
+    CHECK(strstr(err.msg, ".safetensors: layer ") && strstr(err.msg, " expert ") &&
+              strstr(err.msg, strerror(EIO)), "message: %s", err.msg);
+}
+
+/* ---- memory -------------------------------------------------------------------------------- */
+
+/* A budget in GB just above 3 slots gives 3 slots (< top-4: below one layer's working set). */
+static void test_budget_is_a_ceiling(void) {
+    k3_engine *e = NULL;
+    k3_session *s = NULL;
+    k3_err err = {0};
+    k3_engine_opts probe = {.threads = 2, .expert_slots = 1};
+    int rc = k3_engine_load(NANO, &probe, &e, &err);
+    CHECK(rc == 0, "%s", err.msg);
+    uint64_t slot = k3_store_slot_bytes(k3_engine_store(e));
+    k3_engine_free(e);
+    e = NULL;
+    double gb = 3.5 * (double)slot / 1e9;
+    k3_engine_opts o = {.threads = 2, .expert_gb = gb, .pipe = K3_PIPE_ALL};
+    rc = k3_engine_load(NANO, &o, &e, &err);
+    if (!rc) rc = k3_session_new(e, 64, &s, &err);
+    float logits[2048];
+    for (int t = 0; !rc && t < N_TOK; t++) rc = k3_session_step(s, prompt[t], logits, &err);
+    k3_run_stats st = {0};
+    if (!rc) k3_session_stats(s, &st);
+    int n_slots = e ? k3_store_n_slots(k3_engine_store(e)) : 0;
+    k3_session_free(s);
+    k3_engine_free(e);
+    CHECK(rc == 0, "%s", err.msg);
+    CHECK(n_slots == 3, "%.3g GB gave %d slots of %llu bytes", gb, n_slots, (unsigned long long)slot);
+    CHECK(st.cache_bytes <= (uint64_t)(gb * 1e9) && st.peak_cache_bytes <= st.cache_bytes,
+          "cache %llu, peak %llu, budget %.0f bytes", (unsigned long long)st.cache_bytes,
+          (unsigned long long)st.peak_cache_bytes, gb * 1e9);
+    CHECK(st.misses > 0 && st.expert_requests == (uint64_t)N_TOK * 8 * 4,
+          "%llu requests, %llu misses", (unsigned long long)st.expert_requests,
+          (unsigned long long)st.misses);
+}
+
+const k3_test k3_suite_store[] = {
+    {"budgets_directio_pipe_policies_bit_identical", test_budgets_bit_identical},
+    {"shards_in_two_folders_bit_identical", test_two_folders},
+    {"truncated_after_load_fails_naming_shard_layer_expert", test_truncated_after_load},
+    {"short_read_and_eintr_retried", test_short_read_and_eintr_retried},
+    {"eio_fails_with_expert_io_status", test_eio_fails_with_exit_status},
+    {"budget_below_working_set_is_a_ceiling", test_budget_is_a_ceiling},
+    {0},
+};
