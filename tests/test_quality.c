@@ -44,6 +44,37 @@ static void test_rows_i8_vs_double(void) {
     }
 }
 
+/* The AVX2 rows against the same double computation (skipped on CPUs without AVX2+FMA). */
+static void test_rows_i8_avx2_vs_double(void) {
+#if defined(__x86_64__)
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) {
+        k3_test_skip("this CPU has no AVX2+FMA");
+        return;
+    }
+    enum { R = 23, C = 301 }; /* 301 = 18·16 + 13: a tail after the 16-column body */
+    static int8_t q[R * C];
+    static float s[R], x[C], y[R], y2[R];
+    for (int i = 0; i < R * C; i++) q[i] = (int8_t)((int)(next_u32() >> 24) - 127);
+    for (int r = 0; r < R; r++) s[r] = (float)((next_u32() >> 8) & 0xffff) / 65536.0f;
+    for (int i = 0; i < C; i++) x[i] = (float)((next_u32() >> 8) & 0xffff) / 32768.0f - 1.0f;
+    k3_mat w = {q, K3_DT_I8, R, C, s};
+    k3_rows_i8_avx2(&w, x, y, 0, 6);
+    k3_rows_i8_avx2(&w, x, y, 6, R);
+    k3_rows_i8_avx2(&w, x, y2, 0, R); /* a row does not depend on the range it is in */
+    for (int r = 0; r < R; r++) {
+        double want = 0, mag = 0;
+        for (int i = 0; i < C; i++) {
+            want += (double)q[r * C + i] * x[i] * s[r];
+            mag += fabs((double)q[r * C + i] * x[i] * s[r]);
+        }
+        CHECK(fabs(y[r] - want) <= 1e-5 * mag + 1e-30, "row %d: %.9g, want %.9g", r, y[r], want);
+        CHECK(y[r] == y2[r], "row %d depends on the row range", r);
+    }
+#else
+    k3_test_skip("not x86-64");
+#endif
+}
+
 static uint16_t bf16(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
@@ -205,6 +236,7 @@ static void test_quality_harness_nano(void) {
 
 const k3_test k3_suite_quality[] = {
     {"int8_rows_vs_double", test_rows_i8_vs_double},
+    {"int8_rows_avx2_vs_double", test_rows_i8_avx2_vs_double},
     {"int8_quantize_rule", test_quantize_rule},
     {"quality_harness_nano", test_quality_harness_nano},
     {0},

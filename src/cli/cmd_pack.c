@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../format/config.h"
@@ -207,6 +208,7 @@ static int pack_all(const pack_args *a, const k3_checkpoint *ck, k3_pack *p, con
     char partial[PATH_MAX + 16];
     snprintf(partial, sizeof partial, "%s.partial", final);
     int fd = -1, rc = open_partial(partial, p, a->verbose, &fd, err), packed = 0;
+    bool progress = a->verbose && isatty(STDERR_FILENO);
     uint64_t total = 0, done_bytes = 0;
     for (uint32_t i = 0; i < p->n_tensors; i++) total += (uint64_t)p->entries[i].rows * p->entries[i].cols;
     for (uint32_t i = 0; i < p->n_tensors && !rc; i++) {
@@ -220,11 +222,11 @@ static int pack_all(const pack_args *a, const k3_checkpoint *ck, k3_pack *p, con
         }
         rc = pack_one(fd, partial, ck, p, e, err);
         packed++;
-        if (a->verbose)
-            fprintf(stderr, "\rk3 pack: %3.0f%% [%u/%u] %-70.70s", 100.0 * done_bytes / total, i + 1,
-                    p->n_tensors, e->name);
+        if (progress)
+            fprintf(stderr, "\rk3 pack: %3.0f%% [%u/%u] %-60.60s", 100.0 * done_bytes / total,
+                    i + 1, p->n_tensors, e->name);
     }
-    if (a->verbose && packed) fprintf(stderr, "\n");
+    if (progress && packed) fprintf(stderr, "\n");
     if (!rc) {
         p->complete = 1;
         rc = k3_pack_write_meta(fd, partial, p, err);
@@ -301,7 +303,14 @@ static k3_pack *existing(const char *final, const k3_checkpoint *ck, bool verbos
     return NULL;
 }
 
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 static int pack(const pack_args *a, k3_err *err) {
+    double t0 = now_s();
     k3_checkpoint *ck = NULL;
     k3_pack plan = {0}, *done = NULL;
     char final[PATH_MAX];
@@ -322,8 +331,8 @@ static int pack(const pack_args *a, k3_err *err) {
         signal(SIGINT, SIG_DFL);
         if (!rc) rc = k3_pack_open(final, &done, err);
         if (!rc && a->verbose)
-            fprintf(stderr, "k3 pack: wrote %s: %u tensors, %.3f GB\n", final, done->n_tensors,
-                    (double)done->file_bytes / 1e9);
+            fprintf(stderr, "k3 pack: wrote %s: %u tensors, %.3f GB in %.1f s\n", final,
+                    done->n_tensors, (double)done->file_bytes / 1e9, now_s() - t0);
     } else if (!rc && a->verbose) {
         fprintf(stderr, "k3 pack: %s is already complete for this model\n", final);
     }
