@@ -138,7 +138,10 @@ int k3_engine_load(const char *model_dir, const k3_engine_opts *opts, k3_engine 
                    k3_err *err) {
     k3_engine *e = calloc(1, sizeof *e);
     if (!e) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
-    if (opts && opts->threads > 0) omp_set_num_threads(opts->threads);
+    if (opts && opts->threads > 0)
+        omp_set_num_threads(opts->threads);
+    else if (!getenv("OMP_NUM_THREADS")) /* SMT siblings share the FPU and the memory bus */
+        omp_set_num_threads(k3_cpu_physical_cores());
     int rc = k3_config_load(model_dir, &e->cfg, err);
     if (!rc) rc = k3_tokenizer_load(model_dir, &e->tok, err);
     if (!rc && k3_tokenizer_vocab_size(e->tok) > e->cfg.vocab_size)
@@ -149,6 +152,7 @@ int k3_engine_load(const char *model_dir, const k3_engine_opts *opts, k3_engine 
     if (!rc) rc = k3_checkpoint_open_dirs(model_dir, ss.dirs, &e->ck, err);
     if (!rc) rc = open_spine(e, model_dir, opts, err);
     if (!rc) rc = k3_model_bind_packed(&e->model, &e->cfg, e->ck, e->pack, err);
+    if (!rc) rc = k3_kernels_select(opts ? opts->kernels : NULL, &e->model.kr, err);
     if (!rc) rc = open_store(e, &ss, err);
     if (rc) {
         k3_engine_free(e);
@@ -164,6 +168,10 @@ int k3_engine_load(const char *model_dir, const k3_engine_opts *opts, k3_engine 
                 e->ck->n_skipped_shards ? " (vision-only shards skipped)" : "",
                 omp_get_max_threads());
     if (opts && opts->verbose) fprintf(stderr, "k3: %s\n", e->spine_line);
+    if (opts && opts->verbose)
+        fprintf(stderr, "k3: kernels: %s path, %d threads (K3_KERNELS and --threads / "
+                "OMP_NUM_THREADS override)\n", k3_kernels_name(e->model.kr),
+                omp_get_max_threads());
     if (opts && opts->verbose) fprintf(stderr, "k3: %s\n", e->store_line);
     *out = e;
     return K3_OK;

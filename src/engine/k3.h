@@ -29,7 +29,10 @@ enum k3_spine_mode {
 };
 
 typedef struct k3_engine_opts {
-    int threads;      /* OpenMP threads for the kernels; 0 = OpenMP default */
+    int threads;      /* OpenMP threads for the kernels; 0 = $OMP_NUM_THREADS, else the
+                         number of physical cores (k3_cpu_physical_cores) */
+    const char *kernels; /* kernel path ("scalar", "avx2", "avx512", "neon"); NULL =
+                            $K3_KERNELS, else the fastest this CPU runs (kernels.h) */
     int verbose;      /* 1: print the load summary line to stderr */
     int spine;        /* enum k3_spine_mode */
     const char *pack_dir; /* folder holding the packed spine; NULL = MODEL_DIR */

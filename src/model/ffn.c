@@ -7,10 +7,10 @@
 void k3_dense_forward(const k3_model *m, const k3_layer *L, k3_state *s, const float *x,
                       float *out) {
     const k3_config *c = &m->cfg;
-    k3_matvec(&L->dense.gate_proj, x, s->gate);
-    k3_matvec(&L->dense.up_proj, x, s->up);
+    k3_matvec(m->kr, &L->dense.gate_proj, x, s->gate);
+    k3_matvec(m->kr, &L->dense.up_proj, x, s->up);
     k3_situ_vec(s->gate, s->up, c->intermediate_size, c->situ_beta, c->situ_linear_beta, s->gate);
-    k3_matvec(&L->dense.down_proj, s->gate, out);
+    k3_matvec(m->kr, &L->dense.down_proj, s->gate, out);
 }
 
 static double now_s(void) {
@@ -27,7 +27,7 @@ static void route(const k3_model *m, const k3_moe_weights *w, const float *x, fl
     const k3_config *c = &m->cfg;
     int E = c->num_experts, K = c->num_experts_per_token;
     const float *bias = w->router_bias.data;
-    k3_matvec(&w->router, x, scores);
+    k3_matvec(m->kr, &w->router, x, scores);
     for (int e = 0; e < E; e++) {
         scores[e] = k3_sigmoid(scores[e]);
         biased[e] = scores[e] + bias[e];
@@ -47,13 +47,14 @@ static void route(const k3_model *m, const k3_moe_weights *w, const float *x, fl
 }
 
 /* E(z) = W2 · SiTU(W1 z, W3 z) for one MXFP4 expert in the latent space. */
-static void expert_forward(const k3_config *c, const k3_expert *ex, k3_state *s, const float *z,
+static void expert_forward(const k3_model *m, const k3_expert *ex, k3_state *s, const float *z,
                            float *out) {
-    k3_matvec_mxfp4(&ex->w1, z, s->gate);
-    k3_matvec_mxfp4(&ex->w3, z, s->up);
+    const k3_config *c = &m->cfg;
+    k3_matvec_mxfp4(m->kr, &ex->w1, z, s->gate);
+    k3_matvec_mxfp4(m->kr, &ex->w3, z, s->up);
     k3_situ_vec(s->gate, s->up, c->moe_intermediate_size, c->situ_beta, c->situ_linear_beta,
                 s->gate);
-    k3_matvec_mxfp4(&ex->w2, s->gate, out);
+    k3_matvec_mxfp4(m->kr, &ex->w2, s->gate, out);
 }
 
 /* K3_PIPE: while this layer computes, fetch what the next MoE layer will probably choose —
@@ -84,7 +85,7 @@ static int routed_experts(const k3_model *m, k3_state *s, k3_err *err) {
         double t1 = now_s();
         s->tok.eload_s += t1 - t0;
         if (rc) return rc;
-        expert_forward(c, &ex, s, s->lat, s->exp_outs + (size_t)j * lat);
+        expert_forward(m, &ex, s, s->lat, s->exp_outs + (size_t)j * lat);
         k3_store_done(s->store, j);
         s->tok.expert_s += now_s() - t1;
     }
@@ -102,7 +103,7 @@ int k3_moe_forward(const k3_model *m, const k3_layer *L, k3_state *s, const floa
     k3_store_begin(s->store, layer, s->topk, K); /* misses start reading now */
     prefetch_next(m, layer, s, x);
     s->tok.router_s += now_s() - t0;
-    k3_matvec(&w->down_proj, x, s->lat);
+    k3_matvec(m->kr, &w->down_proj, x, s->lat);
     int rc = routed_experts(m, s, err);
     k3_store_end(s->store);
     if (rc) return rc;
@@ -112,13 +113,13 @@ int k3_moe_forward(const k3_model *m, const k3_layer *L, k3_state *s, const floa
         for (int i = 0; i < lat; i++) s->lat_acc[i] += e_out[i] * s->topk_w[j];
     }
     k3_rmsnorm(s->lat_acc, &w->norm, lat, c->rms_norm_eps, s->lat_acc); /* on the sum */
-    k3_matvec(&w->up_proj, s->lat_acc, out);
+    k3_matvec(m->kr, &w->up_proj, s->lat_acc, out);
     /* Shared experts on the full-width input; routed term first in the final add. */
     int sh = c->moe_intermediate_size * c->num_shared_experts;
-    k3_matvec(&w->shared_gate, x, s->gate);
-    k3_matvec(&w->shared_up, x, s->up);
+    k3_matvec(m->kr, &w->shared_gate, x, s->gate);
+    k3_matvec(m->kr, &w->shared_up, x, s->up);
     k3_situ_vec(s->gate, s->up, sh, c->situ_beta, c->situ_linear_beta, s->gate);
-    k3_matvec(&w->shared_down, s->gate, s->ffn_tmp);
+    k3_matvec(m->kr, &w->shared_down, s->gate, s->ffn_tmp);
     for (int i = 0; i < hd; i++) out[i] = out[i] + s->ffn_tmp[i];
     return K3_OK;
 }

@@ -93,7 +93,7 @@ int k3_forward(const k3_model *m, k3_state *s, int32_t token, float *logits,
     k3_rmsnorm(x, &m->norm, hd, c->rms_norm_eps, xn);
     trace_vec(tr, pos, -1, K3_TRACE_FINAL_NORMED, xn, hd);
     t0 = now_s();
-    if (logits) k3_matvec(&m->lm_head, xn, logits);
+    if (logits) k3_matvec(m->kr, &m->lm_head, xn, logits);
     s->pos++;
     double t_end = now_s();
     s->tok.head_s = t_end - t0;

@@ -72,6 +72,7 @@ typedef struct k3_model {
     k3_mat embed, norm, lm_head;
     float *out_res_sw;
     uint64_t spine_bytes, expert_bytes;
+    const k3_kernels *kr;                 /* kernel path, chosen at engine load (kernels.h) */
     k3_store *store;                      /* routed experts; set by the engine after binding */
     int n_packed;                         /* spine matrices bound to an int8 pack (issue 8) */
 } k3_model;
