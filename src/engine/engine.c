@@ -125,6 +125,7 @@ void k3_session_stats(const k3_session *s, k3_run_stats *out) {
         .read_s = ss.read_s, .cache_bytes = p->cache_bytes,
         .peak_cache_bytes = ss.peak_slots_used * k3_store_slot_bytes(s->e->store),
         .plan_bytes = p->base_bytes + p->spine_bytes + p->cache_bytes + p->state_bytes};
+    k3_state_times(s->state, &out->time, &out->last);
     for (int src = K3_PIPE_PREV; src <= K3_PIPE_LOOKAHEAD; src++) {
         double r = ss.recall_total[src] ? (double)ss.recall_hits[src] / ss.recall_total[src] : -1;
         if (src == K3_PIPE_PREV) out->recall_prev = r;

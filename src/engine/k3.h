@@ -90,6 +90,8 @@ typedef struct k3_trace {
      * score, ties to the lower id) and their renormalised unbiased weights. */
     void (*on_routing)(void *user, int pos, int layer, const int *ids, const float *weights,
                        int k);
+    /* Called once the step at pos is complete (logits written), e.g. for a profile line. */
+    void (*on_step)(void *user, int pos);
 } k3_trace;
 
 /* Creates a session able to hold max_ctx positions (0 = min(max_position_embeddings, 4096)).

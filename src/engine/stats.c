@@ -18,19 +18,19 @@ void k3_run_stats_summary(const k3_run_stats *st, char *buf, size_t cap) {
     double gb = (double)st->bytes_read / 1e9;
     snprintf(buf, cap, "time: total %.3f s / attn %.3f / moe %.3f (eload %.3f) / head %.3f "
              "over %ld steps; experts: %llu requests, hit rate %.1f%% (%.1f%% with prefetch "
-             "hits), %llu reads, %.3f GB streamed at %.2f GB/s; prefetch: %llu reads, %llu "
+             "hits), %llu reads, %.3f GB streamed (%.2f GB/s over the run); prefetch: %llu reads, %llu "
              "unused, recall prev %s, lookahead %s; peak RSS %.2f GB (plan %.2f GB)",
              t->total_s, t->attn_s, t->moe_s, t->eload_s, t->head_s, t->tokens,
              (unsigned long long)st->expert_requests, pct(st->hits, st->expert_requests),
              pct(st->hits + st->prefetch_hits, st->expert_requests),
-             (unsigned long long)st->reads, gb, t->eload_s > 0 ? gb / t->total_s : 0.0,
+             (unsigned long long)st->reads, gb, t->total_s > 0 ? gb / t->total_s : 0.0,
              (unsigned long long)st->prefetch_reads, (unsigned long long)st->prefetch_wasted,
              rp, rl, (double)st->peak_rss_bytes / 1e9, (double)st->plan_bytes / 1e9);
 }
 
 void k3_run_stats_profile(const k3_run_stats *st, char *buf, size_t cap) {
     const k3_phase_times *t = &st->last;
-    snprintf(buf, cap, "profile: step %ld: total %.2f ms: attn %.2f, router %.2f, expert wait "
+    snprintf(buf, cap, "profile: token %ld: total %.2f ms: attn %.2f, router %.2f, expert wait "
              "%.2f, expert compute %.2f, other moe %.2f, head %.2f, rest %.2f",
              st->time.tokens, 1e3 * t->total_s, 1e3 * t->attn_s, 1e3 * t->router_s,
              1e3 * t->eload_s, 1e3 * t->expert_s,

@@ -99,5 +99,6 @@ int k3_forward(const k3_model *m, k3_state *s, int32_t token, float *logits,
     s->tok.head_s = t_end - t0;
     s->tok.total_s = t_end - t_start;
     add_times(&s->sum, &s->tok);
+    if (tr && tr->on_step) tr->on_step(tr->user, pos);
     return K3_OK;
 }
