@@ -3,7 +3,7 @@ CC      ?= cc
 CFLAGS  ?= -O2 -g
 CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -ffp-contract=off -fno-fast-math \
            -fopenmp -MMD -MP
-LDLIBS  += -lcjson -lpcre2-8 -lcurl -lcrypto -lxxhash -lm -fopenmp
+LDLIBS  += -lcjson -lpcre2-8 -lmicrohttpd -lcurl -lcrypto -lxxhash -lm -fopenmp
 BUILD   ?= build
 
 LIB_SRC  := $(sort $(filter-out src/cli/main.c,$(wildcard src/*/*.c)))
@@ -16,7 +16,7 @@ LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
 CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 
-.PHONY: all test test-wide asan bench clean deps FORCE
+.PHONY: all test test-wide test-server asan bench clean deps FORCE
 all: k3
 
 k3: $(BUILD)/k3
@@ -49,6 +49,12 @@ FORCE:
 # Every test; the last line of output is "N passed, N failed".
 test: k3 $(BUILD)/k3_tests
 	K3_BIN=./k3 $(BUILD)/k3_tests
+
+# `k3 serve` through the official OpenAI client (tests/server, Node's test runner; needs
+# node + npm, and the npm registry or its cache for `npm ci`).
+test-server: k3
+	cd tests/server && npm ci --no-audit --no-fund --loglevel=error && \
+	    K3_BIN=$(CURDIR)/k3 node --test --test-concurrency=1 *.test.mjs
 
 # The real-width model (7.1 GB, regenerated from ../shared); prints SKIPPED when it cannot run.
 test-wide: k3 $(BUILD)/k3_tests

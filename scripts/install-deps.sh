@@ -1,7 +1,9 @@
 #!/bin/sh
 # Installs the Debian 12 packages k3 needs to build and test (run as root, or with sudo).
 set -e
-PKGS="build-essential libcjson-dev libpcre2-dev libcurl4-openssl-dev libssl-dev nginx libxxhash-dev"
+PKGS="build-essential libcjson-dev libpcre2-dev libmicrohttpd-dev libcurl4-openssl-dev libssl-dev nginx libxxhash-dev"
+# Node.js + npm run the server tests (tests/server); keep an existing install.
+command -v npm >/dev/null 2>&1 || PKGS="$PKGS nodejs npm"
 if [ "${1:-}" = "--with-wide" ]; then PKGS="$PKGS python3-numpy"; fi
 SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
 export DEBIAN_FRONTEND=noninteractive

@@ -7,6 +7,7 @@
 int k3_cmd_run(int argc, char **argv);
 int k3_cmd_tokenize(int argc, char **argv);
 int k3_cmd_detokenize(int argc, char **argv);
+int k3_cmd_serve(int argc, char **argv);
 int k3_cmd_setup(int argc, char **argv);
 int k3_cmd_quality(int argc, char **argv);
 int k3_cmd_pack(int argc, char **argv);

@@ -20,6 +20,7 @@ static void usage(FILE *f) {
             "  run [MODEL_DIR] --prompt TEXT   generate text greedily (see k3 run --help)\n"
             "  tokenize [DIR] TEXT             print the token ids of TEXT\n"
             "  detokenize [DIR] IDS            print the text of comma-separated ids\n"
+            "  serve [MODEL_DIR] [--port N]    OpenAI-compatible HTTP server (k3 serve --help)\n"
             "  setup DEST [--full|--stream]    install a snapshot over HTTP (see k3 setup --help)\n"
             "  quality [DIR] --text FILE       NLL/perplexity and distance from the exact path\n"
             "  pack DIR [--spine int8]         write the int8 spine (not exact) beside DIR\n"
@@ -72,6 +73,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "run")) return k3_cmd_run(argc - 1, argv + 1);
     if (!strcmp(cmd, "tokenize")) return k3_cmd_tokenize(argc - 1, argv + 1);
     if (!strcmp(cmd, "detokenize")) return k3_cmd_detokenize(argc - 1, argv + 1);
+    if (!strcmp(cmd, "serve")) return k3_cmd_serve(argc - 1, argv + 1);
     if (!strcmp(cmd, "setup")) return k3_cmd_setup(argc - 1, argv + 1);
     if (!strcmp(cmd, "quality")) return k3_cmd_quality(argc - 1, argv + 1);
     if (!strcmp(cmd, "pack")) return k3_cmd_pack(argc - 1, argv + 1);

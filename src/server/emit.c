@@ -1,0 +1,222 @@
+/* emit.c — what generated text becomes on the wire: stop strings, SSE chunks in OpenAI's
+ * format, and the final JSON of a non-streamed reply (see srv.h).
+ *
+ * Stop strings apply to the answer (content channel) only, as OpenAI applies them to what it
+ * returns as content: text that could still grow into a stop string is held back, never sent
+ * and then taken back. Reasoning is sent as generated.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "srv.h"
+
+/* Bytes a streamed reply may buffer before the worker waits for the client to read. */
+#define K3_STREAM_BACKLOG_BYTES (1u << 20)
+
+struct k3_emitter {
+    k3_server *s;
+    k3_job *j;
+    k3_sbuf hold;  /* content held back: a suffix that may begin a stop string */
+    k3_sbuf event; /* one SSE event being formatted */
+    bool stopped;  /* a stop string matched */
+};
+
+k3_emitter *k3_emitter_new(void) { return calloc(1, sizeof(k3_emitter)); }
+
+void k3_emitter_free(k3_emitter *em) {
+    if (!em) return;
+    k3_sbuf_free(&em->hold);
+    k3_sbuf_free(&em->event);
+    free(em);
+}
+
+void k3_emitter_begin(k3_emitter *em, k3_server *s, k3_job *j) {
+    em->s = s;
+    em->j = j;
+    em->hold.len = em->event.len = 0;
+    em->hold.oom = em->event.oom = 0;
+    em->stopped = false;
+}
+
+/* ---- SSE ------------------------------------------------------------------------------- */
+
+/* Hands em->event to the connection; waits while the client is far behind. */
+static void push_event(k3_emitter *em) {
+    k3_server *s = em->s;
+    k3_job *j = em->j;
+    pthread_mutex_lock(&s->mu);
+    while (j->out.len - j->out_taken > K3_STREAM_BACKLOG_BYTES && !j->cancel && !s->stopping)
+        pthread_cond_wait(&s->progress, &s->mu);
+    k3_sbuf_add(&j->out, em->event.p, em->event.len);
+    pthread_cond_broadcast(&s->progress);
+    pthread_mutex_unlock(&s->mu);
+    em->event.len = 0;
+}
+
+/* Opens `data: {"id":…,"object":…,"created":…,"model":…,"choices":[` in em->event. */
+static void event_head(k3_emitter *em) {
+    const k3_job *j = em->j;
+    k3_sbuf *b = &em->event;
+    bool chat = j->p.kind == K3_SRV_CHAT;
+    k3_sbuf_printf(b, "data: {\"id\":\"%s\",\"object\":\"%s\",\"created\":%lld,\"model\":\"", j->id,
+                   chat ? "chat.completion.chunk" : "text_completion", j->created);
+    k3_sbuf_json_str(b, em->s->model_id, strlen(em->s->model_id));
+    k3_sbuf_str(b, "\",\"choices\":[");
+}
+
+/* Closes the event; with include_usage every chunk carries "usage": null but the last. */
+static void event_tail(k3_emitter *em) {
+    k3_sbuf_str(&em->event, em->j->p.include_usage ? "],\"usage\":null}\n\n" : "]}\n\n");
+    push_event(em);
+}
+
+/* One choice delta: channel 0 = content (or text), 1 = reasoning_content, -1 = role only. */
+static void send_delta(k3_emitter *em, int channel, const char *text, size_t n) {
+    k3_sbuf *b = &em->event;
+    event_head(em);
+    if (em->j->p.kind == K3_SRV_CHAT) {
+        if (channel < 0) k3_sbuf_str(b, "{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"");
+        else k3_sbuf_printf(b, "{\"index\":0,\"delta\":{\"%s\":\"",
+                            channel ? "reasoning_content" : "content");
+        k3_sbuf_json_str(b, text, n);
+        k3_sbuf_str(b, "\"},\"logprobs\":null,\"finish_reason\":null}");
+    } else {
+        k3_sbuf_str(b, "{\"index\":0,\"text\":\"");
+        k3_sbuf_json_str(b, text, n);
+        k3_sbuf_str(b, "\",\"logprobs\":null,\"finish_reason\":null}");
+    }
+    event_tail(em);
+}
+
+static void out_text(k3_emitter *em, int channel, const char *text, size_t n) {
+    if (n == 0) return;
+    if (em->j->p.stream) send_delta(em, channel, text, n);
+    else k3_sbuf_add(channel ? &em->j->reasoning : &em->j->content, text, n);
+}
+
+void k3_emit_start(k3_emitter *em) {
+    if (em->j->p.stream && em->j->p.kind == K3_SRV_CHAT) send_delta(em, -1, "", 0);
+}
+
+/* ---- stop strings -------------------------------------------------------------------------- */
+
+/* Earliest match of any stop string in h[0..n), or -1. */
+static long find_stop(const k3_srv_params *p, const char *h, size_t n) {
+    long best = -1;
+    for (int i = 0; i < p->n_stop; i++) {
+        const char *m = memmem(h, n, p->stop[i], strlen(p->stop[i]));
+        if (m && (best < 0 || m - h < best)) best = m - h;
+    }
+    return best;
+}
+
+/* Length of the longest suffix of h[0..n) that is a proper prefix of some stop string. */
+static size_t held_suffix(const k3_srv_params *p, const char *h, size_t n) {
+    size_t keep = 0;
+    for (int i = 0; i < p->n_stop; i++) {
+        size_t sl = strlen(p->stop[i]);
+        for (size_t k = (sl - 1 < n ? sl - 1 : n); k > keep; k--)
+            if (!memcmp(h + n - k, p->stop[i], k)) {
+                keep = k;
+                break;
+            }
+    }
+    return keep;
+}
+
+bool k3_emit_text(k3_emitter *em, int channel, const char *text, size_t n) {
+    const k3_srv_params *p = &em->j->p;
+    if (em->stopped) return true;
+    if (channel != 0 || p->n_stop == 0) {
+        out_text(em, channel, text, n);
+        return false;
+    }
+    k3_sbuf *h = &em->hold;
+    k3_sbuf_add(h, text, n);
+    long at = find_stop(p, h->p, h->len);
+    if (at >= 0) {
+        out_text(em, 0, h->p, (size_t)at);
+        h->len = 0;
+        em->stopped = true;
+        return true;
+    }
+    size_t keep = held_suffix(p, h->p, h->len);
+    out_text(em, 0, h->p, h->len - keep);
+    memmove(h->p, h->p + h->len - keep, keep);
+    h->len = keep;
+    return false;
+}
+
+/* ---- the end ---------------------------------------------------------------------------------- */
+
+void k3_srv_usage_json(k3_sbuf *b, const k3_job *j) {
+    k3_sbuf_printf(b, "{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d,"
+                   "\"prompt_tokens_details\":{\"cached_tokens\":%d},"
+                   "\"completion_tokens_details\":{\"reasoning_tokens\":%d}}",
+                   j->n_prompt_used, j->n_completion, j->n_prompt_used + j->n_completion,
+                   j->n_cached, j->n_reasoning);
+}
+
+void k3_emit_finish(k3_emitter *em, const char *finish) {
+    k3_job *j = em->j;
+    if (finish && !em->stopped && em->hold.len) out_text(em, 0, em->hold.p, em->hold.len);
+    em->hold.len = 0;
+    if (!j->p.stream || (!finish && !j->failed)) return; /* cancelled: nobody is listening */
+    k3_sbuf *b = &em->event;
+    if (j->failed) {
+        char *err = k3_api_error_json(&j->err);
+        k3_sbuf_str(b, "data: ");
+        if (err) k3_sbuf_add(b, err, strlen(err) - 1); /* without its newline */
+        k3_sbuf_str(b, "\n\n");
+        free(err);
+    } else {
+        event_head(em);
+        if (j->p.kind == K3_SRV_CHAT) k3_sbuf_str(b, "{\"index\":0,\"delta\":{}");
+        else k3_sbuf_str(b, "{\"index\":0,\"text\":\"\"");
+        k3_sbuf_printf(b, ",\"logprobs\":null,\"finish_reason\":\"%s\"}", finish);
+        event_tail(em);
+        if (j->p.include_usage) {
+            event_head(em);
+            k3_sbuf_str(b, "],\"usage\":");
+            k3_srv_usage_json(b, j);
+            k3_sbuf_str(b, "}\n\n");
+            push_event(em);
+        }
+    }
+    k3_sbuf_str(b, "data: [DONE]\n\n");
+    push_event(em);
+}
+
+char *k3_srv_reply_json(const k3_server *s, const k3_job *j) {
+    k3_sbuf b = {0};
+    bool chat = j->p.kind == K3_SRV_CHAT;
+    k3_sbuf_printf(&b, "{\"id\":\"%s\",\"object\":\"%s\",\"created\":%lld,\"model\":\"", j->id,
+                   chat ? "chat.completion" : "text_completion", j->created);
+    k3_sbuf_json_str(&b, s->model_id, strlen(s->model_id));
+    k3_sbuf_str(&b, "\",\"choices\":[{\"index\":0,");
+    if (chat) {
+        k3_sbuf_str(&b, "\"message\":{\"role\":\"assistant\",\"content\":\"");
+        k3_sbuf_json_str(&b, j->content.p ? j->content.p : "", j->content.len);
+        k3_sbuf_str(&b, "\",\"reasoning_content\":");
+        if (j->p.thinking) {
+            k3_sbuf_str(&b, "\"");
+            k3_sbuf_json_str(&b, j->reasoning.p ? j->reasoning.p : "", j->reasoning.len);
+            k3_sbuf_str(&b, "\"");
+        } else {
+            k3_sbuf_str(&b, "null");
+        }
+        k3_sbuf_str(&b, "},");
+    } else {
+        k3_sbuf_str(&b, "\"text\":\"");
+        k3_sbuf_json_str(&b, j->content.p ? j->content.p : "", j->content.len);
+        k3_sbuf_str(&b, "\",");
+    }
+    k3_sbuf_printf(&b, "\"logprobs\":null,\"finish_reason\":\"%s\"}],\"usage\":", j->finish);
+    k3_srv_usage_json(&b, j);
+    k3_sbuf_str(&b, "}\n");
+    if (b.oom || j->content.oom || j->reasoning.oom) {
+        k3_sbuf_free(&b);
+        return NULL;
+    }
+    return b.p;
+}

@@ -1,0 +1,499 @@
+/* http.c — the libmicrohttpd side of `k3 serve`: daemon start/stop, routing, auth, body
+ * limit, JSON and SSE responses (see server.h for the invariants).
+ *
+ * MHD runs one thread per connection, so a handler may block: a non-streamed generation
+ * waits in the access handler, a streamed one in the SSE content reader. The access handler
+ * is called first with the headers only (route, method, auth and Content-Length are checked
+ * there and answered at once), then with body pieces, then once more to dispatch.
+ */
+#include <microhttpd.h>
+#include <netdb.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include "srv.h"
+
+#define K3_IDLE_TIMEOUT_S 60      /* an idle keep-alive connection is closed after this */
+#define K3_WAIT_TICK_NS 200000000 /* how often a waiting connection looks at its socket */
+
+enum route { R_NONE, R_MODELS, R_MODEL, R_COMPLETIONS, R_CHAT, R_HEALTH };
+
+typedef struct k3_conn {
+    enum route route;
+    const char *path;   /* canonical route name for the log */
+    char model[256];    /* R_MODEL: the id asked for */
+    k3_sbuf body;
+    bool too_large;
+    bool answered;      /* a response was queued while reading the headers */
+} k3_conn;
+
+/* ---- responses ------------------------------------------------------------------------- */
+
+static void log_line(const k3_server *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void log_line(const k3_server *s, const char *fmt, ...) {
+    if (!s->o.log_requests) return;
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "k3 serve: %s\n", line);
+}
+
+/* Queues `body` (malloc'd, taken over; NULL = out of memory → 500) with status. */
+static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, char *body,
+                             const char *hname, const char *hvalue) {
+    if (!body) {
+        static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":"
+                                  "\"server_error\",\"param\":null,\"code\":null}}\n";
+        body = strdup(oom);
+        status = 500;
+        if (!body) return MHD_NO;
+    }
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, "Content-Type", "application/json");
+    if (hname) MHD_add_response_header(r, hname, hvalue);
+    enum MHD_Result ret = MHD_queue_response(c, status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+static enum MHD_Result reply_error(const k3_server *s, struct MHD_Connection *c,
+                                   const char *method, const char *path, const k3_api_error *e) {
+    log_line(s, "%s %s %d %s%s%s", method, path, e->status, e->message, e->param[0] ? " @ " : "",
+             e->param);
+    const char *hname = NULL, *hvalue = NULL;
+    if (e->status == 401) hname = "WWW-Authenticate", hvalue = "Bearer";
+    else if (e->status == 429 || e->status == 503) hname = "Retry-After", hvalue = "1";
+    else if (e->status == 405) hname = "Allow", hvalue = strstr(e->message, "POST") ? "POST" : "GET";
+    return reply(c, (unsigned)e->status, k3_api_error_json(e), hname, hvalue);
+}
+
+/* ---- GET endpoints ------------------------------------------------------------------------- */
+
+static void model_object(k3_sbuf *b, const k3_server *s) {
+    k3_sbuf_str(b, "{\"id\":\"");
+    k3_sbuf_json_str(b, s->model_id, strlen(s->model_id));
+    k3_sbuf_printf(b, "\",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"k3\","
+                   "\"context_length\":%d}", (long long)s->started_unix, s->ctx);
+}
+
+static enum MHD_Result get_models(k3_server *s, struct MHD_Connection *c) {
+    k3_sbuf b = {0};
+    k3_sbuf_str(&b, "{\"object\":\"list\",\"data\":[");
+    model_object(&b, s);
+    k3_sbuf_str(&b, "]}\n");
+    return reply(c, 200, b.oom ? (k3_sbuf_free(&b), NULL) : b.p, NULL, NULL);
+}
+
+static enum MHD_Result get_model(k3_server *s, struct MHD_Connection *c, const char *id) {
+    if (strcmp(id, s->model_id)) {
+        k3_api_error e;
+        k3_api_fail(&e, 404, "invalid_request_error", "model_not_found", "model",
+                    "The model '%s' does not exist; this server serves '%s'", id, s->model_id);
+        return reply_error(s, c, "GET", "/v1/models/ID", &e);
+    }
+    k3_sbuf b = {0};
+    model_object(&b, s);
+    k3_sbuf_str(&b, "\n");
+    return reply(c, 200, b.oom ? (k3_sbuf_free(&b), NULL) : b.p, NULL, NULL);
+}
+
+static enum MHD_Result get_health(k3_server *s, struct MHD_Connection *c) {
+    pthread_mutex_lock(&s->mu);
+    bool busy = s->running != NULL;
+    int queued = s->n_queued;
+    unsigned long long n = s->n_requests, tokens = s->n_tokens;
+    pthread_mutex_unlock(&s->mu);
+    k3_sbuf b = {0};
+    k3_sbuf_str(&b, "{\"status\":\"ok\",\"model\":\"");
+    k3_sbuf_json_str(&b, s->model_id, strlen(s->model_id));
+    k3_sbuf_printf(&b, "\",\"generating\":%s,\"queued\":%d,\"queue_limit\":%d,"
+                   "\"generations\":%llu,\"completion_tokens\":%llu}\n",
+                   busy ? "true" : "false", queued, s->o.queue, n, tokens);
+    return reply(c, 200, b.oom ? (k3_sbuf_free(&b), NULL) : b.p, NULL, NULL);
+}
+
+/* ---- generation endpoints ------------------------------------------------------------------------ */
+
+static void job_log(const k3_server *s, const k3_job *j, int status) {
+    log_line(s, "POST %s %d%s prompt %d (cached %d) + %d tokens, %s, %.3f s", j->path, status,
+             j->p.stream ? " stream" : "", j->n_prompt_used, j->n_cached, j->n_completion,
+             j->finish ? j->finish : (j->failed ? "failed" : "cancelled"),
+             j->t_end > j->t_submit ? j->t_end - j->t_submit : 0.0);
+}
+
+static void wait_tick(k3_server *s) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += K3_WAIT_TICK_NS;
+    if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+    pthread_cond_timedwait(&s->progress, &s->mu, &ts);
+}
+
+/* SSE content reader: hands out what the worker produced; blocks until there is some. */
+static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    k3_job *j = cls;
+    k3_server *s = j->srv;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        size_t avail = j->out.len - j->out_taken;
+        if (avail) {
+            size_t n = avail < max ? avail : max;
+            memcpy(buf, j->out.p + j->out_taken, n);
+            j->out_taken += n;
+            if (j->out_taken == j->out.len) j->out.len = j->out_taken = 0;
+            pthread_cond_broadcast(&s->progress); /* the worker may wait on the backlog */
+            pthread_mutex_unlock(&s->mu);
+            return (ssize_t)n;
+        }
+        if (j->state == K3_JOB_DONE) {
+            pthread_mutex_unlock(&s->mu);
+            MHD_set_connection_option(j->conn, MHD_CONNECTION_OPTION_TIMEOUT, K3_IDLE_TIMEOUT_S);
+            return j->finish || j->failed ? MHD_CONTENT_READER_END_OF_STREAM
+                                          : MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+        wait_tick(s);
+        /* While queued nobody else watches this socket (the worker does once it runs). */
+        if (j->state == K3_JOB_QUEUED && k3_srv_client_gone(j->fd)) {
+            k3_job_cancel_locked(s, j);
+            pthread_mutex_unlock(&s->mu);
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+    }
+}
+
+/* Called when MHD drops the streamed response (done, or the client left). */
+static void sse_free(void *cls) {
+    k3_job *j = cls;
+    k3_job_wait_done(j->srv, j, true);
+    job_log(j->srv, j, 200);
+    k3_job_free(j);
+}
+
+static enum MHD_Result start_stream(k3_server *s, struct MHD_Connection *c, k3_job *j) {
+    struct MHD_Response *r =
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, sse_read, j, sse_free);
+    if (!r) {
+        k3_job_wait_done(s, j, true);
+        k3_job_free(j);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, "Content-Type", "text/event-stream");
+    MHD_add_response_header(r, "Cache-Control", "no-cache");
+    MHD_add_response_header(r, "X-Accel-Buffering", "no");
+    /* A long prefill or queue wait sends nothing; hang-ups are caught by polling instead. */
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0);
+    enum MHD_Result ret = MHD_queue_response(c, 200, r);
+    MHD_destroy_response(r); /* sse_free runs when MHD lets go of it */
+    return ret;
+}
+
+/* Non-streamed: wait for the worker, watching the socket while queued. */
+static enum MHD_Result finish_plain(k3_server *s, struct MHD_Connection *c, k3_job *j) {
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0);
+    pthread_mutex_lock(&s->mu);
+    while (j->state != K3_JOB_DONE) {
+        wait_tick(s);
+        if (j->state == K3_JOB_QUEUED && k3_srv_client_gone(j->fd)) k3_job_cancel_locked(s, j);
+    }
+    pthread_mutex_unlock(&s->mu);
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, K3_IDLE_TIMEOUT_S);
+    enum MHD_Result ret;
+    if (j->failed) {
+        ret = reply_error(s, c, "POST", j->path, &j->err);
+    } else if (!j->finish) {
+        k3_api_error e;
+        k3_api_fail(&e, 503, "server_error", NULL, NULL, "the generation was cancelled");
+        job_log(s, j, 503);
+        ret = reply(c, 503, k3_api_error_json(&e), "Retry-After", "1"); /* if anyone listens */
+    } else {
+        job_log(s, j, 200);
+        ret = reply(c, 200, k3_srv_reply_json(s, j), NULL, NULL);
+    }
+    k3_job_free(j);
+    return ret;
+}
+
+/* Validates, renders and tokenizes on this thread, then queues the job for the worker. */
+static enum MHD_Result post_generate(k3_server *s, struct MHD_Connection *c, k3_conn *cc) {
+    k3_api_error e = {0};
+    cJSON *root = cJSON_ParseWithLength(cc->body.p ? cc->body.p : "", cc->body.len);
+    if (!root) {
+        k3_api_fail(&e, 400, "invalid_request_error", NULL, NULL, "We could not parse the JSON "
+                    "body of your request: it is not valid JSON");
+        return reply_error(s, c, "POST", cc->path, &e);
+    }
+    k3_job *j = calloc(1, sizeof *j);
+    if (!j) {
+        cJSON_Delete(root);
+        return reply(c, 500, NULL, NULL, NULL);
+    }
+    j->root = root; /* owned by the job from here on */
+    enum k3_srv_kind kind = cc->route == R_CHAT ? K3_SRV_CHAT : K3_SRV_COMPLETIONS;
+    int bad = k3_srv_parse_params(root, kind, s->o.max_tokens, &j->p, &e);
+    if (!bad)
+        bad = k3_srv_build_prompt(s->eng, root, &j->p, &j->req, &j->prompt, &j->n_prompt, &e);
+    if (!bad && (j->n_prompt >= (size_t)s->ctx ||
+                 (j->p.max_tokens && j->n_prompt + (size_t)j->p.max_tokens > (size_t)s->ctx)))
+        bad = k3_api_fail(&e, 400, "invalid_request_error", "context_length_exceeded",
+                          j->n_prompt >= (size_t)s->ctx ? "messages" : "max_tokens",
+                          "This model's context is %d tokens; the prompt has %zu and %d more "
+                          "were asked for (k3 serve --ctx raises the context)", s->ctx,
+                          j->n_prompt, j->p.max_tokens);
+    if (!bad) {
+        j->srv = s;
+        j->conn = c;
+        j->path = cc->path;
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        j->fd = ci ? ci->connect_fd : -1;
+        j->created = (long long)time(NULL);
+        j->t_submit = k3_srv_now_s();
+        pthread_mutex_lock(&s->mu);
+        unsigned long long serial = ++s->n_ids;
+        pthread_mutex_unlock(&s->mu);
+        snprintf(j->id, sizeof j->id, "%s-k3%llx%llx", kind == K3_SRV_CHAT ? "chatcmpl" : "cmpl",
+                 (unsigned long long)s->started_unix, serial);
+        bad = k3_job_submit(s, j, &e);
+    }
+    if (bad) {
+        k3_job_free(j);
+        return reply_error(s, c, "POST", cc->path, &e);
+    }
+    return j->p.stream ? start_stream(s, c, j) : finish_plain(s, c, j);
+}
+
+/* ---- routing --------------------------------------------------------------------------------- */
+
+static enum route route_of(const char *url, k3_conn *cc) {
+    if (!strncmp(url, "/v1/", 4)) url += 3;
+    if (!strcmp(url, "/models")) return cc->path = "/v1/models", R_MODELS;
+    if (!strcmp(url, "/completions")) return cc->path = "/v1/completions", R_COMPLETIONS;
+    if (!strcmp(url, "/chat/completions")) return cc->path = "/v1/chat/completions", R_CHAT;
+    if (!strcmp(url, "/health")) return cc->path = "/health", R_HEALTH;
+    if (!strncmp(url, "/models/", 8) && url[8] && strlen(url + 8) < sizeof cc->model) {
+        snprintf(cc->model, sizeof cc->model, "%s", url + 8);
+        return cc->path = "/v1/models/ID", R_MODEL;
+    }
+    return R_NONE;
+}
+
+/* Equal strings, in time independent of where they differ. */
+static bool same_secret(const char *a, const char *b) {
+    size_t na = strlen(a), nb = strlen(b);
+    unsigned char d = na != nb;
+    for (size_t i = 0; i < na; i++) d |= (unsigned char)(a[i] ^ b[i % (nb ? nb : 1)]);
+    return d == 0;
+}
+
+static bool authorized(const k3_server *s, struct MHD_Connection *c) {
+    if (!s->o.api_key || !s->o.api_key[0]) return true;
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+    if (!h || strncasecmp(h, "Bearer ", 7)) return false;
+    return same_secret(h + 7, s->o.api_key);
+}
+
+/* The first call: headers only. Answers at once when the request cannot succeed. */
+static enum MHD_Result on_headers(k3_server *s, struct MHD_Connection *c, const char *url,
+                                  const char *method, k3_conn *cc) {
+    k3_api_error e = {0};
+    cc->route = route_of(url, cc);
+    bool post = cc->route == R_COMPLETIONS || cc->route == R_CHAT;
+    if (cc->route == R_NONE)
+        k3_api_fail(&e, 404, "invalid_request_error", "unknown_url", NULL,
+                    "Invalid URL (%s %s)", method, url);
+    else if (strcmp(method, post ? "POST" : "GET"))
+        k3_api_fail(&e, 405, "invalid_request_error", "method_not_allowed", NULL,
+                    "%s %s is not supported; use %s", method, url, post ? "POST" : "GET");
+    else if (cc->route != R_HEALTH && !authorized(s, c))
+        k3_api_fail(&e, 401, "invalid_request_error", "invalid_api_key", NULL,
+                    "Missing or incorrect API key: send \"Authorization: Bearer KEY\" with the "
+                    "key given to k3 serve (--api-key or K3_API_KEY)");
+    else {
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+        if (cl && strtoull(cl, NULL, 10) > s->o.max_body_bytes)
+            k3_api_fail(&e, 413, "invalid_request_error", "request_too_large", NULL,
+                        "The request body is larger than this server's limit of %zu bytes "
+                        "(k3 serve --max-body)", s->o.max_body_bytes);
+    }
+    if (!e.status) return MHD_YES;
+    cc->answered = true;
+    return reply_error(s, c, method, cc->path ? cc->path : url, &e);
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
+                                  const char *method, const char *version,
+                                  const char *upload, size_t *upload_size, void **con_cls) {
+    (void)version;
+    k3_server *s = cls;
+    k3_conn *cc = *con_cls;
+    if (!cc) {
+        if (!(cc = calloc(1, sizeof *cc))) return MHD_NO;
+        *con_cls = cc;
+        return on_headers(s, c, url, method, cc);
+    }
+    if (*upload_size) {
+        if (!cc->answered && !cc->too_large) {
+            if (cc->body.len + *upload_size > s->o.max_body_bytes) {
+                cc->too_large = true; /* chunked bodies have no Content-Length to check */
+                k3_sbuf_free(&cc->body);
+            } else {
+                k3_sbuf_add(&cc->body, upload, *upload_size);
+            }
+        }
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (cc->answered) return MHD_YES;
+    cc->answered = true;
+    k3_api_error e = {0};
+    if (cc->too_large || cc->body.oom) {
+        k3_api_fail(&e, 413, "invalid_request_error", "request_too_large", NULL,
+                    "The request body is larger than this server's limit of %zu bytes "
+                    "(k3 serve --max-body)", s->o.max_body_bytes);
+        return reply_error(s, c, method, cc->path, &e);
+    }
+    switch (cc->route) {
+    case R_MODELS: return get_models(s, c);
+    case R_MODEL: return get_model(s, c, cc->model);
+    case R_HEALTH: return get_health(s, c);
+    default: return post_generate(s, c, cc);
+    }
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                         enum MHD_RequestTerminationCode toe) {
+    (void)cls, (void)c, (void)toe;
+    k3_conn *cc = *con_cls;
+    if (!cc) return;
+    k3_sbuf_free(&cc->body);
+    free(cc);
+    *con_cls = NULL;
+}
+
+static void mhd_log(void *cls, const char *fmt, va_list ap) {
+    const k3_server *s = cls;
+    if (!s->o.log_requests) return;
+    char line[512];
+    vsnprintf(line, sizeof line, fmt, ap);
+    size_t n = strlen(line);
+    while (n && line[n - 1] == '\n') line[--n] = 0;
+    fprintf(stderr, "k3 serve: http: %s\n", line);
+}
+
+/* ---- start / stop ------------------------------------------------------------------------------ */
+
+static int bind_address(const char *host, int port, struct sockaddr_storage *ss, int *v6,
+                        k3_err *err) {
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV}, *res = NULL;
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    int rc = getaddrinfo(host, ps, &hints, &res);
+    if (rc || !res)
+        return k3_fail(err, K3_ERR_USAGE, "--host %s: cannot resolve: %s", host, gai_strerror(rc));
+    memcpy(ss, res->ai_addr, res->ai_addrlen);
+    *v6 = res->ai_family == AF_INET6;
+    freeaddrinfo(res);
+    return 0;
+}
+
+static void default_model_id(const char *dir, char *out, size_t cap) {
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/') n--;
+    size_t start = n;
+    while (start > 0 && dir[start - 1] != '/') start--;
+    snprintf(out, cap, "%.*s", (int)(n - start), dir + start);
+    if (!out[0]) snprintf(out, cap, "k3");
+}
+
+int k3_server_start(const k3_engine *e, const char *model_dir, const k3_server_opts *opts,
+                    k3_server **out, k3_err *err) {
+    k3_server *s = calloc(1, sizeof *s);
+    if (!s) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
+    s->eng = e;
+    s->o = *opts;
+    if (!s->o.host) s->o.host = "127.0.0.1";
+    if (!s->o.max_body_bytes) s->o.max_body_bytes = 8u << 20;
+    if (!s->o.max_connections) s->o.max_connections = 64;
+    s->started_unix = (long long)time(NULL);
+    if (s->o.model_id) snprintf(s->model_id, sizeof s->model_id, "%s", s->o.model_id);
+    else default_model_id(model_dir, s->model_id, sizeof s->model_id);
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->work, NULL);
+    pthread_cond_init(&s->progress, NULL);
+    s->sync_ready = true;
+    struct sockaddr_storage ss;
+    int v6 = 0, rc = bind_address(s->o.host, s->o.port, &ss, &v6, err);
+    if (!rc) rc = k3_worker_start(s, err);
+    if (rc) {
+        k3_server_stop(s);
+        return rc;
+    }
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
+                     MHD_USE_AUTO | MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0);
+    s->mhd = MHD_start_daemon(flags, (uint16_t)s->o.port, NULL, NULL, on_request, s,
+                              MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
+                              MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
+                              MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->o.max_connections,
+                              MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)K3_IDLE_TIMEOUT_S,
+                              MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                              MHD_OPTION_END);
+    if (!s->mhd) {
+        k3_server_stop(s);
+        return k3_fail(err, K3_ERR_USAGE, "cannot listen on %s port %d (in use, or not an "
+                       "address of this machine)", opts->host ? opts->host : "127.0.0.1",
+                       opts->port);
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);
+    s->port = di ? di->port : s->o.port;
+    snprintf(s->url, sizeof s->url, v6 ? "http://[%s]:%d" : "http://%s:%d", s->o.host, s->port);
+    *out = s;
+    return 0;
+}
+
+void k3_server_stop(k3_server *s) {
+    if (!s) return;
+    if (s->sync_ready) {
+        pthread_mutex_lock(&s->mu);
+        s->stopping = true; /* running and queued jobs end; their connections return */
+        pthread_cond_broadcast(&s->work);
+        pthread_cond_broadcast(&s->progress);
+        pthread_mutex_unlock(&s->mu);
+    }
+    if (s->mhd) MHD_stop_daemon(s->mhd);
+    k3_worker_stop(s);
+    if (s->sync_ready) {
+        pthread_cond_destroy(&s->progress);
+        pthread_cond_destroy(&s->work);
+        pthread_mutex_destroy(&s->mu);
+    }
+    free(s);
+}
+
+int k3_server_port(const k3_server *s) { return s->port; }
+const char *k3_server_model_id(const k3_server *s) { return s->model_id; }
+const char *k3_server_url(const k3_server *s) { return s->url; }
+
+void k3_server_describe_policy(const k3_server *s, char *buf, size_t cap) {
+    char ceiling[64], queue[96];
+    if (s->o.max_tokens) snprintf(ceiling, sizeof ceiling, "%d", s->o.max_tokens);
+    else snprintf(ceiling, sizeof ceiling, "up to the context");
+    if (s->o.queue) snprintf(queue, sizeof queue, "up to %d more wait in a FIFO, 429 beyond",
+                             s->o.queue);
+    else snprintf(queue, sizeof queue, "others get 429 + Retry-After");
+    snprintf(buf, cap, "one generation at a time (%s); completion tokens per request: %s; "
+             "context %d tokens; API key %s", queue, ceiling, s->ctx,
+             s->o.api_key && s->o.api_key[0] ? "required" : "not required");
+}

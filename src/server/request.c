@@ -1,0 +1,586 @@
+/* request.c — validation of completions / chat-completions request bodies (see srv.h).
+ *
+ * Every top-level field is looked up in one table. A field k3 honours is checked for type
+ * and range; a field it cannot honour (tools offered for calling, logprobs, penalties,
+ * images, n > 1, ...) is accepted only with its neutral value and is otherwise a 400 that
+ * names it; an unknown field is a 400 too, as OpenAI does. Nothing is silently dropped.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../tok/tokenizer.h"
+#include "srv.h"
+
+#define INVALID "invalid_request_error"
+#define KIND_COMP 1u
+#define KIND_CHAT 2u
+
+typedef struct parse_ctx {
+    enum k3_srv_kind kind;
+    int ceiling;
+    bool has_max_tokens; /* max_tokens or max_completion_tokens seen */
+    const char *max_name;
+} parse_ctx;
+
+typedef int (*field_fn)(const cJSON *v, const char *name, parse_ctx *c, k3_srv_params *p,
+                        k3_api_error *e);
+
+/* ---- type helpers -------------------------------------------------------------------------- */
+
+static const char *json_type(const cJSON *v) {
+    if (cJSON_IsNull(v)) return "null";
+    if (cJSON_IsBool(v)) return "a boolean";
+    if (cJSON_IsNumber(v)) return "a number";
+    if (cJSON_IsString(v)) return "a string";
+    if (cJSON_IsArray(v)) return "an array";
+    return "an object";
+}
+
+static int type_error(const char *name, const char *want, const cJSON *v, k3_api_error *e) {
+    return k3_api_fail(e, 400, INVALID, NULL, name, "'%s' must be %s, not %s", name, want,
+                       json_type(v));
+}
+
+static int cannot(const char *name, const char *why, k3_api_error *e) {
+    return k3_api_fail(e, 400, INVALID, "unsupported_parameter", name,
+                       "k3 cannot honour '%s': %s", name, why);
+}
+
+/* An integer-valued JSON number within [lo, hi]. */
+static int get_int(const cJSON *v, const char *name, double lo, double hi, long long *out,
+                   k3_api_error *e) {
+    if (!cJSON_IsNumber(v)) return type_error(name, "an integer", v, e);
+    double d = v->valuedouble;
+    if (!isfinite(d) || d != floor(d)) return type_error(name, "an integer", v, e);
+    if (d < lo || d > hi)
+        return k3_api_fail(e, 400, INVALID, NULL, name, "'%s' must be between %.0f and %.0f, "
+                           "got %.0f", name, lo, hi, d);
+    *out = (long long)d;
+    return 0;
+}
+
+static int get_num(const cJSON *v, const char *name, double lo, double hi, double *out,
+                   k3_api_error *e) {
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble)) return type_error(name, "a number", v, e);
+    if (v->valuedouble < lo || v->valuedouble > hi)
+        return k3_api_fail(e, 400, INVALID, NULL, name, "'%s' must be between %g and %g, got %g",
+                           name, lo, hi, v->valuedouble);
+    *out = v->valuedouble;
+    return 0;
+}
+
+/* ---- fields k3 honours ----------------------------------------------------------------------- */
+
+static int f_string(const cJSON *v, const char *name, parse_ctx *c, k3_srv_params *p,
+                    k3_api_error *e) {
+    (void)c, (void)p;
+    return cJSON_IsString(v) ? 0 : type_error(name, "a string", v, e);
+}
+
+static int f_object(const cJSON *v, const char *name, parse_ctx *c, k3_srv_params *p,
+                    k3_api_error *e) {
+    (void)c, (void)p;
+    return cJSON_IsObject(v) ? 0 : type_error(name, "an object", v, e);
+}
+
+static int f_bool_ignored(const cJSON *v, const char *name, parse_ctx *c, k3_srv_params *p,
+                          k3_api_error *e) {
+    (void)c, (void)p;
+    return cJSON_IsBool(v) ? 0 : type_error(name, "a boolean", v, e);
+}
+
+static int f_max_tokens(const cJSON *v, const char *name, parse_ctx *c, k3_srv_params *p,
+                        k3_api_error *e) {
+    long long n;
+    if (get_int(v, name, 1, 1 << 30, &n, e)) return -1;
+    if (c->has_max_tokens && n != p->max_tokens)
+        return k3_api_fail(e, 400, INVALID, NULL, name, "'%s' and '%s' disagree; give one",
+                           c->max_name, name);
+    if (c->ceiling > 0 && n > c->ceiling)
+        return k3_api_fail(e, 400, INVALID, NULL, name, "'%s' is %lld but this server allows at "
+                           "most %d completion tokens (k3 serve --max-tokens)", name, n,
+                           c->ceiling);
+    c->has_max_tokens = true;
+    c->max_name = name;
+    p->max_tokens = (int)n;
+    return 0;
+}
+
+static int f_temperature(const cJSON *v, const char *name, parse_ctx *c, k3_srv_params *p,
+                         k3_api_error *e) {
+    (void)c;
+    return get_num(v, name, 0, 2, &p->temperature, e);
+}
+
+static int f_top_p(const cJSON *v, const char *name, parse_ctx *c, k3_srv_params *p,
+                   k3_api_error *e) {
+    (void)c;
+    return get_num(v, name, 0, 1, &p->top_p, e);
+}
+
+static int f_top_k(const cJSON *v, const char *name, parse_ctx *c, k3_srv_params *p,
+                   k3_api_error *e) {
+    (void)c;
+    long long k;
+    if (get_int(v, name, -1, 1 << 30, &k, e)) return -1;
+    p->top_k = k < 0 ? 0 : (int)k; /* -1 means off, as in vLLM */
+    return 0;
+}
+
+static int f_seed(const cJSON *v, const char *name, parse_ctx *c, k3_srv_params *p,
+                  k3_api_error *e) {
+    (void)c;
+    long long s;
+    /* JSON numbers reach us as doubles: beyond 2^53 two seeds could collide silently. */
+    if (get_int(v, name, -9007199254740992.0, 9007199254740992.0, &s, e)) return -1;
+    p->seed = (uint64_t)s;
+    p->has_seed = true;
+    return 0;
+}
+
+static int add_stop(const cJSON *s, const char *name, k3_srv_params *p, k3_api_error *e) {
+    if (!cJSON_IsString(s)) return type_error(name, "a string or an array of strings", s, e);
+    size_t len = strlen(s->valuestring);
+    if (len == 0 || len > K3_SRV_MAX_STOP_BYTES)
+        return k3_api_fail(e, 400, INVALID, NULL, name, "each stop string must have 1 to %d "
+                           "bytes", K3_SRV_MAX_STOP_BYTES);
+    if (p->n_stop == K3_SRV_MAX_STOP)
+        return k3_api_fail(e, 400, INVALID, NULL, name, "at most %d stop strings",
+                           K3_SRV_MAX_STOP);
+    if (!(p->stop[p->n_stop] = strdup(s->valuestring)))
+        return k3_api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    p->n_stop++;
+    return 0;
+}
+
+static int f_stop(const cJSON *v, const char *name, parse_ctx *c, k3_srv_params *p,
+                  k3_api_error *e) {
+    (void)c;
+    if (cJSON_IsString(v)) return add_stop(v, name, p, e);
+    if (!cJSON_IsArray(v)) return type_error(name, "a string or an array of strings", v, e);
+    const cJSON *s;
+    cJSON_ArrayForEach(s, v) if (add_stop(s, name, p, e)) return -1;
+    return 0;
+}
+
+static int f_stream(const cJSON *v, const char *name, parse_ctx *c, k3_srv_params *p,
+                    k3_api_error *e) {
+    (void)c;
+    if (!cJSON_IsBool(v)) return type_error(name, "a boolean", v, e);
+    p->stream = cJSON_IsTrue(v);
+    return 0;
+}
+
+static int f_stream_options(const cJSON *v, const char *name, parse_ctx *c, k3_srv_params *p,
+                            k3_api_error *e) {
+    (void)c;
+    if (!cJSON_IsObject(v)) return type_error(name, "an object", v, e);
+    const cJSON *o;
+    cJSON_ArrayForEach(o, v) {
+        if (strcmp(o->string, "include_usage"))
+            return k3_api_fail(e, 400, INVALID, "unsupported_parameter", name,
+                               "unknown stream option '%s' (k3 supports include_usage)",
+                               o->string);
+        if (cJSON_IsNull(o)) continue;
+        if (!cJSON_IsBool(o)) return type_error("stream_options.include_usage", "a boolean", o, e);
+        p->include_usage = cJSON_IsTrue(o);
+    }
+    return 0;
+}
+
+static int set_thinking(const cJSON *v, const char *name, k3_srv_params *p, k3_api_error *e) {
+    if (!cJSON_IsBool(v)) return type_error(name, "a boolean", v, e);
+    p->thinking = cJSON_IsTrue(v);
+    return 0;
+}
+
+static int f_thinking(const cJSON *v, const char *name, parse_ctx *c, k3_srv_params *p,
+                      k3_api_error *e) {
+    (void)c;
+    return set_thinking(v, name, p, e);
+}
+
+/* vLLM's way to pass renderer switches: {"chat_template_kwargs": {"thinking": false}}. */
+static int f_template_kwargs(const cJSON *v, const char *name, parse_ctx *c, k3_srv_params *p,
+                             k3_api_error *e) {
+    (void)c;
+    if (!cJSON_IsObject(v)) return type_error(name, "an object", v, e);
+    const cJSON *o;
+    cJSON_ArrayForEach(o, v) {
+        if (strcmp(o->string, "thinking"))
+            return k3_api_fail(e, 400, INVALID, "unsupported_parameter", name,
+                               "unknown chat_template_kwargs key '%s' (k3 supports thinking)",
+                               o->string);
+        if (set_thinking(o, "chat_template_kwargs.thinking", p, e)) return -1;
+    }
+    return 0;
+}
+
+static int f_reasoning_effort(const cJSON *v, const char *name, parse_ctx *c, k3_srv_params *p,
+                              k3_api_error *e) {
+    (void)c;
+    if (!cJSON_IsString(v)) return type_error(name, "a string", v, e);
+    const char *s = v->valuestring;
+    if (!strcmp(s, "none")) {
+        p->thinking = false; /* spec §12.2a: "none" turns thinking off */
+        return 0;
+    }
+    if (strcmp(s, "low") && strcmp(s, "high") && strcmp(s, "max"))
+        return k3_api_fail(e, 400, INVALID, NULL, name, "reasoning_effort '%s' is not one K3 "
+                           "supports: low, high, max (or none for no thinking)", s);
+    return 0;
+}
+
+/* ---- fields accepted only with their neutral value ---------------------------------------- */
+
+static int f_n(const cJSON *v, const char *name, parse_ctx *c, k3_srv_params *p,
+               k3_api_error *e) {
+    (void)c, (void)p;
+    long long n;
+    if (get_int(v, name, 1, 1 << 30, &n, e)) return -1;
+    return n == 1 ? 0 : cannot(name, "k3 generates one choice per request (n must be 1)", e);
+}
+
+static int f_false_only(const cJSON *v, const char *name, parse_ctx *c, k3_srv_params *p,
+                        k3_api_error *e) {
+    (void)c, (void)p;
+    if (cJSON_IsFalse(v)) return 0;
+    if (!strcmp(name, "logprobs") || !strcmp(name, "top_logprobs"))
+        return cannot(name, "k3 serve does not return log probabilities", e);
+    if (!strcmp(name, "echo")) return cannot(name, "the prompt is not echoed back", e);
+    if (!strcmp(name, "store")) return cannot(name, "k3 stores nothing", e);
+    return cannot(name, "only false is supported", e);
+}
+
+static int f_zero_only(const cJSON *v, const char *name, parse_ctx *c, k3_srv_params *p,
+                       k3_api_error *e) {
+    (void)c, (void)p;
+    if (!cJSON_IsNumber(v)) return type_error(name, "a number", v, e);
+    if (v->valuedouble == 0) return 0;
+    if (!strcmp(name, "top_logprobs"))
+        return cannot(name, "k3 serve does not return log probabilities", e);
+    return cannot(name, "k3 samples without frequency or presence penalties", e);
+}
+
+static int f_empty_only(const cJSON *v, const char *name, parse_ctx *c, k3_srv_params *p,
+                        k3_api_error *e) {
+    (void)c, (void)p;
+    if ((cJSON_IsArray(v) || cJSON_IsObject(v)) && !v->child) return 0;
+    if (!strcmp(name, "tools") || !strcmp(name, "functions"))
+        return cannot(name, "k3 serve does not offer tools for the model to call", e);
+    if (!strcmp(name, "logit_bias")) return cannot(name, "logit bias is not supported", e);
+    return cannot(name, "only an empty value is supported", e);
+}
+
+static int f_tool_choice(const cJSON *v, const char *name, parse_ctx *c, k3_srv_params *p,
+                         k3_api_error *e) {
+    (void)c, (void)p;
+    if (cJSON_IsString(v) && (!strcmp(v->valuestring, "none") || !strcmp(v->valuestring, "auto")))
+        return 0; /* with no tools offered, both mean "answer in text" */
+    return cannot(name, "k3 serve does not offer tools for the model to call", e);
+}
+
+static int f_response_format(const cJSON *v, const char *name, parse_ctx *c, k3_srv_params *p,
+                             k3_api_error *e) {
+    (void)c, (void)p;
+    if (!cJSON_IsObject(v)) return type_error(name, "an object", v, e);
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(v, "type");
+    if (cJSON_IsString(t) && !strcmp(t->valuestring, "text") && cJSON_GetArraySize(v) == 1)
+        return 0;
+    return cannot(name, "k3 cannot constrain output to JSON; only {\"type\": \"text\"}", e);
+}
+
+static int f_modalities(const cJSON *v, const char *name, parse_ctx *c, k3_srv_params *p,
+                        k3_api_error *e) {
+    (void)c, (void)p;
+    if (!cJSON_IsArray(v)) return type_error(name, "an array", v, e);
+    const cJSON *m;
+    cJSON_ArrayForEach(m, v) if (!cJSON_IsString(m) || strcmp(m->valuestring, "text"))
+        return cannot(name, "k3 produces text only", e);
+    return 0;
+}
+
+static int f_never(const cJSON *v, const char *name, parse_ctx *c, k3_srv_params *p,
+                   k3_api_error *e) {
+    (void)v, (void)c, (void)p;
+    if (!strcmp(name, "suffix") && cJSON_IsString(v) && !v->valuestring[0]) return 0;
+    if (!strcmp(name, "best_of") && cJSON_IsNumber(v) && v->valuedouble == 1) return 0;
+    if (!strcmp(name, "function_call") && cJSON_IsString(v) && !strcmp(v->valuestring, "none"))
+        return 0;
+    return cannot(name, "not supported by k3 serve", e);
+}
+
+/* ---- prompt and messages (shape only; rendering is in k3_srv_build_prompt) ---------------- */
+
+static int check_ids(const cJSON *v, const char *name, k3_api_error *e) {
+    if (!v->child) return k3_api_fail(e, 400, INVALID, NULL, name, "'%s' is empty", name);
+    const cJSON *x;
+    cJSON_ArrayForEach(x, v) {
+        if (!cJSON_IsNumber(x) || x->valuedouble != floor(x->valuedouble) ||
+            x->valuedouble < 0 || x->valuedouble > 2147483647.0)
+            return type_error(name, "a string, or an array of token ids", x, e);
+    }
+    return 0;
+}
+
+static int f_prompt(const cJSON *v, const char *name, parse_ctx *c, k3_srv_params *p,
+                    k3_api_error *e) {
+    (void)c, (void)p;
+    if (cJSON_IsString(v)) {
+        if (!v->valuestring[0])
+            return k3_api_fail(e, 400, INVALID, NULL, name, "'prompt' is empty");
+        return 0;
+    }
+    if (!cJSON_IsArray(v) || !v->child) return type_error(name, "a string or token ids", v, e);
+    if (cJSON_IsNumber(v->child)) return check_ids(v, name, e);
+    if (cJSON_GetArraySize(v) != 1)
+        return cannot(name, "k3 serves one prompt per request (batched prompts are not "
+                      "supported)", e);
+    if (cJSON_IsString(v->child)) return f_prompt(v->child, name, c, p, e);
+    if (cJSON_IsArray(v->child)) return check_ids(v->child, name, e);
+    return type_error(name, "a string or token ids", v->child, e);
+}
+
+static int check_content(const cJSON *m, int i, k3_api_error *e) {
+    char name[96];
+    const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
+    snprintf(name, sizeof name, "messages[%d].content", i);
+    if (!content || cJSON_IsNull(content) || cJSON_IsString(content)) return 0;
+    if (!cJSON_IsArray(content)) return type_error(name, "a string or an array of parts", content, e);
+    int j = 0;
+    const cJSON *part;
+    cJSON_ArrayForEach(part, content) {
+        snprintf(name, sizeof name, "messages[%d].content[%d]", i, j);
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
+        if (!cJSON_IsObject(part) || !cJSON_IsString(type))
+            return type_error(name, "an object with a \"type\"", part, e);
+        if (strcmp(type->valuestring, "text")) {
+            snprintf(name, sizeof name, "messages[%d].content[%d].type", i, j);
+            return k3_api_fail(e, 400, INVALID, "unsupported_parameter", name, "k3 reads text "
+                               "only; content part type '%s' (%s) is not supported",
+                               type->valuestring, name);
+        }
+        const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
+        snprintf(name, sizeof name, "messages[%d].content[%d].text", i, j);
+        if (!cJSON_IsString(text)) return type_error(name, "a string", text ? text : part, e);
+        j++;
+    }
+    return 0;
+}
+
+static int check_message(const cJSON *m, int i, k3_api_error *e) {
+    static const char *const keys[] = {"role", "content", "name", "reasoning_content",
+                                       "reasoning", "tool_calls", "tool_call_id", "tool",
+                                       "refusal", NULL};
+    char name[96];
+    snprintf(name, sizeof name, "messages[%d]", i);
+    if (!cJSON_IsObject(m)) return type_error(name, "an object", m, e);
+    const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+    snprintf(name, sizeof name, "messages[%d].role", i);
+    if (!cJSON_IsString(role)) return type_error(name, "a string", role ? role : m, e);
+    const char *r = role->valuestring;
+    if (strcmp(r, "system") && strcmp(r, "developer") && strcmp(r, "user") &&
+        strcmp(r, "assistant") && strcmp(r, "tool"))
+        return k3_api_fail(e, 400, INVALID, NULL, name, "unknown role '%s' (system, developer, "
+                           "user, assistant or tool)", r);
+    const cJSON *f;
+    cJSON_ArrayForEach(f, m) {
+        int known = 0;
+        for (int k = 0; keys[k]; k++) known |= !strcmp(f->string, keys[k]);
+        snprintf(name, sizeof name, "messages[%d].%s", i, f->string);
+        if (!known)
+            return k3_api_fail(e, 400, INVALID, "unsupported_parameter", name,
+                               "unknown message field '%s'", f->string);
+        if (cJSON_IsNull(f) || !strcmp(f->string, "role") || !strcmp(f->string, "content") ||
+            !strcmp(f->string, "tool_calls"))
+            continue;
+        if (!strcmp(f->string, "refusal")) return cannot(name, "refusals are not supported", e);
+        if (!cJSON_IsString(f)) return type_error(name, "a string", f, e);
+    }
+    const cJSON *calls = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
+    snprintf(name, sizeof name, "messages[%d].tool_calls", i);
+    if (calls && !cJSON_IsNull(calls) && (!cJSON_IsArray(calls) || strcmp(r, "assistant")))
+        return type_error(name, "an array on an assistant message", calls, e);
+    if (check_content(m, i, e)) return -1;
+    const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
+    snprintf(name, sizeof name, "messages[%d].content", i);
+    if (strcmp(r, "assistant") && (!content || cJSON_IsNull(content)))
+        return k3_api_fail(e, 400, INVALID, NULL, name, "a %s message needs 'content'", r);
+    return 0;
+}
+
+static int f_messages(const cJSON *v, const char *name, parse_ctx *c, k3_srv_params *p,
+                      k3_api_error *e) {
+    (void)c, (void)p;
+    if (!cJSON_IsArray(v)) return type_error(name, "an array", v, e);
+    if (!v->child)
+        return k3_api_fail(e, 400, INVALID, NULL, name, "'messages' must not be empty");
+    int i = 0;
+    const cJSON *m;
+    cJSON_ArrayForEach(m, v) if (check_message(m, i++, e)) return -1;
+    return 0;
+}
+
+/* ---- the table -------------------------------------------------------------------------------- */
+
+static const struct field {
+    const char *name;
+    unsigned kinds;
+    field_fn fn;
+} fields[] = {
+    {"model", KIND_COMP | KIND_CHAT, f_string},
+    {"prompt", KIND_COMP, f_prompt},
+    {"messages", KIND_CHAT, f_messages},
+    {"max_tokens", KIND_COMP | KIND_CHAT, f_max_tokens},
+    {"max_completion_tokens", KIND_CHAT, f_max_tokens},
+    {"temperature", KIND_COMP | KIND_CHAT, f_temperature},
+    {"top_p", KIND_COMP | KIND_CHAT, f_top_p},
+    {"top_k", KIND_COMP | KIND_CHAT, f_top_k},
+    {"seed", KIND_COMP | KIND_CHAT, f_seed},
+    {"stop", KIND_COMP | KIND_CHAT, f_stop},
+    {"stream", KIND_COMP | KIND_CHAT, f_stream},
+    {"stream_options", KIND_COMP | KIND_CHAT, f_stream_options},
+    {"reasoning_effort", KIND_CHAT, f_reasoning_effort},
+    {"thinking", KIND_CHAT, f_thinking},
+    {"chat_template_kwargs", KIND_CHAT, f_template_kwargs},
+    {"user", KIND_COMP | KIND_CHAT, f_string},
+    {"metadata", KIND_CHAT, f_object},
+    {"service_tier", KIND_CHAT, f_string},
+    {"parallel_tool_calls", KIND_CHAT, f_bool_ignored},
+    {"n", KIND_COMP | KIND_CHAT, f_n},
+    {"logprobs", KIND_COMP | KIND_CHAT, f_false_only},
+    {"top_logprobs", KIND_CHAT, f_zero_only},
+    {"echo", KIND_COMP, f_false_only},
+    {"store", KIND_CHAT, f_false_only},
+    {"frequency_penalty", KIND_COMP | KIND_CHAT, f_zero_only},
+    {"presence_penalty", KIND_COMP | KIND_CHAT, f_zero_only},
+    {"logit_bias", KIND_COMP | KIND_CHAT, f_empty_only},
+    {"tools", KIND_CHAT, f_empty_only},
+    {"functions", KIND_CHAT, f_empty_only},
+    {"tool_choice", KIND_CHAT, f_tool_choice},
+    {"function_call", KIND_CHAT, f_never},
+    {"response_format", KIND_CHAT, f_response_format},
+    {"modalities", KIND_CHAT, f_modalities},
+    {"audio", KIND_CHAT, f_never},
+    {"prediction", KIND_CHAT, f_never},
+    {"web_search_options", KIND_CHAT, f_never},
+    {"suffix", KIND_COMP, f_never},
+    {"best_of", KIND_COMP, f_never},
+};
+
+int k3_srv_parse_params(const cJSON *root, enum k3_srv_kind kind, int max_tokens_ceiling,
+                        k3_srv_params *p, k3_api_error *e) {
+    *p = (k3_srv_params){.kind = kind, .temperature = 1.0, .top_p = 1.0, .thinking = true};
+    parse_ctx c = {.kind = kind, .ceiling = max_tokens_ceiling};
+    unsigned bit = kind == K3_SRV_CHAT ? KIND_CHAT : KIND_COMP;
+    if (!cJSON_IsObject(root))
+        return k3_api_fail(e, 400, INVALID, NULL, NULL, "the request body must be a JSON "
+                           "object, not %s", json_type(root));
+    const cJSON *v;
+    cJSON_ArrayForEach(v, root) {
+        const struct field *f = NULL;
+        for (size_t i = 0; i < sizeof fields / sizeof fields[0] && !f; i++)
+            if (!strcmp(fields[i].name, v->string) && (fields[i].kinds & bit)) f = &fields[i];
+        if (!f)
+            return k3_api_fail(e, 400, INVALID, "unsupported_parameter", v->string,
+                               "Unrecognized request argument supplied: %s", v->string);
+        if (cJSON_IsNull(v)) continue; /* null means "not given" in the OpenAI API */
+        if (f->fn(v, f->name, &c, p, e)) {
+            k3_srv_params_free(p);
+            return -1;
+        }
+    }
+    const char *need = kind == K3_SRV_CHAT ? "messages" : "prompt";
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(root, need);
+    if (!x || cJSON_IsNull(x)) {
+        k3_srv_params_free(p);
+        return k3_api_fail(e, 400, INVALID, NULL, need, "'%s' is required", need);
+    }
+    if (kind == K3_SRV_COMPLETIONS && !c.has_max_tokens) /* OpenAI's completions default */
+        p->max_tokens = max_tokens_ceiling > 0 && max_tokens_ceiling < 256 ? max_tokens_ceiling
+                                                                           : 256;
+    if (kind == K3_SRV_COMPLETIONS) p->thinking = false;
+    return 0;
+}
+
+void k3_srv_params_free(k3_srv_params *p) {
+    for (int i = 0; i < p->n_stop; i++) free(p->stop[i]);
+    p->n_stop = 0;
+}
+
+/* ---- prompts -------------------------------------------------------------------------------- */
+
+static int take_ids(const cJSON *arr, int vocab, int32_t **ids, size_t *n, k3_api_error *e) {
+    size_t cnt = (size_t)cJSON_GetArraySize(arr), i = 0;
+    int32_t *v = malloc(cnt * sizeof *v);
+    if (!v) return k3_api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    const cJSON *x;
+    cJSON_ArrayForEach(x, arr) {
+        if (x->valuedouble >= vocab) {
+            free(v);
+            return k3_api_fail(e, 400, INVALID, NULL, "prompt", "token id %.0f is outside the "
+                               "vocabulary [0, %d)", x->valuedouble, vocab);
+        }
+        v[i++] = (int32_t)x->valuedouble;
+    }
+    *ids = v;
+    *n = cnt;
+    return 0;
+}
+
+static int completion_prompt(const k3_engine *eng, const cJSON *prompt, int32_t **ids,
+                             size_t *n, k3_api_error *e) {
+    const k3_tokenizer *tok = k3_engine_tokenizer(eng);
+    if (cJSON_IsArray(prompt) && !cJSON_IsNumber(prompt->child)) prompt = prompt->child;
+    if (cJSON_IsArray(prompt))
+        return take_ids(prompt, k3_engine_config(eng)->vocab_size, ids, n, e);
+    k3_err err = {0};
+    /* Special-token spellings in the text are ordinary text: structure needs ids. */
+    if (k3_tokenizer_encode(tok, prompt->valuestring, strlen(prompt->valuestring), false, ids,
+                            n, &err))
+        return k3_api_fail(e, err.code == K3_ERR_GENERIC ? 500 : 400, INVALID, NULL, "prompt",
+                           "%s", err.msg);
+    if (*n == 0) {
+        free(*ids);
+        return k3_api_fail(e, 400, INVALID, NULL, "prompt", "'prompt' has no tokens");
+    }
+    return 0;
+}
+
+/* OpenAI's newer "developer" role is the system role of older models and of K3's format. */
+static void developer_to_system(cJSON *messages) {
+    cJSON *m;
+    cJSON_ArrayForEach(m, messages) {
+        cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+        if (cJSON_IsString(role) && !strcmp(role->valuestring, "developer"))
+            cJSON_ReplaceItemInObjectCaseSensitive(m, "role", cJSON_CreateString("system"));
+    }
+}
+
+static int chat_prompt(const k3_engine *eng, cJSON *root, const k3_srv_params *p,
+                       k3_chat_request *req, int32_t **ids, size_t *n, k3_api_error *e) {
+    k3_err err = {0};
+    k3_segments segs = {0};
+    developer_to_system(cJSON_GetObjectItemCaseSensitive(root, "messages"));
+    int rc = k3_chat_request_parse(root, req, &err);
+    if (!rc) {
+        req->thinking = p->thinking; /* also set by chat_template_kwargs / reasoning_effort */
+        rc = k3_chat_render(req, 0, &segs, &err);
+    }
+    if (!rc) rc = k3_segments_encode(k3_engine_tokenizer(eng), &segs, ids, n, &err);
+    k3_segments_free(&segs);
+    if (rc)
+        return k3_api_fail(e, rc == K3_ERR_GENERIC ? 500 : 400, INVALID, NULL, "messages", "%s",
+                           err.msg);
+    return 0;
+}
+
+int k3_srv_build_prompt(const k3_engine *eng, cJSON *root, const k3_srv_params *p,
+                        k3_chat_request *req, int32_t **ids, size_t *n, k3_api_error *e) {
+    if (p->kind == K3_SRV_COMPLETIONS)
+        return completion_prompt(eng, cJSON_GetObjectItemCaseSensitive(root, "prompt"), ids, n,
+                                 e);
+    return chat_prompt(eng, root, p, req, ids, n, e);
+}

@@ -1,0 +1,60 @@
+/* server.h — `k3 serve`: an OpenAI-compatible HTTP server over one loaded k3_engine
+ * (libmicrohttpd for HTTP, cJSON for JSON). Endpoints: GET /v1/models[/ID], POST
+ * /v1/completions, POST /v1/chat/completions, GET /health; each also without "/v1".
+ *
+ * Invariants:
+ *  - One generation at a time. A single worker thread owns the only k3_session and runs
+ *    every prefill and decode step; connection threads parse, validate, render and tokenize
+ *    (the tokenizer and renderer are read-only) and copy bytes out. A request that finds the
+ *    worker busy gets 429 with Retry-After, or waits in a FIFO of at most opts.queue requests.
+ *  - GET /v1/models and /health never wait for the worker.
+ *  - A request whose client has hung up is cancelled before the next token: the worker polls
+ *    the client's socket after every prefilled or generated token.
+ *  - The session's kept tokens are reused only when the new prompt extends them exactly
+ *    (token for token, or, for chat, with the previous reply given back verbatim); anything
+ *    else starts from an empty state. usage.prompt_tokens_details.cached_tokens says how many.
+ *  - Every request ends in an HTTP response (OpenAI-shaped {"error":{...}} for 4xx/5xx) or a
+ *    closed connection; a field k3 cannot honour is a 400 naming it, never silently dropped.
+ *  - The server owns no global state: several servers may run in one process.
+ */
+#ifndef K3_SERVER_H
+#define K3_SERVER_H
+
+#include <stddef.h>
+#include "../engine/k3.h"
+
+typedef struct k3_server_opts {
+    const char *host;       /* numeric address or name to listen on; NULL = "127.0.0.1" */
+    int port;               /* TCP port; 0 = any free port (see k3_server_port) */
+    const char *api_key;    /* when set, /v1 requests need "Authorization: Bearer KEY" */
+    const char *model_id;   /* name shown in /v1/models; NULL = the model folder's name */
+    int max_tokens;         /* ceiling on completion tokens per request; 0 = the context */
+    int queue;              /* requests allowed to wait while one generates; 0 = 429 at once */
+    int ctx;                /* session capacity in tokens; 0 = the engine default */
+    size_t max_body_bytes;  /* largest request body accepted (413 above); 0 = 8 MiB */
+    int max_connections;    /* concurrent connections (one thread each); 0 = 64 */
+    int log_requests;       /* 1: one line per request on stderr */
+    int no_reuse;           /* 1: prefill every prompt from an empty state (prompts are still
+                               built the same way): the A/B switch for state reuse */
+} k3_server_opts;
+
+typedef struct k3_server k3_server;
+
+/* Starts listening and serving in background threads; returns once the socket is bound.
+ * `e` must outlive the server. Errors: K3_ERR_USAGE (bad host, port in use, bad option),
+ * K3_ERR_GENERIC (out of memory, thread creation), K3_ERR_INPUT (ctx out of range). */
+int k3_server_start(const k3_engine *e, const char *model_dir, const k3_server_opts *opts,
+                    k3_server **out, k3_err *err);
+
+/* The bound TCP port, the served model id, the URL base ("http://HOST:PORT") and a
+ * one-line description of the admission policy, for the startup banner. */
+int k3_server_port(const k3_server *s);
+const char *k3_server_model_id(const k3_server *s);
+const char *k3_server_url(const k3_server *s);
+void k3_server_describe_policy(const k3_server *s, char *buf, size_t cap);
+
+/* Cancels the running generation, answers queued requests with 503, closes every
+ * connection, joins all threads and frees the server. NULL is ignored. */
+void k3_server_stop(k3_server *s);
+
+#endif

@@ -1,0 +1,189 @@
+/* srv.h — internals of the server module shared by its files (not a public API; the C tests
+ * include it to check request validation).
+ *
+ *   http.c     libmicrohttpd glue: routing, auth, body limit, JSON replies, the SSE reader
+ *   request.c  request JSON -> k3_srv_params (+ the prompt), or an OpenAI-shaped error
+ *   worker.c   admission (busy / FIFO), the worker thread, prefill with reuse, decode loop
+ *   emit.c     what one generated piece of text becomes: stop strings, SSE chunks, JSON
+ *
+ * Locking: everything in k3_job below "guarded by srv->mu" is read and written only with
+ * k3_server.mu held; the rest is written before the job is queued and read-only after.
+ */
+#ifndef K3_SRV_H
+#define K3_SRV_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <cjson/cJSON.h>
+
+#include "../chat/render.h"
+#include "../engine/k3.h"
+#include "server.h"
+
+/* ---- growable byte buffer ------------------------------------------------------------- */
+
+typedef struct k3_sbuf {
+    char *p;
+    size_t len, cap;
+    int oom; /* an append failed; the content is truncated */
+} k3_sbuf;
+
+void k3_sbuf_add(k3_sbuf *b, const char *s, size_t n);
+void k3_sbuf_str(k3_sbuf *b, const char *s);
+void k3_sbuf_printf(k3_sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Appends s[0..n) as the inside of a JSON string (quotes not included). */
+void k3_sbuf_json_str(k3_sbuf *b, const char *s, size_t n);
+void k3_sbuf_free(k3_sbuf *b);
+
+/* ---- errors as the client sees them ----------------------------------------------------- */
+
+typedef struct k3_api_error {
+    int status;        /* HTTP status: 400, 401, 404, 413, 429, 500, 503 */
+    const char *type;  /* OpenAI error type: "invalid_request_error", ... */
+    const char *code;  /* OpenAI error code or NULL: "context_length_exceeded", ... */
+    char param[160];   /* the offending field ("messages[1].content[0].type"), or "" */
+    char message[768];
+} k3_api_error;
+
+/* Fills e and returns -1 (so validators can `return k3_api_fail(...)`). */
+int k3_api_fail(k3_api_error *e, int status, const char *type, const char *code,
+                const char *param, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+/* {"error":{"message":...,"type":...,"param":...,"code":...}} as a malloc'd string. */
+char *k3_api_error_json(const k3_api_error *e);
+
+/* ---- a parsed request ----------------------------------------------------------------- */
+
+enum k3_srv_kind { K3_SRV_COMPLETIONS, K3_SRV_CHAT };
+
+#define K3_SRV_MAX_STOP 4
+#define K3_SRV_MAX_STOP_BYTES 256
+
+typedef struct k3_srv_params {
+    enum k3_srv_kind kind;
+    int max_tokens;          /* completion tokens; 0 = until the end of the message */
+    double temperature;      /* 0 = greedy */
+    double top_p;            /* (0, 1] */
+    int top_k;               /* 0 = off */
+    uint64_t seed;
+    bool has_seed;
+    char *stop[K3_SRV_MAX_STOP]; /* malloc'd, non-empty */
+    int n_stop;
+    bool stream, include_usage;
+    bool thinking;           /* chat: generation starts in the thinking channel */
+} k3_srv_params;
+
+/* Checks every top-level field of a completions or chat request (types, ranges, fields k3
+ * cannot honour) and fills p; prompt/messages are checked only for shape here.
+ * max_tokens_ceiling > 0 rejects larger max_tokens. Returns 0, or -1 with e filled (400). */
+int k3_srv_parse_params(const cJSON *root, enum k3_srv_kind kind, int max_tokens_ceiling,
+                        k3_srv_params *p, k3_api_error *e);
+void k3_srv_params_free(k3_srv_params *p);
+
+/* Builds the prompt token ids of a validated request: raw completions encode `prompt` as
+ * plain text (or take its ids); chat renders `messages` with the K3 chat format
+ * (src/chat/render.h) into *req, which points into root (role "developer" is rewritten to
+ * "system" in root first). *ids is malloc'd. Returns 0, or -1 with e filled (400, or 500
+ * when out of memory). */
+int k3_srv_build_prompt(const k3_engine *eng, cJSON *root, const k3_srv_params *p,
+                        k3_chat_request *req, int32_t **ids, size_t *n, k3_api_error *e);
+
+/* ---- jobs and the server ---------------------------------------------------------------- */
+
+enum k3_job_state { K3_JOB_QUEUED, K3_JOB_RUNNING, K3_JOB_DONE };
+
+typedef struct k3_job {
+    /* written by the connection thread before submission, read-only afterwards */
+    struct k3_server *srv;
+    struct MHD_Connection *conn;
+    const char *path;        /* the route, for the log line */
+    k3_srv_params p;
+    cJSON *root;             /* the request body (chat: req points into it) */
+    k3_chat_request req;     /* chat only */
+    int32_t *prompt;         /* canonical prompt ids; the worker may splice (worker.c) */
+    size_t n_prompt;
+    int fd;                  /* client socket, polled for hang-up; -1 = unknown */
+    char id[48];
+    long long created;       /* Unix seconds */
+    double t_submit;         /* monotonic seconds */
+
+    /* guarded by srv->mu */
+    enum k3_job_state state;
+    bool cancel;             /* the client is gone or the server stops */
+    k3_sbuf out;             /* stream: SSE bytes not yet handed to the connection */
+    size_t out_taken;
+    struct k3_job *next;     /* FIFO link while queued */
+
+    /* written by the worker while RUNNING; read by the connection once DONE */
+    k3_sbuf content, reasoning;  /* non-stream: the reply so far */
+    const char *finish;          /* "stop", "length", or NULL (cancelled / failed) */
+    int n_prompt_used;           /* prompt tokens after any reuse splice */
+    int n_cached;                /* prompt tokens whose state was reused */
+    int n_completion, n_reasoning;
+    bool failed;
+    k3_api_error err;            /* when failed */
+    double t_start, t_end;       /* monotonic seconds: start of prefill, end */
+} k3_job;
+
+struct k3_server {
+    const k3_engine *eng;
+    k3_server_opts o;
+    char model_id[256];
+    char url[320];
+    int port;
+    int ctx;                 /* the session's capacity in tokens */
+    struct MHD_Daemon *mhd;
+    long long started_unix;
+    bool sync_ready;         /* mu and the condition variables are initialised */
+
+    pthread_mutex_t mu;
+    pthread_cond_t work;     /* worker: a job was queued or stop was asked */
+    pthread_cond_t progress; /* connections: a job produced output or changed state */
+    bool stopping;
+    k3_job *head, *tail;     /* FIFO of queued jobs */
+    int n_queued;
+    k3_job *running;
+    unsigned long long n_requests; /* generations admitted */
+    unsigned long long n_ids;      /* request ids handed out */
+    unsigned long long n_tokens;   /* completion tokens generated, all requests */
+
+    pthread_t worker;
+    bool worker_started;
+    /* Owned by the worker thread only (no lock): the session, its kept tokens, scratch. */
+    struct k3_worker_state *ws;
+};
+
+double k3_srv_now_s(void);
+/* 1 when the peer of socket fd has closed or reset the connection. */
+bool k3_srv_client_gone(int fd);
+
+/* worker.c */
+int k3_worker_start(struct k3_server *s, k3_err *err);
+void k3_worker_stop(struct k3_server *s);
+/* Queues a job, or fills e with 429 (busy, queue full) / 503 (stopping) and returns -1. */
+int k3_job_submit(struct k3_server *s, k3_job *j, k3_api_error *e);
+/* Marks the job cancelled; a queued job is removed at once. Call with s->mu held. */
+void k3_job_cancel_locked(struct k3_server *s, k3_job *j);
+/* Blocks until the job is DONE (cancelling it first when cancel is true). */
+void k3_job_wait_done(struct k3_server *s, k3_job *j, bool cancel);
+void k3_job_free(k3_job *j);
+
+/* emit.c — per-job output state used by the worker */
+typedef struct k3_emitter k3_emitter;
+k3_emitter *k3_emitter_new(void);
+void k3_emitter_free(k3_emitter *em);
+void k3_emitter_begin(k3_emitter *em, struct k3_server *s, k3_job *j);
+/* Text generated in the reasoning (channel 1) or content (channel 0) channel. Returns true
+ * when a stop string matched (the text before it was emitted; generation should end). */
+bool k3_emit_text(k3_emitter *em, int channel, const char *text, size_t n);
+/* Flushes held-back text and writes the final chunk(s) (stream) for finish reason `finish`. */
+void k3_emit_finish(k3_emitter *em, const char *finish);
+/* Stream: the first chunk (role) once the job starts. */
+void k3_emit_start(k3_emitter *em);
+
+/* Final non-stream JSON body of a finished job; malloc'd. */
+char *k3_srv_reply_json(const struct k3_server *s, const k3_job *j);
+/* The usage object's JSON (no trailing newline) into b. */
+void k3_srv_usage_json(k3_sbuf *b, const k3_job *j);
+
+#endif

@@ -1,0 +1,453 @@
+/* worker.c — admission (one running + a bounded FIFO), the worker thread that owns the
+ * session, and one generation: prefill with reuse of the kept state, then decode.
+ *
+ * The worker is the only thread that touches the k3_session, its kept-token list and the
+ * logits buffer. Connection threads hand it jobs through s->head/tail under s->mu and wait
+ * on s->progress; it signals s->progress after every change a connection may wait for.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../chat/parse.h"
+#include "../engine/sampler.h"
+#include "../tok/tokenizer.h"
+#include "srv.h"
+
+/* The last chat reply, kept so that a request continuing it can reuse the state. */
+typedef struct k3_last_chat {
+    cJSON *messages;             /* the request's messages (a copy), or NULL = none */
+    bool thinking;
+    char effort[8], tool_choice[16];
+    char *reasoning, *content;   /* the reply as the client saw it (before stop strings) */
+} k3_last_chat;
+
+static void last_chat_clear(k3_last_chat *c) {
+    cJSON_Delete(c->messages);
+    free(c->reasoning);
+    free(c->content);
+    *c = (k3_last_chat){0};
+}
+
+typedef struct k3_worker_state {
+    k3_session *sess;
+    float *logits;        /* vocab_size floats: the logits after the last fed token */
+    bool logits_valid;    /* logits belong to kept[n_kept - 1] */
+    int vocab;
+    k3_stops stops;       /* end-of-message ids */
+    int32_t *kept;        /* every token fed into sess, in order (capacity = ctx) */
+    size_t n_kept;
+    /* The last chat reply as a conversation: kept + the unfed last id + the closing ids of
+     * the reply (k3_reply_parser_closing); virt_msgs = messages of that request, 0 = none. */
+    int32_t *virt;
+    size_t n_virt, virt_cap, virt_msgs;
+    k3_last_chat last_chat;
+    int32_t last;         /* the last sampled id (never fed) */
+    k3_sampler sampler;
+    k3_reply_parser parser;
+    k3_detok_stream ds;   /* raw completions */
+    char *text;           /* one push of visible text */
+    size_t text_cap;
+    k3_emitter *em;
+} k3_worker_state;
+
+/* ---- admission -------------------------------------------------------------------------- */
+
+int k3_job_submit(k3_server *s, k3_job *j, k3_api_error *e) {
+    pthread_mutex_lock(&s->mu);
+    if (s->stopping) {
+        pthread_mutex_unlock(&s->mu);
+        return k3_api_fail(e, 503, "server_error", NULL, NULL, "the server is shutting down");
+    }
+    int busy = (s->running != NULL) + s->n_queued;
+    if (busy >= 1 + s->o.queue) {
+        pthread_mutex_unlock(&s->mu);
+        if (s->o.queue)
+            return k3_api_fail(e, 429, "rate_limit_error", "rate_limit_exceeded", NULL,
+                               "k3 is generating and its queue of %d is full; retry later",
+                               s->o.queue);
+        return k3_api_fail(e, 429, "rate_limit_error", "rate_limit_exceeded", NULL,
+                           "k3 is generating another reply (one at a time); retry later");
+    }
+    j->state = K3_JOB_QUEUED;
+    j->next = NULL;
+    if (s->tail) s->tail->next = j;
+    else s->head = j;
+    s->tail = j;
+    s->n_queued++;
+    s->n_requests++;
+    pthread_cond_signal(&s->work);
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+
+void k3_job_cancel_locked(k3_server *s, k3_job *j) {
+    j->cancel = true;
+    if (j->state != K3_JOB_QUEUED) return;
+    k3_job **pp = &s->head, *prev = NULL;
+    while (*pp && *pp != j) {
+        prev = *pp;
+        pp = &(*pp)->next;
+    }
+    if (*pp) {
+        *pp = j->next;
+        if (s->tail == j) s->tail = prev;
+        s->n_queued--;
+    }
+    j->state = K3_JOB_DONE;
+    pthread_cond_broadcast(&s->progress);
+}
+
+void k3_job_wait_done(k3_server *s, k3_job *j, bool cancel) {
+    pthread_mutex_lock(&s->mu);
+    if (cancel) k3_job_cancel_locked(s, j);
+    while (j->state != K3_JOB_DONE) pthread_cond_wait(&s->progress, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+}
+
+void k3_job_free(k3_job *j) {
+    if (!j) return;
+    k3_srv_params_free(&j->p);
+    cJSON_Delete(j->root);
+    free(j->prompt);
+    k3_sbuf_free(&j->out);
+    k3_sbuf_free(&j->content);
+    k3_sbuf_free(&j->reasoning);
+    free(j);
+}
+
+bool k3_srv_client_gone(int fd) {
+    if (fd < 0) return false;
+    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
+    int r;
+    do r = poll(&p, 1, 0);
+    while (r < 0 && errno == EINTR);
+    return r > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+}
+
+/* True when the job must end now: its client hung up, or the server is stopping. */
+static bool job_abandoned(k3_server *s, k3_job *j) {
+    pthread_mutex_lock(&s->mu);
+    bool stop = j->cancel || s->stopping;
+    pthread_mutex_unlock(&s->mu);
+    if (!stop && k3_srv_client_gone(j->fd)) stop = true;
+    return stop;
+}
+
+/* ---- one generation ------------------------------------------------------------------------ */
+
+/* Feeds one token and records it as kept. */
+static int feed(k3_worker_state *w, int32_t tok, bool want_logits, k3_err *err) {
+    int rc = k3_session_step(w->sess, tok, want_logits ? w->logits : NULL, err);
+    if (rc) {
+        w->n_kept = 0; /* the state is unknown now: the next job starts fresh */
+        w->logits_valid = false;
+        w->virt_msgs = 0;
+        return rc;
+    }
+    w->kept[w->n_kept++] = tok;
+    w->logits_valid = want_logits;
+    return 0;
+}
+
+/* Prompt tokens whose state can be reused: the kept tokens must be a prefix of the prompt.
+ * When they are the whole prompt, the saved logits of its last token are needed too. */
+static size_t reusable(const k3_worker_state *w, const int32_t *prompt, size_t n) {
+    if (w->n_kept == 0 || w->n_kept > n) return 0;
+    if (memcmp(w->kept, prompt, w->n_kept * sizeof *prompt)) return 0;
+    if (w->n_kept == n && !w->logits_valid) return 0;
+    return w->n_kept;
+}
+
+/* A string field equal to want; absent or null count as "". */
+static bool field_is(const cJSON *m, const char *key, const char *want) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(m, key);
+    if (!v || cJSON_IsNull(v)) return !want[0];
+    return cJSON_IsString(v) && !strcmp(v->valuestring, want);
+}
+
+/* True when req's messages are the last request's, then our reply verbatim, then more. */
+static bool continues_last(const k3_last_chat *c, const k3_chat_request *req) {
+    int n = cJSON_GetArraySize(c->messages);
+    if (!c->messages || cJSON_GetArraySize(req->messages) <= n) return false;
+    if (req->thinking != c->thinking || strcmp(req->effort, c->effort) || req->tools ||
+        req->response_format || strcmp(req->tool_choice ? req->tool_choice : "", c->tool_choice))
+        return false;
+    const cJSON *a = req->messages->child, *b = c->messages->child;
+    for (; b; a = a->next, b = b->next)
+        if (!cJSON_Compare(a, b, true)) return false;
+    const cJSON *f;
+    cJSON_ArrayForEach(f, a) { /* the reply: role, content, reasoning and nothing else */
+        if (!strcmp(f->string, "role") || !strcmp(f->string, "content")) continue;
+        if (strcmp(f->string, "reasoning_content") && strcmp(f->string, "reasoning"))
+            return false;
+        if (c->thinking && !field_is(a, f->string, c->reasoning)) return false;
+    }
+    if (c->thinking && c->reasoning[0] && !cJSON_GetObjectItemCaseSensitive(a, "reasoning") &&
+        !cJSON_GetObjectItemCaseSensitive(a, "reasoning_content"))
+        return false; /* the client dropped the thinking: the state does not match */
+    return field_is(a, "role", "assistant") && field_is(a, "content", c->content);
+}
+
+/* A chat request that continues the last reply (continues_last). The model's own tokens for
+ * the reply need not be the canonical encoding of the text the client saw, so the prompt is
+ * rebuilt as the kept conversation (virt: what the state holds, the reply closed as the
+ * renderer closes it) followed by the rendering of the new messages alone. */
+static void splice_reply(k3_server *s, k3_job *j) {
+    k3_worker_state *w = s->ws;
+    if (!w->virt_msgs || reusable(w, j->prompt, j->n_prompt) ||
+        !continues_last(&w->last_chat, &j->req))
+        return;
+    k3_segments segs = {0};
+    int32_t *cont = NULL, *np = NULL;
+    size_t n_cont = 0;
+    k3_err err;
+    if (k3_chat_render(&j->req, w->virt_msgs + 1, &segs, &err) ||
+        k3_segments_encode(k3_engine_tokenizer(s->eng), &segs, &cont, &n_cont, &err) ||
+        n_cont > j->n_prompt)
+        goto out;
+    size_t n = w->n_virt + n_cont;
+    /* Rendering is compositional (render.h): the continuation is the canonical tail. */
+    if (memcmp(cont, j->prompt + j->n_prompt - n_cont, n_cont * sizeof *cont) ||
+        n > (size_t)s->ctx || !(np = malloc(n * sizeof *np)))
+        goto out;
+    memcpy(np, w->virt, w->n_virt * sizeof *np);
+    memcpy(np + w->n_virt, cont, n_cont * sizeof *np);
+    free(j->prompt);
+    j->prompt = np;
+    j->n_prompt = n;
+out:
+    free(cont);
+    k3_segments_free(&segs);
+}
+
+/* Prefills what the kept state lacks. Returns 1 when abandoned, 0 done, <0 engine error. */
+static int prefill(k3_server *s, k3_job *j, k3_err *err) {
+    k3_worker_state *w = s->ws;
+    if (j->p.kind == K3_SRV_CHAT) splice_reply(s, j);
+    size_t reuse = s->o.no_reuse ? 0 : reusable(w, j->prompt, j->n_prompt);
+    w->virt_msgs = 0; /* from here on the state is this job's */
+    last_chat_clear(&w->last_chat);
+    if (!reuse) {
+        k3_session_reset(w->sess);
+        w->n_kept = 0;
+        w->logits_valid = false;
+    }
+    j->n_cached = (int)reuse;
+    j->n_prompt_used = (int)j->n_prompt;
+    for (size_t i = reuse; i < j->n_prompt; i++) {
+        if (job_abandoned(s, j)) return 1;
+        if (feed(w, j->prompt[i], i + 1 == j->n_prompt, err)) return -1;
+    }
+    return 0;
+}
+
+/* Turns one sampled id into visible text (through the channel parser for chat) and emits
+ * it. Returns true when a stop string matched. */
+static bool show(k3_server *s, k3_job *j, int32_t id, bool cut) {
+    k3_worker_state *w = s->ws;
+    int len;
+    int ch = 0;
+    if (j->p.kind == K3_SRV_CHAT) {
+        enum k3_channel c;
+        len = cut ? k3_reply_parser_finish(&w->parser, w->text, w->text_cap, &c)
+                  : k3_reply_parser_push(&w->parser, id, w->text, w->text_cap, &c);
+        ch = c == K3_CH_THINK; /* tools were not offered: a tools block shows as content */
+    } else if (cut) {
+        len = k3_detok_stream_flush(&w->ds, w->text, w->text_cap);
+    } else {
+        len = k3_stops_has(&w->stops, id) ? 0
+              : k3_detok_stream_push(k3_engine_tokenizer(s->eng), &w->ds, id, w->text,
+                                     w->text_cap);
+    }
+    return len > 0 && k3_emit_text(w->em, ch, w->text, (size_t)len);
+}
+
+/* Decodes until an end-of-message token, a stop string, the token limit, the context's end,
+ * or the client leaving. Returns the finish reason, or NULL when abandoned / failed. The
+ * last sampled id is never fed; it is left in w->last. */
+static const char *decode(k3_server *s, k3_job *j, k3_err *err, bool *failed) {
+    k3_worker_state *w = s->ws;
+    int limit = j->p.max_tokens ? j->p.max_tokens : s->o.max_tokens;
+    for (;;) {
+        int32_t id = k3_sampler_sample(&w->sampler, w->logits);
+        w->last = id;
+        j->n_completion++;
+        if (j->p.kind == K3_SRV_CHAT && w->parser.pos == K3_IN_THINK) j->n_reasoning++;
+        if (show(s, j, id, false) || k3_stops_has(&w->stops, id)) return "stop";
+        if ((limit && j->n_completion >= limit) || k3_session_pos(w->sess) >= s->ctx)
+            return show(s, j, id, true) ? "stop" : "length";
+        if (job_abandoned(s, j)) return NULL;
+        if (feed(w, id, true, err)) {
+            *failed = true;
+            return NULL;
+        }
+    }
+}
+
+/* After a chat reply: what the state means as a conversation, for splice_reply. */
+static void remember_reply(k3_server *s, k3_job *j) {
+    k3_worker_state *w = s->ws;
+    k3_last_chat *c = &w->last_chat;
+    const k3_reply_parser *p = &w->parser;
+    int32_t *closing = NULL;
+    size_t n_closing = 0;
+    k3_err err;
+    if (p->text[K3_CH_TOOLS].n || k3_reply_parser_closing(p, &closing, &n_closing, &err)) return;
+    bool last = !k3_stops_has(&w->stops, w->last);
+    size_t n = w->n_kept + last + n_closing;
+    c->messages = cJSON_Duplicate(j->req.messages, true);
+    c->reasoning = strdup(p->text[K3_CH_THINK].p ? p->text[K3_CH_THINK].p : "");
+    c->content = strdup(p->text[K3_CH_RESPONSE].p ? p->text[K3_CH_RESPONSE].p : "");
+    if (n > w->virt_cap || !c->messages || !c->reasoning || !c->content ||
+        p->text[K3_CH_THINK].oom || p->text[K3_CH_RESPONSE].oom) {
+        last_chat_clear(c);
+    } else {
+        c->thinking = j->req.thinking;
+        snprintf(c->effort, sizeof c->effort, "%s", j->req.effort);
+        snprintf(c->tool_choice, sizeof c->tool_choice, "%s",
+                 j->req.tool_choice ? j->req.tool_choice : "");
+        memcpy(w->virt, w->kept, w->n_kept * sizeof *w->virt);
+        if (last) w->virt[w->n_kept] = w->last;
+        memcpy(w->virt + w->n_kept + last, closing, n_closing * sizeof *closing);
+        w->n_virt = n;
+        w->virt_msgs = (size_t)cJSON_GetArraySize(j->req.messages);
+    }
+    free(closing);
+}
+
+static uint64_t fresh_seed(void) {
+    uint64_t seed;
+    if (getrandom(&seed, sizeof seed, 0) == sizeof seed) return seed;
+    return (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull ^ (uint64_t)getpid();
+}
+
+static int start_sampling(k3_server *s, k3_job *j, k3_err *err) {
+    k3_worker_state *w = s->ws;
+    const k3_srv_params *p = &j->p;
+    k3_sampler_opts so = {.temperature = p->top_p == 0 ? 0 : p->temperature,
+                          .top_p = p->top_p == 0 ? 1 : p->top_p,
+                          .top_k = p->top_k,
+                          .seed = p->has_seed ? p->seed : fresh_seed()};
+    k3_sampler_free(&w->sampler);
+    int rc = k3_sampler_init(&w->sampler, &so, w->vocab, err);
+    k3_reply_parser_free(&w->parser);
+    k3_reply_parser_init(&w->parser, k3_engine_tokenizer(s->eng), &w->stops, p->thinking);
+    w->ds = (k3_detok_stream){0};
+    return rc;
+}
+
+static void run_job(k3_server *s, k3_job *j) {
+    k3_worker_state *w = s->ws;
+    k3_err err = {0};
+    bool failed = false;
+    const char *finish = NULL;
+    j->t_start = k3_srv_now_s();
+    k3_emitter_begin(w->em, s, j);
+    k3_emit_start(w->em);
+    int rc = start_sampling(s, j, &err) ? -1 : prefill(s, j, &err);
+    if (rc < 0) failed = true;
+    else if (rc == 0) finish = decode(s, j, &err, &failed);
+    if (failed) {
+        j->failed = true;
+        k3_api_fail(&j->err, 500, "server_error", NULL, NULL, "generation failed: %s", err.msg);
+    }
+    if (finish && j->p.kind == K3_SRV_CHAT) remember_reply(s, j);
+    j->finish = finish;
+    j->t_end = k3_srv_now_s();
+    k3_emit_finish(w->em, finish);
+}
+
+/* ---- the worker thread ------------------------------------------------------------------------ */
+
+static void *worker_main(void *arg) {
+    k3_server *s = arg;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (!s->head && !s->stopping) pthread_cond_wait(&s->work, &s->mu);
+        if (s->stopping) break;
+        k3_job *j = s->head;
+        s->head = j->next;
+        if (!s->head) s->tail = NULL;
+        s->n_queued--;
+        j->state = K3_JOB_RUNNING;
+        s->running = j;
+        pthread_cond_broadcast(&s->progress);
+        pthread_mutex_unlock(&s->mu);
+        run_job(s, j);
+        pthread_mutex_lock(&s->mu);
+        j->state = K3_JOB_DONE;
+        s->running = NULL;
+        s->n_tokens += (unsigned long long)j->n_completion;
+        pthread_cond_broadcast(&s->progress);
+    }
+    /* Stopping: queued jobs end unserved; their connections answer 503. */
+    for (k3_job *j = s->head, *next; j; j = next) {
+        next = j->next;
+        j->cancel = true;
+        j->state = K3_JOB_DONE;
+    }
+    s->head = s->tail = NULL;
+    s->n_queued = 0;
+    pthread_cond_broadcast(&s->progress);
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+static void worker_state_free(k3_worker_state *w) {
+    if (!w) return;
+    k3_session_free(w->sess);
+    k3_sampler_free(&w->sampler);
+    k3_reply_parser_free(&w->parser);
+    last_chat_clear(&w->last_chat);
+    free(w->logits);
+    free(w->kept);
+    free(w->virt);
+    free(w->text);
+    k3_emitter_free(w->em);
+    free(w);
+}
+
+int k3_worker_start(k3_server *s, k3_err *err) {
+    k3_worker_state *w = calloc(1, sizeof *w);
+    if (!w) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
+    s->ws = w;
+    int rc = k3_session_new(s->eng, s->o.ctx, &w->sess, err);
+    if (rc) return rc;
+    const k3_config *c = k3_engine_config(s->eng);
+    const k3_tokenizer *tok = k3_engine_tokenizer(s->eng);
+    w->vocab = c->vocab_size;
+    k3_stops_init(&w->stops, tok, c->eos_token_id);
+    k3_reply_parser_init(&w->parser, tok, &w->stops, false);
+    w->logits = malloc((size_t)w->vocab * sizeof *w->logits);
+    s->ctx = k3_session_max_ctx(w->sess);
+    w->kept = malloc((size_t)s->ctx * sizeof *w->kept);
+    w->virt_cap = (size_t)s->ctx + 64; /* + the last id and a reply's closing markers */
+    w->virt = malloc(w->virt_cap * sizeof *w->virt);
+    w->text_cap = k3_reply_parser_out_cap(tok);
+    w->text = malloc(w->text_cap);
+    w->em = k3_emitter_new();
+    if (!w->logits || !w->kept || !w->virt || !w->text || !w->em)
+        return k3_fail(err, K3_ERR_GENERIC, "out of memory");
+    if (pthread_create(&s->worker, NULL, worker_main, s))
+        return k3_fail(err, K3_ERR_GENERIC, "cannot start the worker thread");
+    s->worker_started = true;
+    return 0;
+}
+
+void k3_worker_stop(k3_server *s) {
+    pthread_mutex_lock(&s->mu);
+    s->stopping = true;
+    pthread_cond_broadcast(&s->work);
+    pthread_cond_broadcast(&s->progress);
+    pthread_mutex_unlock(&s->mu);
+    if (s->worker_started) pthread_join(s->worker, NULL);
+    s->worker_started = false;
+    worker_state_free(s->ws);
+    s->ws = NULL;
+}

@@ -1,0 +1,230 @@
+/* test_server.c — the server's request validation, stop strings and JSON escaping, without
+ * HTTP (tests/server/ drives the real server with the OpenAI client).
+ *
+ * Expected statuses and fields are the OpenAI API's rules as documented in request.c: a field
+ * k3 honours is type- and range-checked; one it cannot honour is accepted only with its
+ * neutral value; anything else is a 400 whose "param" names the field.
+ */
+#include <cjson/cJSON.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../src/server/srv.h"
+#include "test.h"
+
+typedef struct vcase {
+    enum k3_srv_kind kind;
+    const char *json;
+    const char *param; /* NULL = valid */
+} vcase;
+
+#define CHAT K3_SRV_CHAT
+#define COMP K3_SRV_COMPLETIONS
+#define M "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]"
+
+static const vcase cases[] = {
+    {CHAT, "{" M "}", NULL},
+    {CHAT, "{" M ",\"model\":\"x\",\"max_tokens\":5,\"temperature\":0,\"top_p\":0.5,\"seed\":-3,"
+           "\"stop\":[\"a\",\"b\"],\"stream\":true,\"stream_options\":{\"include_usage\":true},"
+           "\"n\":1,\"logprobs\":false,\"tools\":[],\"tool_choice\":\"auto\",\"user\":\"u\"}", NULL},
+    {CHAT, "{" M ",\"max_tokens\":null,\"temperature\":null,\"stop\":null}", NULL},
+    {CHAT, "{" M ",\"reasoning_effort\":\"low\"}", NULL},
+    {CHAT, "{" M ",\"reasoning_effort\":\"medium\"}", "reasoning_effort"},
+    {CHAT, "{" M ",\"max_tokens\":0}", "max_tokens"},
+    {CHAT, "{" M ",\"max_tokens\":\"5\"}", "max_tokens"},
+    {CHAT, "{" M ",\"max_tokens\":1.5}", "max_tokens"},
+    {CHAT, "{" M ",\"max_tokens\":5,\"max_completion_tokens\":6}", "max_completion_tokens"},
+    {CHAT, "{" M ",\"max_tokens\":5,\"max_completion_tokens\":5}", NULL},
+    {CHAT, "{" M ",\"temperature\":2.5}", "temperature"},
+    {CHAT, "{" M ",\"top_p\":-0.1}", "top_p"},
+    {CHAT, "{" M ",\"top_k\":-2}", "top_k"},
+    {CHAT, "{" M ",\"stop\":\"\"}", "stop"},
+    {CHAT, "{" M ",\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}", "stop"},
+    {CHAT, "{" M ",\"stream_options\":{\"foo\":1}}", "stream_options"},
+    {CHAT, "{" M ",\"n\":3}", "n"},
+    {CHAT, "{" M ",\"logprobs\":true}", "logprobs"},
+    {CHAT, "{" M ",\"presence_penalty\":0.1}", "presence_penalty"},
+    {CHAT, "{" M ",\"logit_bias\":{\"1\":2}}", "logit_bias"},
+    {CHAT, "{" M ",\"tools\":[{\"type\":\"function\"}]}", "tools"},
+    {CHAT, "{" M ",\"tool_choice\":{\"type\":\"function\"}}", "tool_choice"},
+    {CHAT, "{" M ",\"response_format\":{\"type\":\"json_object\"}}", "response_format"},
+    {CHAT, "{" M ",\"prompt\":\"x\"}", "prompt"},
+    {CHAT, "{" M ",\"echo\":false}", "echo"},
+    {CHAT, "{\"messages\":[]}", "messages"},
+    {CHAT, "{\"messages\":{}}", "messages"},
+    {CHAT, "{}", "messages"},
+    {CHAT, "[]", ""},
+    {CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},"
+           "{\"type\":\"image_url\",\"image_url\":{}}]}]}", "messages[0].content[1].type"},
+    {CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\"}]}]}",
+     "messages[0].content[0].text"},
+    {CHAT, "{\"messages\":[{\"role\":\"system\",\"content\":\"s\"},{\"role\":\"bot\",\"content\":"
+           "\"x\"}]}", "messages[1].role"},
+    {CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\",\"extra\":1}]}", "messages[0].extra"},
+    {CHAT, "{\"messages\":[{\"role\":\"assistant\",\"content\":null}]}", NULL},
+    {CHAT, "{\"messages\":[{\"role\":\"tool\",\"content\":null}]}", "messages[0].content"},
+    {COMP, "{\"prompt\":\"hi\"}", NULL},
+    {COMP, "{\"prompt\":[1,2,3],\"echo\":false,\"best_of\":1,\"suffix\":null}", NULL},
+    {COMP, "{\"prompt\":[[1,2]]}", NULL},
+    {COMP, "{\"prompt\":[\"a\"]}", NULL},
+    {COMP, "{\"prompt\":[\"a\",\"b\"]}", "prompt"},
+    {COMP, "{\"prompt\":[1.5]}", "prompt"},
+    {COMP, "{\"prompt\":[-1]}", "prompt"},
+    {COMP, "{\"prompt\":\"\"}", "prompt"},
+    {COMP, "{\"prompt\":[]}", "prompt"},
+    {COMP, "{\"prompt\":\"a\",\"echo\":true}", "echo"},
+    {COMP, "{\"prompt\":\"a\",\"logprobs\":0}", "logprobs"},
+    {COMP, "{\"prompt\":\"a\",\"messages\":[]}", "messages"},
+    {COMP, "{\"prompt\":\"a\",\"max_completion_tokens\":3}", "max_completion_tokens"},
+    {COMP, "{}", "prompt"},
+};
+
+static void test_validation(void) {
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const vcase *c = &cases[i];
+        cJSON *root = cJSON_Parse(c->json);
+        CHECK(root, "case %zu does not parse", i);
+        k3_srv_params p;
+        k3_api_error e = {0};
+        int rc = k3_srv_parse_params(root, c->kind, 0, &p, &e);
+        cJSON_Delete(root);
+        if (!c->param) {
+            CHECK(rc == 0, "case %zu (%s) rejected: %s [%s]", i, c->json, e.message, e.param);
+            k3_srv_params_free(&p);
+        } else {
+            CHECK(rc == -1 && e.status == 400, "case %zu (%s) accepted", i, c->json);
+            CHECK(!strcmp(e.param, c->param), "case %zu: param '%s', want '%s' (%s)", i, e.param,
+                  c->param, e.message);
+            char *body = k3_api_error_json(&e);
+            cJSON *err = cJSON_Parse(body);
+            free(body);
+            const cJSON *o = cJSON_GetObjectItem(err, "error");
+            CHECK(cJSON_IsString(cJSON_GetObjectItem(o, "message")) &&
+                  cJSON_IsString(cJSON_GetObjectItem(o, "type")) &&
+                  cJSON_GetObjectItem(o, "param") && cJSON_GetObjectItem(o, "code"),
+                  "case %zu: error body is not OpenAI-shaped", i);
+            cJSON_Delete(err);
+        }
+    }
+}
+
+static void test_defaults_and_ceiling(void) {
+    cJSON *root = cJSON_Parse("{\"prompt\":\"a\"}");
+    k3_srv_params p;
+    k3_api_error e = {0};
+    CHECK(k3_srv_parse_params(root, COMP, 0, &p, &e) == 0);
+    CHECK(p.max_tokens == 256 && p.temperature == 1.0 && p.top_p == 1.0 && !p.thinking,
+          "completions defaults: max_tokens %d temperature %g top_p %g", p.max_tokens,
+          p.temperature, p.top_p);
+    CHECK(k3_srv_parse_params(root, COMP, 100, &p, &e) == 0 && p.max_tokens == 100);
+    cJSON_Delete(root);
+    root = cJSON_Parse("{" M ",\"max_tokens\":101}");
+    CHECK(k3_srv_parse_params(root, CHAT, 100, &p, &e) == -1 && !strcmp(e.param, "max_tokens"));
+    CHECK(k3_srv_parse_params(root, CHAT, 101, &p, &e) == 0 && p.max_tokens == 101);
+    cJSON_Delete(root);
+    root = cJSON_Parse("{" M "}");
+    CHECK(k3_srv_parse_params(root, CHAT, 0, &p, &e) == 0 && p.max_tokens == 0 && p.thinking);
+    cJSON_Delete(root);
+    const char *off[] = {"{" M ",\"thinking\":false}", "{" M ",\"reasoning_effort\":\"none\"}",
+                         "{" M ",\"chat_template_kwargs\":{\"thinking\":false}}"};
+    for (int i = 0; i < 3; i++) {
+        root = cJSON_Parse(off[i]);
+        CHECK(k3_srv_parse_params(root, CHAT, 0, &p, &e) == 0 && !p.thinking, "%s", off[i]);
+        cJSON_Delete(root);
+    }
+    root = cJSON_Parse("{" M ",\"stop\":\"xy\",\"seed\":7}");
+    CHECK(k3_srv_parse_params(root, CHAT, 0, &p, &e) == 0);
+    CHECK(p.n_stop == 1 && !strcmp(p.stop[0], "xy") && p.has_seed && p.seed == 7);
+    k3_srv_params_free(&p);
+    cJSON_Delete(root);
+}
+
+/* Feeds pieces through a non-streamed job's emitter; returns the content and whether (and at
+ * which piece) a stop string matched. */
+static char *emit_pieces(const char *const *stops, int n_stop, const char *const *pieces,
+                         int *stopped_at) {
+    k3_job j = {0};
+    j.p.kind = K3_SRV_COMPLETIONS;
+    for (int i = 0; i < n_stop; i++) j.p.stop[i] = (char *)stops[i];
+    j.p.n_stop = n_stop;
+    k3_emitter *em = k3_emitter_new();
+    k3_emitter_begin(em, NULL, &j);
+    *stopped_at = -1;
+    for (int i = 0; pieces[i]; i++)
+        if (k3_emit_text(em, 0, pieces[i], strlen(pieces[i]))) {
+            *stopped_at = i;
+            break;
+        }
+    k3_emit_finish(em, *stopped_at >= 0 ? "stop" : "length");
+    k3_emitter_free(em);
+    char *out = strdup(j.content.p ? j.content.p : "");
+    k3_sbuf_free(&j.content);
+    return out;
+}
+
+static void test_stop_strings(void) {
+    struct {
+        const char *stops[2];
+        int n_stop;
+        const char *pieces[6];
+        const char *want;
+        int stopped_at;
+    } t[] = {
+        {{"abc"}, 1, {"xxa", "b", "cyy", NULL}, "xx", 2},     /* split across pieces */
+        {{"abc"}, 1, {"xa", "bd", "ab", NULL}, "xabdab", -1}, /* near misses, held tail freed */
+        {{"abc", "d"}, 2, {"xab", "zd", NULL}, "xabz", 1},    /* the earliest match wins */
+        {{"bc", "abcd"}, 2, {"abcd", NULL}, "", 0},          /* earliest start, not first listed */
+        {{"\xC3\xA9"}, 1, {"caf", "\xC3", "\xA9!", NULL}, "caf", 2}, /* é in two pieces */
+        {{"zz"}, 1, {"", "plain", NULL}, "plain", -1},
+    };
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+        int at;
+        char *got = emit_pieces(t[i].stops, t[i].n_stop, t[i].pieces, &at);
+        int ok = !strcmp(got, t[i].want) && at == t[i].stopped_at;
+        CHECK(ok, "case %zu: got '%s' (stop at %d), want '%s' (%d)", i, got, at, t[i].want,
+              t[i].stopped_at);
+        free(got);
+    }
+}
+
+static void test_json_escaping(void) {
+    /* Replacements as Python's bytes.decode("utf-8", "replace") gives them. */
+    struct {
+        const char *in;
+        size_t n;
+        const char *want;
+    } t[] = {
+        {"plain", 5, "plain"},
+        {"q\"b\\n\nt\t\x01", 9, "q\\\"b\\\\n\\nt\\t\\u0001"},
+        {"\xE2\x82\xAC ok", 6, "\xE2\x82\xAC ok"},                     /* € kept as is */
+        {"a\xFF" "b", 3, "a\xEF\xBF\xBD" "b"},                         /* invalid byte */
+        {"\xC0\xAF", 2, "\xEF\xBF\xBD\xEF\xBF\xBD"},                   /* overlong '/' */
+        {"\xED\xA0\x80", 3, "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD"},   /* a surrogate */
+        {"\xE2\x82", 2, "\xEF\xBF\xBD"},                                /* truncated */
+        {"\xE2\x82x", 3, "\xEF\xBF\xBDx"},
+        {"\xF0\x9F\x98", 3, "\xEF\xBF\xBD"},
+        {"nul\0x", 5, "nul\\u0000x"},
+    };
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+        k3_sbuf b = {0};
+        k3_sbuf_json_str(&b, t[i].in, t[i].n);
+        int ok = b.p && !strcmp(b.p, t[i].want);
+        CHECK(ok, "case %zu: got '%s'", i, b.p ? b.p : "(null)");
+        /* and it is valid JSON that reads back as a string */
+        k3_sbuf q = {0};
+        k3_sbuf_printf(&q, "\"%s\"", b.p);
+        cJSON *v = cJSON_Parse(q.p);
+        CHECK(cJSON_IsString(v), "case %zu: not a JSON string", i);
+        cJSON_Delete(v);
+        k3_sbuf_free(&q);
+        k3_sbuf_free(&b);
+    }
+}
+
+const k3_test k3_suite_server[] = {
+    {"request_validation", test_validation},
+    {"defaults_and_ceiling", test_defaults_and_ceiling},
+    {"stop_strings", test_stop_strings},
+    {"json_escaping", test_json_escaping},
+    {0},
+};
