@@ -45,7 +45,7 @@ static void setup_usage(FILE *f) {
         "                     mismatched answer (default 5; 0 = none)\n"
         "  --backoff S        seconds before the first retry, doubled each time (default 0.5)\n"
         "  --timeout S        seconds to connect, and without a byte before a retry (default 30)\n"
-        "  --chunk-mb N       largest single range request, MiB (default 64)\n"
+        "  --chunk-mb N       largest single range request, MiB (default 64; fractions ok)\n"
         "  -h, --help         this help\n"
         "\n"
         "environment: HF_TOKEN (bearer token, sent only to the endpoint's host, never stored),\n"
@@ -91,7 +91,8 @@ static int parse_args(int argc, char **argv, k3_setup_opts *o) {
         } else if (!strcmp(a, "--timeout") && has_val) {
             if (!(rc = num(argv[++i], a, 1, 3600, &v))) o->timeout_s = v;
         } else if (!strcmp(a, "--chunk-mb") && has_val) {
-            if (!(rc = num(argv[++i], a, 1, 1 << 20, &v))) o->chunk_bytes = (uint64_t)v << 20;
+            if (!(rc = num(argv[++i], a, 1.0 / 1024, 1 << 20, &v)))
+                o->chunk_bytes = (uint64_t)(v * 1048576.0);
         } else if (a[0] != '-' && !o->dest) o->dest = a;
         else {
             fprintf(stderr, "k3 setup: unknown option or missing value: '%s' (see k3 setup "

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "../store/store.h"
+#include "../setup/setup.h"
 #include "../format/packed.h"
 #include "../format/safetensors.h"
 #include "../util/fileio.h"
@@ -24,6 +25,9 @@ struct k3_engine {
     k3_pack *pack;          /* int8 spine, or NULL (BF16, exact) */
     char spine_line[PATH_MAX + 640]; /* what k3_engine_spine_line returns */
     k3_store *store;        /* routed experts (src/store) */
+    k3_stream *stream;      /* a streaming install's missing experts (src/setup), or NULL */
+    char stream_dirs[2 * PATH_MAX]; /* shard folders: K3_DIRS + DIR/.k3/partial */
+    char stream_line[PATH_MAX + 256]; /* experts local, cost and command to finish */
     k3_mem_plan plan;       /* the startup memory plan */
     char store_line[1536];  /* what k3_engine_store_line returns */
 };
@@ -135,6 +139,47 @@ void k3_session_stats(const k3_session *s, k3_run_stats *out) {
     if (getrusage(RUSAGE_SELF, &ru) == 0) out->peak_rss_bytes = (uint64_t)ru.ru_maxrss * 1024;
 }
 
+/* ---- streaming install (issue 7) ----------------------------------------------------- */
+
+static const char *shard_name(const k3_engine *e, int shard) {
+    const char *p = e->ck->shards[shard].path, *slash = strrchr(p, '/');
+    return slash ? slash + 1 : p;
+}
+
+static bool stream_local(void *user, int shard, uint64_t off, uint64_t len) {
+    k3_engine *e = user;
+    return k3_stream_in_shard(e->stream, shard_name(e, shard), off, len);
+}
+
+static int stream_read(void *user, int layer, int expert, int shard, uint64_t off, uint64_t len,
+                       void *dst, k3_err *err) {
+    k3_engine *e = user;
+    return k3_stream_read(e->stream, layer, expert, shard_name(e, shard), off, len, dst, err);
+}
+
+/* An install made by `k3 setup --stream` (src/setup/setup.h): its incomplete shards are found
+ * in DIR/.k3/partial, and the experts not yet on disk come from the network. */
+static int open_stream(k3_engine *e, const char *model_dir, k3_store_settings *ss, k3_err *err) {
+    k3_http_opts http = {.token = getenv("HF_TOKEN")};
+    int rc = k3_stream_open(model_dir, &http, &e->stream, err);
+    if (rc || !e->stream) return rc;
+    if (ss->in_place)
+        return k3_fail(err, K3_ERR_USAGE, "%s is a streaming install: experts cannot be used "
+                       "in place (K3_MMAP_EXPERTS=1) while some are not on disk", model_dir);
+    snprintf(e->stream_dirs, sizeof e->stream_dirs, "%s%s%s/.k3/partial",
+             ss->dirs ? ss->dirs : "", ss->dirs ? ":" : "", model_dir);
+    ss->dirs = e->stream_dirs;
+    return K3_OK;
+}
+
+static int attach_stream(k3_engine *e, k3_err *err) {
+    if (!e->stream) return K3_OK;
+    k3_expert_source src = {e, stream_local, stream_read};
+    int rc = k3_store_set_source(e->store, &src, err);
+    k3_stream_describe(e->stream, e->stream_line, sizeof e->stream_line);
+    return rc;
+}
+
 int k3_engine_load(const char *model_dir, const k3_engine_opts *opts, k3_engine **out,
                    k3_err *err) {
     k3_engine *e = calloc(1, sizeof *e);
@@ -150,11 +195,13 @@ int k3_engine_load(const char *model_dir, const k3_engine_opts *opts, k3_engine 
                      "is %d", model_dir, k3_tokenizer_vocab_size(e->tok), e->cfg.vocab_size);
     k3_store_settings ss;
     if (!rc) rc = store_settings(opts, &ss, err);
+    if (!rc) rc = open_stream(e, model_dir, &ss, err);
     if (!rc) rc = k3_checkpoint_open_dirs(model_dir, ss.dirs, &e->ck, err);
     if (!rc) rc = open_spine(e, model_dir, opts, err);
     if (!rc) rc = k3_model_bind_packed(&e->model, &e->cfg, e->ck, e->pack, err);
     if (!rc) rc = k3_kernels_select(opts ? opts->kernels : NULL, &e->model.kr, err);
     if (!rc) rc = open_store(e, &ss, err);
+    if (!rc) rc = attach_stream(e, err);
     if (rc) {
         k3_engine_free(e);
         return rc;
@@ -174,6 +221,7 @@ int k3_engine_load(const char *model_dir, const k3_engine_opts *opts, k3_engine 
                 "OMP_NUM_THREADS override)\n", k3_kernels_name(e->model.kr),
                 omp_get_max_threads());
     if (opts && opts->verbose) fprintf(stderr, "k3: %s\n", e->store_line);
+    if (opts && opts->verbose && e->stream) fprintf(stderr, "k3: %s\n", e->stream_line);
     *out = e;
     return K3_OK;
 }
@@ -182,6 +230,7 @@ void k3_engine_free(k3_engine *e) {
     if (!e) return;
     k3_model_free(&e->model);
     k3_store_close(e->store);
+    k3_stream_close(e->stream);
     k3_pack_close(e->pack);
     k3_checkpoint_close(e->ck);
     k3_tokenizer_free(e->tok);

@@ -50,10 +50,16 @@ static void check_file(checker *k, const char *dest, const char *name, uint64_t 
                               "k3 setup again", path, sha);
 }
 
+/* Bytes --check will hash: complete files the server gave a sha256 for. */
 static uint64_t hash_bytes(const sn_install *in) {
     uint64_t t = 0;
+    char path[4096];
+    struct stat st;
     for (int i = 0; i < in->n_files; i++) t += in->files[i].sha256[0] ? in->files[i].bytes : 0;
-    for (int i = 0; i < in->n_shards; i++) t += in->shards[i].sha256[0] ? in->shards[i].bytes : 0;
+    for (int i = 0; i < in->n_shards; i++)
+        if (in->shards[i].sha256[0] &&
+            stat(sn_path(path, sizeof path, in->dest, in->shards[i].name, NULL), &st) == 0)
+            t += in->shards[i].bytes;
     return t;
 }
 
@@ -71,7 +77,8 @@ static void check_shard(checker *k, sn_install *in, sn_shard *sh, bool stream, i
         check_file(k, in->dest, sh->name, sh->bytes, sh->sha256);
         return;
     }
-    sn_path(path, sizeof path, in->dest, sh->name, sh->has_partial ? ".partial" : "");
+    if (sh->has_partial) sn_partial_path(path, sizeof path, in->dest, sh->name);
+    else sn_path(path, sizeof path, in->dest, sh->name, NULL);
     if (!sh->has_partial) {
         bad(k, "%s: missing%s", path, stream ? " (run k3 setup again to fetch its spine)" : "");
         return;

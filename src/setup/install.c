@@ -47,8 +47,8 @@ static char *shard_url(const ctx *c, char *buf, size_t cap, const char *name) {
 
 static int http_open(ctx *c, k3_err *err) {
     k3_http_opts ho = {.endpoint = c->in.endpoint, .token = c->o->token,
-                       .connections = c->o->connections, .retries = c->o->retries,
-                       .backoff_s = c->o->backoff_s, .timeout_s = c->o->timeout_s,
+                       .connections = c->in.net_connections, .retries = c->in.net_retries,
+                       .backoff_s = c->in.net_backoff_s, .timeout_s = c->in.net_timeout_s,
                        .interrupt = c->o->interrupt, .on_bytes = sn_progress_add,
                        .user = &c->prog};
     return k3_http_new(&ho, &c->http, err);
@@ -66,6 +66,10 @@ static int resolve_source(ctx *c, const sn_install *old, bool found, k3_err *err
                        "another folder", o->dest, old->repo, old->revision, repo, rev);
     if (!repo[0] || strstr(repo, "..") || repo[0] == '/' || !rev[0] || strchr(rev, '/'))
         return k3_fail(err, K3_ERR_USAGE, "bad --repo '%s' or --revision '%s'", repo, rev);
+    c->in.net_connections = o->connections ? o->connections : found ? old->net_connections : 0;
+    c->in.net_retries = o->retries ? o->retries : found ? old->net_retries : 0;
+    c->in.net_backoff_s = o->backoff_s > 0 ? o->backoff_s : found ? old->net_backoff_s : 0;
+    c->in.net_timeout_s = o->timeout_s > 0 ? o->timeout_s : found ? old->net_timeout_s : 0;
     c->in.dest = strdup(o->dest);
     c->in.endpoint = strdup(ep);
     c->in.repo = strdup(repo);
@@ -361,7 +365,7 @@ static int io_open(shard_io *io, k3_err *err) {
     ctx *c = io->c;
     sn_shard *sh = io->sh;
     char jpath[4096];
-    sn_path(io->part, sizeof io->part, c->in.dest, sh->name, ".partial");
+    sn_partial_path(io->part, sizeof io->part, c->in.dest, sh->name);
     sn_journal_path(jpath, sizeof jpath, c->in.dest, sh->name);
     int fresh = sh->has_partial ? 0 : O_TRUNC;
     io->fd = open(io->part, O_RDWR | O_CREAT | O_CLOEXEC | fresh, 0644);
@@ -666,9 +670,10 @@ static int install(ctx *c, const sn_install *old, bool found, k3_err *err) {
     if (mode == K3_SETUP_AUTO) {
         mode = avail >= need_full ? K3_SETUP_FULL : K3_SETUP_STREAM;
         if (mode == K3_SETUP_STREAM && avail >= need_stream)
-            fprintf(c->log, "k3 setup: not enough room for a full install (%s more needed): "
+            fprintf(c->log, "k3 setup: not enough room for a full install (%llu more bytes, %s): "
                     "installing the spine only; experts are fetched when first used, and "
                     "`k3 setup %s --finish` completes the install\n",
+                    (unsigned long long)(need_full - avail),
                     sn_human(h1, sizeof h1, need_full - avail), o->dest);
     }
     bool full = mode == K3_SETUP_FULL;
@@ -744,9 +749,9 @@ int k3_setup_run(const k3_setup_opts *o, k3_err *err) {
     sn_install old = {0};
     bool found = false;
     char dir[4096];
-    int rc = o->mode == K3_SETUP_CHECK ? K3_OK
-                                        : sn_mkdirs(sn_path(dir, sizeof dir, o->dest, SN_DIR,
-                                                            NULL), err);
+    int rc = o->mode == K3_SETUP_CHECK
+                 ? K3_OK
+                 : sn_mkdirs(sn_path(dir, sizeof dir, o->dest, SN_PARTIAL_DIR, NULL), err);
     if (!rc) rc = sn_manifest_read(o->dest, &old, &found, err);
     if (!rc) {
         if (o->mode == K3_SETUP_CHECK) rc = sn_check(o, found, err);

@@ -85,6 +85,11 @@ char *sn_path(char *buf, size_t cap, const char *dest, const char *name, const c
     return buf;
 }
 
+char *sn_partial_path(char *buf, size_t cap, const char *dest, const char *shard) {
+    if (snprintf(buf, cap, "%s/" SN_PARTIAL_DIR "/%s", dest, shard) >= (int)cap) buf[0] = 0;
+    return buf;
+}
+
 char *sn_journal_path(char *buf, size_t cap, const char *dest, const char *shard) {
     if (snprintf(buf, cap, "%s/" SN_DIR "/%s.done", dest, shard) >= (int)cap) buf[0] = 0;
     return buf;
@@ -125,7 +130,7 @@ static int fsync_dir(const char *dest) {
 int sn_write_atomic(const char *dest, const char *name, const void *buf, size_t n, k3_err *err) {
     char fin[4096], tmp[4200];
     sn_path(fin, sizeof fin, dest, name, NULL);
-    snprintf(tmp, sizeof tmp, "%s.partial", fin);
+    snprintf(tmp, sizeof tmp, "%s.k3tmp", fin);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) return k3_fail(err, K3_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
     const char *p = buf;
@@ -294,6 +299,19 @@ int sn_manifest_read(const char *dest, sn_install *in, bool *found, k3_err *err)
     in->dest = strdup(dest);
     in->endpoint = strdup(ep), in->repo = strdup(repo), in->revision = strdup(rev);
     snprintf(in->mode, sizeof in->mode, "%s", mode);
+    const cJSON *net = cJSON_GetObjectItemCaseSensitive(root, "network"), *v;
+    if ((v = cJSON_GetObjectItemCaseSensitive(net, "connections")) && cJSON_IsNumber(v) &&
+        v->valuedouble >= 0 && v->valuedouble <= 64)
+        in->net_connections = (int)v->valuedouble;
+    if ((v = cJSON_GetObjectItemCaseSensitive(net, "retries")) && cJSON_IsNumber(v) &&
+        v->valuedouble >= -1 && v->valuedouble <= 100)
+        in->net_retries = (int)v->valuedouble;
+    if ((v = cJSON_GetObjectItemCaseSensitive(net, "backoff_s")) && cJSON_IsNumber(v) &&
+        v->valuedouble >= 0 && v->valuedouble <= 600)
+        in->net_backoff_s = v->valuedouble;
+    if ((v = cJSON_GetObjectItemCaseSensitive(net, "timeout_s")) && cJSON_IsNumber(v) &&
+        v->valuedouble >= 0 && v->valuedouble <= 3600)
+        in->net_timeout_s = v->valuedouble;
     in->files = calloc((size_t)cJSON_GetArraySize(files) + 1, sizeof *in->files);
     in->shards = calloc((size_t)cJSON_GetArraySize(shards) + 1, sizeof *in->shards);
     if (!in->dest || !in->endpoint || !in->repo || !in->revision || !in->files || !in->shards) {
@@ -339,6 +357,11 @@ int sn_manifest_write(const sn_install *in, k3_err *err) {
     cJSON_AddStringToObject(root, "repo", in->repo);
     cJSON_AddStringToObject(root, "revision", in->revision);
     cJSON_AddStringToObject(root, "mode", in->mode);
+    cJSON *net = cJSON_AddObjectToObject(root, "network");
+    cJSON_AddNumberToObject(net, "connections", in->net_connections);
+    cJSON_AddNumberToObject(net, "retries", in->net_retries);
+    cJSON_AddNumberToObject(net, "backoff_s", in->net_backoff_s);
+    cJSON_AddNumberToObject(net, "timeout_s", in->net_timeout_s);
     cJSON_AddItemToObject(root, "files", files);
     cJSON_AddItemToObject(root, "shards", shards);
     for (int i = 0; i < in->n_files; i++) {
@@ -550,7 +573,7 @@ static int load_header(sn_shard *sh, const char *path, k3_err *err) {
 int sn_load_shard(const char *dest, sn_shard *sh, k3_err *err) {
     char fin[4096], part[4200];
     sn_path(fin, sizeof fin, dest, sh->name, NULL);
-    sn_path(part, sizeof part, dest, sh->name, ".partial");
+    sn_partial_path(part, sizeof part, dest, sh->name);
     struct stat st;
     sh->complete = sh->has_partial = false;
     sh->done.n = 0;

@@ -19,9 +19,9 @@
  *    sha256 when the server gave one: an X-Linked-Etag or ETag that is 64 hex digits, as on
  *    the Hugging Face hub). Until then it lives under a temporary name, so a crash never
  *    leaves a file that looks complete but is not.
- *  - A journal entry saying "these bytes of a .partial file are final" is written only
- *    after the bytes were fdatasync'd; a crash loses at most unjournaled progress, which is
- *    fetched again, never trusted.
+ *  - A journal entry saying "these bytes of a partial shard are final" is written only after
+ *    the bytes were fdatasync'd; a crash loses at most unjournaled progress, which is fetched
+ *    again, never trusted.
  *  - Requests go only to the configured endpoint. Redirects are followed only to https: or
  *    to the endpoint's own host, and the bearer token is sent only to the endpoint's host.
  *    No message ever contains the token (URLs are printed without user:password@).
@@ -30,30 +30,36 @@
  *
  * ---- On-disk layout of an install (DEST) ------------------------------------------------
  *
- *   config.json, model.safetensors.index.json,          complete, checked files
+ *   config.json, model.safetensors.index.json,      complete, checked files
  *   tiktoken.model, tokenizer_config.json,
  *   generation_config.json (when the source has one)
- *   model-XXXXX-of-YYYYYY.safetensors                   a complete, checked shard
- *   model-XXXXX-of-YYYYYY.safetensors.partial           a shard not yet complete: full length,
- *                                                       sparse; only the byte ranges listed in
- *                                                       its journal are final, the rest are holes
- *   .k3/setup.json                                      the manifest (below)
- *   .k3/<shard>.done                                    the journal of <shard>.partial: records
- *                                                       of two little-endian u64 (offset, length)
- *                                                       of final bytes; a torn last record is
- *                                                       ignored
- *   .k3/experts/<layer>/<expert>.bin                    raw-span cache: the expert's bytes verbatim,
- *                                                       shard bytes [span.offset, span.offset +
- *                                                       span.nbytes); present = complete (written
- *                                                       to a temporary name, length-checked, renamed)
+ *   model-XXXXX-of-YYYYYY.safetensors               a complete, checked shard
+ *   .k3/setup.json                                  the manifest (below)
+ *   .k3/partial/model-XXXXX-of-YYYYYY.safetensors   a shard not yet complete, under its own
+ *                                                   name: full length, sparse; only the byte
+ *                                                   ranges in its journal are final, the rest
+ *                                                   are holes
+ *   .k3/<shard>.done                                its journal: records of two little-endian
+ *                                                   u64 (offset, length) of final bytes; a
+ *                                                   torn last record is ignored
+ *   .k3/experts/<layer>/<expert>.bin                raw-span cache: the expert's span verbatim
+ *                                                   (shard bytes [span.offset, span.offset +
+ *                                                   span.nbytes)); present = complete (written
+ *                                                   to a temporary name, length-checked, renamed)
+ *   *.k3tmp                                         a small file being written (then renamed)
+ *
+ * Nothing incomplete ever sits in DEST under a shard's name, so another tool reading DEST
+ * fails loudly instead of reading holes. k3 itself opens a streaming install by adding
+ * DEST/.k3/partial to the loader's shard folders (k3_checkpoint_open_dirs, as K3_DIRS) and
+ * reading experts through the store's expert source (k3_stream_*), never in place.
  *
  * A --full install is the complete shards plus the manifest. A --stream install has, for every
- * shard holding a routed expert, a .partial whose journal covers the safetensors header and
- * every text spine tensor (vision tensors and routed experts are holes). An expert is LOCAL
- * when its shard is complete, or its span lies inside its .partial's journaled ranges, or
- * its raw-span file exists. `--finish` copies raw spans into the .partial files, fetches the
- * rest in file-offset order, checks each shard and renames it into place, after which the
- * install is identical to a --full one.
+ * shard holding a routed expert, a partial shard whose journal covers the safetensors header
+ * and every text spine tensor (vision tensors and routed experts are holes); a shard that is
+ * all spine is complete. An expert is LOCAL when its shard is complete, or its span lies inside
+ * its partial shard's journaled ranges, or its raw-span file exists. `--finish` copies raw
+ * spans into the partial shards, fetches the rest in file-offset order, checks each shard and
+ * renames it into place, after which the install is identical to a --full one.
  *
  * The expert span of (layer, expert) is [min begin, max end) over the file offsets of its
  * tensors (block_sparse_moe.experts.E.*); in K3 the six tensors are back to back, so the
@@ -61,7 +67,9 @@
  * (tensor.file_offset - span.offset) inside the raw-span file.
  *
  * .k3/setup.json (written atomically): {"format": 1, "endpoint", "repo", "revision",
- * "mode": "full"|"stream", "files": [{"name", "bytes", "sha256" (or null)}], "shards":
+ * "mode": "full"|"stream", "network": {"connections", "retries", "backoff_s", "timeout_s"}
+ * (the --connections/--retries/--backoff/--timeout of the last `k3 setup`, used again when
+ * experts stream at run time), "files": [{"name", "bytes", "sha256" (or null)}], "shards":
  * [{"name", "bytes", "sha256" (or null), "header_bytes"}]}. The token is never stored.
  */
 #ifndef K3_SETUP_H
@@ -192,22 +200,27 @@ typedef struct k3_expert_span {
 
 /* Opens the streaming state of the install in dir. *out = NULL (and K3_OK) when dir is not
  * a streaming install (no .k3/setup.json, or every shard complete): read it as a snapshot.
+ * Endpoint, repository, revision and network settings come from the manifest; http (may be
+ * NULL) supplies only token, interrupt and on_bytes.
  * Errors: K3_ERR_IO, K3_ERR_CHECKPOINT (manifest or journal malformed). */
 int k3_stream_open(const char *dir, const k3_http_opts *http, k3_stream **out, k3_err *err);
 void k3_stream_close(k3_stream *s);
 
-/* The path the loader should open for shard `name` (a file name from the index): the
- * complete shard if present, else its .partial. Returns buf. */
+/* The path of shard `name` (a file name from the index): the complete shard if present, else
+ * its partial file. Returns buf. */
 char *k3_stream_shard_path(const k3_stream *s, const char *name, char *buf, size_t cap);
 
 /* True when the span's bytes are final in the shard file (complete shard, or journaled). */
 bool k3_stream_in_shard(const k3_stream *s, const char *shard_name, uint64_t offset,
                         uint64_t nbytes);
 
-/* Reads expert (layer, expert), whose span is [offset, offset + nbytes) of shard_name, into
- * dst: from its raw-span file when present, else with one HTTP range request whose body is
- * checked, written to the raw-span file (temporary name, renamed) and copied to dst.
- * Errors: K3_ERR_NETWORK naming the expert and URL; K3_ERR_IO. */
+/* Reads bytes [offset, offset + nbytes) of shard_name, which lie inside the span of expert
+ * (layer, expert), into dst: from the shard when journaled there, else from the expert's
+ * raw-span file, else with ONE HTTP range request for the whole span, whose body is checked,
+ * kept as the raw-span file (temporary name, fdatasync, rename) and copied to dst. Thread-safe;
+ * concurrent callers use separate keep-alive connections (up to the install's connections).
+ * Errors: K3_ERR_NETWORK naming the expert and the URL (after the install's retries);
+ * K3_ERR_IO; K3_ERR_CHECKPOINT (the range is not that expert's, per the install's headers). */
 int k3_stream_read(k3_stream *s, int layer, int expert, const char *shard_name,
                    uint64_t offset, uint64_t nbytes, void *dst, k3_err *err);
 
@@ -216,6 +229,9 @@ typedef struct k3_stream_summary {
     uint64_t experts_local, experts_total, finish_bytes;
 } k3_stream_summary;
 void k3_stream_summary_get(const k3_stream *s, k3_stream_summary *out);
+
+/* One line for the startup banner: experts local, what finishing would fetch, the command. */
+void k3_stream_describe(const k3_stream *s, char *buf, size_t cap);
 
 /* Experts fetched over HTTP since k3_stream_open (tests, benchmarks). */
 uint64_t k3_stream_fetched(const k3_stream *s);

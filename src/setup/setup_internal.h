@@ -11,6 +11,7 @@
 
 #define SN_DIR ".k3"
 #define SN_MANIFEST ".k3/setup.json"
+#define SN_PARTIAL_DIR ".k3/partial"
 #define SN_INDEX "model.safetensors.index.json"
 #define SN_SINGLE "model.safetensors"
 #define SN_MAX_SMALL_BYTES (64u << 20)   /* config, index, tokenizer files */
@@ -46,8 +47,8 @@ typedef struct sn_shard {
     sn_tensor *t;
     int nt;
     bool complete;            /* the final file exists (and was checked when written) */
-    bool has_partial;         /* a .partial exists */
-    sn_ranges done;           /* journaled final bytes of the .partial */
+    bool has_partial;         /* .k3/partial/<name> exists */
+    sn_ranges done;           /* journaled final bytes of the partial file */
 } sn_shard;
 
 typedef struct sn_file {
@@ -61,6 +62,8 @@ typedef struct sn_install {
     char *dest;
     char *endpoint, *repo, *revision;
     char mode[16];            /* "full" | "stream" | "" (unknown) */
+    int net_connections, net_retries;   /* the manifest's "network" (0: defaults) */
+    double net_backoff_s, net_timeout_s;
     sn_file *files;
     int n_files;
     sn_shard *shards;
@@ -72,6 +75,9 @@ typedef struct sn_install {
 
 void sn_install_free(sn_install *in);
 char *sn_path(char *buf, size_t cap, const char *dest, const char *name, const char *suffix);
+/* dest/.k3/partial/<shard>: where a shard lives until it is complete (same file name, so a
+ * loader can find it through its extra-folders search; see setup.h). */
+char *sn_partial_path(char *buf, size_t cap, const char *dest, const char *shard);
 char *sn_journal_path(char *buf, size_t cap, const char *dest, const char *shard);
 char *sn_span_path(char *buf, size_t cap, const char *dest, int layer, int expert);
 
@@ -90,7 +96,7 @@ int sn_parse_header(sn_shard *sh, char *hdr, uint64_t hdr_bytes, k3_err *err);
 int sn_build_spans(sn_install *in, k3_err *err);
 
 /* For every shard of the manifest: whether it is complete, the journal of its .partial,
- * and its header read from the local file (complete or .partial). Shards whose header is
+ * and its header read from the local file (complete or partial). Shards whose header is
  * not local yet keep header == NULL. Errors: K3_ERR_IO, K3_ERR_CHECKPOINT. */
 int sn_load_local(sn_install *in, k3_err *err);
 int sn_load_shard(const char *dest, sn_shard *sh, k3_err *err); /* one shard of it */

@@ -16,6 +16,8 @@ struct k3_stream {
     sn_install in;
     k3_http_opts http_opts;
     char *token;
+    int *span_of;             /* [n_layers_seen * key_experts]: index into in.spans, or -1 */
+    int key_experts;          /* 1 + the largest expert id */
     k3_http **clients;        /* created on first use */
     bool *busy;
     int n_clients;
@@ -28,6 +30,7 @@ static void stream_free(k3_stream *s) {
     for (int i = 0; i < s->n_clients; i++) k3_http_free(s->clients[i]);
     free(s->clients);
     free(s->busy);
+    free(s->span_of);
     free(s->token);
     sn_install_free(&s->in);
     pthread_mutex_destroy(&s->mu);
@@ -52,8 +55,8 @@ int k3_stream_open(const char *dir, const k3_http_opts *http, k3_stream **out, k
     for (int i = 0; !rc && found && i < s->in.n_shards; i++) {
         const sn_shard *sh = &s->in.shards[i];
         if (!sh->complete && sh->has_partial && !sh->header)
-            rc = k3_fail(err, K3_ERR_CHECKPOINT, "%s/%s.partial: its header was never fetched: "
-                         "run k3 setup %s again", dir, sh->name, dir);
+            rc = k3_fail(err, K3_ERR_CHECKPOINT, "%s/" SN_PARTIAL_DIR "/%s: its header was never "
+                         "fetched: run k3 setup %s again", dir, sh->name, dir);
         complete &= sh->complete;
     }
     if (rc || !found || complete) {
@@ -61,8 +64,25 @@ int k3_stream_open(const char *dir, const k3_http_opts *http, k3_stream **out, k
         return rc;
     }
     rc = sn_build_spans(&s->in, err);
-    s->http_opts = http ? *http : (k3_http_opts){0};
-    s->http_opts.endpoint = s->in.endpoint;
+    for (int i = 0; !rc && i < s->in.n_spans; i++)
+        if (s->in.spans[i].expert + 1 > s->key_experts) s->key_experts = s->in.spans[i].expert + 1;
+    size_t nkeys = (size_t)s->in.n_layers_seen * (size_t)s->key_experts;
+    if (!rc && !(s->span_of = malloc((nkeys + 1) * sizeof *s->span_of)))
+        rc = k3_fail(err, K3_ERR_GENERIC, "out of memory");
+    for (size_t i = 0; !rc && i < nkeys; i++) s->span_of[i] = -1;
+    for (int i = 0; !rc && i < s->in.n_spans; i++)
+        s->span_of[s->in.spans[i].layer * s->key_experts + s->in.spans[i].expert] = i;
+    /* the network settings of the last `k3 setup`; token, interrupt and progress from http */
+    s->http_opts = (k3_http_opts){.endpoint = s->in.endpoint,
+                                  .connections = s->in.net_connections,
+                                  .retries = s->in.net_retries,
+                                  .backoff_s = s->in.net_backoff_s,
+                                  .timeout_s = s->in.net_timeout_s};
+    if (http) {
+        s->http_opts.interrupt = http->interrupt;
+        s->http_opts.on_bytes = http->on_bytes;
+        s->http_opts.user = http->user;
+    }
     if (http && http->token && !(s->token = strdup(http->token)))
         rc = k3_fail(err, K3_ERR_GENERIC, "out of memory");
     s->http_opts.token = s->token;
@@ -87,7 +107,8 @@ static const sn_shard *shard_by_name(const k3_stream *s, const char *name) {
 
 char *k3_stream_shard_path(const k3_stream *s, const char *name, char *buf, size_t cap) {
     const sn_shard *sh = shard_by_name(s, name);
-    return sn_path(buf, cap, s->in.dest, name, sh && !sh->complete ? ".partial" : NULL);
+    if (sh && !sh->complete) return sn_partial_path(buf, cap, s->in.dest, name);
+    return sn_path(buf, cap, s->in.dest, name, NULL);
 }
 
 bool k3_stream_in_shard(const k3_stream *s, const char *shard_name, uint64_t offset,
@@ -96,18 +117,20 @@ bool k3_stream_in_shard(const k3_stream *s, const char *shard_name, uint64_t off
     return sh && (sh->complete || sn_ranges_covers(&sh->done, offset, offset + nbytes));
 }
 
-/* Reads the raw-span file when it exists with the right length. Returns 1 read, 0 absent. */
-static int read_cached(const char *path, void *dst, uint64_t nbytes, k3_err *err) {
+/* Reads [at, at + n) of the file at path, which must be exactly file_bytes long.
+ * Returns 1 read, 0 absent (or another length: a stale span, fetched again), or -status. */
+static int read_file_range(const char *path, uint64_t file_bytes, uint64_t at, void *dst,
+                           uint64_t n, k3_err *err) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return 0;
     struct stat st;
-    if (fstat(fd, &st) != 0 || (uint64_t)st.st_size != nbytes) {
+    if (fstat(fd, &st) != 0 || (uint64_t)st.st_size != file_bytes) {
         close(fd);
-        return 0; /* a stale span (another snapshot): fetch it again */
+        return 0;
     }
     uint64_t done = 0;
-    while (done < nbytes) {
-        ssize_t r = pread(fd, (char *)dst + done, nbytes - done, (off_t)done);
+    while (done < n) {
+        ssize_t r = pread(fd, (char *)dst + done, n - done, (off_t)(at + done));
         if (r < 0 && errno == EINTR) continue;
         if (r <= 0) {
             close(fd);
@@ -177,25 +200,45 @@ static void give_back(k3_stream *s, int i) {
 int k3_stream_read(k3_stream *s, int layer, int expert, const char *shard_name,
                    uint64_t offset, uint64_t nbytes, void *dst, k3_err *err) {
     char path[4096], url[2048], what[96];
+    int idx = layer >= 0 && layer < s->in.n_layers_seen && expert >= 0 &&
+                      expert < s->key_experts ? s->span_of[layer * s->key_experts + expert] : -1;
+    const k3_expert_span *sp = idx >= 0 ? &s->in.spans[idx] : NULL;
+    const sn_shard *sh = sp ? &s->in.shards[sp->shard] : NULL;
+    if (!sp || strcmp(sh->name, shard_name) || offset < sp->offset ||
+        offset + nbytes > sp->offset + sp->nbytes)
+        return k3_fail(err, K3_ERR_CHECKPOINT, "expert %d of layer %d: bytes %llu-%llu of %s "
+                       "are not that expert's span in the install's headers", expert, layer,
+                       (unsigned long long)offset, (unsigned long long)(offset + nbytes),
+                       shard_name);
+    if (sh->complete || sn_ranges_covers(&sh->done, offset, offset + nbytes)) {
+        k3_stream_shard_path(s, shard_name, path, sizeof path);
+        int got = read_file_range(path, sh->bytes, offset, dst, nbytes, err);
+        if (got) return got < 0 ? -got : K3_OK;
+    }
     sn_span_path(path, sizeof path, s->in.dest, layer, expert);
-    int got = read_cached(path, dst, nbytes, err);
+    int got = read_file_range(path, sp->nbytes, offset - sp->offset, dst, nbytes, err);
     if (got) return got < 0 ? -got : K3_OK;
-    const sn_shard *sh = shard_by_name(s, shard_name);
-    if (!sh)
-        return k3_fail(err, K3_ERR_CHECKPOINT, "expert %d of layer %d: shard %s is not in the "
-                       "install's manifest", expert, layer, shard_name);
+    /* one request for the whole span; dst takes it directly when that is what was asked */
+    bool whole = offset == sp->offset && nbytes == sp->nbytes;
+    void *buf = whole ? dst : malloc(sp->nbytes ? sp->nbytes : 1);
+    if (!buf) return k3_fail(err, K3_ERR_GENERIC, "out of memory (expert span)");
     snprintf(what, sizeof what, "expert %d of layer %d", expert, layer);
     k3_http_req r = {.url = k3_hub_url(url, sizeof url, s->in.endpoint, s->in.repo,
                                        s->in.revision, shard_name),
-                     .offset = offset, .nbytes = nbytes, .dst = dst, .fd = -1,
+                     .offset = sp->offset, .nbytes = sp->nbytes, .dst = buf, .fd = -1,
                      .expect_total = sh->bytes, .what = what};
-    int c = borrow(s, err);
-    if (c < 0) return -c;
-    int rc = k3_http_fetch(s->clients[c], &r, 1, NULL, NULL, err);
-    give_back(s, c);
-    if (rc) return rc;
-    __atomic_add_fetch(&s->fetched, 1, __ATOMIC_RELAXED);
-    return keep_span(s, layer, path, dst, nbytes, err);
+    int c = borrow(s, err), rc = c < 0 ? -c : K3_OK;
+    if (!rc) {
+        rc = k3_http_fetch(s->clients[c], &r, 1, NULL, NULL, err);
+        give_back(s, c);
+    }
+    if (!rc) {
+        __atomic_add_fetch(&s->fetched, 1, __ATOMIC_RELAXED);
+        rc = keep_span(s, layer, path, buf, sp->nbytes, err);
+    }
+    if (!rc && !whole) memcpy(dst, (char *)buf + (offset - sp->offset), nbytes);
+    if (!whole) free(buf);
+    return rc;
 }
 
 void k3_stream_summary_get(const k3_stream *s, k3_stream_summary *out) {
@@ -233,4 +276,15 @@ void k3_stream_summary_get(const k3_stream *s, k3_stream_summary *out) {
 
 uint64_t k3_stream_fetched(const k3_stream *s) {
     return __atomic_load_n(&s->fetched, __ATOMIC_RELAXED);
+}
+
+void k3_stream_describe(const k3_stream *s, char *buf, size_t cap) {
+    k3_stream_summary sum;
+    char h[32];
+    k3_stream_summary_get(s, &sum);
+    snprintf(buf, cap, "streaming install: %llu of %llu experts local, the others are fetched "
+             "when first used (one range request each) and kept; finishing fetches %s: "
+             "k3 setup %s --finish", (unsigned long long)sum.experts_local,
+             (unsigned long long)sum.experts_total, sn_human(h, sizeof h, sum.finish_bytes),
+             s->in.dest);
 }

@@ -91,8 +91,43 @@ static int read_span(k3_store *st, int shard, uint8_t *dst, uint64_t off, uint64
     return 0;
 }
 
+/* A streaming install: an expert whose bytes are not all on disk comes from st->source, each
+ * part copied where the shard reads below would put it. Returns 1 when the expert is local
+ * (read it from the shard), 0 when the source filled it, or K3_STORE_ESOURCE. */
+static int read_from_source(k3_store *st, int key, uint8_t *buf, int *shard, uint64_t *at,
+                            uint64_t *bytes) {
+    const k3_expert_loc *L = &st->loc[key];
+    int n = L->contig ? 1 : K3_EXPERT_PARTS, local = 1;
+    for (int i = 0; i < n && local; i++)
+        local = st->source.local(st->source.user, L->shard[i], L->off[i],
+                                 L->contig ? st->expert_bytes : st->part_bytes[i]);
+    if (local) return 1;
+    size_t region = 0;
+    for (int i = 0; i < n; i++) {
+        uint64_t len = L->contig ? st->expert_bytes : st->part_bytes[i];
+        k3_err e = {0};
+        *shard = L->shard[i];
+        if (st->source.read(st->source.user, key / st->n_experts, key % st->n_experts,
+                            L->shard[i], L->off[i], len,
+                            buf + region + (L->off[i] - align_down(L->off[i])), &e)) {
+            pthread_mutex_lock(&st->mu);
+            st->source_err = e;
+            pthread_mutex_unlock(&st->mu);
+            *at = L->off[i];
+            return K3_STORE_ESOURCE;
+        }
+        *bytes += len;
+        region += (size_t)(align_up(st->part_bytes[i]) + K3_IO_ALIGN);
+    }
+    return 0;
+}
+
 int k3_store_read_expert(k3_store *st, int key, uint8_t *buf, int *shard, uint64_t *at,
                          uint64_t *bytes) {
+    if (st->source.read) {
+        int e = read_from_source(st, key, buf, shard, at, bytes);
+        if (e != 1) return e;
+    }
     const k3_expert_loc *L = &st->loc[key];
     if (L->contig) {
         uint64_t start = align_down(L->off[0]), need = L->off[0] + st->expert_bytes - start;

@@ -437,6 +437,16 @@ void k3_store_set_read_hook(k3_store *st, k3_store_read_hook hook, void *user) {
     pthread_mutex_unlock(&st->mu);
 }
 
+int k3_store_set_source(k3_store *st, const k3_expert_source *src, k3_err *err) {
+    if (st->in_place)
+        return k3_fail(err, K3_ERR_USAGE, "experts cannot be used in place (K3_MMAP_EXPERTS=1) "
+                       "from a streaming install: some are not on disk yet");
+    pthread_mutex_lock(&st->mu);
+    st->source = *src;
+    pthread_mutex_unlock(&st->mu);
+    return K3_OK;
+}
+
 /* ==== clients: what the MoE calls ======================================================= */
 
 int k3_store_client_new(k3_store *st, k3_store_client **out, k3_err *err) {
@@ -596,6 +606,10 @@ static void expert_in_slot(const k3_store *st, int s, k3_expert *ex) {
 static int read_error(const k3_store *st, const k3_slot *sl, k3_err *err) {
     const char *path = st->ck->shards[sl->err_shard].path;
     int layer = sl->key / st->n_experts, e = sl->key % st->n_experts;
+    if (sl->err == K3_STORE_ESOURCE) { /* the source's own message (URL, expert) */
+        if (err) *err = st->source_err;
+        return st->source_err.code;
+    }
     if (sl->err == -1)
         return k3_fail(err, K3_ERR_EXPERT_IO, "%s: layer %d expert %d: the file ends at byte "
                        "%llu, inside this expert's bytes: the shard is truncated or was "

@@ -157,6 +157,29 @@ void k3_store_get_stats(k3_store *st, k3_store_stats *out);
 typedef int (*k3_store_read_hook)(void *user, int shard, uint64_t off, size_t *len);
 void k3_store_set_read_hook(k3_store *st, k3_store_read_hook hook, void *user);
 
+/* ---- streaming installs (issue 7): experts that are not on local disk yet ------------ */
+
+/* Where the bytes of experts missing from the local shards come from: src/setup's k3_stream
+ * for an install made by `k3 setup --stream` (the store knows nothing of HTTP).
+ *  local(user, shard, off, len): are bytes [off, off+len) of shard on disk? Asked by a
+ *    reader before each expert read; when false, the expert comes from read().
+ *  read(user, layer, expert, shard, off, len, dst, err): fills dst with bytes [off, off+len)
+ *    of shard, which lie inside that expert's span; returns 0 or a k3_status with err filled.
+ *    Called concurrently by the reader threads; the bytes must be verbatim, so an expert
+ *    from the source is bit-identical to one read from the shard. */
+typedef struct k3_expert_source {
+    void *user;
+    bool (*local)(void *user, int shard, uint64_t off, uint64_t len);
+    int (*read)(void *user, int layer, int expert, int shard, uint64_t off, uint64_t len,
+                void *dst, k3_err *err);
+} k3_expert_source;
+
+/* Installs src (copied) before the first request. A failed source read fails the request
+ * with the source's own status and message (e.g. K3_ERR_NETWORK naming the expert and URL).
+ * Errors: K3_ERR_USAGE in the in-place mode (K3_MMAP_EXPERTS=1), which would read the
+ * missing experts' holes in the mapped shards as weights. */
+int k3_store_set_source(k3_store *st, const k3_expert_source *src, k3_err *err);
+
 /* ---- replay support: the cache policies without the I/O (src/store/policy.c) ---------- */
 
 /* Parses "lru" / "s3fifo" into enum k3_cache_policy; -1 when unknown. */

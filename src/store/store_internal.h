@@ -11,6 +11,8 @@
 /* O_DIRECT needs offsets, lengths and buffers aligned to the logical block size; 4096 covers
  * every common device. Spans are widened to this alignment and read whole. */
 #define K3_IO_ALIGN 4096u
+/* k3_store_read_expert's "the expert source failed; see st->source_err" (not an errno). */
+#define K3_STORE_ESOURCE (-2)
 #define K3_EXPERT_PARTS 6 /* w1 packed, w1 scale, w2 packed, w2 scale, w3 packed, w3 scale */
 
 enum slot_state { SLOT_EMPTY, SLOT_INFLIGHT, SLOT_READY, SLOT_FAILED };
@@ -77,6 +79,8 @@ struct k3_store {
     pthread_cond_t work, done;
     int stop;
     k3_store_stats stats;
+    k3_expert_source source;            /* experts not on disk yet (streaming install) */
+    k3_err source_err;                  /* the last failed source read (guarded by mu) */
     k3_store_read_hook hook;
     void *hook_user;
     k3_mem_plan plan;
