@@ -58,9 +58,12 @@ static void compare(mode_run *r, const float *ref, double ref_lse, int ref_arg, 
     r->kl_sum += kl;
 }
 
+/* Every mode is its own engine; routed experts are used in place from the mapped shards, so
+ * the engines share the page cache instead of each filling an expert cache of its own (the
+ * store's results are bit-identical either way). */
 static int load_mode(const k3_quality_opts *o, int spine, int ctx, mode_run *r, k3_err *err) {
     k3_engine_opts eo = {.threads = o->threads, .verbose = o->verbose, .spine = spine,
-                         .pack_dir = o->pack_dir};
+                         .pack_dir = o->pack_dir, .experts_in_place = 1};
     int rc = k3_engine_load(o->model_dir, &eo, &r->e, err);
     if (!rc) rc = k3_session_new(r->e, ctx, &r->s, err);
     if (!rc && !(r->logits = malloc((size_t)k3_engine_config(r->e)->vocab_size * sizeof(float))))
