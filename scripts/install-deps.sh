@@ -4,6 +4,8 @@ set -e
 PKGS="build-essential libcjson-dev libpcre2-dev libmicrohttpd-dev libcurl4-openssl-dev libssl-dev nginx libxxhash-dev"
 # Node.js + npm run the server tests (tests/server); keep an existing install.
 command -v npm >/dev/null 2>&1 || PKGS="$PKGS nodejs npm"
+# fio measures the drive's own limit beside the expert store in `k3 bench io`.
+PKGS="$PKGS fio"
 if [ "${1:-}" = "--with-wide" ]; then PKGS="$PKGS python3-numpy"; fi
 SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
 export DEBIAN_FRONTEND=noninteractive

@@ -12,6 +12,9 @@ int k3_cmd_setup(int argc, char **argv);
 int k3_cmd_quality(int argc, char **argv);
 int k3_cmd_pack(int argc, char **argv);
 int k3_cmd_synth(int argc, char **argv);
+int k3_cmd_replay(int argc, char **argv);
+int k3_cmd_tracegen(int argc, char **argv);
+int k3_cmd_bench(int argc, char **argv);
 
 /* The bundled fixture model's folder (tests/fixtures/k3-nano beside the executable, else
  * relative to the working directory); used when no MODEL_DIR is given. */

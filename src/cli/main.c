@@ -25,6 +25,9 @@ static void usage(FILE *f) {
             "  quality [DIR] --text FILE       NLL/perplexity and distance from the exact path\n"
             "  pack DIR [--spine int8]         write the int8 spine (not exact) beside DIR\n"
             "  synth OUT_DIR [options]         write a synthetic K3-shaped snapshot (tests)\n"
+            "  replay TRACE.jsonl              expert cache policies vs Belady on a router trace\n"
+            "  trace-gen OUT.jsonl [options]   synthetic router trace with K3's locality\n"
+            "  bench io [MODEL_DIR]            expert-read throughput vs fio (see --help)\n"
             "\n"
             "MODEL_DIR is an unmodified Hugging Face snapshot of moonshotai/Kimi-K3; without\n"
             "it, k3 uses the small fixture model bundled in " BUNDLED_MODEL ".\n"
@@ -78,6 +81,9 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "quality")) return k3_cmd_quality(argc - 1, argv + 1);
     if (!strcmp(cmd, "pack")) return k3_cmd_pack(argc - 1, argv + 1);
     if (!strcmp(cmd, "synth")) return k3_cmd_synth(argc - 1, argv + 1);
+    if (!strcmp(cmd, "replay")) return k3_cmd_replay(argc - 1, argv + 1);
+    if (!strcmp(cmd, "trace-gen")) return k3_cmd_tracegen(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench")) return k3_cmd_bench(argc - 1, argv + 1);
     fprintf(stderr, "k3: unknown command '%s'\n\n", cmd);
     usage(stderr);
     return K3_ERR_USAGE;

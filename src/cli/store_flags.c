@@ -17,7 +17,7 @@ void k3_cli_store_usage(FILE *f) {
         "  --pipe MODE          prefetch: 0, 1 (both), prev (previous token's choice), lookahead\n"
         "                       (next layer's router on this layer's input) (K3_PIPE; default\n"
         "                       on when the cache holds 2 x top-k experts)\n"
-        "  --cache-policy P     lru or s3fifo (K3_CACHE_POLICY; default lru)\n"
+        "  --cache-policy P     s3fifo or lru (K3_CACHE_POLICY; default s3fifo)\n"
         "  --dirs D1:D2         extra folders holding shards, e.g. on other drives (K3_DIRS)\n"
         "  --mmap-experts       no cache: experts used in place from the mapped shards\n"
         "                       (K3_MMAP_EXPERTS=1; the reference path)\n"

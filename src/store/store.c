@@ -313,7 +313,9 @@ static int start_readers(k3_store *st, k3_err *err) {
 static void resolve(k3_store *st, const k3_store_settings *set) {
     st->n_threads = set->load_threads > 0 ? set->load_threads : 4;
     st->max_pf_running = st->n_threads > 1 ? st->n_threads - 1 : 1;
-    st->policy_kind = set->policy == K3_POLICY_S3FIFO ? K3_POLICY_S3FIFO : K3_POLICY_LRU;
+    /* S3-FIFO by default: closest to Belady of the online policies on K3-like traces
+     * (BENCHMARKS.md, k3 replay) */
+    st->policy_kind = set->policy == K3_POLICY_LRU ? K3_POLICY_LRU : K3_POLICY_S3FIFO;
     const k3_mem_plan *p = &st->plan;
     uint64_t all = st->n_mapped * st->expert_bytes;
     if (set->direct == K3_IO_AUTO) /* the page cache is a free second level where it fits */

@@ -60,7 +60,7 @@ typedef struct k3_store_settings {
                          * fit in RAM beside the spine and headroom */
     int pipe;           /* K3_PIPE (0|1|prev|lookahead): mask or AUTO (= all when the cache
                          * holds at least 2 × top-k slots, else off) */
-    int policy;         /* K3_CACHE_POLICY (lru|s3fifo): enum k3_cache_policy */
+    int policy;         /* K3_CACHE_POLICY (lru|s3fifo): enum k3_cache_policy; default S3-FIFO */
     int in_place;       /* K3_MMAP_EXPERTS=1: no cache, experts used in place from the mapped
                          * shards (the in-memory reference path) */
     const char *dirs;   /* K3_DIRS: extra ':'-separated folders holding shards (src/format) */

@@ -1,0 +1,272 @@
+/* cmd_bench.c — `k3 bench io`: expert-read throughput and per-layer latency of the store's
+ * reader against fio on the same files (random expert-sized direct reads, same thread count),
+ * and optionally a short decode with K3_PIPE off and on (how much read time compute hides). */
+#include <cjson/cJSON.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../engine/k3.h"
+#include "../format/config.h"
+#include "../format/safetensors.h"
+#include "../store/store.h"
+#include "cli.h"
+
+typedef struct bench_opts {
+    const char *dir;
+    int threads, direct, decode, fio;
+    double seconds;
+} bench_opts;
+
+static void bench_usage(FILE *f) {
+    fprintf(f,
+        "usage: k3 bench io [MODEL_DIR] [options]\n"
+        "\n"
+        "Reads random experts through the expert store's reader pool (a layer's top-k misses\n"
+        "submitted together, as in decode) and reports GB/s and per-layer latency, then runs fio\n"
+        "on the same shard files with the same thread count (random reads of one expert's size,\n"
+        "direct I/O) as the device's limit. Use a checkpoint that does not fit in the page\n"
+        "cache, or direct I/O (the default), so neither side reads from memory.\n"
+        "\n"
+        "  --threads N      reader threads and fio jobs (default 4)\n"
+        "  --seconds S      duration of each measurement (default 10)\n"
+        "  --direct 0|1     O_DIRECT for the store (default 1; fio always uses direct I/O)\n"
+        "  --decode N       also decode N tokens with K3_PIPE off and on, cache of 2 x top-k\n"
+        "  --no-fio         skip fio\n"
+        "  -h, --help       this help\n");
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static uint64_t rng_next(uint64_t *s) {
+    *s ^= *s >> 12, *s ^= *s << 25, *s ^= *s >> 27;
+    return *s * 2685821657736338717ull;
+}
+
+typedef struct io_result {
+    double gbps, layer_p50_ms, layer_p99_ms, read_ms;
+    long layers;
+} io_result;
+
+/* Random (layer, top-k distinct experts) requests through the store for `seconds`. */
+static int store_io(const bench_opts *o, const k3_config *c, const k3_checkpoint *ck,
+                    uint64_t *expert_bytes, io_result *res, k3_err *err) {
+    k3_store_settings set = {.expert_slots = 2 * c->num_experts_per_token,
+                             .load_threads = o->threads, .direct = o->direct ? 1 : -1,
+                             .pipe = K3_PIPE_OFF, .policy = K3_POLICY_LRU};
+    k3_mem_plan plan = {0};
+    k3_store *st = NULL;
+    k3_store_client *cl = NULL;
+    int rc = k3_store_open(ck, c, &set, &plan, &st, err);
+    if (!rc) rc = k3_store_client_new(st, &cl, err);
+    int K = c->num_experts_per_token, E = c->num_experts, *ids = malloc((size_t)K * sizeof *ids);
+    size_t cap = 1 << 16;
+    double *lat = malloc(cap * sizeof *lat), t0 = now_s(), t1 = t0;
+    uint64_t rng = 12345;
+    long n = 0;
+    int moe[K3_MAX_LAYERS], n_moe = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++)
+        if (c->layer_is_moe[l]) moe[n_moe++] = l;
+    if (!rc && (!ids || !lat || !n_moe)) rc = k3_fail(err, K3_ERR_GENERIC, "out of memory");
+    while (!rc && (t1 = now_s()) - t0 < o->seconds && (size_t)n < cap) {
+        int layer = moe[rng_next(&rng) % (uint64_t)n_moe];
+        for (int j = 0; j < K; j++) { /* distinct ids */
+            int e, dup;
+            do {
+                e = (int)(rng_next(&rng) % (uint64_t)E);
+                dup = 0;
+                for (int i = 0; i < j; i++) dup |= ids[i] == e;
+            } while (dup);
+            ids[j] = e;
+        }
+        double a = now_s();
+        k3_store_begin(cl, layer, ids, K);
+        for (int j = 0; j < K && !rc; j++) {
+            int at;
+            k3_expert ex;
+            rc = k3_store_next(cl, &at, &ex, err);
+            if (!rc) k3_store_done(cl, at);
+        }
+        k3_store_end(cl);
+        lat[n++] = now_s() - a;
+    }
+    if (!rc) {
+        k3_store_stats s;
+        k3_store_get_stats(st, &s);
+        qsort(lat, (size_t)n, sizeof *lat, cmp_double);
+        *res = (io_result){.gbps = (double)s.bytes_read / (t1 - t0) / 1e9,
+                           .layer_p50_ms = n ? 1e3 * lat[n / 2] : 0,
+                           .layer_p99_ms = n ? 1e3 * lat[(size_t)(n * 0.99)] : 0,
+                           .read_ms = s.reads ? 1e3 * s.read_s / (double)s.reads : 0,
+                           .layers = n};
+        *expert_bytes = k3_store_slot_bytes(st) ? k3_store_expert_bytes(st) : 0;
+    }
+    free(ids);
+    free(lat);
+    k3_store_client_free(cl);
+    k3_store_close(st);
+    return rc;
+}
+
+/* fio on the shards, random reads of bs bytes, direct, `threads` jobs. */
+static int run_fio(const bench_opts *o, const k3_checkpoint *ck, uint64_t bs, io_result *res) {
+    size_t n = 256;
+    for (int i = 0; i < ck->n_shards; i++) n += strlen(ck->shards[i].path) + 1;
+    char *cmd = malloc(n + 512), *files = malloc(n);
+    if (!cmd || !files) return -1;
+    files[0] = 0;
+    for (int i = 0; i < ck->n_shards; i++) { /* fio separates files with ':' */
+        if (ck->shards[i].file_bytes < bs) continue;
+        strcat(files, files[0] ? ":" : "");
+        strcat(files, ck->shards[i].path);
+    }
+    snprintf(cmd, n + 512, "fio --name=k3 --filename=%s --readonly --rw=randread --bs=%llu "
+             "--direct=1 --ioengine=psync --numjobs=%d --time_based --runtime=%d "
+             "--group_reporting --output-format=json 2>/dev/null", files,
+             (unsigned long long)bs, o->threads, (int)(o->seconds + 0.5));
+    FILE *p = popen(cmd, "r");
+    free(cmd);
+    free(files);
+    if (!p) return -1;
+    size_t cap = 1 << 20, len = 0;
+    char *out = malloc(cap);
+    while (out && len + 1 < cap && !feof(p)) len += fread(out + len, 1, cap - 1 - len, p);
+    int status = pclose(p);
+    if (!out) return -1;
+    out[len] = 0;
+    cJSON *root = cJSON_Parse(strchr(out, '{') ? strchr(out, '{') : out);
+    free(out);
+    const cJSON *job = cJSON_GetArrayItem(cJSON_GetObjectItem(root, "jobs"), 0);
+    const cJSON *rd = cJSON_GetObjectItem(job, "read");
+    const cJSON *bw = cJSON_GetObjectItem(rd, "bw_bytes");
+    const cJSON *lat = cJSON_GetObjectItem(cJSON_GetObjectItem(rd, "clat_ns"), "mean");
+    int ok = status == 0 && cJSON_IsNumber(bw);
+    if (ok) *res = (io_result){.gbps = bw->valuedouble / 1e9,
+                               .read_ms = cJSON_IsNumber(lat) ? lat->valuedouble / 1e6 : 0};
+    cJSON_Delete(root);
+    return ok ? 0 : -1;
+}
+
+/* Greedy decode of o->decode tokens with `slots` cache slots; the session's stats. */
+static int decode(const bench_opts *o, int slots, int pipe, k3_run_stats *st, k3_err *err) {
+    k3_engine_opts eo = {.expert_slots = slots, .load_threads = o->threads,
+                         .direct = o->direct ? 1 : -1, .pipe = pipe};
+    k3_engine *e = NULL;
+    k3_session *s = NULL;
+    int rc = k3_engine_load(o->dir, &eo, &e, err);
+    if (!rc) rc = k3_session_new(e, 64, &s, err);
+    int vocab = e ? k3_engine_config(e)->vocab_size : 0;
+    float *logits = malloc((size_t)vocab * sizeof *logits);
+    int32_t tok = 1;
+    for (int t = 0; !rc && logits && t < o->decode; t++) {
+        rc = k3_session_step(s, tok, logits, err);
+        for (int i = 1; i < vocab; i++) /* greedy, as decode would */
+            if (logits[i] > logits[tok] || tok == i - 1) tok = logits[i] > logits[tok] ? i : tok;
+    }
+    if (!rc) k3_session_stats(s, st);
+    free(logits);
+    k3_session_free(s);
+    k3_engine_free(e);
+    return rc;
+}
+
+static int parse_args(int argc, char **argv, bench_opts *o) {
+    *o = (bench_opts){.threads = 4, .direct = 1, .seconds = 10, .fio = 1};
+    if (argc < 2 || strcmp(argv[1], "io")) {
+        fprintf(stderr, "k3 bench: the only benchmark is 'io' (see k3 bench io --help)\n");
+        return K3_ERR_USAGE;
+    }
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { bench_usage(stdout); return -1; }
+        else if (!strcmp(a, "--threads") && v) o->threads = atoi(argv[++i]);
+        else if (!strcmp(a, "--seconds") && v) o->seconds = atof(argv[++i]);
+        else if (!strcmp(a, "--direct") && v) o->direct = atoi(argv[++i]) != 0;
+        else if (!strcmp(a, "--decode") && v) o->decode = atoi(argv[++i]);
+        else if (!strcmp(a, "--no-fio")) o->fio = 0;
+        else if (a[0] != '-' && !o->dir) o->dir = a;
+        else {
+            fprintf(stderr, "k3 bench io: unknown option or missing value: '%s'\n", a);
+            return K3_ERR_USAGE;
+        }
+    }
+    if (o->threads < 1 || o->threads > 256 || !(o->seconds > 0) || o->decode < 0) {
+        fprintf(stderr, "k3 bench io: need 1 <= --threads <= 256, --seconds > 0\n");
+        return K3_ERR_USAGE;
+    }
+    if (!o->dir) o->dir = k3_default_model_dir();
+    return 0;
+}
+
+static void print_decode(const char *what, const k3_run_stats *st, double fio_gbps) {
+    double gb = (double)st->bytes_read / 1e9, bound = fio_gbps > 0 ? gb / fio_gbps : 0;
+    printf("| %s | %ld | %.3f | %.2f | %.2f | %.2f | %.2f | %.1f%% / %.1f%% |\n", what,
+           st->time.tokens, gb, st->time.total_s, st->time.moe_s - st->time.eload_s,
+           st->time.eload_s, bound, 100 * (st->recall_prev < 0 ? 0 : st->recall_prev),
+           100 * (st->recall_lookahead < 0 ? 0 : st->recall_lookahead));
+}
+
+int k3_cmd_bench(int argc, char **argv) {
+    bench_opts o;
+    int rc = parse_args(argc, argv, &o);
+    if (rc) return rc < 0 ? 0 : rc;
+    k3_config c;
+    k3_checkpoint *ck = NULL;
+    k3_err err = {0};
+    io_result mine = {0}, fio = {0};
+    uint64_t all_experts = 0;
+    rc = k3_config_load(o.dir, &c, &err);
+    if (!rc) rc = k3_checkpoint_open(o.dir, &ck, &err);
+    if (!rc) rc = store_io(&o, &c, ck, &all_experts, &mine, &err);
+    uint64_t span = (uint64_t)c.moe_intermediate_size * c.routed_expert_hidden_size * 3 / 2 +
+                    (uint64_t)c.moe_intermediate_size * c.routed_expert_hidden_size * 3 / 32;
+    uint64_t bs = (span + 4095) / 4096 * 4096;
+    int have_fio = !rc && o.fio && run_fio(&o, ck, bs, &fio) == 0;
+    if (!rc) {
+        printf("k3 bench io: %s: experts of %llu bytes (%.1f GB in all), top-%d, %d threads, "
+               "%.0f s each, store reads %s\n\n", o.dir, (unsigned long long)span,
+               (double)all_experts / 1e9, c.num_experts_per_token, o.threads, o.seconds,
+               o.direct ? "O_DIRECT" : "buffered");
+        printf("| reader | GB/s | mean read (ms) | layer of top-%d p50 (ms) | p99 (ms) | vs fio |\n"
+               "|---|---:|---:|---:|---:|---:|\n", c.num_experts_per_token);
+        printf("| k3 store | %.3f | %.1f | %.1f | %.1f | %s |\n", mine.gbps, mine.read_ms,
+               mine.layer_p50_ms, mine.layer_p99_ms, "");
+        if (have_fio)
+            printf("| fio randread bs=%llu direct psync x%d | %.3f | %.1f | | | store = %.1f%% of fio |\n",
+                   (unsigned long long)bs, o.threads, fio.gbps, fio.read_ms,
+                   100 * mine.gbps / fio.gbps);
+        else if (o.fio)
+            printf("| fio | (not run: is fio installed? scripts/install-deps.sh) | | | | |\n");
+    }
+    if (!rc && o.decode) {
+        k3_run_stats off, on;
+        int slots = 2 * c.num_experts_per_token;
+        rc = decode(&o, slots, K3_PIPE_OFF, &off, &err);
+        if (!rc) rc = decode(&o, slots, K3_PIPE_ALL, &on, &err);
+        if (!rc) {
+            printf("\ndecode, %d-slot cache (2 x top-k), %s:\n\n| K3_PIPE | tokens | GB read | "
+                   "total (s) | expert compute+other moe (s) | eload (s) | GB / fio GB/s (s) | "
+                   "recall prev / lookahead |\n|---|---:|---:|---:|---:|---:|---:|---:|\n",
+                   slots, o.direct ? "O_DIRECT" : "buffered");
+            print_decode("0", &off, have_fio ? fio.gbps : 0);
+            print_decode("1", &on, have_fio ? fio.gbps : 0);
+            printf("\nread time hidden behind compute with K3_PIPE=1: %.1f%% (eload %.2f s -> "
+                   "%.2f s)\n", off.time.eload_s > 0 ? 100 * (1 - on.time.eload_s /
+                   off.time.eload_s) : 0, off.time.eload_s, on.time.eload_s);
+        }
+    }
+    k3_checkpoint_close(ck);
+    if (rc) fprintf(stderr, "k3 bench io: %s\n", err.msg);
+    return rc;
+}
