@@ -50,7 +50,9 @@ static void pack_usage(FILE *f) {
         "                      then pass --pack-dir DIR to k3 run / k3 quality\n"
         "  --verify            check an existing pack: header, table, every tensor's checksum,\n"
         "                      and that it was packed from MODEL_DIR; writes nothing\n"
-        "  --no-quality        skip the quality measurement at the end\n"
+        "  --no-quality        skip the quality measurement at the end (a re-run also skips\n"
+        "                      it when figures for this very pack are stored; delete\n"
+        "                      " K3_PACK_QUALITY_FILE " to measure again)\n"
         "  --quality-tokens N  evaluate the first N tokens of the built-in text (default 64)\n"
         "  --limit N           stop after packing N more tensors (the file stays resumable)\n"
         "  --threads N         threads (default: OMP_NUM_THREADS or all cores)\n"
@@ -280,6 +282,18 @@ static int measure(const pack_args *a, const k3_pack *p, k3_err *err) {
     return rc;
 }
 
+/* Whether figures for exactly this pack are already stored (a re-run does not re-measure). */
+static bool has_figures(const char *dir, const k3_pack *p, bool verbose) {
+    char path[PATH_MAX];
+    k3_pack_quality q;
+    k3_err ignored;
+    k3_path_join(path, sizeof path, dir, K3_PACK_QUALITY_FILE);
+    if (k3_pack_quality_read(path, &q, &ignored) || q.pack_checksum != p->header_checksum)
+        return false;
+    if (verbose) fprintf(stderr, "k3 pack: quality figures already stored in %s\n", path);
+    return true;
+}
+
 static int verify(const char *final, const k3_checkpoint *ck, k3_err *err) {
     k3_pack *p = NULL;
     int rc = k3_pack_open(final, &p, err);
@@ -338,7 +352,8 @@ static int pack(const pack_args *a, k3_err *err) {
     }
     k3_checkpoint_close(ck);
     k3_pack_clear(&plan);
-    if (!rc && a->quality) rc = measure(a, done, err);
+    if (!rc && a->quality && !has_figures(a->out_dir, done, a->verbose))
+        rc = measure(a, done, err);
     k3_pack_close(done);
     return rc;
 }
