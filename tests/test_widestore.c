@@ -1,0 +1,60 @@
+/* test_widestore.c — the expert store on k3-wide (real expert size, 17,547,264 B; offsets past
+ * 4 GiB): logits bit-identical to the in-place path with the smallest useful cache (top-k + 1
+ * slots, O_DIRECT, prefetch on) and with every expert cached (buffered, prefetch off). Runs
+ * with K3_WIDE_DIR set (scripts/test-wide.sh); skipped otherwise. */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "../src/engine/k3.h"
+#include "../src/store/store.h"
+#include "test.h"
+
+#define N_TOK 3
+static const int32_t ids[N_TOK] = {1, 500, 77};
+
+static int run(const char *dir, k3_engine_opts o, float *logits, int *vocab, k3_err *err) {
+    k3_engine *e = NULL;
+    k3_session *s = NULL;
+    int rc = k3_engine_load(dir, &o, &e, err);
+    if (!rc) rc = k3_session_new(e, 16, &s, err);
+    if (!rc) *vocab = k3_engine_config(e)->vocab_size;
+    for (int t = 0; !rc && t < N_TOK; t++)
+        rc = k3_session_step(s, ids[t], logits ? logits + (size_t)t * *vocab : NULL, err);
+    k3_session_free(s);
+    k3_engine_free(e);
+    return rc;
+}
+
+static void test_wide_store_bit_identical(void) {
+    const char *dir = getenv("K3_WIDE_DIR");
+    struct stat sb;
+    if (!dir || stat(dir, &sb) != 0) {
+        k3_test_skip("K3_WIDE_DIR is not set to a generated k3-wide model");
+        return;
+    }
+    const size_t max_vocab = 1 << 18;
+    float *ref = malloc(N_TOK * max_vocab * sizeof *ref), *got = malloc(N_TOK * max_vocab * sizeof *got);
+    CHECK(ref && got, "out of memory");
+    k3_err err = {0};
+    int vocab = 0;
+    int rc = run(dir, (k3_engine_opts){.experts_in_place = 1}, ref, &vocab, &err);
+    CHECK(rc == 0 && (size_t)vocab <= max_vocab, "in-place run: %s", err.msg);
+    const struct { k3_engine_opts o; const char *what; } cfg[] = {
+        {{.expert_slots = 17, .direct = K3_IO_DIRECT, .pipe = K3_PIPE_ALL}, "17 slots, O_DIRECT, pipe"},
+        {{.expert_slots = 1000, .direct = K3_IO_BUFFERED, .pipe = K3_PIPE_OFF}, "all, buffered"},
+    };
+    for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++) {
+        rc = run(dir, cfg[i].o, got, &vocab, &err);
+        CHECK(rc == 0, "%s: %s", cfg[i].what, err.msg);
+        CHECK(memcmp(got, ref, N_TOK * (size_t)vocab * sizeof *got) == 0,
+              "%s: logits differ from the in-place path", cfg[i].what);
+    }
+    free(ref);
+    free(got);
+}
+
+const k3_test k3_suite_widestore[] = {
+    {"wide_store_bit_identical", test_wide_store_bit_identical},
+    {0},
+};
