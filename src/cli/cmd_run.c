@@ -10,12 +10,14 @@
 #include "../engine/k3.h"
 #include "../tok/tokenizer.h"
 #include "cli.h"
+#include "store_flags.h"
 
 typedef struct run_opts {
     const char *model_dir, *prompt, *prompt_ids, *dump_logits, *pack_dir;
     int spine; /* enum k3_spine_mode; the CLI default is auto */
     int max_new, threads, ctx;
     bool special, print_ids, verbose;
+    k3_cli_store_opts so;            /* expert store flags (store_flags.h) */
 } run_opts;
 
 static void run_usage(FILE *f) {
@@ -42,7 +44,8 @@ static void run_usage(FILE *f) {
         "                       spine (NOT exact; an error when it does not exist)\n"
         "  --pack-dir DIR       folder of the packed spine (default MODEL_DIR; see k3 pack --out)\n"
         "  -q, --quiet          no load line and no summary on stderr\n"
-        "  -h, --help           this help\n");
+        "  -h, --help           this help\n\n");
+    k3_cli_store_usage(f);
 }
 
 static int parse_int(const char *s, const char *flag, int lo, int *out) {
@@ -74,6 +77,8 @@ static int parse_args(int argc, char **argv, run_opts *o) {
         const char *a = argv[i];
         bool has_val = i + 1 < argc;
         int rc = 0;
+        if ((rc = k3_cli_store_flag("run", argc, argv, &i, &o->so)) == 1) continue;
+        if (rc) return rc;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { run_usage(stdout); return -1; }
         else if (!strcmp(a, "--special")) o->special = true;
         else if (!strcmp(a, "--ids")) o->print_ids = true;
@@ -207,6 +212,8 @@ static int run(const run_opts *o, k3_err *err) {
     run_ctx r = {.o = o};
     k3_engine_opts eo = {.threads = o->threads, .verbose = o->verbose, .spine = o->spine,
                          .pack_dir = o->pack_dir};
+    k3_cli_store_engine_opts(&o->so, &eo);
+    k3_cli_store_run sr = {0};
     int rc = k3_engine_load(o->model_dir, &eo, &e, err);
     if (rc) goto done;
     r.tok = k3_engine_tokenizer(e);
@@ -226,6 +233,7 @@ static int run(const run_opts *o, k3_err *err) {
         goto done;
     }
     r.s = s;
+    if ((rc = k3_cli_store_attach(&sr, s, &o->so, err))) goto done;
     if (!(r.logits = malloc((size_t)r.vocab * sizeof(float)))) {
         rc = k3_fail(err, K3_ERR_GENERIC, "out of memory");
         goto done;
@@ -243,6 +251,7 @@ static int run(const run_opts *o, k3_err *err) {
                     o->dump_logits);
     }
 done:
+    k3_cli_store_finish(&sr, o->verbose && !rc);
     free(r.logits);
     free(prompt);
     k3_session_free(s);
