@@ -17,6 +17,7 @@ CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 
 .PHONY: test-setup
+.PHONY: test-neon
 .PHONY: all test test-wide test-server asan bench clean deps FORCE
 all: k3
 
@@ -72,6 +73,22 @@ asan:
 K3_BIN ?= ./k3
 test-setup: k3
 	K3_BIN=$(K3_BIN) tests/setup/run.sh
+
+# The SIMD kernel tests for aarch64 (NEON): tests/test_simd.c + src/kernels, cross-compiled and
+# run under qemu-aarch64; prints SKIPPED with the reason when the cross tools are missing.
+NEON_CC  ?= aarch64-linux-gnu-gcc
+NEON_SRC := $(wildcard src/kernels/*.c) src/util/err.c tests/test_simd.c tests/test_main.c
+test-neon:
+	@if ! command -v $(NEON_CC) >/dev/null 2>&1 || ! command -v qemu-aarch64 >/dev/null 2>&1; then \
+	    echo "SKIPPED test-neon: $(NEON_CC) or qemu-aarch64 is missing" \
+	         "(apt-get install gcc-aarch64-linux-gnu qemu-user)"; \
+	else \
+	    mkdir -p $(BUILD)/neon && \
+	    $(NEON_CC) -O2 -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -ffp-contract=off \
+	        -fno-fast-math -fopenmp '-DK3_TEST_SUITES=X(simd)' -o $(BUILD)/neon/k3_simd_tests \
+	        $(NEON_SRC) -lm && \
+	    qemu-aarch64 -L /usr/aarch64-linux-gnu $(BUILD)/neon/k3_simd_tests; \
+	fi
 
 deps:
 	./scripts/install-deps.sh

@@ -7,6 +7,8 @@ command -v npm >/dev/null 2>&1 || PKGS="$PKGS nodejs npm"
 # fio measures the drive's own limit beside the expert store in `k3 bench io`.
 PKGS="$PKGS fio"
 if [ "${1:-}" = "--with-wide" ]; then PKGS="$PKGS python3-numpy"; fi
+# CI also cross-compiles the NEON kernels and runs their tests under qemu (make test-neon).
+if [ "${1:-}" = "--with-wide" ]; then PKGS="$PKGS gcc-aarch64-linux-gnu qemu-user"; fi
 SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq

@@ -1,9 +1,14 @@
 /* test_wide.c — the engine against k3-wide, the 4-layer model at K3's real widths (offsets
  * past 4 GiB, real expert size). Runs only when asked (`k3_tests wide`, see
  * scripts/test-wide.sh), with K3_WIDE_DIR = the generated model and K3_WIDE_REF = its
- * reference folder (default ../shared/fixtures/k3-wide/reference). */
+ * reference folder (default ../shared/fixtures/k3-wide/reference). Every check runs once per
+ * kernel path this CPU runs (scalar, avx2, ...). */
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
+
+#include "../src/kernels/kernels.h"
 
 #include "fixture_check.h"
 #include "test.h"
@@ -27,20 +32,35 @@ static int paths(const char **model, const char **ref) {
     return 1;
 }
 
-static void test_trace(void) {
-    const char *m, *r;
-    if (paths(&m, &r)) fixture_check_trace(m, r, "trace_len5.json", &wide_tol);
+static const char *model_dir, *ref_dir;
+static void trace(void) { fixture_check_trace(model_dir, ref_dir, "trace_len5.json", &wide_tol); }
+static void prompts(void) { fixture_check_prompts(model_dir, ref_dir, &wide_tol); }
+static void decode(void) { fixture_check_decode(model_dir, ref_dir, &wide_tol); }
+
+/* Runs check once per kernel path this CPU runs (K3_KERNELS set for each, read at load). The
+ * fastest path runs as configured; the others check the kernels only, so they use the experts
+ * in place from the mapping (K3_MMAP_EXPERTS=1) and skip the expert store's reads. */
+static void on_every_path(void (*check)(void)) {
+    if (!paths(&model_dir, &ref_dir)) return;
+    const k3_kernels *all[8];
+    int n = k3_kernels_available(all, 8);
+    char *saved = getenv("K3_KERNELS") ? strdup(getenv("K3_KERNELS")) : NULL;
+    char *saved_mmap = getenv("K3_MMAP_EXPERTS") ? strdup(getenv("K3_MMAP_EXPERTS")) : NULL;
+    for (int i = 0; i < n && !k3_test_stopped(); i++) {
+        printf("        (kernel path %s)\n", k3_kernels_name(all[i]));
+        fflush(stdout);
+        setenv("K3_KERNELS", k3_kernels_name(all[i]), 1);
+        if (i > 0) setenv("K3_MMAP_EXPERTS", "1", 1);
+        check();
+    }
+    if (saved) setenv("K3_KERNELS", saved, 1); else unsetenv("K3_KERNELS");
+    if (saved_mmap) setenv("K3_MMAP_EXPERTS", saved_mmap, 1); else unsetenv("K3_MMAP_EXPERTS");
+    free(saved), free(saved_mmap);
 }
 
-static void test_prompts(void) {
-    const char *m, *r;
-    if (paths(&m, &r)) fixture_check_prompts(m, r, &wide_tol);
-}
-
-static void test_decode(void) {
-    const char *m, *r;
-    if (paths(&m, &r)) fixture_check_decode(m, r, &wide_tol);
-}
+static void test_trace(void) { on_every_path(trace); }
+static void test_prompts(void) { on_every_path(prompts); }
+static void test_decode(void) { on_every_path(decode); }
 
 const k3_test k3_suite_wide[] = {
     {"wide_trace_len5", test_trace},

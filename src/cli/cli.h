@@ -12,6 +12,8 @@ int k3_cmd_setup(int argc, char **argv);
 int k3_cmd_quality(int argc, char **argv);
 int k3_cmd_pack(int argc, char **argv);
 int k3_cmd_synth(int argc, char **argv);
+/* k3 bench kernels / k3 bench decode (cmd_bench_kernels.c); argv[0] is "kernels" or "decode". */
+int k3_cmd_bench_compute(int argc, char **argv);
 int k3_cmd_replay(int argc, char **argv);
 int k3_cmd_tracegen(int argc, char **argv);
 int k3_cmd_bench(int argc, char **argv);

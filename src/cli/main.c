@@ -20,6 +20,7 @@ static void usage(FILE *f) {
             "  run [MODEL_DIR] --prompt TEXT   generate text greedily (see k3 run --help)\n"
             "  tokenize [DIR] TEXT             print the token ids of TEXT\n"
             "  detokenize [DIR] IDS            print the text of comma-separated ids\n"
+            "  bench kernels | decode [DIR]    kernel GB/s vs memory bandwidth; s/token per layer\n"
             "  serve [MODEL_DIR] [--port N]    OpenAI-compatible HTTP server (k3 serve --help)\n"
             "  setup DEST [--full|--stream]    install a snapshot over HTTP (see k3 setup --help)\n"
             "  quality [DIR] --text FILE       NLL/perplexity and distance from the exact path\n"
@@ -83,6 +84,9 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "synth")) return k3_cmd_synth(argc - 1, argv + 1);
     if (!strcmp(cmd, "replay")) return k3_cmd_replay(argc - 1, argv + 1);
     if (!strcmp(cmd, "trace-gen")) return k3_cmd_tracegen(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench") && argc > 2 &&
+        (!strcmp(argv[2], "kernels") || !strcmp(argv[2], "decode")))
+        return k3_cmd_bench_compute(argc - 2, argv + 2);
     if (!strcmp(cmd, "bench")) return k3_cmd_bench(argc - 1, argv + 1);
     fprintf(stderr, "k3: unknown command '%s'\n\n", cmd);
     usage(stderr);

@@ -23,6 +23,12 @@
 static const int32_t TAIL_MASK[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
 static const float E2M1_MAG[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
 
+/* k3_e8m0_to_f32's bits, built in an integer register (no float round trip through memory:
+ * this runs once per row per 32-block). */
+static inline uint32_t e8m0_bits(uint8_t s) {
+    return s == 0 ? 0x00400000u : s == 255 ? 0x7fc00000u : (uint32_t)s << 23;
+}
+
 static inline float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -49,7 +55,8 @@ static inline __m256 bf16_tail(const uint16_t *p, int64_t n) {
 /* |E2M1|·scale for codes 0..7, each XORed with (code << 28) so that mx_8's XOR with the
  * whole code shifted by 28 cancels those bits and leaves only the sign (bit 3 → bit 31). */
 static inline __m256 mx_table(uint8_t scale) {
-    __m256 t = _mm256_mul_ps(_mm256_loadu_ps(E2M1_MAG), _mm256_set1_ps(k3_e8m0_to_f32(scale)));
+    __m256 sc = _mm256_castsi256_ps(_mm256_set1_epi32((int32_t)e8m0_bits(scale)));
+    __m256 t = _mm256_mul_ps(_mm256_loadu_ps(E2M1_MAG), sc);
     __m256i comp = _mm256_setr_epi32(0, 1 << 28, 2 << 28, 3 << 28, 4 << 28, 5 << 28, 6 << 28,
                                      7 << 28);
     return _mm256_xor_ps(t, _mm256_castsi256_ps(comp));

@@ -17,6 +17,12 @@
 #define KC 256 /* batched tile: columns per tile (a multiple of 32: MXFP4 blocks stay whole) */
 #define RG 16  /* batched tile: rows per tile; 16 × 256 f32 = 16 KB, in L1 */
 
+/* k3_e8m0_to_f32's bits, built in an integer register (no float round trip through memory:
+ * this runs once per row per 32-block). */
+static inline uint32_t e8m0_bits(uint8_t s) {
+    return s == 0 ? 0x00400000u : s == 255 ? 0x7fc00000u : (uint32_t)s << 23;
+}
+
 static inline float hsum(__m512 z) {
     __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(z), 1));
     __m256 v = _mm256_add_ps(_mm512_castps512_ps256(z), hi);
@@ -44,7 +50,8 @@ static inline __m512 bf16_tail(const uint16_t *p, int64_t n) {
 
 /* E2M1[code]·scale for the 16 codes, sign included. */
 static inline __m512 mx_table(uint8_t scale) {
-    return _mm512_mul_ps(_mm512_loadu_ps(k3_e2m1), _mm512_set1_ps(k3_e8m0_to_f32(scale)));
+    __m512 sc = _mm512_castsi512_ps(_mm512_set1_epi32((int32_t)e8m0_bits(scale)));
+    return _mm512_mul_ps(_mm512_loadu_ps(k3_e2m1), sc);
 }
 
 /* The sixteen weights of eight packed bytes (even column in the low nibble): lane k takes

@@ -1,0 +1,345 @@
+/* cmd_bench_kernels.c — `k3 bench kernels`: each product kernel at K3's real shapes, weight
+ * bytes per second beside the memory bandwidth of a large copy measured in the same run, one
+ * thread and all threads, on every kernel path this CPU runs. `k3 bench decode`: seconds per
+ * token per layer kind on a real-width checkpoint, extrapolated to K3's 93 layers. */
+#include <errno.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../engine/k3.h"
+#include "../format/safetensors.h"
+#include "../kernels/kernels.h"
+#include "cli.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int parse_pos_int(const char *s, const char *flag, int *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || *end || end == s || v < 1 || v > 1 << 20) {
+        fprintf(stderr, "k3 bench: %s needs a positive integer, got '%s'\n", flag, s);
+        return K3_ERR_USAGE;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+/* ---- k3 bench kernels ----------------------------------------------------------------- */
+
+static void kernels_usage(FILE *f) {
+    fprintf(f,
+        "usage: k3 bench kernels [--kernels NAME] [--threads N] [--seconds S]\n"
+        "\n"
+        "Times every product kernel at K3's shapes (out <- in): BF16 7168->12288, 7168->33792,\n"
+        "lm_head 7168->163840, F32 7168->12288, MXFP4 experts 3584->3072 and 3072->3584\n"
+        "(cycling through enough experts to miss the caches), and the batched forms for 32\n"
+        "vectors. Prints weight GB/s beside the bandwidth of a large memcpy measured in the\n"
+        "same run (bytes read + bytes written per second, STREAM's convention), for one thread\n"
+        "and for all threads. Uses about 4 GB of memory.\n"
+        "\n"
+        "  --kernels NAME   only this path (scalar, avx2, avx512, neon); default: every path\n"
+        "                   this CPU runs\n"
+        "  --threads N      the all-threads figure uses N threads (default: physical cores)\n"
+        "  --seconds S      time each measurement for about S seconds (default 0.5)\n"
+        "  -h, --help       this help\n");
+}
+
+/* Pseudo-random bytes for weights (BF16 exponents kept in range so no value is inf/NaN). */
+static void fill(void *p, size_t bytes, int bf16) {
+    const uint64_t s = 0x9e3779b97f4a7c15ull;
+    uint8_t *b = p;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < bytes / 8; i++) {
+        uint64_t z = (s + i) * 0xbf58476d1ce4e5b9ull;
+        z ^= z >> 31;
+        if (bf16) z = (z & 0x807f807f807f807full) | 0x3c003c003c003c00ull;
+        memcpy(b + i * 8, &z, 8);
+    }
+}
+
+/* Read + written bytes per second of a parallel memcpy of `bytes` (best of 3). */
+static double copy_bw(uint8_t *dst, const uint8_t *src, size_t bytes) {
+    double best = 1e30;
+    for (int it = 0; it < 3; it++) {
+        double t = now_s();
+#pragma omp parallel
+        {
+            size_t nt = (size_t)omp_get_num_threads(), i = (size_t)omp_get_thread_num();
+            size_t c = bytes / nt / 64 * 64, off = i * c, n = i + 1 == nt ? bytes - off : c;
+            memcpy(dst + off, src + off, n);
+        }
+        t = now_s() - t;
+        if (t < best) best = t;
+    }
+    return 2.0 * (double)bytes / best;
+}
+
+typedef struct kcase {
+    const char *name;
+    int dtype;       /* K3_DT_BF16, K3_DT_F32, or -1 for MXFP4 */
+    int64_t rows, cols;
+    int n;           /* vectors per call */
+    int copies;      /* distinct matrices cycled through (experts) */
+} kcase;
+
+static const kcase CASES[] = {
+    {"BF16 7168->12288", K3_DT_BF16, 12288, 7168, 1, 1},
+    {"BF16 7168->33792", K3_DT_BF16, 33792, 7168, 1, 1},
+    {"BF16 lm_head 7168->163840", K3_DT_BF16, 163840, 7168, 1, 1},
+    {"F32 7168->12288", K3_DT_F32, 12288, 7168, 1, 1},
+    {"MXFP4 expert 3584->3072", -1, 3072, 3584, 1, 48},
+    {"MXFP4 expert 3072->3584", -1, 3584, 3072, 1, 48},
+    {"BF16 7168->12288 x32", K3_DT_BF16, 12288, 7168, 32, 1},
+    {"MXFP4 expert 3584->3072 x32", -1, 3072, 3584, 32, 48},
+};
+
+typedef struct bufs {
+    void *w;          /* largest weight matrix (copies included) */
+    size_t w_bytes;
+    float *x, *y;
+} bufs;
+
+static size_t case_bytes(const kcase *c) {
+    if (c->dtype < 0) return (size_t)(c->rows * c->cols / 2 + c->rows * c->cols / 32);
+    return (size_t)(c->rows * c->cols) * (c->dtype == K3_DT_BF16 ? 2 : 4);
+}
+
+/* Seconds per call of case c on path k (after one warm-up call). */
+static double time_case(const k3_kernels *k, const kcase *c, const bufs *b, double seconds) {
+    size_t one = case_bytes(c);
+    int reps = 0, which = 0;
+    double t0 = 0, t = 0;
+    for (int it = -1; reps < 2 || t < seconds; it++) {
+        uint8_t *base = (uint8_t *)b->w + (size_t)which * one;
+        which = (which + 1) % c->copies;
+        if (it == 0) t0 = now_s();
+        if (c->dtype < 0) {
+            k3_mxfp4 w = {base, base + c->rows * c->cols / 2, c->rows, c->cols};
+            k3_matmul_mxfp4(k, &w, b->x, c->n, b->y);
+        } else {
+            k3_mat w = {.data = base, .dtype = c->dtype, .rows = c->rows, .cols = c->cols};
+            k3_matmul(k, &w, b->x, c->n, b->y);
+        }
+        if (it >= 0) reps++, t = now_s() - t0;
+    }
+    return t / reps;
+}
+
+static int bench_kernels(int argc, char **argv) {
+    const char *only = NULL;
+    int threads = k3_cpu_physical_cores();
+    double seconds = 0.5;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        int v = i + 1 < argc, rc = 0;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { kernels_usage(stdout); return 0; }
+        else if (!strcmp(a, "--kernels") && v) only = argv[++i];
+        else if (!strcmp(a, "--threads") && v) rc = parse_pos_int(argv[++i], a, &threads);
+        else if (!strcmp(a, "--seconds") && v) seconds = atof(argv[++i]);
+        else {
+            fprintf(stderr, "k3 bench kernels: unknown option or missing value: '%s'\n", a);
+            return K3_ERR_USAGE;
+        }
+        if (rc) return rc;
+    }
+    const k3_kernels *paths[8];
+    int np = k3_kernels_available(paths, 8);
+    if (only) {
+        k3_err err = {0};
+        if (k3_kernels_select(only, &paths[0], &err)) {
+            fprintf(stderr, "k3 bench kernels: %s\n", err.msg);
+            return err.code;
+        }
+        np = 1;
+    }
+    bufs b = {0};
+    for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
+        size_t s = case_bytes(&CASES[i]) * (size_t)CASES[i].copies;
+        if (s > b.w_bytes) b.w_bytes = s;
+    }
+    size_t copy_bytes = (size_t)1 << 30;
+    uint8_t *src = malloc(copy_bytes), *dst = malloc(copy_bytes);
+    b.w = malloc(b.w_bytes);
+    b.x = malloc(32 * 163840 * sizeof(float));
+    b.y = malloc(32 * 163840 * sizeof(float));
+    if (!src || !dst || !b.w || !b.x || !b.y) {
+        fprintf(stderr, "k3 bench kernels: out of memory (needs about %.1f GB)\n",
+                (2.0 * copy_bytes + b.w_bytes) / 1e9);
+        free(src), free(dst), free(b.w), free(b.x), free(b.y);
+        return K3_ERR_GENERIC;
+    }
+    fill(src, copy_bytes, 0), fill(dst, copy_bytes, 0), fill(b.w, b.w_bytes, 1);
+    for (int64_t i = 0; i < 32 * 163840; i++) b.x[i] = (float)((i * 7919) % 2001 - 1000) / 1000.0f;
+
+    const int tcounts[2] = {1, threads};
+    double bw[2];
+    for (int t = 0; t < 2; t++) {
+        omp_set_num_threads(tcounts[t]);
+        bw[t] = copy_bw(dst, src, copy_bytes);
+    }
+    printf("memory bandwidth (1 GiB memcpy, read + written bytes/s): %.1f GB/s with 1 thread, "
+           "%.1f GB/s with %d threads\n\n", bw[0] / 1e9, bw[1] / 1e9, threads);
+    printf("| kernel | path | threads | ms/call | weight GB/s | %% of copy BW | GMAC/s |\n");
+    printf("|---|---|---|---|---|---|---|\n");
+    for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++)
+        for (int p = 0; p < np; p++)
+            for (int t = 0; t < 2; t++) {
+                const kcase *c = &CASES[i];
+                omp_set_num_threads(tcounts[t]);
+                double s = time_case(paths[p], c, &b, seconds), bytes = (double)case_bytes(c);
+                printf("| %s | %s | %d | %.3f | %.2f | %.0f%% | %.2f |\n", c->name,
+                       k3_kernels_name(paths[p]), tcounts[t], s * 1e3, bytes / s / 1e9,
+                       100.0 * bytes / s / bw[t], (double)c->rows * c->cols * c->n / s / 1e9);
+                fflush(stdout);
+            }
+    free(src), free(dst), free(b.w), free(b.x), free(b.y);
+    return 0;
+}
+
+/* ---- k3 bench decode ------------------------------------------------------------------ */
+
+/* K3's layer counts (spec §3, config table): 93 layers, MLA at the 24 one-based positions of
+ * full_attn_layers, KDA elsewhere; layer 0 dense, the other 92 MoE; vocabulary 163840. */
+enum { K3_LAYERS = 93, K3_MLA = 24, K3_KDA = 69, K3_DENSE = 1, K3_MOE = 92, K3_VOCAB = 163840 };
+
+static void decode_usage(FILE *f) {
+    fprintf(f,
+        "usage: k3 bench decode [MODEL_DIR] [--tokens N] [--threads N]\n"
+        "\n"
+        "Runs N decode steps (logits every step) on MODEL_DIR with every expert used in place\n"
+        "from the mapped shards (K3_MMAP_EXPERTS=1: for a real-width checkpoint that fits in\n"
+        "RAM, such as k3-wide from make test-wide) and times each layer's token mixer (KDA or\n"
+        "MLA) and FFN (dense or MoE) through the trace hook. Prints seconds per token per layer\n"
+        "kind and the compute floor of K3's 93 layers (69 KDA + 24 MLA mixers, 1 dense + 92 MoE\n"
+        "FFNs, the rest per layer, lm_head scaled to 163840 rows). The first 2 steps are\n"
+        "warm-up and not counted.\n"
+        "\n"
+        "  --tokens N     decode steps (default 10)\n"
+        "  --threads N    compute threads (default: OMP_NUM_THREADS or physical cores)\n"
+        "  -h, --help     this help\n");
+}
+
+#define MAX_BENCH_LAYERS 256
+typedef struct layer_clock {
+    double t_mix, t_ffn, t_final;       /* start times of the current phase */
+    double mixer_s[MAX_BENCH_LAYERS], ffn_s[MAX_BENCH_LAYERS], head_start;
+    int counting;
+} layer_clock;
+
+static void on_vector(void *user, int pos, int layer, enum k3_trace_point pt, const float *x,
+                      int n) {
+    (void)pos, (void)x, (void)n;
+    layer_clock *c = user;
+    double t = now_s();
+    if (layer >= MAX_BENCH_LAYERS) return;
+    if (pt == K3_TRACE_ATTN_IN) c->t_mix = t;
+    if (pt == K3_TRACE_ATTN_OUT && c->counting) c->mixer_s[layer] += t - c->t_mix;
+    if (pt == K3_TRACE_MLP_IN) c->t_ffn = t;
+    if (pt == K3_TRACE_MLP_OUT && c->counting) c->ffn_s[layer] += t - c->t_ffn;
+    if (pt == K3_TRACE_FINAL_NORMED) c->head_start = t;
+}
+
+static int bench_decode(int argc, char **argv) {
+    const char *dir = NULL;
+    int tokens = 10, threads = 0, rc = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        int v = i + 1 < argc;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { decode_usage(stdout); return 0; }
+        else if (!strcmp(a, "--tokens") && v) rc = parse_pos_int(argv[++i], a, &tokens);
+        else if (!strcmp(a, "--threads") && v) rc = parse_pos_int(argv[++i], a, &threads);
+        else if (a[0] != '-' && !dir) dir = a;
+        else {
+            fprintf(stderr, "k3 bench decode: unknown option or missing value: '%s'\n", a);
+            return K3_ERR_USAGE;
+        }
+        if (rc) return rc;
+    }
+    if (!dir) dir = k3_default_model_dir();
+    k3_err err = {0};
+    k3_engine *e = NULL;
+    k3_session *s = NULL;
+    float *logits = NULL;
+    static layer_clock clk;
+    k3_engine_opts eo = {.threads = threads, .verbose = 1, .experts_in_place = 1};
+    if ((rc = k3_engine_load(dir, &eo, &e, &err))) goto done;
+    const k3_config *c = k3_engine_config(e);
+    if (c->num_hidden_layers > MAX_BENCH_LAYERS) {
+        rc = k3_fail(&err, K3_ERR_INPUT, "more than %d layers", MAX_BENCH_LAYERS);
+        goto done;
+    }
+    if ((rc = k3_session_new(e, tokens + 8, &s, &err))) goto done;
+    if (!(logits = malloc((size_t)c->vocab_size * sizeof *logits))) {
+        rc = k3_fail(&err, K3_ERR_GENERIC, "out of memory");
+        goto done;
+    }
+    k3_trace tr = {.user = &clk, .on_vector = on_vector};
+    k3_session_set_trace(s, &tr);
+    double total = 0, head = 0;
+    for (int i = 0; i < tokens + 2 && !rc; i++) {
+        clk.counting = i >= 2;
+        double t0 = now_s();
+        rc = k3_session_step(s, (int32_t)((i * 7919 + 11) % c->vocab_size), logits, &err);
+        double t1 = now_s();
+        if (clk.counting) total += t1 - t0, head += t1 - clk.head_start;
+    }
+    if (rc) goto done;
+    /* per layer kind: mean seconds per token per layer */
+    double kda = 0, mla = 0, dense = 0, moe = 0, layers_s = 0;
+    int n_kda = 0, n_mla = 0, n_dense = 0, n_moe = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        int is_mla = c->layer_is_mla[l], is_moe = c->layer_is_moe[l];
+        double m = clk.mixer_s[l] / tokens, f = clk.ffn_s[l] / tokens;
+        if (is_mla) mla += m, n_mla++; else kda += m, n_kda++;
+        if (is_moe) moe += f, n_moe++; else dense += f, n_dense++;
+        layers_s += m + f;
+    }
+    total /= tokens, head /= tokens;
+    double rest = (total - layers_s - head) / c->num_hidden_layers; /* AttnRes, norms, adds */
+#define MEAN(sum, n) ((n) ? (sum) / (n) : 0.0)
+    printf("\n%s: %d layers, %d decode steps at positions 2..%d, %d threads\n\n", dir,
+           c->num_hidden_layers, tokens, tokens + 1, omp_get_max_threads());
+    printf("| part | layers here | s/token/layer | K3 layers | K3 s/token |\n");
+    printf("|---|---|---|---|---|\n");
+    printf("| KDA mixer | %d | %.4f | %d | %.3f |\n", n_kda, MEAN(kda, n_kda), K3_KDA,
+           MEAN(kda, n_kda) * K3_KDA);
+    printf("| MLA mixer | %d | %.4f | %d | %.3f |\n", n_mla, MEAN(mla, n_mla), K3_MLA,
+           MEAN(mla, n_mla) * K3_MLA);
+    printf("| dense FFN | %d | %.4f | %d | %.3f |\n", n_dense, MEAN(dense, n_dense), K3_DENSE,
+           MEAN(dense, n_dense) * K3_DENSE);
+    printf("| MoE FFN | %d | %.4f | %d | %.3f |\n", n_moe, MEAN(moe, n_moe), K3_MOE,
+           MEAN(moe, n_moe) * K3_MOE);
+    printf("| AttnRes, norms, adds | %d | %.4f | %d | %.3f |\n", c->num_hidden_layers, rest,
+           K3_LAYERS, rest * K3_LAYERS);
+    double head_k3 = head * K3_VOCAB / c->vocab_size;
+    printf("| lm_head (%d rows here) | - | %.4f | 163840 rows | %.3f |\n", c->vocab_size, head,
+           head_k3);
+    double floor_s = MEAN(kda, n_kda) * K3_KDA + MEAN(mla, n_mla) * K3_MLA +
+                     MEAN(dense, n_dense) * K3_DENSE + MEAN(moe, n_moe) * K3_MOE +
+                     rest * K3_LAYERS + head_k3;
+#undef MEAN
+    printf("\nmeasured: %.3f s/token for %d layers; K3 compute floor (93 layers, all weights "
+           "in RAM): %.2f s/token = %.3f tokens/s\n", total, c->num_hidden_layers, floor_s,
+           1.0 / floor_s);
+done:
+    if (rc) fprintf(stderr, "k3 bench decode: %s\n", err.msg);
+    free(logits);
+    k3_session_free(s);
+    k3_engine_free(e);
+    return rc;
+}
+
+/* argv[0] is "kernels" or "decode". */
+int k3_cmd_bench_compute(int argc, char **argv) {
+    if (!strcmp(argv[0], "decode")) return bench_decode(argc, argv);
+    return bench_kernels(argc, argv);
+}
