@@ -488,7 +488,7 @@ static void response_format(rctx *r, const cJSON *rf) {
 int k3_chat_render(const k3_chat_request *req, size_t first_message, k3_segments *out,
                    k3_err *err) {
     rctx r = {.out = out, .err = err, .emit = true};
-    if (first_message == 0) {
+    if (first_message == 0 && !req->no_preamble) {
         if (req->tools) tool_declare(&r, req->tools, false);
         if (req->thinking) {
             char body[512];

@@ -68,6 +68,9 @@ typedef struct k3_chat_request {
     bool thinking;
     char effort[8];               /* "low", "high" or "max" */
     bool add_generation_prompt;
+    bool no_preamble;             /* not from JSON: the model state already holds the tool
+                                     declaration and thinking-effort message (continuation
+                                     of a saved state); see k3_chat_render */
 } k3_chat_request;
 
 /* Reads and checks the request-level fields of an OpenAI chat-completions body (messages
@@ -76,10 +79,10 @@ int k3_chat_request_parse(const cJSON *body, k3_chat_request *req, k3_err *err);
 
 /* Appends to out the segments of req. With first_message == 0 this is the whole prompt:
  * tool declaration, thinking-effort message, messages, tool_choice / response_format
- * messages, generation prompt. With first_message > 0 it is the continuation of a
- * conversation whose messages [0, first_message) are already in the model state: no
- * preamble, only messages [first_message, n) (earlier ones are still read to name tool
- * results), then the trailing messages and generation prompt.
+ * messages, generation prompt. With first_message > 0 (or req->no_preamble) it is the
+ * continuation of a conversation whose messages [0, first_message) are already in the
+ * model state: no preamble, only messages [first_message, n) (earlier ones are still read
+ * to name tool results), then the trailing messages and generation prompt.
  * Errors: K3_ERR_INPUT naming messages[i] and the field; K3_ERR_GENERIC (out of memory). */
 int k3_chat_render(const k3_chat_request *req, size_t first_message, k3_segments *out,
                    k3_err *err);

@@ -5,6 +5,8 @@
 #define K3_CLI_H
 
 int k3_cmd_run(int argc, char **argv);
+int k3_cmd_chat(int argc, char **argv);
+int k3_cmd_render(int argc, char **argv);
 int k3_cmd_tokenize(int argc, char **argv);
 int k3_cmd_detokenize(int argc, char **argv);
 int k3_cmd_serve(int argc, char **argv);

@@ -1,4 +1,5 @@
-/* cmd_run.c — `k3 run`: tokenize, prefill, greedy decode, stream text. */
+/* cmd_run.c — `k3 run`: tokenize (or render one chat turn), prefill, decode (greedy or
+ * sampled), stream text; optionally continue from / save a state file. */
 #include <errno.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -6,10 +7,13 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
+#include "../chat/conv.h"
 #include "../engine/k3.h"
 #include "../tok/tokenizer.h"
 #include "cli.h"
+#include "gen.h"
 #include "store_flags.h"
 
 typedef struct run_opts {
@@ -17,6 +21,9 @@ typedef struct run_opts {
     int spine; /* enum k3_spine_mode; the CLI default is auto */
     int max_new, threads, ctx;
     bool special, print_ids, verbose;
+    bool chat;                       /* --chat: render --prompt as one user turn */
+    k3_cli_chat_opts co;             /* sampling and chat flags (gen.h) */
+    const char *save_state, *load_state;
     k3_cli_store_opts so;            /* expert store flags (store_flags.h) */
 } run_opts;
 
@@ -24,11 +31,16 @@ static void run_usage(FILE *f) {
     fprintf(f,
         "usage: k3 run [MODEL_DIR] (--prompt TEXT | --prompt-ids IDS) [options]\n"
         "\n"
-        "Generates greedily (argmax) from the exact float32 model and prints text as each\n"
-        "token is produced. Stops after --max-new tokens or at an end-of-message token\n"
-        "(<|end_of_msg|> or [EOS]). Without MODEL_DIR the bundled fixture model is used.\n"
+        "Generates from the exact float32 model (greedily unless --temperature is given) and\n"
+        "prints text as each token is produced. Stops after --max-new tokens or at an\n"
+        "end-of-message token (<|end_of_msg|>, [EOS], [EOT]). Ctrl-C stops after the current\n"
+        "token, prints the text and the summary and exits with status 130. Without MODEL_DIR\n"
+        "the bundled fixture model is used.\n"
         "\n"
         "  --prompt TEXT        prompt text (UTF-8); no [BOS] is added\n"
+        "  --chat               render TEXT as one user turn in the K3 chat format (spec §12:\n"
+        "                       thinking-effort message, generation prompt) and print the\n"
+        "                       reply's thinking (dimmed on a terminal), then its answer\n"
         "  --special            let special-token spellings in TEXT (e.g. [BOS], <|sep|>)\n"
         "                       become their ids (default: they are ordinary text)\n"
         "  --prompt-ids IDS     comma-separated token ids instead of --prompt\n"
@@ -43,8 +55,19 @@ static void run_usage(FILE *f) {
         "                       BF16; bf16: always the exact BF16 spine; int8: the packed int8\n"
         "                       spine (NOT exact; an error when it does not exist)\n"
         "  --pack-dir DIR       folder of the packed spine (default MODEL_DIR; see k3 pack --out)\n"
+        "  --load-state FILE    start from a state saved by --save-state (same model and spine\n"
+        "                       mode only, checked by fingerprint): the prompt continues it; with\n"
+        "                       --chat the turn is rendered without repeating the preamble\n"
+        "  --save-state FILE    after the run, save the state (every prompt and generated token\n"
+        "                       fed; with --chat the reply is closed with <|end_of_msg|>) for a\n"
+        "                       later --load-state. Not written when interrupted\n"
         "  -q, --quiet          no load line and no summary on stderr\n"
-        "  -h, --help           this help\n\n");
+        "  -h, --help           this help\n"
+        "\n"
+        "sampling:\n%s"
+        "\n"
+        "with --chat:\n%s", k3_cli_sampling_help, k3_cli_chat_help);
+    fprintf(f, "\n");
     k3_cli_store_usage(f);
 }
 
@@ -72,14 +95,20 @@ static int parse_spine(const char *s, int *out) {
 }
 
 static int parse_args(int argc, char **argv, run_opts *o) {
-    *o = (run_opts){.max_new = 128, .verbose = true, .spine = K3_SPINE_AUTO};
+    *o = (run_opts){.max_new = 128, .verbose = true, .spine = K3_SPINE_AUTO,
+                    .co = K3_CLI_CHAT_DEFAULTS};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool has_val = i + 1 < argc;
-        int rc = 0;
+        int rc = k3_cli_chat_flag("run", argc, argv, &i, &o->co);
+        if (rc == 1) continue;
+        if (rc) return rc;
         if ((rc = k3_cli_store_flag("run", argc, argv, &i, &o->so)) == 1) continue;
         if (rc) return rc;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { run_usage(stdout); return -1; }
+        else if (!strcmp(a, "--chat")) o->chat = true;
+        else if (!strcmp(a, "--save-state") && has_val) o->save_state = argv[++i];
+        else if (!strcmp(a, "--load-state") && has_val) o->load_state = argv[++i];
         else if (!strcmp(a, "--special")) o->special = true;
         else if (!strcmp(a, "--ids")) o->print_ids = true;
         else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) o->verbose = false;
@@ -100,6 +129,11 @@ static int parse_args(int argc, char **argv, run_opts *o) {
     }
     if (!o->prompt == !o->prompt_ids) {
         fprintf(stderr, "k3 run: give exactly one of --prompt or --prompt-ids (see k3 run --help)\n");
+        return K3_ERR_USAGE;
+    }
+    if (o->chat && (o->prompt_ids || o->special)) {
+        fprintf(stderr, "k3 run: --chat takes the user's text with --prompt; --prompt-ids and "
+                "--special apply to raw prompts only\n");
         return K3_ERR_USAGE;
     }
     if (!o->model_dir) o->model_dir = k3_default_model_dir();
@@ -131,77 +165,163 @@ static int parse_ids(const char *s, int vocab, int32_t **ids, size_t *n, k3_err 
     return K3_OK;
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int argmax(const float *x, int n) {
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
-    return best;
-}
-
 typedef struct run_ctx {
     const run_opts *o;
+    const k3_engine *e;
     const k3_tokenizer *tok;
     k3_session *s;
     float *logits;
     FILE *dump;
     long dump_rows;
     int vocab;
+    k3_conv conv;      /* --chat */
+    bool has_conv;
 } run_ctx;
 
-/* Feeds one token; computes logits when needed (last prompt token, decode, or dumping). */
-static int feed(run_ctx *r, int32_t tok, bool need_logits, k3_err *err) {
-    bool want = need_logits || r->dump;
-    int rc = k3_session_step(r->s, tok, want ? r->logits : NULL, err);
-    if (rc || !r->dump) return rc;
-    if (fwrite(r->logits, sizeof(float), (size_t)r->vocab, r->dump) != (size_t)r->vocab)
+static int dump_row(void *user, const float *logits, k3_err *err) {
+    run_ctx *r = user;
+    if (fwrite(logits, sizeof(float), (size_t)r->vocab, r->dump) != (size_t)r->vocab)
         return k3_fail(err, K3_ERR_IO, "%s: write failed: %s", r->o->dump_logits, strerror(errno));
     r->dump_rows++;
     return K3_OK;
 }
 
-static bool is_stop(const k3_engine *e, const k3_tokenizer *tok, int32_t id) {
-    return id == k3_engine_config(e)->eos_token_id || id == k3_tokenizer_special_id(tok, "[EOS]");
+/* Feeds one token; computes logits when needed (last prompt token, decode, or dumping). */
+static int feed(run_ctx *r, int32_t tok, bool need_logits, k3_err *err) {
+    bool want = need_logits || r->dump;
+    int rc = k3_session_step(r->s, tok, want ? r->logits : NULL, err);
+    return rc || !r->dump ? rc : dump_row(r, r->logits, err);
 }
 
-static int generate(run_ctx *r, const k3_engine *e, const int32_t *prompt, size_t n_prompt,
-                    k3_err *err) {
-    double t0 = now_s();
-    int rc = 0;
-    for (size_t i = 0; i < n_prompt && !rc; i++) rc = feed(r, prompt[i], i + 1 == n_prompt, err);
-    if (rc) return rc;
-    double t1 = now_s();
-    k3_detok_stream ds = {0};
-    char text[4096];
-    int n_gen = 0;
-    for (; n_gen < r->o->max_new; n_gen++) {
-        int32_t id = argmax(r->logits, r->vocab);
-        if (r->o->print_ids) {
-            printf("%s%d", n_gen ? "," : "", id);
-        } else if (!is_stop(e, r->tok, id)) {
-            int len = k3_detok_stream_push(r->tok, &ds, id, text, sizeof text);
-            if (len > 0) fwrite(text, 1, (size_t)len, stdout);
+/* The whole id sequence to prefill: a loaded state's ids, then the raw prompt or the
+ * rendered chat turn. *prompt is malloc'd. */
+static int build_prompt(run_ctx *r, int32_t **prompt, size_t *n, k3_err *err) {
+    const run_opts *o = r->o;
+    const int32_t *held = k3_session_tokens(r->s);
+    size_t n_held = (size_t)k3_session_pos(r->s);
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    int rc;
+    if (o->chat) {
+        if ((rc = k3_conv_init(&r->conv, r->tok, err))) return rc;
+        r->has_conv = true;
+        k3_conv_set_thinking(&r->conv, !o->co.no_think);
+        rc = k3_conv_set_effort(&r->conv, o->co.effort ? o->co.effort : "max", err);
+        if (!rc) rc = k3_conv_set_history(&r->conv, held, n_held, err);
+        if (!rc && o->co.system) rc = k3_conv_add(&r->conv, "system", o->co.system, err);
+        if (!rc) rc = k3_conv_add(&r->conv, "user", o->prompt, err);
+        if (!rc) rc = k3_conv_prompt(&r->conv, err);
+        if (rc) return rc;
+        n_ids = r->conv.prompt.n;
+        if (!(ids = malloc((n_ids + 1) * sizeof *ids)))
+            return k3_fail(err, K3_ERR_GENERIC, "out of memory");
+        memcpy(ids, r->conv.prompt.v, n_ids * sizeof *ids);
+    } else {
+        int32_t *part;
+        size_t n_part;
+        if (o->prompt_ids)
+            rc = parse_ids(o->prompt_ids, r->vocab, &part, &n_part, err);
+        else
+            rc = k3_tokenizer_encode(r->tok, o->prompt, strlen(o->prompt), o->special, &part,
+                                     &n_part, err);
+        if (!rc && n_part == 0) rc = k3_fail(err, K3_ERR_USAGE, "the prompt is empty");
+        if (rc) return rc;
+        n_ids = n_held + n_part;
+        if (!(ids = malloc(n_ids * sizeof *ids))) {
+            free(part);
+            return k3_fail(err, K3_ERR_GENERIC, "out of memory");
         }
-        fflush(stdout);
-        if (is_stop(e, r->tok, id)) { n_gen++; break; }
-        if (n_gen + 1 < r->o->max_new && (rc = feed(r, id, true, err))) return rc;
+        memcpy(ids, held, n_held * sizeof *ids);
+        memcpy(ids + n_held, part, n_part * sizeof *ids);
+        free(part);
     }
-    if (!r->o->print_ids) {
-        int len = k3_detok_stream_flush(&ds, text, sizeof text);
-        if (len > 0) fwrite(text, 1, (size_t)len, stdout);
-    }
-    printf("\n");
-    double t2 = now_s();
-    if (r->o->verbose)
-        fprintf(stderr, "k3: prompt %zu tokens in %.3f s (%.2f tok/s), generated %d tokens in "
-                "%.3f s (%.2f tok/s)\n", n_prompt, t1 - t0, n_prompt / (t1 - t0 + 1e-12), n_gen,
-                t2 - t1, n_gen > 1 ? (n_gen - 1) / (t2 - t1 + 1e-12) : 0.0);
+    *prompt = ids;
+    *n = n_ids;
     return K3_OK;
+}
+
+/* Feeds prompt[from, n); Ctrl-C stops it (K3_ERR_INTERRUPTED). */
+static int prefill(run_ctx *r, const int32_t *prompt, size_t from, size_t n, k3_err *err) {
+    for (size_t i = from; i < n; i++) {
+        if (k3_cli_interrupted)
+            return k3_fail(err, K3_ERR_INTERRUPTED, "interrupted after %zu of %zu prompt tokens",
+                           i - from, n - from);
+        int rc = feed(r, prompt[i], i + 1 == n, err);
+        if (rc) return rc;
+    }
+    return K3_OK;
+}
+
+/* Feeds what the saved timeline still lacks and writes the state file: raw, the last
+ * sampled id (even a stop id: the timeline holds every generated token); chat, the rest of
+ * the reply and its closing ids, so the state ends at a message boundary. */
+static int save_state(run_ctx *r, const k3_gen_result *g, k3_err *err) {
+    int rc = K3_OK;
+    if (r->has_conv) {
+        const int32_t *ids;
+        size_t n;
+        rc = k3_conv_history(&r->conv, &ids, &n, err);
+        if (!rc) rc = k3_session_prefill(r->s, ids, n, NULL, NULL, err);
+    } else if (g->n_sampled > 0) {
+        rc = k3_session_step(r->s, g->last_id, NULL, err);
+    }
+    if (!rc) rc = k3_session_save(r->s, r->o->save_state, err);
+    if (!rc && r->o->verbose)
+        fprintf(stderr, "k3: saved the state after %d positions to %s\n", k3_session_pos(r->s),
+                r->o->save_state);
+    return rc;
+}
+
+static void summary(const run_ctx *r, size_t n_prompt, size_t reused, double prefill_s,
+                    const k3_gen_result *g) {
+    if (!r->o->verbose) return;
+    size_t fed = n_prompt - reused;
+    char from_state[64] = "";
+    if (reused)
+        snprintf(from_state, sizeof from_state, " (%zu from the state, %zu new)", reused, fed);
+    char sampling[96] = "greedy";
+    const k3_sampler_opts *so = &r->o->co.sampling;
+    if (so->temperature > 0)
+        snprintf(sampling, sizeof sampling, "temperature %g, top-k %d, top-p %g, seed %llu",
+                 so->temperature, so->top_k, so->top_p, (unsigned long long)so->seed);
+    fprintf(stderr, "k3: prompt %zu tokens%s in %.3f s (%.2f tok/s), generated %d tokens in "
+            "%.3f s (%.2f tok/s), %s; %s\n", n_prompt, from_state, prefill_s,
+            fed / (prefill_s + 1e-12), g->n_sampled, g->decode_s,
+            g->n_sampled > 1 ? (g->n_sampled - 1) / (g->decode_s + 1e-12) : 0.0, sampling,
+            k3_gen_end_name(g->end));
+}
+
+static int generate(run_ctx *r, const int32_t *prompt, size_t n_prompt, k3_err *err) {
+    const run_opts *o = r->o;
+    k3_sampler sm;
+    k3_stops stops;
+    k3_reply_parser parser;
+    k3_gen_result g = {0};
+    size_t reused = (size_t)k3_session_pos(r->s); /* a loaded state: prompt extends it */
+    int rc = k3_sampler_init(&sm, &o->co.sampling, r->vocab, err);
+    if (rc) return rc;
+    k3_stops_init(&stops, r->tok, k3_engine_config(r->e)->eos_token_id);
+    if (r->has_conv) k3_reply_parser_init(&parser, r->tok, &stops, !o->co.no_think);
+    double t0 = k3_cli_now_s();
+    rc = prefill(r, prompt, reused, n_prompt, err);
+    double prefill_s = k3_cli_now_s() - t0;
+    if (!rc) {
+        k3_gen_opts go = {.tok = r->tok, .max_new = o->max_new, .print_ids = o->print_ids,
+                          .show_thinking = !o->co.hide_thinking, .color = isatty(1),
+                          .out = stdout, .on_logits = r->dump ? dump_row : NULL, .user = r};
+        rc = k3_cli_generate(r->s, &sm, &stops, r->logits, r->has_conv ? &parser : NULL, &go,
+                             &g, err);
+    }
+    if (!rc || rc == K3_ERR_INTERRUPTED) summary(r, n_prompt, reused, prefill_s, &g);
+    if (!rc && g.end == K3_GEN_INTERRUPTED)
+        rc = k3_fail(err, K3_ERR_INTERRUPTED, "interrupted after %d generated tokens",
+                     g.n_sampled);
+    if (!rc && r->has_conv) rc = k3_conv_commit(&r->conv, g.ids, g.n, &parser, err);
+    if (!rc && o->save_state) rc = save_state(r, &g, err);
+    if (r->has_conv) k3_reply_parser_free(&parser);
+    k3_sampler_free(&sm);
+    free(g.ids);
+    return rc;
 }
 
 static int run(const run_opts *o, k3_err *err) {
@@ -216,24 +336,20 @@ static int run(const run_opts *o, k3_err *err) {
     k3_cli_store_run sr = {0};
     int rc = k3_engine_load(o->model_dir, &eo, &e, err);
     if (rc) goto done;
+    r.e = e;
     r.tok = k3_engine_tokenizer(e);
     r.vocab = k3_engine_config(e)->vocab_size;
-    if (o->prompt_ids)
-        rc = parse_ids(o->prompt_ids, r.vocab, &prompt, &n_prompt, err);
-    else
-        rc = k3_tokenizer_encode(r.tok, o->prompt, strlen(o->prompt), o->special, &prompt,
-                                 &n_prompt, err);
-    if (!rc && n_prompt == 0) rc = k3_fail(err, K3_ERR_USAGE, "the prompt is empty");
-    if (rc) goto done;
     int ctx = o->ctx ? o->ctx : 0;
     if ((rc = k3_session_new(e, ctx, &s, err))) goto done;
+    r.s = s;
+    if ((rc = k3_cli_store_attach(&sr, s, &o->so, err))) goto done;
+    if (o->load_state && (rc = k3_session_load(s, o->load_state, err))) goto done;
+    if ((rc = build_prompt(&r, &prompt, &n_prompt, err))) goto done;
     if ((size_t)k3_session_max_ctx(s) < n_prompt + (size_t)o->max_new) {
         rc = k3_fail(err, K3_ERR_INPUT, "prompt (%zu) + --max-new (%d) exceed the context of %d "
                      "tokens (raise --ctx)", n_prompt, o->max_new, k3_session_max_ctx(s));
         goto done;
     }
-    r.s = s;
-    if ((rc = k3_cli_store_attach(&sr, s, &o->so, err))) goto done;
     if (!(r.logits = malloc((size_t)r.vocab * sizeof(float)))) {
         rc = k3_fail(err, K3_ERR_GENERIC, "out of memory");
         goto done;
@@ -242,7 +358,8 @@ static int run(const run_opts *o, k3_err *err) {
         rc = k3_fail(err, K3_ERR_IO, "%s: cannot create: %s", o->dump_logits, strerror(errno));
         goto done;
     }
-    rc = generate(&r, e, prompt, n_prompt, err);
+    k3_cli_catch_sigint();
+    rc = generate(&r, prompt, n_prompt, err);
     if (r.dump) {
         if (fclose(r.dump) != 0 && !rc)
             rc = k3_fail(err, K3_ERR_IO, "%s: write failed", o->dump_logits);
@@ -251,7 +368,8 @@ static int run(const run_opts *o, k3_err *err) {
                     o->dump_logits);
     }
 done:
-    k3_cli_store_finish(&sr, o->verbose && !rc);
+    k3_cli_store_finish(&sr, o->verbose && (!rc || rc == K3_ERR_INTERRUPTED));
+    if (r.has_conv) k3_conv_free(&r.conv);
     free(r.logits);
     free(prompt);
     k3_session_free(s);
@@ -263,6 +381,7 @@ int k3_cmd_run(int argc, char **argv) {
     run_opts o;
     int rc = parse_args(argc, argv, &o);
     if (rc) return rc < 0 ? 0 : rc;
+    if (o.co.sampling.temperature > 0) k3_cli_pick_seed(&o.co);
     k3_err err = {0};
     rc = run(&o, &err);
     if (rc) {

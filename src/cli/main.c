@@ -17,7 +17,9 @@ static void usage(FILE *f) {
             "usage: k3 <command> [options]\n"
             "\n"
             "commands:\n"
-            "  run [MODEL_DIR] --prompt TEXT   generate text greedily (see k3 run --help)\n"
+            "  run [MODEL_DIR] --prompt TEXT   generate text (--chat: one chat turn; k3 run --help)\n"
+            "  chat [MODEL_DIR]                talk to the model (thinking, /reset, /save, ...)\n"
+            "  render [DIR] --request FILE     the exact prompt an OpenAI chat request renders to\n"
             "  tokenize [DIR] TEXT             print the token ids of TEXT\n"
             "  detokenize [DIR] IDS            print the text of comma-separated ids\n"
             "  bench kernels | decode [DIR]    kernel GB/s vs memory bandwidth; s/token per layer\n"
@@ -75,6 +77,8 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (!strcmp(cmd, "run")) return k3_cmd_run(argc - 1, argv + 1);
+    if (!strcmp(cmd, "chat")) return k3_cmd_chat(argc - 1, argv + 1);
+    if (!strcmp(cmd, "render")) return k3_cmd_render(argc - 1, argv + 1);
     if (!strcmp(cmd, "tokenize")) return k3_cmd_tokenize(argc - 1, argv + 1);
     if (!strcmp(cmd, "detokenize")) return k3_cmd_detokenize(argc - 1, argv + 1);
     if (!strcmp(cmd, "serve")) return k3_cmd_serve(argc - 1, argv + 1);

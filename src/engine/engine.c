@@ -15,6 +15,7 @@
 #include "../format/safetensors.h"
 #include "../util/fileio.h"
 #include "../model/model.h"
+#include "../model/state_file.h"
 #include "../tok/tokenizer.h"
 
 struct k3_engine {
@@ -37,6 +38,8 @@ struct k3_session {
     k3_state *state;
     k3_trace trace;
     int has_trace;
+    int32_t *tokens;                          /* [max_ctx] the ids fed so far, in order */
+    const volatile sig_atomic_t *interrupt;   /* checked by k3_session_prefill, or NULL */
 };
 
 /* The figures `k3 pack` stored beside the pack, if they belong to this very file. */
@@ -255,6 +258,10 @@ int k3_session_new(const k3_engine *e, int max_ctx, k3_session **out, k3_err *er
         free(s);
         return rc;
     }
+    if (!(s->tokens = malloc((size_t)k3_state_max_ctx(s->state) * sizeof *s->tokens))) {
+        k3_session_free(s);
+        return k3_fail(err, K3_ERR_GENERIC, "out of memory for the token history");
+    }
     *out = s;
     return K3_OK;
 }
@@ -262,6 +269,7 @@ int k3_session_new(const k3_engine *e, int max_ctx, k3_session **out, k3_err *er
 void k3_session_free(k3_session *s) {
     if (!s) return;
     k3_state_free(s->state);
+    free(s->tokens);
     free(s);
 }
 
@@ -282,6 +290,50 @@ int k3_session_step(k3_session *s, int32_t token, float *logits, k3_err *err) {
     if (k3_state_pos(s->state) >= k3_state_max_ctx(s->state))
         return k3_fail(err, K3_ERR_INPUT, "the context is full (%d positions); start a new "
                        "session or raise --ctx", k3_state_max_ctx(s->state));
+    s->tokens[k3_state_pos(s->state)] = token;
     return k3_forward(&s->e->model, s->state, token, logits, s->has_trace ? &s->trace : NULL,
                       err);
+}
+
+/* ---- token history, prefill with reuse, interruption, state files (k3.h) ------------------ */
+
+const int32_t *k3_session_tokens(const k3_session *s) { return s->tokens; }
+
+void k3_session_set_interrupt(k3_session *s, const volatile sig_atomic_t *flag) {
+    s->interrupt = flag;
+}
+
+int k3_session_prefill(k3_session *s, const int32_t *ids, size_t n, float *logits, int *reused,
+                       k3_err *err) {
+    size_t pos = (size_t)k3_session_pos(s), keep = 0;
+    while (keep < pos && keep < n && s->tokens[keep] == ids[keep]) keep++;
+    if (keep < pos || keep == n) { /* the history is not a strict prefix: start again */
+        k3_session_reset(s);
+        keep = 0;
+    }
+    if (reused) *reused = (int)keep;
+    if (n > (size_t)k3_session_max_ctx(s))
+        return k3_fail(err, K3_ERR_INPUT, "the prompt (%zu tokens) does not fit the context of "
+                       "%d tokens (raise --ctx)", n, k3_session_max_ctx(s));
+    for (size_t i = keep; i < n; i++) {
+        if (s->interrupt && *s->interrupt)
+            return k3_fail(err, K3_ERR_INTERRUPTED, "interrupted after %zu of %zu prompt tokens",
+                           i, n);
+        int rc = k3_session_step(s, ids[i], i + 1 == n ? logits : NULL, err);
+        if (rc) return rc;
+    }
+    return K3_OK;
+}
+
+/* Whether the spine is the (lossy) int8 pack: part of a state file's fingerprint. */
+#define SPINE_INT8(e) ((e)->pack != NULL)
+
+int k3_session_save(const k3_session *s, const char *path, k3_err *err) {
+    return k3_state_file_save(s->state, &s->e->model, s->e->ck, SPINE_INT8(s->e), s->tokens,
+                              path, err);
+}
+
+int k3_session_load(k3_session *s, const char *path, k3_err *err) {
+    return k3_state_file_load(s->state, &s->e->model, s->e->ck, SPINE_INT8(s->e), s->tokens,
+                              path, err);
 }

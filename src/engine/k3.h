@@ -12,6 +12,7 @@
 #ifndef K3_H
 #define K3_H
 
+#include <signal.h>
 #include <stdint.h>
 #include <stddef.h>
 #include "../util/err.h"
@@ -142,5 +143,39 @@ void k3_run_stats_profile(const k3_run_stats *st, char *buf, size_t cap);
 const char *k3_engine_store_line(const k3_engine *e);
 /* The engine's expert store (src/store/store.h), e.g. to install a test read hook. */
 struct k3_store *k3_engine_store(const k3_engine *e);
+
+/* ---- token history, prefill with reuse, state files ----------------------------------------
+ * A session remembers the ids it was fed. Callers hand it a whole token sequence (e.g. a
+ * re-rendered conversation) and it computes only what is new; the KDA recurrence cannot be
+ * rewound, so anything but an exact extension starts again from an empty state. */
+
+/* The ids fed so far (k3_session_pos of them), oldest first; valid until the next step. */
+const int32_t *k3_session_tokens(const k3_session *s);
+
+/* Makes the session hold exactly ids[0, n): when the ids fed so far are a strict prefix of
+ * ids, only the rest is fed; otherwise (a different or equal sequence) the session is reset
+ * and all of ids is fed. Writes the logits after ids[n-1] (vocab_size floats) when `logits`
+ * is non-NULL. *reused (may be NULL) receives the number of positions kept.
+ * Errors: those of k3_session_step; K3_ERR_INPUT (n exceeds the context);
+ * K3_ERR_INTERRUPTED (the interrupt flag was raised: the ids fed so far are kept). */
+int k3_session_prefill(k3_session *s, const int32_t *ids, size_t n, float *logits, int *reused,
+                       k3_err *err);
+
+/* A flag that k3_session_prefill checks before each token (set it from a SIGINT handler or
+ * another thread to stop a long prefill); NULL removes it. */
+void k3_session_set_interrupt(k3_session *s, const volatile sig_atomic_t *flag);
+
+/* Writes the session's timeline to path: the ids, the KDA and conv state, the used part of
+ * the MLA KV cache, a fingerprint of the model (config.json, every tensor's name, dtype and
+ * shape, the bytes of the spine's small tensors, the spine mode) and a checksum. Size: at K3
+ * widths ~434 MB of KDA state plus 2.36 MB per position. Format: src/model/state_file.h.
+ * Errors: K3_ERR_IO naming path. */
+int k3_session_save(const k3_session *s, const char *path, k3_err *err);
+
+/* Replaces the session's timeline with the one saved in path.
+ * Errors: K3_ERR_IO (unreadable, not a k3 state file, truncated, checksum mismatch: the
+ * session is then reset), K3_ERR_INPUT (saved from another model or another spine mode, or
+ * more positions than this session's context); the session is unchanged for these. */
+int k3_session_load(k3_session *s, const char *path, k3_err *err);
 
 #endif

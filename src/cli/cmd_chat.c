@@ -1,0 +1,441 @@
+/* cmd_chat.c — `k3 chat`: an interactive conversation in the K3 chat format. The session
+ * keeps the conversation's KDA, conv and MLA state between turns, so each turn prefills only
+ * its own new tokens (src/chat/conv.h); the summary after each turn and /stats show it. */
+#include <errno.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../chat/conv.h"
+#include "../engine/k3.h"
+#include "../util/fileio.h"
+#include "cli.h"
+#include "gen.h"
+
+#define PROMPT ">>> "
+#define MORE "... "
+
+typedef struct chat_opts {
+    const char *model_dir, *pack_dir;
+    int max_new, threads, ctx, spine;
+    bool verbose;
+    k3_cli_chat_opts co;
+} chat_opts;
+
+static void chat_usage(FILE *f) {
+    fprintf(f,
+        "usage: k3 chat [MODEL_DIR] [options]\n"
+        "\n"
+        "Talk to the model. Enter sends a message; end a line with \\ to continue on the next\n"
+        "line, or put a block between two lines holding only \"\"\". The reply's thinking is\n"
+        "shown dimmed (or hidden with --no-show-thinking), then its answer, then a summary.\n"
+        "The conversation's model state is kept between turns: each turn prefills only its\n"
+        "new tokens. Ctrl-C during a reply stops it after the current token (the partial reply\n"
+        "stays in the conversation); at the prompt Ctrl-C or Ctrl-D exits.\n"
+        "\n"
+        "commands:\n"
+        "  /reset               start a new conversation (state cleared)\n"
+        "  /effort low|high|max thinking effort (the next turn re-reads the conversation)\n"
+        "  /think on|off        thinking on or off (the next turn re-reads the conversation)\n"
+        "  /save FILE           write the conversation as an OpenAI request body (JSON; works\n"
+        "                       with k3 render --request FILE)\n"
+        "  /load FILE           read a conversation saved by /save (its tokens are prefilled\n"
+        "                       on the next turn)\n"
+        "  /stats               tokens prefilled, reused and generated; context used\n"
+        "  /max-new N           cap the next replies at N tokens\n"
+        "  /help, /exit\n"
+        "\n"
+        "options:\n"
+        "  --max-new N          at most N tokens per reply (default 1024)\n"
+        "  --ctx N              context capacity in tokens (default min(4096, model max))\n"
+        "  --threads N          compute threads (default: OMP_NUM_THREADS or all cores)\n"
+        "  --spine MODE         auto (default), bf16 (exact) or int8 (NOT exact; k3 pack)\n"
+        "  --pack-dir DIR       folder of the packed spine (default MODEL_DIR)\n"
+        "  -q, --quiet          no load line\n"
+        "  -h, --help           this help\n"
+        "%s%s", k3_cli_chat_help, k3_cli_sampling_help);
+}
+
+static int parse_int(const char *s, const char *flag, int lo, int *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || *end || end == s || v < lo || v > 1 << 30) {
+        fprintf(stderr, "k3 chat: %s needs an integer >= %d, got '%s'\n", flag, lo, s);
+        return K3_ERR_USAGE;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+static int parse_args(int argc, char **argv, chat_opts *o) {
+    *o = (chat_opts){.max_new = 1024, .verbose = true, .spine = K3_SPINE_AUTO,
+                     .co = K3_CLI_CHAT_DEFAULTS};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        bool has_val = i + 1 < argc;
+        int rc = k3_cli_chat_flag("chat", argc, argv, &i, &o->co);
+        if (rc == 1) continue;
+        if (rc) return rc;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { chat_usage(stdout); return -1; }
+        else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) o->verbose = false;
+        else if (!strcmp(a, "--max-new") && has_val) rc = parse_int(argv[++i], a, 1, &o->max_new);
+        else if (!strcmp(a, "--threads") && has_val) rc = parse_int(argv[++i], a, 1, &o->threads);
+        else if (!strcmp(a, "--ctx") && has_val) rc = parse_int(argv[++i], a, 1, &o->ctx);
+        else if (!strcmp(a, "--pack-dir") && has_val) o->pack_dir = argv[++i];
+        else if (!strcmp(a, "--spine") && has_val) {
+            const char *v = argv[++i];
+            o->spine = !strcmp(v, "auto") ? K3_SPINE_AUTO : !strcmp(v, "bf16") ? K3_SPINE_BF16
+                     : !strcmp(v, "int8") ? K3_SPINE_INT8 : -1;
+            if (o->spine < 0) {
+                fprintf(stderr, "k3 chat: --spine needs auto, bf16 or int8, got '%s'\n", v);
+                return K3_ERR_USAGE;
+            }
+        } else if (a[0] != '-' && !o->model_dir) o->model_dir = a;
+        else {
+            fprintf(stderr, "k3 chat: unknown option or missing value: '%s' (see k3 chat "
+                    "--help)\n", a);
+            return K3_ERR_USAGE;
+        }
+        if (rc) return rc;
+    }
+    if (!o->model_dir) o->model_dir = k3_default_model_dir();
+    return 0;
+}
+
+/* ---- the REPL's state -------------------------------------------------------------------- */
+
+typedef struct chat {
+    const chat_opts *o;
+    int max_new;       /* --max-new, changed by /max-new */
+    const k3_engine *e;
+    const k3_tokenizer *tok;
+    k3_session *s;
+    k3_conv conv;
+    k3_stops stops;
+    k3_sampler sm;     /* one PRNG stream for the whole conversation */
+    float *logits;
+    bool color;
+    /* /stats */
+    int turns;
+    long prefilled, reused, generated;
+    double prefill_s, decode_s;
+    int last_new, last_reused, last_gen;
+    double last_prefill_s, last_decode_s;
+} chat;
+
+static void dim(const chat *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void dim(const chat *c, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    if (c->color) fputs("\033[2m", stdout);
+    vprintf(fmt, ap);
+    if (c->color) fputs("\033[0m", stdout);
+    va_end(ap);
+    fflush(stdout);
+}
+
+static int start_conversation(chat *c, k3_err *err) {
+    k3_conv_reset(&c->conv);
+    k3_session_reset(c->s);
+    return c->o->co.system ? k3_conv_add(&c->conv, "system", c->o->co.system, err) : K3_OK;
+}
+
+/* ---- reading a message ------------------------------------------------------------------- */
+
+/* Input is read from fd 0 with poll() on stdin and the SIGINT pipe together, so Ctrl-C at the
+ * prompt is seen whichever thread took the signal (stdio's getline would keep waiting). */
+typedef struct input {
+    k3_strbuf pending; /* bytes read but not yet returned as lines */
+    bool eof;
+} input;
+
+/* The next line without its newline (malloc'd) in *line: returns 1, 0 at end of input, -1 on
+ * Ctrl-C. */
+static int next_line(input *in, char **line) {
+    for (;;) {
+        char *p = in->pending.p, *nl = p ? memchr(p, '\n', in->pending.n) : NULL;
+        if (nl || (in->eof && in->pending.n)) {
+            size_t len = nl ? (size_t)(nl - p) : in->pending.n, used = len + (nl != NULL);
+            if (!(*line = strndup(p, len))) return 0;
+            memmove(p, p + used, in->pending.n - used);
+            in->pending.n -= used;
+            return 1;
+        }
+        if (in->eof || in->pending.oom) return 0;
+        if (k3_cli_interrupted) return -1;
+        struct pollfd pf[2] = {{0, POLLIN, 0}, {k3_cli_sigint_fd(), POLLIN, 0}};
+        if (poll(pf, pf[1].fd >= 0 ? 2 : 1, -1) < 0 && errno != EINTR) return 0;
+        if (k3_cli_interrupted) return -1;
+        if (!(pf[0].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        char chunk[4096];
+        ssize_t k = read(0, chunk, sizeof chunk);
+        if (k > 0)
+            k3_strbuf_put(&in->pending, chunk, (size_t)k);
+        else if (k == 0 || (errno != EINTR && errno != EAGAIN))
+            in->eof = true;
+    }
+}
+
+/* A whole message: continued lines ending in '\', or a block between two """ lines.
+ * Returns a malloc'd string, or NULL at end of input / Ctrl-C. */
+static char *read_message(input *in) {
+    k3_strbuf msg = {0};
+    bool block = false; /* between """ lines */
+    int parts = 0;
+    for (int i = 0;; i++) {
+        fputs(i == 0 ? PROMPT : MORE, stdout);
+        fflush(stdout);
+        char *line;
+        if (next_line(in, &line) != 1) {
+            k3_strbuf_free(&msg);
+            return NULL;
+        }
+        size_t n = strlen(line);
+        bool fence = !strcmp(line, "\"\"\"");
+        bool more = !block && !fence && n > 0 && line[n - 1] == '\\';
+        if (!fence) {
+            if (parts++) k3_strbuf_put(&msg, "\n", 1);
+            k3_strbuf_put(&msg, line, n - more);
+        }
+        free(line);
+        if (fence && i == 0) {
+            block = true; /* the opening fence */
+            continue;
+        }
+        if (fence || (!block && !more)) break; /* closing fence, or a last line */
+    }
+    if (msg.oom) {
+        k3_strbuf_free(&msg);
+        return NULL;
+    }
+    return msg.p ? msg.p : strdup("");
+}
+
+/* ---- a turn ------------------------------------------------------------------------------ */
+
+static void turn_summary(chat *c, int n_new, int reused, double prefill_s,
+                         const k3_gen_result *g) {
+    k3_run_stats st;
+    k3_session_stats(c->s, &st);
+    char hits[64] = "";
+    if (st.expert_requests)
+        snprintf(hits, sizeof hits, "; expert store hit rate %.1f%%",
+                 100.0 * (double)(st.hits + st.prefetch_hits) / (double)st.expert_requests);
+    dim(c, "[%d new tokens prefilled (%d kept from earlier turns) in %.2f s; %d generated in "
+        "%.2f s (%.1f tok/s); %s%s]\n", n_new, reused, prefill_s, g->n_sampled, g->decode_s,
+        g->n_sampled > 1 ? (g->n_sampled - 1) / (g->decode_s + 1e-12) : 0.0,
+        k3_gen_end_name(g->end), hits);
+}
+
+static int turn(chat *c, const char *text, k3_err *err) {
+    int rc = k3_conv_add(&c->conv, "user", text, err);
+    if (!rc && (rc = k3_conv_prompt(&c->conv, err))) k3_conv_pop(&c->conv);
+    if (rc) return rc;
+    size_t n = c->conv.prompt.n;
+    if (n + (size_t)c->max_new > (size_t)k3_session_max_ctx(c->s)) {
+        k3_conv_pop(&c->conv);
+        return k3_fail(err, K3_ERR_INPUT, "the conversation (%zu tokens) + --max-new (%d) would "
+                       "pass the context of %d tokens: /reset, lower /max-new, or restart with a "
+                       "larger --ctx", n, c->max_new, k3_session_max_ctx(c->s));
+    }
+    int reused = 0;
+    double t0 = k3_cli_now_s();
+    rc = k3_session_prefill(c->s, c->conv.prompt.v, n, c->logits, &reused, err);
+    double prefill_s = k3_cli_now_s() - t0;
+    int n_new = k3_session_pos(c->s) - reused;
+    c->prefilled += n_new;
+    c->reused += reused;
+    c->prefill_s += prefill_s;
+    if (rc) return rc; /* interrupted: the message stays; the next turn continues from it */
+
+    k3_reply_parser p;
+    k3_reply_parser_init(&p, c->tok, &c->stops, c->conv.thinking);
+    k3_gen_opts go = {.tok = c->tok, .max_new = c->max_new,
+                      .show_thinking = !c->o->co.hide_thinking, .color = c->color,
+                      .out = stdout};
+    k3_gen_result g;
+    rc = k3_cli_generate(c->s, &c->sm, &c->stops, c->logits, &p, &go, &g, err);
+    if (!rc) {
+        turn_summary(c, n_new, reused, prefill_s, &g);
+        rc = k3_conv_commit(&c->conv, g.ids, g.n, &p, err);
+        c->turns++;
+        c->generated += g.n_sampled;
+        c->decode_s += g.decode_s;
+        c->last_new = n_new, c->last_reused = reused, c->last_gen = g.n_sampled;
+        c->last_prefill_s = prefill_s, c->last_decode_s = g.decode_s;
+    }
+    k3_reply_parser_free(&p);
+    free(g.ids);
+    return rc;
+}
+
+/* ---- commands ---------------------------------------------------------------------------- */
+
+static void stats(const chat *c) {
+    long total = c->prefilled + c->reused;
+    printf("turns %d; context %d of %d positions in use\n", c->turns, k3_session_pos(c->s),
+           k3_session_max_ctx(c->s));
+    printf("prefill: %ld tokens computed in %.2f s, %ld kept from earlier turns instead of "
+           "recomputed", c->prefilled, c->prefill_s, c->reused);
+    if (total) printf(" (%.0f%% of what re-reading the whole conversation each turn costs "
+                      "was saved)", 100.0 * (double)c->reused / (double)total);
+    printf("\ngenerated: %ld tokens in %.2f s (%.1f tok/s)\n", c->generated, c->decode_s,
+           c->generated / (c->decode_s + 1e-12));
+    if (c->turns)
+        printf("last turn: %d new tokens prefilled (%d kept) in %.3f s; %d generated in "
+               "%.2f s\n", c->last_new, c->last_reused, c->last_prefill_s, c->last_gen,
+               c->last_decode_s);
+    const k3_sampler_opts *so = &c->o->co.sampling;
+    if (so->temperature > 0)
+        printf("sampling: temperature %g, top-k %d, top-p %g, seed %llu\n", so->temperature,
+               so->top_k, so->top_p, (unsigned long long)so->seed);
+    else
+        printf("sampling: greedy\n");
+    printf("thinking %s, effort %s; %d messages\n", c->conv.thinking ? "on" : "off",
+           c->conv.effort, cJSON_GetArraySize(c->conv.messages));
+}
+
+static int save(const chat *c, const char *path, k3_err *err) {
+    char *json = k3_conv_to_json(&c->conv);
+    if (!json) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
+    FILE *f = fopen(path, "w");
+    int rc = K3_OK;
+    if (!f || fputs(json, f) < 0 || fputc('\n', f) == EOF)
+        rc = k3_fail(err, K3_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
+    if (f && fclose(f) != 0 && !rc) rc = k3_fail(err, K3_ERR_IO, "%s: write failed", path);
+    free(json);
+    return rc;
+}
+
+static int load(chat *c, const char *path, k3_err *err) {
+    char *buf;
+    size_t len;
+    int rc = k3_read_file(path, (size_t)256 << 20, &buf, &len, err);
+    if (rc) return rc;
+    rc = k3_conv_from_json(&c->conv, buf, len, err);
+    free(buf);
+    if (rc) return k3_err_prefix(err, "%s", path);
+    return K3_OK;
+}
+
+/* Runs one /command; returns 1 to exit the REPL. Errors are printed, not fatal. */
+static int command(chat *c, const char *line) {
+    char cmd[16] = "", arg[4096] = "";
+    sscanf(line, "/%15s %4095[^\n]", cmd, arg);
+    k3_err err = {0};
+    int rc = K3_OK;
+    if (!strcmp(cmd, "exit") || !strcmp(cmd, "quit")) return 1;
+    if (!strcmp(cmd, "help")) {
+        chat_usage(stdout);
+    } else if (!strcmp(cmd, "reset")) {
+        if (!(rc = start_conversation(c, &err))) dim(c, "(new conversation)\n");
+    } else if (!strcmp(cmd, "effort")) {
+        if (!(rc = k3_conv_set_effort(&c->conv, arg, &err)))
+            dim(c, "(thinking effort %s)\n", c->conv.effort);
+    } else if (!strcmp(cmd, "think") && (!strcmp(arg, "on") || !strcmp(arg, "off"))) {
+        k3_conv_set_thinking(&c->conv, !strcmp(arg, "on"));
+        dim(c, "(thinking %s)\n", arg);
+    } else if (!strcmp(cmd, "save") && arg[0]) {
+        if (!(rc = save(c, arg, &err))) dim(c, "(saved %d messages to %s)\n",
+                                          cJSON_GetArraySize(c->conv.messages), arg);
+    } else if (!strcmp(cmd, "load") && arg[0]) {
+        if (!(rc = load(c, arg, &err)))
+            dim(c, "(loaded %d messages; the next turn prefills them)\n",
+                cJSON_GetArraySize(c->conv.messages));
+    } else if (!strcmp(cmd, "stats")) {
+        stats(c);
+    } else if (!strcmp(cmd, "max-new") && atoi(arg) > 0) {
+        c->max_new = atoi(arg);
+        dim(c, "(at most %d tokens per reply)\n", c->max_new);
+    } else {
+        printf("unknown command '%s' (try /help)\n", line);
+    }
+    if (rc) printf("error: %s\n", err.msg);
+    return 0;
+}
+
+/* ---- main loop --------------------------------------------------------------------------- */
+
+static int repl(chat *c, k3_err *err) {
+    int rc = start_conversation(c, err);
+    if (rc) return rc;
+    printf("k3 chat: Enter sends; end a line with \\ to continue it, or wrap a block in \"\"\" "
+           "lines. /help lists commands; Ctrl-D exits.\n");
+    input in = {0};
+    for (;;) {
+        k3_cli_clear_sigint();
+        char *msg = read_message(&in);
+        if (!msg) {
+            putchar('\n');
+            k3_strbuf_free(&in.pending);
+            return K3_OK; /* Ctrl-D, or Ctrl-C at the prompt */
+        }
+        int quit = 0;
+        if (msg[0] == '/') {
+            quit = command(c, msg);
+        } else if (msg[strspn(msg, " \t\n")]) {
+            k3_err terr = {0};
+            int trc = turn(c, msg, &terr);
+            if (trc == K3_ERR_INTERRUPTED)
+                dim(c, "(%s; the message is kept)\n", terr.msg);
+            else if (trc)
+                printf("error: %s\n", terr.msg);
+        }
+        free(msg);
+        if (quit) {
+            k3_strbuf_free(&in.pending);
+            return K3_OK;
+        }
+    }
+}
+
+static int chat_main(const chat_opts *o, k3_err *err) {
+    chat c = {.o = o, .max_new = o->max_new, .color = isatty(1)};
+    k3_engine *e = NULL;
+    k3_engine_opts eo = {.threads = o->threads, .verbose = o->verbose, .spine = o->spine,
+                         .pack_dir = o->pack_dir};
+    int rc = k3_engine_load(o->model_dir, &eo, &e, err);
+    if (rc) return rc;
+    c.e = e;
+    c.tok = k3_engine_tokenizer(e);
+    k3_stops_init(&c.stops, c.tok, k3_engine_config(e)->eos_token_id);
+    rc = k3_session_new(e, o->ctx, &c.s, err);
+    if (!rc) rc = k3_conv_init(&c.conv, c.tok, err);
+    if (!rc) rc = k3_sampler_init(&c.sm, &o->co.sampling, k3_engine_config(e)->vocab_size, err);
+    if (!rc && !(c.logits = malloc((size_t)k3_engine_config(e)->vocab_size * sizeof(float))))
+        rc = k3_fail(err, K3_ERR_GENERIC, "out of memory");
+    if (!rc) {
+        k3_conv_set_thinking(&c.conv, !o->co.no_think);
+        rc = k3_conv_set_effort(&c.conv, o->co.effort ? o->co.effort : "max", err);
+    }
+    if (!rc) {
+        k3_cli_catch_sigint();
+        k3_session_set_interrupt(c.s, &k3_cli_interrupted);
+        rc = repl(&c, err);
+    }
+    free(c.logits);
+    k3_sampler_free(&c.sm);
+    k3_conv_free(&c.conv);
+    k3_session_free(c.s);
+    k3_engine_free(e);
+    return rc;
+}
+
+int k3_cmd_chat(int argc, char **argv) {
+    chat_opts o;
+    int rc = parse_args(argc, argv, &o);
+    if (rc) return rc < 0 ? 0 : rc;
+    if (o.co.sampling.temperature > 0) k3_cli_pick_seed(&o.co);
+    k3_err err = {0};
+    rc = chat_main(&o, &err);
+    if (rc) {
+        fflush(stdout);
+        fprintf(stderr, "k3: %s\n", err.msg);
+    }
+    return rc;
+}

@@ -1,0 +1,138 @@
+/* cmd_render.c — `k3 render`: the exact prompt an OpenAI chat-completions request body
+ * renders to in the K3 chat format (src/chat/render.h), as text, token ids or segments. */
+#include <errno.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../chat/render.h"
+#include "../util/fileio.h"
+#include "cli.h"
+
+static void render_usage(FILE *f) {
+    fprintf(f,
+        "usage: k3 render [DIR] --request FILE [--ids | --segments]\n"
+        "\n"
+        "Prints the prompt that the OpenAI chat-completions request body in FILE (JSON; - reads\n"
+        "stdin) renders to in the K3 chat format, exactly as the model sees it: the text, with\n"
+        "no newline added. Fields: messages, tools, tool_choice (auto, required, none),\n"
+        "response_format, reasoning_effort (low, high, max, none), and the k3 extensions\n"
+        "\"thinking\": false and \"add_generation_prompt\": false. Other fields (model,\n"
+        "temperature, ...) are ignored here.\n"
+        "DIR holds tiktoken.model and tokenizer_config.json (default: the bundled fixture\n"
+        "model); it is read only for --ids.\n"
+        "\n"
+        "  --request FILE  the request body\n"
+        "  --ids           print the token ids instead (one line, comma-separated): each\n"
+        "                  segment encoded on its own, structure as special ids, all content\n"
+        "                  as plain text\n"
+        "  --segments      print the segments as JSON [[text, allow_special], ...]\n"
+        "  -h, --help      this help\n");
+}
+
+/* Reads a whole file, or stdin for "-". */
+static int read_request(const char *path, char **buf, size_t *len, k3_err *err) {
+    if (strcmp(path, "-")) return k3_read_file(path, (size_t)256 << 20, buf, len, err);
+    size_t cap = 1 << 16, n = 0;
+    char *p = malloc(cap);
+    while (p) {
+        n += fread(p + n, 1, cap - n - 1, stdin);
+        if (n < cap - 1) break;
+        char *q = realloc(p, cap *= 2);
+        if (!q) free(p);
+        p = q;
+    }
+    if (!p) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
+    if (ferror(stdin)) {
+        free(p);
+        return k3_fail(err, K3_ERR_IO, "stdin: read failed: %s", strerror(errno));
+    }
+    p[n] = 0;
+    *buf = p;
+    *len = n;
+    return K3_OK;
+}
+
+static int print_ids(const char *dir, const k3_segments *segs, k3_err *err) {
+    k3_tokenizer *t = NULL;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    int rc = k3_tokenizer_load(dir, &t, err);
+    if (!rc) rc = k3_segments_encode(t, segs, &ids, &n, err);
+    for (size_t i = 0; i < n; i++) printf("%s%d", i ? "," : "", ids[i]);
+    if (!rc) printf("\n");
+    free(ids);
+    k3_tokenizer_free(t);
+    return rc;
+}
+
+static int print_segments(const k3_segments *segs, k3_err *err) {
+    cJSON *arr = cJSON_CreateArray();
+    for (size_t i = 0; arr && i < segs->n; i++) {
+        cJSON *pair = cJSON_CreateArray();
+        cJSON_AddItemToArray(arr, pair);
+        cJSON_AddItemToArray(pair, cJSON_CreateString(segs->v[i].text));
+        cJSON_AddItemToArray(pair, cJSON_CreateBool(segs->v[i].allow_special));
+    }
+    char *s = arr ? cJSON_PrintUnformatted(arr) : NULL;
+    cJSON_Delete(arr);
+    if (!s) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
+    printf("%s\n", s);
+    free(s);
+    return K3_OK;
+}
+
+int k3_cmd_render(int argc, char **argv) {
+    const char *dir = NULL, *request = NULL;
+    bool ids = false, segments = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            render_usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--ids")) {
+            ids = true;
+        } else if (!strcmp(a, "--segments")) {
+            segments = true;
+        } else if (!strcmp(a, "--request") && i + 1 < argc) {
+            request = argv[++i];
+        } else if (a[0] != '-' && !dir) {
+            dir = a;
+        } else {
+            fprintf(stderr, "k3 render: unknown option or missing value: '%s' (see k3 render "
+                    "--help)\n", a);
+            return K3_ERR_USAGE;
+        }
+    }
+    if (!request || (ids && segments)) {
+        fprintf(stderr, "k3 render: give --request FILE, and at most one of --ids and "
+                "--segments (see k3 render --help)\n");
+        return K3_ERR_USAGE;
+    }
+    k3_err err = {0};
+    k3_segments segs = {0};
+    char *body = NULL;
+    size_t len = 0;
+    int rc = read_request(request, &body, &len, &err);
+    if (!rc && (rc = k3_chat_render_json(body, len, &segs, &err)))
+        k3_err_prefix(&err, "%s", request);
+    if (!rc && ids) {
+        rc = print_ids(dir ? dir : k3_default_model_dir(), &segs, &err);
+    } else if (!rc && segments) {
+        rc = print_segments(&segs, &err);
+    } else if (!rc) {
+        size_t n;
+        char *text = k3_segments_text(&segs, &n);
+        if (!text) rc = k3_fail(&err, K3_ERR_GENERIC, "out of memory");
+        else fwrite(text, 1, n, stdout);
+        free(text);
+    }
+    if (rc) {
+        fflush(stdout);
+        fprintf(stderr, "k3: %s\n", err.msg);
+    }
+    free(body);
+    k3_segments_free(&segs);
+    return rc;
+}

@@ -1,0 +1,216 @@
+/* gen.c — the decode loop shared by `k3 run` and `k3 chat`, and Ctrl-C (see gen.h). */
+#include "gen.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+volatile sig_atomic_t k3_cli_interrupted;
+static int sigint_pipe[2] = {-1, -1}; /* CLI-level, like the flag: the handler's wake-up */
+
+static void on_sigint(int sig) {
+    (void)sig;
+    int saved = errno;
+    k3_cli_interrupted = 1;
+    if (sigint_pipe[1] >= 0 && write(sigint_pipe[1], "!", 1) < 0) { /* full: already awake */ }
+    errno = saved;
+}
+
+void k3_cli_catch_sigint(void) {
+    if (sigint_pipe[0] < 0 && pipe2(sigint_pipe, O_NONBLOCK | O_CLOEXEC) != 0)
+        sigint_pipe[0] = sigint_pipe[1] = -1;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigint;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = 0; /* no SA_RESTART: a blocking call in the receiving thread returns EINTR */
+    sigaction(SIGINT, &sa, NULL);
+    k3_cli_clear_sigint();
+}
+
+int k3_cli_sigint_fd(void) { return sigint_pipe[0]; }
+
+void k3_cli_clear_sigint(void) {
+    char drain[64];
+    while (sigint_pipe[0] >= 0 && read(sigint_pipe[0], drain, sizeof drain) > 0) {}
+    k3_cli_interrupted = 0;
+}
+
+double k3_cli_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+const char *k3_gen_end_name(enum k3_gen_end end) {
+    switch (end) {
+    case K3_GEN_STOP: return "end of message";
+    case K3_GEN_MAX_NEW: return "--max-new reached";
+    case K3_GEN_INTERRUPTED: return "interrupted (Ctrl-C)";
+    case K3_GEN_CONTEXT: return "context full";
+    }
+    return "?";
+}
+
+/* ---- shared flags ---------------------------------------------------------------------------- */
+
+const char k3_cli_sampling_help[] =
+    "  --temperature T      sample at temperature T (default 0 = greedy: the argmax, ties to\n"
+    "                       the lowest id; reproducible)\n"
+    "  --top-k K            sample only among the K largest logits (0 = off, the default)\n"
+    "  --top-p P            then only among the most likely ids whose probabilities first\n"
+    "                       reach P (1 = off, the default)\n"
+    "  --seed N             PRNG seed (xoshiro256** seeded by SplitMix64; see\n"
+    "                       src/engine/sampler.h); the same seed and prompt reproduce a run.\n"
+    "                       Default: from the clock, printed in the summary\n";
+
+const char k3_cli_chat_help[] =
+    "  --system TEXT        a system message before the conversation\n"
+    "  --effort E           thinking effort: low, high or max (default max)\n"
+    "  --no-think           thinking off: the reply starts in the response channel\n"
+    "  --no-show-thinking   do not print the thinking channel (it is still generated)\n";
+
+static int bad_value(const char *cmd, const char *flag, const char *want, const char *got) {
+    fprintf(stderr, "k3 %s: %s needs %s, got '%s'\n", cmd, flag, want, got);
+    return K3_ERR_USAGE;
+}
+
+int k3_cli_chat_flag(const char *cmd, int argc, char **argv, int *i, k3_cli_chat_opts *o) {
+    const char *a = argv[*i], *v = *i + 1 < argc ? argv[*i + 1] : NULL;
+    char *end;
+    if (!strcmp(a, "--no-think")) return o->no_think = true, 1;
+    if (!strcmp(a, "--no-show-thinking")) return o->hide_thinking = true, 1;
+    bool known = !strcmp(a, "--temperature") || !strcmp(a, "--top-p") || !strcmp(a, "--top-k") ||
+                 !strcmp(a, "--seed") || !strcmp(a, "--system") || !strcmp(a, "--effort");
+    if (!known) return 0;
+    if (!v) return bad_value(cmd, a, "a value", "");
+    ++*i;
+    errno = 0;
+    if (!strcmp(a, "--system")) {
+        o->system = v;
+    } else if (!strcmp(a, "--effort")) {
+        if (strcmp(v, "low") && strcmp(v, "high") && strcmp(v, "max"))
+            return bad_value(cmd, a, "low, high or max", v);
+        o->effort = v;
+    } else if (!strcmp(a, "--temperature")) {
+        o->sampling.temperature = strtod(v, &end);
+        if (*end || end == v || errno || !(o->sampling.temperature >= 0) ||
+            isinf(o->sampling.temperature))
+            return bad_value(cmd, a, "a number >= 0", v);
+    } else if (!strcmp(a, "--top-p")) {
+        o->sampling.top_p = strtod(v, &end);
+        if (*end || end == v || errno || !(o->sampling.top_p > 0 && o->sampling.top_p <= 1))
+            return bad_value(cmd, a, "a number in (0, 1]", v);
+    } else if (!strcmp(a, "--top-k")) {
+        long k = strtol(v, &end, 10);
+        if (*end || end == v || errno || k < 0 || k > 1 << 30)
+            return bad_value(cmd, a, "an integer >= 0", v);
+        o->sampling.top_k = (int)k;
+    } else {
+        unsigned long long seed = strtoull(v, &end, 10);
+        if (*end || end == v || errno || v[0] == '-')
+            return bad_value(cmd, a, "an integer in [0, 2^64)", v);
+        o->sampling.seed = seed;
+        o->has_seed = true;
+    }
+    return 1;
+}
+
+void k3_cli_pick_seed(k3_cli_chat_opts *o) {
+    if (o->has_seed) return;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    o->sampling.seed = (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- printing the channels ------------------------------------------------------------------ */
+
+#define SGR_DIM "\033[2m"
+#define SGR_RESET "\033[0m"
+
+typedef struct printer {
+    const k3_gen_opts *o;
+    int last_ch;      /* channel printed last, or -1 */
+    bool dim;         /* SGR_DIM is active */
+} printer;
+
+static void print_chunk(printer *pr, enum k3_channel ch, const char *text, int len) {
+    const k3_gen_opts *o = pr->o;
+    if (len <= 0 || (ch == K3_CH_THINK && !o->show_thinking)) return;
+    if ((int)ch != pr->last_ch) {
+        if (pr->dim) fputs(SGR_RESET, o->out);
+        pr->dim = false;
+        if (pr->last_ch == K3_CH_THINK) fputs("\n\n", o->out); /* thinking, then the answer */
+        if (ch == K3_CH_THINK && o->color) {
+            fputs(SGR_DIM, o->out);
+            pr->dim = true;
+        }
+        pr->last_ch = (int)ch;
+    }
+    fwrite(text, 1, (size_t)len, o->out);
+}
+
+/* ---- the loop -------------------------------------------------------------------------------- */
+
+int k3_cli_generate(k3_session *s, k3_sampler *sm, const k3_stops *stops, float *logits,
+                    k3_reply_parser *parser, const k3_gen_opts *o, k3_gen_result *r,
+                    k3_err *err) {
+    *r = (k3_gen_result){.last_id = -1};
+    size_t cap = k3_reply_parser_out_cap(o->tok);
+    char *text = malloc(cap);
+    r->ids = malloc(((size_t)o->max_new + 1) * sizeof *r->ids);
+    if (!text || !r->ids) {
+        free(text);
+        return k3_fail(err, K3_ERR_GENERIC, "out of memory");
+    }
+    printer pr = {o, -1, false};
+    k3_detok_stream ds = {0};
+    enum k3_channel ch = K3_CH_RESPONSE;
+    double t0 = k3_cli_now_s();
+    int rc = K3_OK, len;
+    for (;;) {
+        if (r->n_sampled >= o->max_new) {
+            r->end = K3_GEN_MAX_NEW;
+            break;
+        }
+        int32_t id = k3_sampler_sample(sm, logits);
+        bool stop = k3_stops_has(stops, id);
+        if (o->print_ids) fprintf(o->out, "%s%d", r->n_sampled ? "," : "", id);
+        r->n_sampled++;
+        r->last_id = id;
+        if (!stop) r->ids[r->n++] = id;
+        if (parser) {
+            len = k3_reply_parser_push(parser, id, text, cap, &ch);
+            if (!o->print_ids) print_chunk(&pr, ch, text, len);
+        } else if (!o->print_ids && !stop) {
+            len = k3_detok_stream_push(o->tok, &ds, id, text, cap);
+            if (len > 0) fwrite(text, 1, (size_t)len, o->out);
+        }
+        fflush(o->out);
+        if (stop || k3_cli_interrupted || r->n_sampled >= o->max_new ||
+            k3_session_pos(s) >= k3_session_max_ctx(s)) {
+            r->end = stop ? K3_GEN_STOP : k3_cli_interrupted ? K3_GEN_INTERRUPTED
+                   : r->n_sampled >= o->max_new ? K3_GEN_MAX_NEW : K3_GEN_CONTEXT;
+            break;
+        }
+        if ((rc = k3_session_step(s, id, logits, err))) break;
+        if (o->on_logits && (rc = o->on_logits(o->user, logits, err))) break;
+    }
+    r->decode_s = k3_cli_now_s() - t0;
+    if (parser) {
+        len = k3_reply_parser_finish(parser, text, cap, &ch);
+        if (!o->print_ids) print_chunk(&pr, ch, text, len);
+    } else if (!o->print_ids) {
+        len = k3_detok_stream_flush(&ds, text, cap);
+        if (len > 0) fwrite(text, 1, (size_t)len, o->out);
+    }
+    if (pr.dim) fputs(SGR_RESET, o->out);
+    fputc('\n', o->out);
+    fflush(o->out);
+    free(text);
+    return rc;
+}

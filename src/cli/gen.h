@@ -1,0 +1,93 @@
+/* gen.h — the decode loop shared by `k3 run` and `k3 chat`, and the CLI's Ctrl-C flag.
+ *
+ * Invariants:
+ *  - Ctrl-C (SIGINT) only sets k3_cli_interrupted; the loop checks it after each token is
+ *    printed, so a reply stops after the current token and keeps everything generated.
+ *  - The token that ends a reply (a stop id, or the last one before --max-new / Ctrl-C) is
+ *    sampled but not fed; k3_gen_result says which ids were sampled.
+ */
+#ifndef K3_CLI_GEN_H
+#define K3_CLI_GEN_H
+
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+
+#include "../chat/parse.h"
+#include "../engine/k3.h"
+#include "../engine/sampler.h"
+
+/* Set by the SIGINT handler (the one piece of CLI-level mutable state). */
+extern volatile sig_atomic_t k3_cli_interrupted;
+
+/* Installs the SIGINT handler and clears the flag. The handler also writes a byte to a pipe
+ * (k3_cli_sigint_fd) so a thread waiting in poll() wakes up whichever thread the signal was
+ * delivered to (OpenMP and expert-reader threads do not block SIGINT). */
+void k3_cli_catch_sigint(void);
+/* The read end of that pipe (-1 before k3_cli_catch_sigint). */
+int k3_cli_sigint_fd(void);
+/* Clears the flag and empties the pipe (before waiting for the next Ctrl-C). */
+void k3_cli_clear_sigint(void);
+
+enum k3_gen_end { K3_GEN_STOP, K3_GEN_MAX_NEW, K3_GEN_INTERRUPTED, K3_GEN_CONTEXT };
+
+typedef struct k3_gen_opts {
+    const k3_tokenizer *tok;
+    int max_new;
+    bool print_ids;      /* raw mode: print the sampled ids (stop id included), not text */
+    bool show_thinking;  /* chat: print the thinking channel */
+    bool color;          /* chat: thinking dimmed with ANSI SGR 2 (for terminals) */
+    FILE *out;
+    /* Called with the logits after each generated token is fed (e.g. --dump-logits). */
+    int (*on_logits)(void *user, const float *logits, k3_err *err);
+    void *user;
+} k3_gen_opts;
+
+typedef struct k3_gen_result {
+    int32_t *ids;        /* malloc'd: the sampled ids without a final stop id */
+    size_t n;
+    int n_sampled;       /* including the stop id */
+    int32_t last_id;     /* the last id sampled (not fed), or -1 */
+    enum k3_gen_end end;
+    double decode_s;     /* wall time of the loop */
+} k3_gen_result;
+
+/* Generates after the prompt: `logits` holds the logits after the last prompt id and is
+ * overwritten. Raw mode (parser NULL) prints text through the streaming decoder; chat mode
+ * prints the parser's channels (thinking dimmed or hidden). Ends with a newline.
+ * Errors: those of k3_session_step; K3_ERR_GENERIC. */
+int k3_cli_generate(k3_session *s, k3_sampler *sm, const k3_stops *stops, float *logits,
+                    k3_reply_parser *parser, const k3_gen_opts *o, k3_gen_result *r,
+                    k3_err *err);
+
+/* ---- flags shared by `k3 run --chat` and `k3 chat` ------------------------------------------ */
+
+typedef struct k3_cli_chat_opts {
+    k3_sampler_opts sampling; /* default greedy */
+    bool has_seed;            /* else the seed comes from the clock (and is printed) */
+    const char *system;       /* --system TEXT, or NULL */
+    const char *effort;       /* --effort low|high|max (default max) */
+    bool no_think;            /* --no-think: thinking off */
+    bool hide_thinking;       /* --no-show-thinking */
+} k3_cli_chat_opts;
+
+#define K3_CLI_CHAT_DEFAULTS {.sampling = {.temperature = 0, .top_p = 1, .top_k = 0}}
+
+/* Help text for the sampling flags and for the chat flags (one line per flag). */
+extern const char k3_cli_sampling_help[];
+extern const char k3_cli_chat_help[];
+
+/* If argv[*i] is a sampling or chat flag, consumes it (and its value, advancing *i) and
+ * returns 1; returns 0 for any other argument, or K3_ERR_USAGE after printing why. */
+int k3_cli_chat_flag(const char *cmd, int argc, char **argv, int *i, k3_cli_chat_opts *o);
+
+/* Fills the seed from the clock unless --seed was given (sampling only). */
+void k3_cli_pick_seed(k3_cli_chat_opts *o);
+
+/* "end of message", "--max-new reached", ... for summary lines. */
+const char *k3_gen_end_name(enum k3_gen_end end);
+
+/* Monotonic seconds. */
+double k3_cli_now_s(void);
+
+#endif

@@ -1,0 +1,53 @@
+/* state_file.h — a session's timeline on disk (`--save-state` / `--load-state`), so a long
+ * prompt is processed once and continued later. Reached through k3_session_save/load.
+ *
+ * Layout (little-endian hosts only; every integer native = little-endian):
+ *   header, 88 bytes (struct k3_state_file_header below): magic "K3STATE1", version 1,
+ *     fingerprint of the model, pos, layer counts and per-layer sizes, payload size
+ *   payload: int32 tokens[pos]; f32 KDA state [n_kda][heads][d][d]; f32 conv windows
+ *     [n_kda][3][P][conv-1]; f32 MLA KV cache, per MLA layer the first pos rows
+ *     [pos][kv_floats] (expanded form, state.h)
+ *   uint64 XXH3-64 of every byte before it.
+ *
+ * Invariants:
+ *  - The fingerprint (XXH3-128) covers config.json's bytes, every tensor's name, dtype and
+ *    shape, the first and last 4 KiB of every non-expert tensor, and the spine mode, so a
+ *    state never loads into another model (or the same model with another spine). Routed
+ *    expert bytes are not read (the metadata still covers their names and shapes).
+ *  - Load checks magic, version, fingerprint, sizes and the file length before it touches
+ *    the session; a checksum mismatch (found while reading) resets the session.
+ *  - Save writes PATH.tmp and renames it over PATH, so PATH is never half-written.
+ */
+#ifndef K3_STATE_FILE_H
+#define K3_STATE_FILE_H
+
+#include <stdint.h>
+#include "state.h"
+
+#define K3_STATE_MAGIC "K3STATE1"
+#define K3_STATE_VERSION 1
+
+typedef struct k3_state_file_header {
+    char magic[8];
+    uint32_t version, header_bytes;
+    uint8_t fingerprint[16];
+    int32_t pos;
+    uint32_t n_kda, n_mla, spine_int8;
+    uint64_t kda_S_floats, kda_conv_floats, kv_floats; /* per layer (per position for kv) */
+    uint64_t payload_bytes;
+    uint64_t reserved;
+} k3_state_file_header;
+
+/* The model fingerprint described above. spine_int8: 1 when the spine is the int8 pack.
+ * Errors: K3_ERR_IO (config.json unreadable), K3_ERR_GENERIC. */
+int k3_model_fingerprint(const k3_checkpoint *ck, int spine_int8, uint8_t out[16], k3_err *err);
+
+/* Writes s (positions [0, s->pos), tokens[0, s->pos)) to path. Errors: K3_ERR_IO. */
+int k3_state_file_save(const k3_state *s, const k3_model *m, const k3_checkpoint *ck,
+                       int spine_int8, const int32_t *tokens, const char *path, k3_err *err);
+
+/* Replaces s and tokens[0, pos) with the file's. Errors: see k3_session_load (k3.h). */
+int k3_state_file_load(k3_state *s, const k3_model *m, const k3_checkpoint *ck, int spine_int8,
+                       int32_t *tokens, const char *path, k3_err *err);
+
+#endif
