@@ -16,7 +16,7 @@ LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
 CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 
-.PHONY: test-setup
+.PHONY: test-setup bench-setup
 .PHONY: test-neon
 .PHONY: all test test-wide test-server asan bench clean deps FORCE
 all: k3
@@ -73,6 +73,13 @@ asan:
 K3_BIN ?= ./k3
 test-setup: k3
 	K3_BIN=$(K3_BIN) tests/setup/run.sh
+
+# On-demand expert fetch over loopback vs curl of the same ranges (tests/setup/bench.sh).
+bench-setup: k3 $(BUILD)/bench_fetch
+	K3_BIN=./k3 BENCH_FETCH=$(BUILD)/bench_fetch tests/setup/bench.sh
+
+$(BUILD)/bench_fetch: tests/setup/bench_fetch.c $(BUILD)/libk3.a
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 # The SIMD kernel tests for aarch64 (NEON): tests/test_simd.c + src/kernels, cross-compiled and
 # run under qemu-aarch64; prints SKIPPED with the reason when the cross tools are missing.

@@ -233,7 +233,14 @@ void k3_stream_summary_get(const k3_stream *s, k3_stream_summary *out);
 /* One line for the startup banner: experts local, what finishing would fetch, the command. */
 void k3_stream_describe(const k3_stream *s, char *buf, size_t cap);
 
-/* Experts fetched over HTTP since k3_stream_open (tests, benchmarks). */
+/* Experts fetched over HTTP since k3_stream_open, and HTTP requests made for them (every
+ * attempt and redirect hop): equal when nothing was retried (tests, benchmarks). */
 uint64_t k3_stream_fetched(const k3_stream *s);
+uint64_t k3_stream_requests(const k3_stream *s);
+
+/* The install's expert spans, sorted by shard and offset (*n of them); their shard field
+ * indexes k3_stream_shard_name. For tools and benchmarks. */
+const k3_expert_span *k3_stream_spans(const k3_stream *s, int *n);
+const char *k3_stream_shard_name(const k3_stream *s, int shard);
 
 #endif

@@ -288,3 +288,22 @@ void k3_stream_describe(const k3_stream *s, char *buf, size_t cap) {
              (unsigned long long)sum.experts_total, sn_human(h, sizeof h, sum.finish_bytes),
              s->in.dest);
 }
+
+uint64_t k3_stream_requests(const k3_stream *s) {
+    uint64_t total = 0;
+    for (int i = 0; i < s->n_clients; i++) {
+        uint64_t r = 0;
+        if (s->clients[i]) k3_http_stats(s->clients[i], &r, NULL);
+        total += r;
+    }
+    return total;
+}
+
+const k3_expert_span *k3_stream_spans(const k3_stream *s, int *n) {
+    *n = s->in.n_spans;
+    return s->in.spans;
+}
+
+const char *k3_stream_shard_name(const k3_stream *s, int shard) {
+    return shard >= 0 && shard < s->in.n_shards ? s->in.shards[shard].name : NULL;
+}
