@@ -18,7 +18,7 @@ TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 
 .PHONY: test-setup bench-setup
 .PHONY: test-neon
-.PHONY: all test test-wide test-server asan bench clean deps FORCE
+.PHONY: all test test-wide test-server bench-server asan bench clean deps FORCE
 all: k3
 
 k3: $(BUILD)/k3
@@ -57,6 +57,10 @@ test: k3 $(BUILD)/k3_tests
 test-server: k3
 	cd tests/server && npm ci --no-audit --no-fund --loglevel=error && \
 	    K3_BIN=$(CURDIR)/k3 node --test --test-concurrency=1 *.test.mjs
+
+# Bounded wrk load test of k3 serve on loopback: no crash, no lost request, stable RSS.
+bench-server: k3
+	K3_BIN=./k3 tests/server/load.sh && QUEUE=8 K3_BIN=./k3 tests/server/load.sh
 
 # The real-width model (7.1 GB, regenerated from ../shared); prints SKIPPED when it cannot run.
 test-wide: k3 $(BUILD)/k3_tests

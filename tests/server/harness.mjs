@@ -37,14 +37,17 @@ export async function startServer(args = [], env = {}) {
   const exited = new Promise((resolve) => proc.on('exit', (code, sig) => resolve({ code, sig })));
   return {
     url, base: `${url}/v1`, proc, banner: () => out, log: () => err, exited,
+    // Stops the server; throws when a sanitizer build (K3_BIN=build-asan/k3) reported errors.
     async stop() {
-      if (proc.exitCode !== null || proc.signalCode !== null) return exited;
-      proc.kill('SIGTERM');
-      const t = setTimeout(() => proc.kill('SIGKILL'), 10000);
-      const r = await exited;
-      clearTimeout(t);
+      if (proc.exitCode === null && proc.signalCode === null) {
+        proc.kill('SIGTERM');
+        const t = setTimeout(() => proc.kill('SIGKILL'), 10000);
+        await exited;
+        clearTimeout(t);
+      }
       running.delete(proc);
-      return r;
+      if (/Sanitizer|runtime error:/.test(err)) throw new Error(`k3 serve reported:\n${err}`);
+      return exited;
     },
   };
 }
