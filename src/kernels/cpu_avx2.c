@@ -205,29 +205,42 @@ static void tile_row(const wsrc *s, int64_t r, int64_t k0, int64_t kc, float *t)
     }
 }
 
+/* The micro-kernel's row and vector loops must unroll fully, or its accumulators live on
+ * the stack (a 3x slower batched product). */
+#define UNROLL _Pragma("GCC unroll 4")
+
 /* acc[r][v] += tile rows r < R times vectors v < V over one tile (full steps, then the
  * masked tail step). R and V are constants at each call, so the loops unroll. */
 static inline __attribute__((always_inline)) void micro(const float *t, int R, const float *x,
                                                         int64_t ldx, int V, int64_t full,
                                                         int64_t tail, __m256 *acc) {
     __m256 a[4][2];
+    UNROLL
     for (int r = 0; r < R; r++)
+        UNROLL
         for (int v = 0; v < V; v++) a[r][v] = acc[r * K3_MAX_BATCH + v];
     for (int64_t i = 0; i < full; i += 8) {
         __m256 w[4];
+        UNROLL
         for (int r = 0; r < R; r++) w[r] = _mm256_load_ps(t + r * KC + i);
+        UNROLL
         for (int v = 0; v < V; v++) {
             __m256 xv = _mm256_loadu_ps(x + v * ldx + i);
+            UNROLL
             for (int r = 0; r < R; r++) a[r][v] = _mm256_fmadd_ps(w[r], xv, a[r][v]);
         }
     }
     if (tail)
+        UNROLL
         for (int v = 0; v < V; v++) {
             __m256 xv = load_tail(x + v * ldx + full, tail);
+            UNROLL
             for (int r = 0; r < R; r++)
                 a[r][v] = _mm256_fmadd_ps(_mm256_load_ps(t + r * KC + full), xv, a[r][v]);
         }
+    UNROLL
     for (int r = 0; r < R; r++)
+        UNROLL
         for (int v = 0; v < V; v++) acc[r * K3_MAX_BATCH + v] = a[r][v];
 }
 

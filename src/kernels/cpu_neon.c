@@ -151,27 +151,40 @@ static void tile_row(const wsrc *s, int64_t r, int64_t k0, int64_t kc, float *t)
     }
 }
 
+/* The micro-kernel's row and vector loops must unroll fully, or its accumulators live on
+ * the stack (a 3x slower batched product). */
+#define UNROLL _Pragma("GCC unroll 4")
+
 /* acc[r][v] += tile rows r < R times vectors v < V over one tile. */
 static inline __attribute__((always_inline)) void micro(const float *t, int R, const float *x,
                                                         int64_t ldx, int V, int64_t full,
                                                         int64_t tail, float32x4_t *acc) {
     float32x4_t a[4][4];
+    UNROLL
     for (int r = 0; r < R; r++)
+        UNROLL
         for (int v = 0; v < V; v++) a[r][v] = acc[r * K3_MAX_BATCH + v];
     for (int64_t i = 0; i < full; i += 4) {
         float32x4_t w[4];
+        UNROLL
         for (int r = 0; r < R; r++) w[r] = vld1q_f32(t + r * KC + i);
+        UNROLL
         for (int v = 0; v < V; v++) {
             float32x4_t xv = vld1q_f32(x + v * ldx + i);
+            UNROLL
             for (int r = 0; r < R; r++) a[r][v] = vfmaq_f32(a[r][v], w[r], xv);
         }
     }
     if (tail)
+        UNROLL
         for (int v = 0; v < V; v++) {
             float32x4_t xv = load_tail(x + v * ldx + full, tail);
+            UNROLL
             for (int r = 0; r < R; r++) a[r][v] = vfmaq_f32(a[r][v], vld1q_f32(t + r * KC + full), xv);
         }
+    UNROLL
     for (int r = 0; r < R; r++)
+        UNROLL
         for (int v = 0; v < V; v++) acc[r * K3_MAX_BATCH + v] = a[r][v];
 }
 
