@@ -305,6 +305,8 @@ static size_t on_header(char *p, size_t sz, size_t nm, void *ud) {
         take_sha256(x->r, v, vn, true);
     } else if (!strcasecmp(line, "etag")) {
         take_sha256(x->r, v, vn, false);
+    } else if (!strcasecmp(line, "x-repo-commit") && vn == 40 && strspn(v, "0123456789abcdef") == 40) {
+        memcpy(x->r->repo_commit, v, 41);
     }
     return n;
 }
@@ -690,6 +692,7 @@ int k3_http_fetch(k3_http *h, k3_http_req *reqs, int n,
         reqs[i].attempts = 0;
         reqs[i].status = 0;
         reqs[i].sha256[0] = 0;
+        reqs[i].repo_commit[0] = 0;
         reqs[i].body = NULL;
     }
     pthread_mutex_lock(&h->mu);

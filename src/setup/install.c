@@ -60,10 +60,10 @@ static int resolve_source(ctx *c, const sn_install *old, bool found, k3_err *err
     const k3_setup_opts *o = c->o;
     const char *ep = o->endpoint ? o->endpoint : found ? old->endpoint : K3_HF_ENDPOINT;
     const char *repo = o->repo ? o->repo : found ? old->repo : K3_HF_REPO;
-    const char *rev = o->revision ? o->revision : found ? old->revision : K3_HF_REVISION;
-    if (found && (strcmp(repo, old->repo) || strcmp(rev, old->revision)))
+    const char *rev = o->revision ? o->revision : found ? old->ref : K3_HF_REVISION;
+    if (found && (strcmp(repo, old->repo) || (strcmp(rev, old->ref) && strcmp(rev, old->revision))))
         return k3_fail(err, K3_ERR_USAGE, "%s holds %s at revision %s, not %s at %s: use "
-                       "another folder", o->dest, old->repo, old->revision, repo, rev);
+                       "another folder", o->dest, old->repo, old->ref, repo, rev);
     if (!repo[0] || strstr(repo, "..") || repo[0] == '/' || !rev[0] || strchr(rev, '/'))
         return k3_fail(err, K3_ERR_USAGE, "bad --repo '%s' or --revision '%s'", repo, rev);
     c->in.net_connections = o->connections ? o->connections : found ? old->net_connections : 0;
@@ -73,8 +73,9 @@ static int resolve_source(ctx *c, const sn_install *old, bool found, k3_err *err
     c->in.dest = strdup(o->dest);
     c->in.endpoint = strdup(ep);
     c->in.repo = strdup(repo);
-    c->in.revision = strdup(rev);
-    if (!c->in.dest || !c->in.endpoint || !c->in.repo || !c->in.revision)
+    c->in.ref = strdup(found ? old->ref : rev);
+    c->in.revision = strdup(found ? old->revision : rev); /* stays pinned once pinned */
+    if (!c->in.dest || !c->in.endpoint || !c->in.repo || !c->in.revision || !c->in.ref)
         return k3_fail(err, K3_ERR_GENERIC, "out of memory");
     return K3_OK;
 }
@@ -85,6 +86,33 @@ static const sn_file *old_file(const sn_install *old, const char *name) {
     for (int i = 0; i < old->n_files; i++)
         if (!strcmp(old->files[i].name, name)) return &old->files[i];
     return NULL;
+}
+
+/* A hub answers /resolve/<branch>/ with the commit the branch points to (X-Repo-Commit). From
+ * then on every URL names that commit, so an install (and the experts it streams later) never
+ * mixes two versions of the repository when the branch moves. */
+static int pin_commit(ctx *c, const k3_http_req *reqs, int n, k3_err *err) {
+    const char *commit = NULL;
+    for (int i = 0; i < n; i++) {
+        if (!reqs[i].repo_commit[0]) continue;
+        if (commit && strcmp(commit, reqs[i].repo_commit))
+            return k3_fail(err, K3_ERR_NETWORK, "%s moved from commit %s to %s during the "
+                           "download: run the same command again", c->in.ref, commit,
+                           reqs[i].repo_commit);
+        commit = reqs[i].repo_commit;
+    }
+    if (!commit || !strcmp(commit, c->in.revision)) return K3_OK;
+    if (strlen(c->in.revision) == 40 && strspn(c->in.revision, "0123456789abcdef") == 40)
+        return k3_fail(err, K3_ERR_NETWORK, "%s is pinned to commit %s but the server now "
+                       "answers with commit %s: the repository changed upstream (use a new "
+                       "folder)", c->o->dest, c->in.revision, commit);
+    char *pinned = strdup(commit);
+    if (!pinned) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
+    fprintf(c->log, "k3 setup: %s of %s is commit %s: pinned for this install\n", c->in.ref,
+            c->in.repo, commit);
+    free(c->in.revision);
+    c->in.revision = pinned;
+    return K3_OK;
 }
 
 /* config.json, the index, the tokenizer files: taken from DEST when a previous run wrote
@@ -118,6 +146,7 @@ static int fetch_metadata(ctx *c, const sn_install *old, k3_err *err) {
     }
     int rc = k3_http_fetch(c->http, reqs, nr, NULL, NULL, err);
     if (rc) return rc;
+    if ((rc = pin_commit(c, reqs, nr, err))) return rc;
     for (int i = 0; i < nr; i++) {
         meta_file *m = which[i];
         if (reqs[i].status == 404) { /* optional and absent */

@@ -225,6 +225,7 @@ void sn_install_free(sn_install *in) {
     free(in->endpoint);
     free(in->repo);
     free(in->revision);
+    free(in->ref);
     for (int i = 0; i < in->n_files; i++) free(in->files[i].name);
     free(in->files);
     for (int i = 0; i < in->n_shards; i++) {
@@ -298,6 +299,7 @@ int sn_manifest_read(const char *dest, sn_install *in, bool *found, k3_err *err)
     }
     in->dest = strdup(dest);
     in->endpoint = strdup(ep), in->repo = strdup(repo), in->revision = strdup(rev);
+    in->ref = strdup(jstr(root, "ref") ? jstr(root, "ref") : rev);
     snprintf(in->mode, sizeof in->mode, "%s", mode);
     const cJSON *net = cJSON_GetObjectItemCaseSensitive(root, "network"), *v;
     if ((v = cJSON_GetObjectItemCaseSensitive(net, "connections")) && cJSON_IsNumber(v) &&
@@ -314,7 +316,8 @@ int sn_manifest_read(const char *dest, sn_install *in, bool *found, k3_err *err)
         in->net_timeout_s = v->valuedouble;
     in->files = calloc((size_t)cJSON_GetArraySize(files) + 1, sizeof *in->files);
     in->shards = calloc((size_t)cJSON_GetArraySize(shards) + 1, sizeof *in->shards);
-    if (!in->dest || !in->endpoint || !in->repo || !in->revision || !in->files || !in->shards) {
+    if (!in->dest || !in->endpoint || !in->repo || !in->revision || !in->ref || !in->files ||
+        !in->shards) {
         rc = k3_fail(err, K3_ERR_GENERIC, "out of memory");
         goto out;
     }
@@ -356,6 +359,7 @@ int sn_manifest_write(const sn_install *in, k3_err *err) {
     cJSON_AddStringToObject(root, "endpoint", in->endpoint);
     cJSON_AddStringToObject(root, "repo", in->repo);
     cJSON_AddStringToObject(root, "revision", in->revision);
+    cJSON_AddStringToObject(root, "ref", in->ref ? in->ref : in->revision);
     cJSON_AddStringToObject(root, "mode", in->mode);
     cJSON *net = cJSON_AddObjectToObject(root, "network");
     cJSON_AddNumberToObject(net, "connections", in->net_connections);

@@ -124,6 +124,7 @@ typedef struct k3_http_req {
     uint64_t done;            /* body bytes received, checked and written */
     uint64_t total_bytes;     /* file size from Content-Range or Content-Length */
     char sha256[65];          /* lowercase hex from X-Linked-Etag/ETag when it is one, else "" */
+    char repo_commit[41];     /* X-Repo-Commit (the commit a branch resolved to), else "" */
     int status;               /* final HTTP status */
     int attempts;             /* requests made, redirect hops excluded */
 } k3_http_req;

@@ -60,7 +60,8 @@ typedef struct sn_file {
 
 typedef struct sn_install {
     char *dest;
-    char *endpoint, *repo, *revision;
+    char *endpoint, *repo, *revision; /* revision: what URLs use (the pinned commit when known) */
+    char *ref;                /* the revision the user asked for (e.g. "main") */
     char mode[16];            /* "full" | "stream" | "" (unknown) */
     int net_connections, net_retries;   /* the manifest's "network" (0: defaults) */
     double net_backoff_s, net_timeout_s;

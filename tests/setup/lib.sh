@@ -3,6 +3,7 @@
 # layout {endpoint}/{repo}/resolve/main/{file}, with each file's sha256 as X-Linked-Etag (as the
 # hub sends it). Needs: ROOT, NGINX; sets T, EP, NPORT; PIDS collects processes to stop.
 SRC=${SRC:-$ROOT/tests/fixtures/k3-nano}
+COMMIT=0123456789abcdef0123456789abcdef01234567 # what the test hub says main points to
 T=$(mktemp -d /tmp/k3-setup-test.XXXXXX)
 PIDS=()
 cleanup() {
@@ -19,10 +20,10 @@ start_nginx() {
     for f in $(cd "$SRC" && ls); do
         [ -f "$SRC/$f" ] || continue
         s=$(sha256sum "$SRC/$f" | cut -d' ' -f1)
-        sha_map+="        /moonshotai/Kimi-K3/resolve/main/$f \"\\\"$s\\\"\";"$'\n'
+        sha_map+="        moonshotai/$f \"\\\"$s\\\"\";"$'\n'
     done
     # badsha/: one shard announced with a wrong sha256
-    sha_map+="        /badsha/Kimi-K3/resolve/main/model-00010-of-000011.safetensors \"\\\"$(printf '0%.0s' $(seq 64))\\\"\";"$'\n'
+    sha_map+="        badsha/model-00010-of-000011.safetensors \"\\\"$(printf '0%.0s' $(seq 64))\\\"\";"$'\n'
     for attempt in 1 2 3 4 5; do
         NPORT=$(free_port)
         cat > "$T/ng/nginx.conf" <<EOF
@@ -37,18 +38,21 @@ http {
     default_type application/octet-stream;
     keepalive_requests 100000;
     map_hash_bucket_size 256;
-    map \$uri \$k3_sha {
+    map "\$org/\$file" \$k3_sha {
         default "";
 $sha_map    }
     server {
         listen 127.0.0.1:$NPORT;
-        location /moonshotai/Kimi-K3/resolve/main/ { alias $SRC/; add_header X-Linked-Etag \$k3_sha; }
-        location /badsha/Kimi-K3/resolve/main/ { alias $SRC/; add_header X-Linked-Etag \$k3_sha; }
-        location /redirect/Kimi-K3/resolve/main/ {
-            rewrite ^/redirect/Kimi-K3/resolve/main/(.*)\$ /moonshotai/Kimi-K3/resolve/main/\$1 redirect;
+        # /resolve/main/ answers with the commit main points to (as the hub does); the commit
+        # itself resolves too, so an install pins it
+        location ~ ^/(?<org>moonshotai|badsha)/Kimi-K3/resolve/(main|$COMMIT)/(?<file>[^/]+)\$ {
+            alias $SRC/\$file;
+            add_header X-Linked-Etag \$k3_sha;
+            add_header X-Repo-Commit $COMMIT;
         }
-        location /offsite/Kimi-K3/resolve/main/ {
-            rewrite ^/offsite/Kimi-K3/resolve/main/(.*)\$ http://localhost:$NPORT/moonshotai/Kimi-K3/resolve/main/\$1 redirect;
+        location ~ ^/redirect/Kimi-K3/resolve/(.*)\$ { return 302 /moonshotai/Kimi-K3/resolve/\$1; }
+        location ~ ^/offsite/Kimi-K3/resolve/(.*)\$ {
+            return 302 http://localhost:$NPORT/moonshotai/Kimi-K3/resolve/\$1;
         }
     }
 }

@@ -64,6 +64,8 @@ group_full() {
     check "full: exit 0" [ $rc = 0 ]
     check "full: every file byte-identical to the source, no partial file left" same_as_source "$d"
     check "full: no journal left" bash -c "! ls '$d/.k3' | grep -q '\.done$'"
+    check "full: pinned to the commit main points to" grep -q "\"revision\":[[:space:]]*\"$COMMIT\"" "$d/.k3/setup.json"
+    check "full: shards fetched by commit, never by branch" bash -c "grep -q 'resolve/$COMMIT/model-' '$T/ng/access.log' && ! grep -q 'resolve/main/model-' '$T/ng/access.log'"
     check "full: --check passes" setup "$d" --check
     local before=$(nginx_lines)
     setup "$d" --full --endpoint "$EP" 2>/dev/null
@@ -149,7 +151,7 @@ group_streamrun() {
     rules "badrange model-00005 -1"
     HF_TOKEN=sekrit-token "$K3" run "$d" --prompt-ids $ids --max-new 6 >/dev/null 2>"$T/sr4.err"; rc=$?
     check "streamrun: persistent wrong Content-Range -> exit 10" [ $rc = 10 ]
-    check "streamrun: the error names the expert and the URL" grep -q "expert [0-9]* of layer 4: bytes [0-9]*-[0-9]* of $PEP/moonshotai/Kimi-K3/resolve/main/model-00005-of-000011.safetensors: wrong Content-Range" "$T/sr4.err"
+    check "streamrun: the error names the expert and the URL" grep -q "expert [0-9]* of layer 4: bytes [0-9]*-[0-9]* of $PEP/moonshotai/Kimi-K3/resolve/$COMMIT/model-00005-of-000011.safetensors: wrong Content-Range" "$T/sr4.err"
     check "streamrun: no token in the error" bash -c "! grep -q sekrit '$T/sr4.err'"
     check "streamrun: no raw span kept for layer 4" bash -c "[ -z \"\$(ls '$d/.k3/experts/4' 2>/dev/null)\" ]"
     rules ""
@@ -206,7 +208,7 @@ group_faults() {
     HF_TOKEN=sekrit-token setup "$T/f-bad" --full --endpoint "$PEP" --retries 2 2>"$T/f-bad.err"; rc=$?
     check "wrong Content-Range: exit 10 after the retries" [ $rc = 10 ]
     check "wrong Content-Range: says so, names the URL" grep -q "wrong Content-Range.*gave up after 3 attempts" "$T/f-bad.err"
-    check "wrong Content-Range: the URL is named" grep -q "$PEP/moonshotai/Kimi-K3/resolve/main/$s" "$T/f-bad.err"
+    check "wrong Content-Range: the URL is named" grep -q "$PEP/moonshotai/Kimi-K3/resolve/$COMMIT/$s" "$T/f-bad.err"
     check "errors never show the token" bash -c "! grep -q sekrit '$T/f-bad.err'"
     check "wrong Content-Range: no corrupt file" no_false_files "$T/f-bad"
     check "wrong Content-Range: the shard is not in place" [ ! -e "$T/f-bad/$s" ]
@@ -216,7 +218,7 @@ group_faults() {
     rules "status $s -1 404"
     setup "$T/f-404" --full --endpoint "$PEP" 2>"$T/f-404.err"; rc=$?
     check "404: exit 10, no retry" bash -c "[ $rc = 10 ] && grep -q 'HTTP 404.*(1 attempt)' '$T/f-404.err'"
-    check "404: the URL is named" grep -q "resolve/main/$s" "$T/f-404.err"
+    check "404: the URL is named" grep -q "resolve/$COMMIT/$s" "$T/f-404.err"
     check "404: no corrupt file" no_false_files "$T/f-404"
     rules "status generation_config.json -1 404"
     setup "$T/f-opt" --full --endpoint "$PEP" 2>/dev/null; rc=$?
