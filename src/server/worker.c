@@ -1,9 +1,13 @@
 /* worker.c — admission (one running + a bounded FIFO), the worker thread that owns the
  * session, and one generation: prefill with reuse of the kept state, then decode.
  *
- * The worker is the only thread that touches the k3_session, its kept-token list and the
- * logits buffer. Connection threads hand it jobs through s->head/tail under s->mu and wait
- * on s->progress; it signals s->progress after every change a connection may wait for.
+ * The worker is the only thread that touches the k3_session (whose token history,
+ * k3_session_tokens, is what "kept" means below) and the logits buffer. Connection threads
+ * hand it jobs through s->head/tail under s->mu and wait on s->progress; it signals
+ * s->progress after every change a connection may wait for.
+ *
+ * Prefill is token by token through k3_session_step rather than k3_session_prefill so that
+ * the client's socket is looked at between tokens (a hang-up cancels before the next one).
  */
 #include <errno.h>
 #include <poll.h>
@@ -37,11 +41,9 @@ static void last_chat_clear(k3_last_chat *c) {
 typedef struct k3_worker_state {
     k3_session *sess;
     float *logits;        /* vocab_size floats: the logits after the last fed token */
-    bool logits_valid;    /* logits belong to kept[n_kept - 1] */
+    bool logits_valid;    /* logits belong to the last token the session holds */
     int vocab;
     k3_stops stops;       /* end-of-message ids */
-    int32_t *kept;        /* every token fed into sess, in order (capacity = ctx) */
-    size_t n_kept;
     /* The last chat reply as a conversation: kept + the unfed last id + the closing ids of
      * the reply (k3_reply_parser_closing); virt_msgs = messages of that request, 0 = none. */
     int32_t *virt;
@@ -141,16 +143,15 @@ static bool job_abandoned(k3_server *s, k3_job *j) {
 
 /* ---- one generation ------------------------------------------------------------------------ */
 
-/* Feeds one token and records it as kept. */
+/* Feeds one token (the session records it in its history). */
 static int feed(k3_worker_state *w, int32_t tok, bool want_logits, k3_err *err) {
     int rc = k3_session_step(w->sess, tok, want_logits ? w->logits : NULL, err);
     if (rc) {
-        w->n_kept = 0; /* the state is unknown now: the next job starts fresh */
+        k3_session_reset(w->sess); /* the state is unknown now: the next job starts fresh */
         w->logits_valid = false;
         w->virt_msgs = 0;
         return rc;
     }
-    w->kept[w->n_kept++] = tok;
     w->logits_valid = want_logits;
     return 0;
 }
@@ -158,10 +159,11 @@ static int feed(k3_worker_state *w, int32_t tok, bool want_logits, k3_err *err) 
 /* Prompt tokens whose state can be reused: the kept tokens must be a prefix of the prompt.
  * When they are the whole prompt, the saved logits of its last token are needed too. */
 static size_t reusable(const k3_worker_state *w, const int32_t *prompt, size_t n) {
-    if (w->n_kept == 0 || w->n_kept > n) return 0;
-    if (memcmp(w->kept, prompt, w->n_kept * sizeof *prompt)) return 0;
-    if (w->n_kept == n && !w->logits_valid) return 0;
-    return w->n_kept;
+    size_t kept = (size_t)k3_session_pos(w->sess);
+    if (kept == 0 || kept > n) return 0;
+    if (memcmp(k3_session_tokens(w->sess), prompt, kept * sizeof *prompt)) return 0;
+    if (kept == n && !w->logits_valid) return 0;
+    return kept;
 }
 
 /* A string field equal to want; absent or null count as "". */
@@ -235,7 +237,6 @@ static int prefill(k3_server *s, k3_job *j, k3_err *err) {
     last_chat_clear(&w->last_chat);
     if (!reuse) {
         k3_session_reset(w->sess);
-        w->n_kept = 0;
         w->logits_valid = false;
     }
     j->n_cached = (int)reuse;
@@ -300,7 +301,7 @@ static void remember_reply(k3_server *s, k3_job *j) {
     k3_err err;
     if (p->text[K3_CH_TOOLS].n || k3_reply_parser_closing(p, &closing, &n_closing, &err)) return;
     bool last = !k3_stops_has(&w->stops, w->last);
-    size_t n = w->n_kept + last + n_closing;
+    size_t kept = (size_t)k3_session_pos(w->sess), n = kept + last + n_closing;
     c->messages = cJSON_Duplicate(j->req.messages, true);
     c->reasoning = strdup(p->text[K3_CH_THINK].p ? p->text[K3_CH_THINK].p : "");
     c->content = strdup(p->text[K3_CH_RESPONSE].p ? p->text[K3_CH_RESPONSE].p : "");
@@ -312,9 +313,9 @@ static void remember_reply(k3_server *s, k3_job *j) {
         snprintf(c->effort, sizeof c->effort, "%s", j->req.effort);
         snprintf(c->tool_choice, sizeof c->tool_choice, "%s",
                  j->req.tool_choice ? j->req.tool_choice : "");
-        memcpy(w->virt, w->kept, w->n_kept * sizeof *w->virt);
-        if (last) w->virt[w->n_kept] = w->last;
-        memcpy(w->virt + w->n_kept + last, closing, n_closing * sizeof *closing);
+        memcpy(w->virt, k3_session_tokens(w->sess), kept * sizeof *w->virt);
+        if (last) w->virt[kept] = w->last;
+        memcpy(w->virt + kept + last, closing, n_closing * sizeof *closing);
         w->n_virt = n;
         w->virt_msgs = (size_t)cJSON_GetArraySize(j->req.messages);
     }
@@ -406,7 +407,6 @@ static void worker_state_free(k3_worker_state *w) {
     k3_reply_parser_free(&w->parser);
     last_chat_clear(&w->last_chat);
     free(w->logits);
-    free(w->kept);
     free(w->virt);
     free(w->text);
     k3_emitter_free(w->em);
@@ -426,13 +426,12 @@ int k3_worker_start(k3_server *s, k3_err *err) {
     k3_reply_parser_init(&w->parser, tok, &w->stops, false);
     w->logits = malloc((size_t)w->vocab * sizeof *w->logits);
     s->ctx = k3_session_max_ctx(w->sess);
-    w->kept = malloc((size_t)s->ctx * sizeof *w->kept);
     w->virt_cap = (size_t)s->ctx + 64; /* + the last id and a reply's closing markers */
     w->virt = malloc(w->virt_cap * sizeof *w->virt);
     w->text_cap = k3_reply_parser_out_cap(tok);
     w->text = malloc(w->text_cap);
     w->em = k3_emitter_new();
-    if (!w->logits || !w->kept || !w->virt || !w->text || !w->em)
+    if (!w->logits || !w->virt || !w->text || !w->em)
         return k3_fail(err, K3_ERR_GENERIC, "out of memory");
     if (pthread_create(&s->worker, NULL, worker_main, s))
         return k3_fail(err, K3_ERR_GENERIC, "cannot start the worker thread");
