@@ -27,6 +27,9 @@
  *    No message ever contains the token (URLs are printed without user:password@).
  *  - On-demand streaming costs exactly one HTTP request per missing expert (redirect
  *    targets are cached, so a hub that redirects to a CDN still costs one).
+ *  - One install is one commit: when the server says which commit a branch resolves to
+ *    (X-Repo-Commit, as the hub does), every later URL names that commit, and a file whose
+ *    size differs from the recorded one is refused, so later fetches never mix versions.
  *
  * ---- On-disk layout of an install (DEST) ------------------------------------------------
  *
@@ -66,7 +69,8 @@
  * span is exactly their bytes (spec §10.5). A tensor of that expert lies at
  * (tensor.file_offset - span.offset) inside the raw-span file.
  *
- * .k3/setup.json (written atomically): {"format": 1, "endpoint", "repo", "revision",
+ * .k3/setup.json (written atomically): {"format": 1, "endpoint", "repo", "revision" (what
+ * URLs use: the pinned commit when known), "ref" (the revision asked for, e.g. "main"),
  * "mode": "full"|"stream", "network": {"connections", "retries", "backoff_s", "timeout_s"}
  * (the --connections/--retries/--backoff/--timeout of the last `k3 setup`, used again when
  * experts stream at run time), "files": [{"name", "bytes", "sha256" (or null)}], "shards":
