@@ -167,8 +167,9 @@ void k3_session_set_interrupt(k3_session *s, const volatile sig_atomic_t *flag);
 
 /* Writes the session's timeline to path: the ids, the KDA and conv state, the used part of
  * the MLA KV cache, a fingerprint of the model (config.json, every tensor's name, dtype and
- * shape, the bytes of the spine's small tensors, the spine mode) and a checksum. Size: at K3
- * widths ~434 MB of KDA state plus 2.36 MB per position. Format: src/model/state_file.h.
+ * shape, the first and last 4 KiB of every non-expert tensor, the spine mode) and a
+ * checksum. Size at K3 widths: ~465 MB of KDA and conv state plus 2.37 MB per position.
+ * Format: src/model/state_file.h.
  * Errors: K3_ERR_IO naming path. */
 int k3_session_save(const k3_session *s, const char *path, k3_err *err);
 
