@@ -5,6 +5,9 @@
  * returns as content: text that could still grow into a stop string is held back, never sent
  * and then taken back. Reasoning is sent as generated.
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE 1 /* memmem; the Makefile passes it too, but not every build does */
+#endif
 #include <stdlib.h>
 #include <string.h>
 

@@ -74,7 +74,7 @@ static enum MHD_Result reply_error(const k3_server *s, struct MHD_Connection *c,
     const char *hname = NULL, *hvalue = NULL;
     if (e->status == 401) hname = "WWW-Authenticate", hvalue = "Bearer";
     else if (e->status == 429 || e->status == 503) hname = "Retry-After", hvalue = "1";
-    else if (e->status == 405) hname = "Allow", hvalue = strstr(e->message, "POST") ? "POST" : "GET";
+    else if (e->status == 405) hname = "Allow", hvalue = e->allow;
     return reply(c, (unsigned)e->status, k3_api_error_json(e), hname, hvalue);
 }
 
@@ -177,7 +177,8 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
 static void sse_free(void *cls) {
     k3_job *j = cls;
     k3_job_wait_done(j->srv, j, true);
-    job_log(j->srv, j, 200);
+    job_log(j->srv, j, j->failed ? 500 : 200); /* the status line said 200; the stream ends
+                                                  with an error event when it failed */
     k3_job_free(j);
 }
 
@@ -247,7 +248,8 @@ static enum MHD_Result post_generate(k3_server *s, struct MHD_Connection *c, k3_
     if (!bad && (j->n_prompt >= (size_t)s->ctx ||
                  (j->p.max_tokens && j->n_prompt + (size_t)j->p.max_tokens > (size_t)s->ctx)))
         bad = k3_api_fail(&e, 400, "invalid_request_error", "context_length_exceeded",
-                          j->n_prompt >= (size_t)s->ctx ? "messages" : "max_tokens",
+                          j->n_prompt < (size_t)s->ctx ? "max_tokens"
+                          : kind == K3_SRV_CHAT ? "messages" : "prompt",
                           "This model's context is %d tokens; the prompt has %zu and %d more "
                           "were asked for (k3 serve --ctx raises the context)", s->ctx,
                           j->n_prompt, j->p.max_tokens);
@@ -313,9 +315,11 @@ static enum MHD_Result on_headers(k3_server *s, struct MHD_Connection *c, const 
     if (cc->route == R_NONE)
         k3_api_fail(&e, 404, "invalid_request_error", "unknown_url", NULL,
                     "Invalid URL (%s %s)", method, url);
-    else if (strcmp(method, post ? "POST" : "GET"))
+    else if (strcmp(method, post ? "POST" : "GET")) {
         k3_api_fail(&e, 405, "invalid_request_error", "method_not_allowed", NULL,
                     "%s %s is not supported; use %s", method, url, post ? "POST" : "GET");
+        e.allow = post ? "POST" : "GET";
+    }
     else if (cc->route != R_HEALTH && !authorized(s, c))
         k3_api_fail(&e, 401, "invalid_request_error", "invalid_api_key", NULL,
                     "Missing or incorrect API key: send \"Authorization: Bearer KEY\" with the "

@@ -42,6 +42,7 @@ typedef struct k3_api_error {
     int status;        /* HTTP status: 400, 401, 404, 413, 429, 500, 503 */
     const char *type;  /* OpenAI error type: "invalid_request_error", ... */
     const char *code;  /* OpenAI error code or NULL: "context_length_exceeded", ... */
+    const char *allow; /* 405: the method to use (the Allow header) */
     char param[160];   /* the offending field ("messages[1].content[0].type"), or "" */
     char message[768];
 } k3_api_error;

@@ -122,6 +122,7 @@ int k3_api_fail(k3_api_error *e, int status, const char *type, const char *code,
     e->status = status;
     e->type = type;
     e->code = code;
+    e->allow = NULL;
     snprintf(e->param, sizeof e->param, "%s", param ? param : "");
     va_list ap;
     va_start(ap, fmt);

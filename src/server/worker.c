@@ -9,6 +9,9 @@
  * Prefill is token by token through k3_session_step rather than k3_session_prefill so that
  * the client's socket is looked at between tokens (a hang-up cancels before the next one).
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE 1 /* POLLRDHUP; the Makefile passes it too, but not every build does */
+#endif
 #include <errno.h>
 #include <poll.h>
 #include <stdio.h>
