@@ -272,10 +272,11 @@ static int save_state(run_ctx *r, const k3_gen_result *g, k3_err *err) {
     return rc;
 }
 
-static void summary(const run_ctx *r, size_t n_prompt, size_t reused, double prefill_s,
-                    const k3_gen_result *g) {
+/* The end-of-run line; fed = prompt tokens computed (fewer than n_prompt - reused when Ctrl-C
+ * stopped the prefill, then end_note says so). */
+static void summary(const run_ctx *r, size_t n_prompt, size_t reused, size_t fed,
+                    double prefill_s, const k3_gen_result *g, const char *end_note) {
     if (!r->o->verbose) return;
-    size_t fed = n_prompt - reused;
     char from_state[64] = "";
     if (reused)
         snprintf(from_state, sizeof from_state, " (%zu from the state, %zu new)", reused, fed);
@@ -288,7 +289,7 @@ static void summary(const run_ctx *r, size_t n_prompt, size_t reused, double pre
             "%.3f s (%.2f tok/s), %s; %s\n", n_prompt, from_state, prefill_s,
             fed / (prefill_s + 1e-12), g->n_sampled, g->decode_s,
             g->n_sampled > 1 ? (g->n_sampled - 1) / (g->decode_s + 1e-12) : 0.0, sampling,
-            k3_gen_end_name(g->end));
+            end_note ? end_note : k3_gen_end_name(g->end));
 }
 
 static int generate(run_ctx *r, const int32_t *prompt, size_t n_prompt, k3_err *err) {
@@ -305,6 +306,8 @@ static int generate(run_ctx *r, const int32_t *prompt, size_t n_prompt, k3_err *
     double t0 = k3_cli_now_s();
     rc = prefill(r, prompt, reused, n_prompt, err);
     double prefill_s = k3_cli_now_s() - t0;
+    size_t fed = (size_t)k3_session_pos(r->s) - reused;
+    const char *end_note = rc == K3_ERR_INTERRUPTED ? "interrupted (Ctrl-C) in the prompt" : NULL;
     if (!rc) {
         k3_gen_opts go = {.tok = r->tok, .max_new = o->max_new, .print_ids = o->print_ids,
                           .show_thinking = !o->co.hide_thinking, .color = isatty(1),
@@ -312,7 +315,8 @@ static int generate(run_ctx *r, const int32_t *prompt, size_t n_prompt, k3_err *
         rc = k3_cli_generate(r->s, &sm, &stops, r->logits, r->has_conv ? &parser : NULL, &go,
                              &g, err);
     }
-    if (!rc || rc == K3_ERR_INTERRUPTED) summary(r, n_prompt, reused, prefill_s, &g);
+    if (!rc || rc == K3_ERR_INTERRUPTED)
+        summary(r, n_prompt, reused, fed, prefill_s, &g, end_note);
     if (!rc && g.end == K3_GEN_INTERRUPTED)
         rc = k3_fail(err, K3_ERR_INTERRUPTED, "interrupted after %d generated tokens",
                      g.n_sampled);
