@@ -1,7 +1,7 @@
 # k3 — build, test and sanitizer targets. `make` builds ./k3; `make test` runs every test.
 CC      ?= cc
 CFLAGS  ?= -O2 -g
-CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -ffp-contract=off -fno-fast-math \
+override CFLAGS += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -ffp-contract=off -fno-fast-math \
            -fopenmp -MMD -MP
 LDLIBS  += -lcjson -lpcre2-8 -lmicrohttpd -lcurl -lcrypto -lxxhash -lm -fopenmp
 BUILD   ?= build
