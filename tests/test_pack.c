@@ -43,7 +43,8 @@ static void test_selection(void) {
             bad = i;
     }
     int has_lm_head = k3_pack_find(p, "language_model.lm_head.weight") != NULL;
-    int has_router = k3_pack_find(p, "language_model.model.layers.1.block_sparse_moe.gate.weight") != NULL;
+    int has_router =
+        k3_pack_find(p, "language_model.model.layers.1.block_sparse_moe.gate.weight") != NULL;
     k3_checkpoint_close(ck);
     k3_pack_close(p);
     CHECK(rc == K3_OK, "%s", err.msg);

@@ -187,7 +187,9 @@ static double field(const cJSON *mode, const char *k) {
     return cJSON_IsNumber(x) ? x->valuedouble : NAN;
 }
 
-static int close_rel(double a, double b, double tol) { return fabs(a - b) <= tol * fmax(fabs(b), 1e-12); }
+static int close_rel(double a, double b, double tol) {
+    return fabs(a - b) <= tol * fmax(fabs(b), 1e-12);
+}
 
 static void test_quality_harness_nano(void) {
     const char *pack = ph_nano_pack();
@@ -199,7 +201,8 @@ static void test_quality_harness_nano(void) {
     char *json = ph_join(dir, "q.json"), args[8192];
     int n = snprintf(args, sizeof args, "quality " NANO " --pack-dir %s --modes bf16,int8 -q "
                      "--json %s --ids ", pack, json);
-    for (int i = 0; i < N_IDS; i++) n += snprintf(args + n, sizeof args - (size_t)n, "%s%d", i ? "," : "", ids[i]);
+    for (int i = 0; i < N_IDS; i++)
+        n += snprintf(args + n, sizeof args - (size_t)n, "%s%d", i ? "," : "", ids[i]);
     char *out = NULL, *err = NULL;
     int st = ph_k3(args, &out, &err);
     char *text = (char *)ph_read(json, NULL);
@@ -209,10 +212,12 @@ static void test_quality_harness_nano(void) {
                 *q = cJSON_GetArrayItem(modes, 2);
     figures f;
     recompute(pack, ids, &f);
-    double pred = field(j, "predictions"), b_kl = field(b, "mean_kl"), b_top1 = field(b, "top1_agreement"),
-           b_d = field(b, "max_abs_dlogit"), ex_nll = field(ex, "nll"), b_nll = field(b, "nll"),
-           ex_ppl = field(ex, "perplexity"), q_nll = field(q, "nll"), q_ppl = field(q, "perplexity"),
-           q_kl = field(q, "mean_kl"), q_top1 = field(q, "top1_agreement"), q_d = field(q, "max_abs_dlogit");
+    double pred = field(j, "predictions");
+    double ex_nll = field(ex, "nll"), ex_ppl = field(ex, "perplexity");
+    double b_nll = field(b, "nll"), b_kl = field(b, "mean_kl"), b_d = field(b, "max_abs_dlogit");
+    double b_top1 = field(b, "top1_agreement");
+    double q_nll = field(q, "nll"), q_ppl = field(q, "perplexity"), q_kl = field(q, "mean_kl");
+    double q_top1 = field(q, "top1_agreement"), q_d = field(q, "max_abs_dlogit");
     cJSON_Delete(j);
     free(text), free(out), free(json);
     ph_rmdir(dir);
@@ -223,7 +228,8 @@ static void test_quality_harness_nano(void) {
     CHECK(pred == N_IDS - 1, "predictions %g", pred);
     CHECK(b_kl == 0 && b_top1 == 1 && b_d == 0 && b_nll == ex_nll,
           "bf16 vs exact must be identical: KL %g top-1 %g max %g", b_kl, b_top1, b_d);
-    CHECK(close_rel(ex_nll, f.nll_ref, 1e-9), "exact NLL %.12g, recomputed %.12g", ex_nll, f.nll_ref);
+    CHECK(close_rel(ex_nll, f.nll_ref, 1e-9), "exact NLL %.12g, recomputed %.12g", ex_nll,
+          f.nll_ref);
     CHECK(close_rel(ex_ppl, exp(f.nll_ref), 1e-9), "exact perplexity %.12g", ex_ppl);
     CHECK(close_rel(q_nll, f.nll, 1e-9), "int8 NLL %.12g, recomputed %.12g", q_nll, f.nll);
     CHECK(close_rel(q_ppl, exp(f.nll), 1e-9), "int8 perplexity %.12g", q_ppl);

@@ -43,7 +43,8 @@ static void pack_usage(FILE *f) {
         "NOT exact: at the end k3 pack measures it against the exact path on a short built-in\n"
         "text and stores the figures in " K3_PACK_QUALITY_FILE ";\n"
         "k3 run then uses the int8 spine by default (--spine auto) and prints those figures.\n"
-        "An interrupted run (Ctrl-C, crash) resumes where it stopped. Format: docs/PACKED-SPINE.md\n"
+        "An interrupted run (Ctrl-C, crash) resumes where it stopped.\n"
+        "Format and rule: docs/PACKED-SPINE.md\n"
         "\n"
         "  --spine int8        the only packing scheme (default)\n"
         "  --out DIR           write into DIR instead of MODEL_DIR (e.g. a read-only snapshot);\n"
@@ -84,12 +85,14 @@ static int parse_pack(int argc, char **argv, pack_args *a) {
         else if (!strcmp(s, "-q") || !strcmp(s, "--quiet")) a->verbose = false;
         else if (!strcmp(s, "--out") && v) a->out_dir = argv[++i];
         else if (!strcmp(s, "--spine") && v) a->spine = argv[++i];
-        else if (!strcmp(s, "--quality-tokens") && v) rc = parse_int(argv[++i], s, 2, &a->quality_tokens);
+        else if (!strcmp(s, "--quality-tokens") && v)
+            rc = parse_int(argv[++i], s, 2, &a->quality_tokens);
         else if (!strcmp(s, "--limit") && v) rc = parse_int(argv[++i], s, 1, &a->limit);
         else if (!strcmp(s, "--threads") && v) rc = parse_int(argv[++i], s, 1, &a->threads);
         else if (s[0] != '-' && !a->model_dir) a->model_dir = s;
         else {
-            fprintf(stderr, "k3 pack: unknown option or missing value: '%s' (see k3 pack --help)\n", s);
+            fprintf(stderr, "k3 pack: unknown option or missing value: '%s' (see k3 pack "
+                    "--help)\n", s);
             return K3_ERR_USAGE;
         }
         if (rc) return rc;
@@ -150,7 +153,8 @@ static int pack_one(int fd, const char *path, const k3_checkpoint *ck, k3_pack *
     uint64_t n = (uint64_t)e->rows * (uint64_t)e->cols;
     int8_t *q = malloc(n);
     float *scale = malloc((size_t)e->rows * sizeof *scale);
-    int rc = q && scale ? quantize(t, q, scale, err) : k3_fail(err, K3_ERR_GENERIC, "out of memory");
+    int rc = q && scale ? quantize(t, q, scale, err)
+                        : k3_fail(err, K3_ERR_GENERIC, "out of memory");
     if (!rc) rc = write_all(fd, path, q, n, e->q_offset, err);
     if (!rc) rc = write_all(fd, path, scale, (uint64_t)e->rows * 4, e->scale_offset, err);
     if (!rc && fdatasync(fd) != 0)
@@ -212,7 +216,8 @@ static int pack_all(const pack_args *a, const k3_checkpoint *ck, k3_pack *p, con
     int fd = -1, rc = open_partial(partial, p, a->verbose, &fd, err), packed = 0;
     bool progress = a->verbose && isatty(STDERR_FILENO);
     uint64_t total = 0, done_bytes = 0;
-    for (uint32_t i = 0; i < p->n_tensors; i++) total += (uint64_t)p->entries[i].rows * p->entries[i].cols;
+    for (uint32_t i = 0; i < p->n_tensors; i++)
+        total += (uint64_t)p->entries[i].rows * (uint64_t)p->entries[i].cols;
     for (uint32_t i = 0; i < p->n_tensors && !rc; i++) {
         k3_pack_entry *e = &p->entries[i];
         done_bytes += (uint64_t)e->rows * (uint64_t)e->cols;

@@ -99,7 +99,8 @@ int k3_quality_eval(const k3_quality_opts *o, const int32_t *ids, size_t n, cons
                        &r[1 + j], err);
     int v = rc ? 0 : k3_engine_config(r[0].e)->vocab_size;
     for (size_t i = 0; i + 1 < n && !rc; i++) {
-        for (int j = 0; j <= n_modes && !rc; j++) rc = k3_session_step(r[j].s, ids[i], r[j].logits, err);
+        for (int j = 0; j <= n_modes && !rc; j++)
+            rc = k3_session_step(r[j].s, ids[i], r[j].logits, err);
         if (rc) break;
         double lse;
         int arg;
@@ -246,7 +247,9 @@ static int parse_modes(const quality_args *a, int *modes, int *n, k3_err *err) {
         size_t len = strcspn(s, ",");
         if (len == 4 && !strncmp(s, "bf16", 4)) modes[(*n)++] = K3_QMODE_BF16;
         else if (len == 4 && !strncmp(s, "int8", 4)) modes[(*n)++] = K3_QMODE_INT8;
-        else return k3_fail(err, K3_ERR_USAGE, "--modes: '%s' is not a list of bf16, int8", a->modes);
+        else
+            return k3_fail(err, K3_ERR_USAGE, "--modes: '%s' is not a list of bf16, int8",
+                           a->modes);
         s += len + (s[len] == ',');
     }
     return *n ? K3_OK : k3_fail(err, K3_ERR_USAGE, "--modes is empty");
@@ -264,7 +267,8 @@ static int load_ids(const quality_args *a, int32_t **ids, size_t *n, k3_err *err
         rc = k3_tokenizer_load(a->model_dir, &tok, err);
         if (!rc && a->text_file) rc = k3_read_file(a->text_file, 256u << 20, &text, &len, err);
         const char *t = a->text_file ? text : k3_quality_builtin_text;
-        if (!rc) rc = k3_tokenizer_encode(tok, t, a->text_file ? len : strlen(t), false, ids, n, err);
+        size_t tlen = a->text_file ? len : strlen(t);
+        if (!rc) rc = k3_tokenizer_encode(tok, t, tlen, false, ids, n, err);
     }
     free(text);
     k3_tokenizer_free(tok);

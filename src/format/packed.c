@@ -66,7 +66,8 @@ static int cmp_data_order(const void *a, const void *b) {
 
 /* Offsets of entries [0, n) from their shapes; returns the file size. */
 static uint64_t layout(k3_pack_entry *e, uint32_t n) {
-    uint64_t off = align_up(K3_PACK_HEADER_BYTES + (uint64_t)n * K3_PACK_ENTRY_BYTES, K3_PACK_ALIGN);
+    uint64_t off = align_up(K3_PACK_HEADER_BYTES + (uint64_t)n * K3_PACK_ENTRY_BYTES,
+                            K3_PACK_ALIGN);
     uint64_t end = off;
     for (uint32_t i = 0; i < n; i++) {
         e[i].q_offset = off;
