@@ -199,6 +199,41 @@ static void test_matmul_rows_equal_matvec_bitwise(void) {
             }
 }
 
+/* A MoE layer's experts in one call give each expert's own matvec bit for bit, with 1 and 2
+ * threads (row blocks of different matrices land on one thread). */
+static void test_mxfp4_many_equals_each_matvec(void) {
+    const k3_kernels *all[8];
+    int np = k3_kernels_available(all, 8), saved = omp_get_max_threads();
+    enum { E = 5 };
+    static const int64_t R[E] = {37, 300, 5, 128, 97}, C[E] = {64, 256, 32, 96, 256};
+    rng = 2024;
+    for (int p = 0; p < np; p++)
+        for (int th = 1; th <= 2; th++) {
+            tmat t[E];
+            k3_mxfp4 w[E];
+            float *xb[E], *x[E], *y[E], *yv = malloc(300 * sizeof *yv);
+            for (int j = 0; j < E; j++) {
+                tmat_make(&t[j], DT_MXFP4, R[j], C[j], 0);
+                w[j] = t[j].mx;
+                x[j] = make_x(1, C[j], 0, &xb[j]);
+                y[j] = malloc((size_t)R[j] * sizeof *y[j]);
+            }
+            x[4] = x[1]; /* a shared input vector, as the w1 / w3 of one token */
+            omp_set_num_threads(th);
+            k3_matvec_mxfp4_many(all[p], E, w, (const float *const *)x, y);
+            omp_set_num_threads(saved);
+            int bad = -1;
+            for (int j = 0; j < E && bad < 0; j++) {
+                k3_matvec_mxfp4(all[p], &w[j], x[j], yv);
+                if (memcmp(yv, y[j], (size_t)R[j] * sizeof *yv) != 0) bad = j;
+            }
+            for (int j = 0; j < E; j++) free(xb[j]), free(y[j]), tmat_free(&t[j]);
+            free(yv);
+            CHECK(bad < 0, "%s, %d threads: expert %d differs from its own matvec",
+                  k3_kernels_name(all[p]), th, bad);
+        }
+}
+
 /* One thread and two threads give the same bits (rows split only). */
 static void test_thread_count_does_not_change_results(void) {
     const k3_kernels *all[8];
@@ -358,6 +393,7 @@ const k3_test k3_suite_simd[] = {
     {"matmul_rows_equal_matvec_bitwise", test_matmul_rows_equal_matvec_bitwise},
     {"thread_count_does_not_change_results", test_thread_count_does_not_change_results},
     {"mxfp4_edge_scales", test_mxfp4_edge_scales},
+    {"mxfp4_many_equals_each_matvec", test_mxfp4_many_equals_each_matvec},
     {"dot_within_bound", test_dot_within_bound},
     {"axpy_exact", test_axpy_exact},
     {"kda_delta_rule_exact", test_kda_delta_rule_exact},

@@ -89,17 +89,19 @@ typedef struct kcase {
     int64_t rows, cols;
     int n;           /* vectors per call */
     int copies;      /* distinct matrices cycled through (experts) */
+    int group;       /* > 1: this many experts per call of k3_matvec_mxfp4_many */
 } kcase;
 
 static const kcase CASES[] = {
-    {"BF16 7168->12288", K3_DT_BF16, 12288, 7168, 1, 1},
-    {"BF16 7168->33792", K3_DT_BF16, 33792, 7168, 1, 1},
-    {"BF16 lm_head 7168->163840", K3_DT_BF16, 163840, 7168, 1, 1},
-    {"F32 7168->12288", K3_DT_F32, 12288, 7168, 1, 1},
-    {"MXFP4 expert 3584->3072", -1, 3072, 3584, 1, 48},
-    {"MXFP4 expert 3072->3584", -1, 3584, 3072, 1, 48},
-    {"BF16 7168->12288 x32", K3_DT_BF16, 12288, 7168, 32, 1},
-    {"MXFP4 expert 3584->3072 x32", -1, 3072, 3584, 32, 48},
+    {"BF16 7168->12288", K3_DT_BF16, 12288, 7168, 1, 1, 1},
+    {"BF16 7168->33792", K3_DT_BF16, 33792, 7168, 1, 1, 1},
+    {"BF16 lm_head 7168->163840", K3_DT_BF16, 163840, 7168, 1, 1, 1},
+    {"F32 7168->12288", K3_DT_F32, 12288, 7168, 1, 1, 1},
+    {"MXFP4 expert 3584->3072", -1, 3072, 3584, 1, 48, 1},
+    {"MXFP4 expert 3072->3584", -1, 3584, 3072, 1, 48, 1},
+    {"MXFP4 16 experts 3584->3072, one call", -1, 3072, 3584, 1, 48, 16},
+    {"BF16 7168->12288 x32", K3_DT_BF16, 12288, 7168, 32, 1, 1},
+    {"MXFP4 expert 3584->3072 x32", -1, 3072, 3584, 32, 48, 1},
 };
 
 typedef struct bufs {
@@ -116,17 +118,25 @@ static size_t case_bytes(const kcase *c) {
 /* Seconds per call of case c on path k (after one warm-up call). */
 static double time_case(const k3_kernels *k, const kcase *c, const bufs *b, double seconds) {
     size_t one = case_bytes(c);
-    int reps = 0, which = 0;
+    int reps = 0, which = 0, group = c->group > 1 ? c->group : 1;
     double t0 = 0, t = 0;
+    k3_mxfp4 ws[16];
+    const float *xs[16];
+    float *ys[16];
     for (int it = -1; reps < 2 || t < seconds; it++) {
-        uint8_t *base = (uint8_t *)b->w + (size_t)which * one;
-        which = (which + 1) % c->copies;
         if (it == 0) t0 = now_s();
-        if (c->dtype < 0) {
-            k3_mxfp4 w = {base, base + c->rows * c->cols / 2, c->rows, c->cols};
-            k3_matmul_mxfp4(k, &w, b->x, c->n, b->y);
+        for (int g = 0; g < group; g++) {
+            uint8_t *base = (uint8_t *)b->w + (size_t)which * one;
+            which = (which + 1) % c->copies;
+            ws[g] = (k3_mxfp4){base, base + c->rows * c->cols / 2, c->rows, c->cols};
+            xs[g] = b->x, ys[g] = b->y + (size_t)g * (size_t)c->rows;
+        }
+        if (group > 1) {
+            k3_matvec_mxfp4_many(k, group, ws, xs, ys);
+        } else if (c->dtype < 0) {
+            k3_matmul_mxfp4(k, &ws[0], b->x, c->n, b->y);
         } else {
-            k3_mat w = {.data = base, .dtype = c->dtype, .rows = c->rows, .cols = c->cols};
+            k3_mat w = {.data = ws[0].packed, .dtype = c->dtype, .rows = c->rows, .cols = c->cols};
             k3_matmul(k, &w, b->x, c->n, b->y);
         }
         if (it >= 0) reps++, t = now_s() - t0;
@@ -195,10 +205,12 @@ static int bench_kernels(int argc, char **argv) {
             for (int t = 0; t < 2; t++) {
                 const kcase *c = &CASES[i];
                 omp_set_num_threads(tcounts[t]);
-                double s = time_case(paths[p], c, &b, seconds), bytes = (double)case_bytes(c);
+                double s = time_case(paths[p], c, &b, seconds);
+                double bytes = (double)case_bytes(c) * (c->group > 1 ? c->group : 1);
                 printf("| %s | %s | %d | %.3f | %.2f | %.0f%% | %.2f |\n", c->name,
                        k3_kernels_name(paths[p]), tcounts[t], s * 1e3, bytes / s / 1e9,
-                       100.0 * bytes / s / bw[t], (double)c->rows * c->cols * c->n / s / 1e9);
+                       100.0 * bytes / s / bw[t],
+                       bytes / (double)case_bytes(c) * (double)(c->rows * c->cols * c->n) / s / 1e9);
                 fflush(stdout);
             }
     free(src), free(dst), free(b.w), free(b.x), free(b.y);

@@ -201,6 +201,30 @@ void k3_matmul_mxfp4(const k3_kernels *kr, const k3_mxfp4 *w, const float *x, in
     product_run(&p, x, n, y);
 }
 
+void k3_matvec_mxfp4_many(const k3_kernels *kr, int count, const k3_mxfp4 *w,
+                          const float *const *x, float *const *y) {
+    if (!kr) kr = &k3_kernels_scalar;
+    int64_t nblk = 0, macs = 0;
+    for (int j = 0; j < count; j++)
+        nblk += (w[j].rows + ROW_BLOCK - 1) / ROW_BLOCK, macs += w[j].rows * w[j].cols;
+    /* Global block b is block b - first[j] of the matrix j whose range holds it. */
+#pragma omp parallel if (macs >= PARALLEL_MIN_MACS && nblk > 1)
+    {
+        int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+        int64_t b0 = nblk * t / nt, b1 = nblk * (t + 1) / nt, first = 0;
+        for (int j = 0; j < count && first < b1; j++) {
+            int64_t nb = (w[j].rows + ROW_BLOCK - 1) / ROW_BLOCK;
+            int64_t lo = b0 > first ? b0 - first : 0, hi = b1 - first < nb ? b1 - first : nb;
+            if (lo < hi) {
+                int64_t r0 = lo * ROW_BLOCK, r1 = hi * ROW_BLOCK < w[j].rows ? hi * ROW_BLOCK
+                                                                              : w[j].rows;
+                kr->mxfp4(w[j].packed, w[j].scale, w[j].rows, w[j].cols, x[j], 1, y[j], r0, r1);
+            }
+            first += nb;
+        }
+    }
+}
+
 float k3_dot(const k3_kernels *kr, const float *a, const float *b, int64_t n) {
     if (!kr) kr = &k3_kernels_scalar;
     return kr->dot(a, b, n);

@@ -95,6 +95,12 @@ void k3_matmul(const k3_kernels *kr, const k3_mat *w, const float *x, int n, flo
 void k3_matvec_mxfp4(const k3_kernels *kr, const k3_mxfp4 *w, const float *x, float *y);
 /* The batched form of k3_matvec_mxfp4, shapes as k3_matmul. */
 void k3_matmul_mxfp4(const k3_kernels *kr, const k3_mxfp4 *w, const float *x, int n, float *y);
+/* y[j] = W_j x[j] for count MXFP4 matrices (a MoE layer's experts) in ONE parallel region:
+ * the rows of all matrices are split across the threads together, so count small products
+ * cost one fork/join and every thread streams long runs. Each y[j] equals k3_matvec_mxfp4 of
+ * W_j and x[j] bit for bit. x[j] may be shared (the same latent vector for every w1 / w3). */
+void k3_matvec_mxfp4_many(const k3_kernels *kr, int count, const k3_mxfp4 *w,
+                          const float *const *x, float *const *y);
 
 /* Σ_i a[i]·b[i] for i < n (one thread; SIMD paths reorder the sum as described above). */
 float k3_dot(const k3_kernels *kr, const float *a, const float *b, int64_t n);
