@@ -130,12 +130,15 @@ typedef struct chat {
 
 static void dim(const chat *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void dim(const chat *c, const char *fmt, ...) {
+    char line[2048];
     va_list ap;
     va_start(ap, fmt);
-    if (c->color) fputs("\033[2m", stdout);
-    vprintf(fmt, ap);
-    if (c->color) fputs("\033[0m", stdout);
+    vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
+    size_t n = strlen(line);
+    bool nl = n && line[n - 1] == '\n';
+    if (nl) line[--n] = 0; /* end the style before the newline */
+    printf(c->color ? "\033[2m%s\033[0m%s" : "%s%s", line, nl ? "\n" : "");
     fflush(stdout);
 }
 
