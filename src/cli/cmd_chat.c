@@ -57,7 +57,10 @@ static void chat_usage(FILE *f) {
         "  --pack-dir DIR       folder of the packed spine (default MODEL_DIR)\n"
         "  -q, --quiet          no load line\n"
         "  -h, --help           this help\n"
-        "%s%s", k3_cli_chat_help, k3_cli_sampling_help);
+        "\n"
+        "chat:\n%s"
+        "\n"
+        "sampling:\n%s", k3_cli_chat_help, k3_cli_sampling_help);
 }
 
 static int parse_int(const char *s, const char *flag, int lo, int *out) {
