@@ -15,6 +15,7 @@
 #include "../util/fileio.h"
 #include "cli.h"
 #include "gen.h"
+#include "store_flags.h"
 
 #define PROMPT ">>> "
 #define MORE "... "
@@ -24,6 +25,7 @@ typedef struct chat_opts {
     int max_new, threads, ctx, spine;
     bool verbose;
     k3_cli_chat_opts co;
+    k3_cli_store_opts so; /* expert store flags (store_flags.h) */
 } chat_opts;
 
 static void chat_usage(FILE *f) {
@@ -61,6 +63,8 @@ static void chat_usage(FILE *f) {
         "chat:\n%s"
         "\n"
         "sampling:\n%s", k3_cli_chat_help, k3_cli_sampling_help);
+    fprintf(f, "\n");
+    k3_cli_store_usage(f);
 }
 
 static int parse_int(const char *s, const char *flag, int lo, int *out) {
@@ -83,6 +87,8 @@ static int parse_args(int argc, char **argv, chat_opts *o) {
         bool has_val = i + 1 < argc;
         int rc = k3_cli_chat_flag("chat", argc, argv, &i, &o->co);
         if (rc == 1) continue;
+        if (rc) return rc;
+        if ((rc = k3_cli_store_flag("chat", argc, argv, &i, &o->so)) == 1) continue;
         if (rc) return rc;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { chat_usage(stdout); return -1; }
         else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) o->verbose = false;
@@ -378,6 +384,7 @@ static int repl(chat *c, k3_err *err) {
         char *msg = read_message(&in);
         if (!msg) {
             putchar('\n');
+            fflush(stdout);
             k3_strbuf_free(&in.pending);
             return K3_OK; /* Ctrl-D, or Ctrl-C at the prompt */
         }
@@ -405,12 +412,15 @@ static int chat_main(const chat_opts *o, k3_err *err) {
     k3_engine *e = NULL;
     k3_engine_opts eo = {.threads = o->threads, .verbose = o->verbose, .spine = o->spine,
                          .pack_dir = o->pack_dir};
+    k3_cli_store_engine_opts(&o->so, &eo);
+    k3_cli_store_run sr = {0};
     int rc = k3_engine_load(o->model_dir, &eo, &e, err);
     if (rc) return rc;
     c.e = e;
     c.tok = k3_engine_tokenizer(e);
     k3_stops_init(&c.stops, c.tok, k3_engine_config(e)->eos_token_id);
     rc = k3_session_new(e, o->ctx, &c.s, err);
+    if (!rc) rc = k3_cli_store_attach(&sr, c.s, &o->so, err);
     if (!rc) rc = k3_conv_init(&c.conv, c.tok, err);
     if (!rc) rc = k3_sampler_init(&c.sm, &o->co.sampling, k3_engine_config(e)->vocab_size, err);
     if (!rc && !(c.logits = malloc((size_t)k3_engine_config(e)->vocab_size * sizeof(float))))
@@ -424,6 +434,7 @@ static int chat_main(const chat_opts *o, k3_err *err) {
         k3_session_set_interrupt(c.s, &k3_cli_interrupted);
         rc = repl(&c, err);
     }
+    k3_cli_store_finish(&sr, o->verbose && !rc);
     free(c.logits);
     k3_sampler_free(&c.sm);
     k3_conv_free(&c.conv);
