@@ -22,7 +22,8 @@ void k3_cli_store_usage(FILE *f) {
         "  --mmap-experts       no cache: experts used in place from the mapped shards\n"
         "                       (K3_MMAP_EXPERTS=1; the reference path)\n"
         "  --profile            one line per token on stderr: attention, router, expert wait,\n"
-        "                       expert compute, head (K3_PROFILE=1)\n"
+        "                       expert compute, head (K3_PROFILE=1); K3_PROFILE=2 adds a line\n"
+        "                       with each MoE layer's expert wait / compute\n"
         "  --router-trace PATH  write one JSON line per (step, layer): chosen expert ids and\n"
         "                       weights in router order, flushed line by line\n");
 }
@@ -107,13 +108,20 @@ static void on_step(void *user, int pos) {
     k3_session_stats(r->s, &st);
     k3_run_stats_profile(&st, line, sizeof line);
     fprintf(stderr, "k3: %s\n", line);
+    if (r->profile < 2 || !st.layer_eload_s) return;
+    fprintf(stderr, "k3: profile layers (expert wait / compute, ms):");
+    for (int l = 0; l < st.n_layers; l++)
+        if (st.layer_eload_s[l] > 0 || st.layer_expert_s[l] > 0)
+            fprintf(stderr, " %d:%.1f/%.1f", l, 1e3 * st.layer_eload_s[l],
+                    1e3 * st.layer_expert_s[l]);
+    fprintf(stderr, "\n");
 }
 
 int k3_cli_store_attach(k3_cli_store_run *r, k3_session *s, const k3_cli_store_opts *o,
                         k3_err *err) {
     *r = (k3_cli_store_run){.o = o, .s = s, .profile = o->profile};
     const char *env = getenv("K3_PROFILE");
-    if (!r->profile && env && *env && strcmp(env, "0")) r->profile = 1;
+    if (env && *env && strcmp(env, "0")) r->profile = atoi(env) >= 2 ? 2 : 1;
     if (o->router_trace && !(r->trace = fopen(o->router_trace, "w")))
         return k3_fail(err, K3_ERR_IO, "%s: cannot create the router trace: %s", o->router_trace,
                        strerror(errno));

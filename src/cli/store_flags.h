@@ -19,7 +19,8 @@ typedef struct k3_cli_store_run {
     const k3_cli_store_opts *o;
     k3_session *s;
     FILE *trace;        /* --router-trace, or NULL */
-    int profile;        /* lines per step: 0 none, 1 one line (K3_PROFILE=1 or --profile) */
+    int profile;        /* lines per step: 0 none, 1 one line (K3_PROFILE=1 or --profile),
+                         * 2 also one per-layer line (K3_PROFILE=2) */
 } k3_cli_store_run;
 
 /* Parses the store flag at argv[*i] (advancing *i past its value). Returns 1 when consumed,

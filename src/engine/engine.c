@@ -133,6 +133,8 @@ void k3_session_stats(const k3_session *s, k3_run_stats *out) {
         .peak_cache_bytes = ss.peak_slots_used * k3_store_slot_bytes(s->e->store),
         .plan_bytes = p->base_bytes + p->spine_bytes + p->cache_bytes + p->state_bytes};
     k3_state_times(s->state, &out->time, &out->last);
+    k3_state_layer_times(s->state, &out->layer_eload_s, &out->layer_expert_s);
+    out->n_layers = s->e->cfg.num_hidden_layers;
     for (int src = K3_PIPE_PREV; src <= K3_PIPE_LOOKAHEAD; src++) {
         double r = ss.recall_total[src] ? (double)ss.recall_hits[src] / ss.recall_total[src] : -1;
         if (src == K3_PIPE_PREV) out->recall_prev = r;

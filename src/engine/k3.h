@@ -131,6 +131,8 @@ typedef struct k3_run_stats {
     double recall_prev, recall_lookahead; /* fraction of chosen experts predicted; -1 = none */
     uint64_t cache_bytes, peak_cache_bytes; /* expert arena; most of it ever occupied */
     uint64_t plan_bytes, peak_rss_bytes;    /* the startup memory plan; measured peak RSS */
+    int n_layers;                           /* the last step per layer, valid until the next */
+    const double *layer_eload_s, *layer_expert_s; /* step: MoE wait and expert compute */
 } k3_run_stats;
 
 void k3_session_stats(const k3_session *s, k3_run_stats *out);

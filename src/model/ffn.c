@@ -74,7 +74,7 @@ static void prefetch_next(const k3_model *m, int layer, k3_state *s, const float
 
 /* The routed experts of the layer, each computed as soon as the store has it, into its own
  * row of s->exp_outs (so arrival order cannot change the result). */
-static int routed_experts(const k3_model *m, k3_state *s, k3_err *err) {
+static int routed_experts(const k3_model *m, int layer, k3_state *s, k3_err *err) {
     const k3_config *c = &m->cfg;
     int K = c->num_experts_per_token, lat = c->routed_expert_hidden_size;
     for (int n = 0; n < K; n++) {
@@ -84,10 +84,13 @@ static int routed_experts(const k3_model *m, k3_state *s, k3_err *err) {
         int rc = k3_store_next(s->store, &j, &ex, err);
         double t1 = now_s();
         s->tok.eload_s += t1 - t0;
+        s->layer_eload_s[layer] += t1 - t0;
         if (rc) return rc;
         expert_forward(m, &ex, s, s->lat, s->exp_outs + (size_t)j * lat);
         k3_store_done(s->store, j);
-        s->tok.expert_s += now_s() - t1;
+        double dt = now_s() - t1;
+        s->tok.expert_s += dt;
+        s->layer_expert_s[layer] += dt;
     }
     return K3_OK;
 }
@@ -104,7 +107,7 @@ int k3_moe_forward(const k3_model *m, const k3_layer *L, k3_state *s, const floa
     prefetch_next(m, layer, s, x);
     s->tok.router_s += now_s() - t0;
     k3_matvec(m->kr, &w->down_proj, x, s->lat);
-    int rc = routed_experts(m, s, err);
+    int rc = routed_experts(m, layer, s, err);
     k3_store_end(s->store);
     if (rc) return rc;
     for (int i = 0; i < lat; i++) s->lat_acc[i] = 0;

@@ -46,6 +46,8 @@ int k3_forward(const k3_model *m, k3_state *s, int32_t token, float *logits,
     float *P = s->partial, *x = s->x, *xn = s->xn, *a = s->mix, *f = s->ffn_out;
     double t_start = now_s(), t0;
     s->tok = (k3_phase_times){.tokens = 1};
+    memset(s->layer_eload_s, 0, (size_t)c->num_hidden_layers * sizeof *s->layer_eload_s);
+    memset(s->layer_expert_s, 0, (size_t)c->num_hidden_layers * sizeof *s->layer_expert_s);
     s->n_blocks = 0;
     embed(m, token, P); /* the embedding is the first h_in; it becomes block 0 */
     for (int l = 0; l < c->num_hidden_layers; l++) {

@@ -98,6 +98,9 @@ int k3_state_max_ctx(const k3_state *s);
 size_t k3_state_plan_bytes(const k3_model *m, int max_ctx);
 /* Phase times summed over every step so far, and of the last step. */
 void k3_state_times(const k3_state *s, k3_phase_times *sum, k3_phase_times *last);
+/* The last step's MoE wait and routed-expert compute per layer ([num_hidden_layers] each,
+ * zero for dense layers), valid until the next step. */
+void k3_state_layer_times(const k3_state *s, const double **eload_s, const double **expert_s);
 
 /* One token through the whole model at position k3_state_pos(s) (spec §3); advances the
  * position. logits [vocab] may be NULL. trace may be NULL. Allocation-free.

@@ -39,6 +39,8 @@ static int alloc_all(k3_state *s, const k3_model *m) {
     ALLOC(s->la_router, (size_t)c->num_experts); ALLOC(s->la_biased, (size_t)c->num_experts);
     ALLOC(s->la_topk, (size_t)c->num_experts_per_token);
     ALLOC(s->la_topk_w, (size_t)c->num_experts_per_token);
+    ALLOC(s->layer_eload_s, (size_t)c->num_hidden_layers);
+    ALLOC(s->layer_expert_s, (size_t)c->num_hidden_layers);
     ALLOC(s->topk, (size_t)c->num_experts_per_token);
     ALLOC(s->topk_w, (size_t)c->num_experts_per_token);
 #undef ALLOC
@@ -100,6 +102,8 @@ void k3_state_free(k3_state *s) {
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(s->topk);
     free(s->la_topk);
+    free(s->layer_eload_s);
+    free(s->layer_expert_s);
     k3_store_client_free(s->store);
     free(s);
 }
@@ -123,6 +127,11 @@ size_t k3_state_plan_bytes(const k3_model *m, int max_ctx) {
 void k3_state_times(const k3_state *s, k3_phase_times *sum, k3_phase_times *last) {
     *sum = s->sum;
     *last = s->tok;
+}
+
+void k3_state_layer_times(const k3_state *s, const double **eload_s, const double **expert_s) {
+    *eload_s = s->layer_eload_s;
+    *expert_s = s->layer_expert_s;
 }
 
 int k3_state_pos(const k3_state *s) { return s->pos; }

@@ -45,6 +45,8 @@ struct k3_state {
     float *la_router, *la_biased, *la_topk_w;          /* lookahead router scratch [E] [E] [k] */
     int *la_topk;                                      /* [k] */
     k3_phase_times tok, sum;                           /* this token's phases; all tokens */
+    double *layer_eload_s, *layer_expert_s;            /* [layers] this token's MoE wait and
+                                                        * routed-expert compute per layer */
 };
 
 #endif
