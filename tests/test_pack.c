@@ -311,6 +311,18 @@ static void test_engine_spine_modes(void) {
     int r2 = spine_of(dir, K3_SPINE_AUTO, &i2, l2, sizeof l2);
     int r3 = spine_of(empty, K3_SPINE_AUTO, &i3, l3, sizeof l3);
     int r4 = spine_of(empty, K3_SPINE_INT8, &i4, l4, sizeof l4);
+    char l5[8192], l6[8192];
+    k3_engine *e = NULL;
+    k3_err err = {0};
+    k3_engine_opts o5 = {.spine = K3_SPINE_AUTO, .pack_dir = dir, .approx = 1};
+    int r5 = k3_engine_load(NANO, &o5, &e, &err), a5 = r5 ? -1 : k3_engine_approx(e);
+    snprintf(l5, sizeof l5, "%s", r5 ? err.msg : k3_engine_spine_line(e));
+    k3_engine_free(e);
+    e = NULL;
+    k3_engine_opts o6 = {.spine = K3_SPINE_BF16, .pack_dir = dir, .approx = 1};
+    int r6 = k3_engine_load(NANO, &o6, &e, &err);
+    snprintf(l6, sizeof l6, "%s", r6 ? err.msg : "loaded");
+    k3_engine_free(e);
     ph_rmdir(empty);
     free(empty);
     CHECK(r1 == 0 && i1 == 1, "int8: %s", l1);
@@ -318,6 +330,9 @@ static void test_engine_spine_modes(void) {
     CHECK(r2 == 0 && i2 == 1, "auto with a pack must pick int8: %s", l2);
     CHECK(r3 == 0 && i3 == 0 && strstr(l3, "(exact)"), "auto without a pack: %s", l3);
     CHECK(r4 == K3_ERR_IO && strstr(l4, "k3 pack"), "int8 without a pack: %d %s", r4, l4);
+    CHECK(r5 == 0 && a5 == 1 && strstr(l5, "--approx") && strstr(l5, "top-1 agreement"),
+          "approx: %s", l5);
+    CHECK(r6 == K3_ERR_USAGE, "--approx with --spine bf16 must be refused: %s", l6);
 }
 
 /* The stored figures belong to the pack they sit beside. */
@@ -335,8 +350,10 @@ static void test_quality_file(void) {
     free(pp);
     CHECK(rq == 0 && rp == 0, "%s", err.msg);
     CHECK(q.pack_checksum == sum, "quality file refers to another pack");
-    CHECK(q.predictions > 10 && q.mean_kl > 0 && q.top1 > 0.5 && q.top1 <= 1 &&
-          q.max_abs_dlogit > 0 && q.nll_exact > 0, "implausible figures");
+    CHECK(q.predictions > 10 && q.int8.mean_kl > 0 && q.int8.top1 > 0.5 && q.int8.top1 <= 1 &&
+          q.int8.max_abs_dlogit > 0 && q.nll_exact > 0, "implausible int8 figures");
+    CHECK(q.has_approx && q.approx.mean_kl > 0 && q.approx.top1 > 0.5 && q.approx.top1 <= 1,
+          "implausible or missing --approx figures");
 }
 
 const k3_test k3_suite_pack[] = {

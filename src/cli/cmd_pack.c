@@ -268,18 +268,24 @@ static int measure(const pack_args *a, const k3_pack *p, k3_err *err) {
     b[0] = cfg.bos_token_id;
     n = n + 1 < (size_t)a->quality_tokens ? n + 1 : (size_t)a->quality_tokens;
     if (a->verbose)
-        fprintf(stderr, "k3 pack: measuring the int8 spine against the exact path on %zu tokens "
-                "of built-in text\n", n);
+        fprintf(stderr, "k3 pack: measuring the int8 spine (alone and with --approx) against "
+                "the exact path on %zu tokens of built-in text\n", n);
     k3_quality_opts o = {a->model_dir, a->out_dir, a->threads, 0};
-    int mode = K3_QMODE_INT8;
-    k3_quality_row rows[2];
-    rc = k3_quality_eval(&o, b, n, &mode, 1, rows, err);
+    int modes[2] = {K3_QMODE_INT8, K3_QMODE_APPROX};
+    k3_quality_row rows[3];
+    rc = k3_quality_eval(&o, b, n, modes, 2, rows, err);
     free(b);
     if (rc) return rc;
-    k3_quality_print(stdout, rows, 2);
-    k3_pack_quality q = {p->header_checksum, rows[1].predictions, rows[0].nll, rows[1].nll,
-                         rows[0].ppl, rows[1].ppl, rows[1].mean_kl, rows[1].top1,
-                         rows[1].max_abs_dlogit};
+    k3_quality_print(stdout, rows, 3);
+    k3_pack_quality q = {.pack_checksum = p->header_checksum,
+                         .predictions = rows[0].predictions,
+                         .nll_exact = rows[0].nll,
+                         .ppl_exact = rows[0].ppl,
+                         .has_approx = 1};
+    k3_pack_figures *g[2] = {&q.int8, &q.approx};
+    for (int m = 0; m < 2; m++)
+        *g[m] = (k3_pack_figures){rows[1 + m].nll, rows[1 + m].ppl, rows[1 + m].mean_kl,
+                                  rows[1 + m].top1, rows[1 + m].max_abs_dlogit};
     char path[PATH_MAX];
     k3_path_join(path, sizeof path, a->out_dir, K3_PACK_QUALITY_FILE);
     rc = k3_pack_quality_write(path, &q, err);
@@ -293,7 +299,8 @@ static bool has_figures(const char *dir, const k3_pack *p, bool verbose) {
     k3_pack_quality q;
     k3_err ignored;
     k3_path_join(path, sizeof path, dir, K3_PACK_QUALITY_FILE);
-    if (k3_pack_quality_read(path, &q, &ignored) || q.pack_checksum != p->header_checksum)
+    if (k3_pack_quality_read(path, &q, &ignored) || q.pack_checksum != p->header_checksum ||
+        !q.has_approx)
         return false;
     if (verbose) fprintf(stderr, "k3 pack: quality figures already stored in %s\n", path);
     return true;

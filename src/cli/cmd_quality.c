@@ -23,6 +23,8 @@ const char k3_quality_builtin_text[] =
 
 /* ---- evaluation ---------------------------------------------------------------------------- */
 
+static const char *const MODE_NAMES[] = {"bf16", "int8", "approx"};
+
 typedef struct mode_run {
     k3_engine *e;
     k3_session *s;
@@ -61,9 +63,11 @@ static void compare(mode_run *r, const float *ref, double ref_lse, int ref_arg, 
 /* Every mode is its own engine; routed experts are used in place from the mapped shards, so
  * the engines share the page cache instead of each filling an expert cache of its own (the
  * store's results are bit-identical either way). */
-static int load_mode(const k3_quality_opts *o, int spine, int ctx, mode_run *r, k3_err *err) {
-    k3_engine_opts eo = {.threads = o->threads, .verbose = o->verbose, .spine = spine,
-                         .pack_dir = o->pack_dir, .experts_in_place = 1};
+static int load_mode(const k3_quality_opts *o, int mode, int ctx, mode_run *r, k3_err *err) {
+    k3_engine_opts eo = {.threads = o->threads, .verbose = o->verbose,
+                         .spine = mode == K3_QMODE_BF16 ? K3_SPINE_BF16 : K3_SPINE_INT8,
+                         .pack_dir = o->pack_dir, .experts_in_place = 1,
+                         .approx = mode == K3_QMODE_APPROX ? 1 : -1};
     int rc = k3_engine_load(o->model_dir, &eo, &r->e, err);
     if (!rc) rc = k3_session_new(r->e, ctx, &r->s, err);
     if (!rc && !(r->logits = malloc((size_t)k3_engine_config(r->e)->vocab_size * sizeof(float))))
@@ -93,10 +97,8 @@ int k3_quality_eval(const k3_quality_opts *o, const int32_t *ids, size_t n, cons
     if (n > INT_MAX) return k3_fail(err, K3_ERR_INPUT, "too many tokens");
     mode_run *r = calloc((size_t)n_modes + 1, sizeof *r);
     if (!r) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
-    int rc = load_mode(o, K3_SPINE_BF16, (int)n, &r[0], err);
-    for (int j = 0; j < n_modes && !rc; j++)
-        rc = load_mode(o, modes[j] == K3_QMODE_INT8 ? K3_SPINE_INT8 : K3_SPINE_BF16, (int)n,
-                       &r[1 + j], err);
+    int rc = load_mode(o, K3_QMODE_BF16, (int)n, &r[0], err);
+    for (int j = 0; j < n_modes && !rc; j++) rc = load_mode(o, modes[j], (int)n, &r[1 + j], err);
     int v = rc ? 0 : k3_engine_config(r[0].e)->vocab_size;
     for (size_t i = 0; i + 1 < n && !rc; i++) {
         for (int j = 0; j <= n_modes && !rc; j++)
@@ -111,8 +113,7 @@ int k3_quality_eval(const k3_quality_opts *o, const int32_t *ids, size_t n, cons
     if (!rc) {
         fill_row(&rows[0], "exact", &r[0], (int)n - 1, true);
         for (int j = 0; j < n_modes; j++)
-            fill_row(&rows[1 + j], modes[j] == K3_QMODE_INT8 ? "int8" : "bf16", &r[1 + j],
-                     (int)n - 1, false);
+            fill_row(&rows[1 + j], MODE_NAMES[modes[j]], &r[1 + j], (int)n - 1, false);
     }
     for (int j = 0; j <= n_modes; j++) free_mode(&r[j]);
     free(r);
@@ -188,9 +189,10 @@ static void quality_usage(FILE *f) {
         "  --builtin          evaluate the short built-in text k3 pack uses\n"
         "  --bos              put [BOS] (config bos_token_id) before the tokens\n"
         "  --max-tokens N     use at most the first N tokens (default 512)\n"
-        "  --modes LIST       comma-separated modes among bf16, int8 (default: bf16, and int8\n"
-        "                     when a packed spine exists); bf16 vs the exact path must give\n"
-        "                     KL 0 and 100%% agreement: it checks the harness itself\n"
+        "  --modes LIST       comma-separated modes among bf16, int8, approx (default: bf16,\n"
+        "                     and int8 when a packed spine exists); bf16 vs the exact path\n"
+        "                     must give KL 0 and 100%% agreement: it checks the harness itself;\n"
+        "                     approx is int8 with int8 activations (k3 run --approx)\n"
         "  --pack-dir DIR     folder of the packed spine (default MODEL_DIR)\n"
         "  --json FILE        also write the figures as JSON to FILE\n"
         "  --threads N        compute threads (default: OMP_NUM_THREADS or all cores)\n"
@@ -245,11 +247,12 @@ static int parse_modes(const quality_args *a, int *modes, int *n, k3_err *err) {
     const char *s = a->modes;
     while (*s && *n < 8) {
         size_t len = strcspn(s, ",");
-        if (len == 4 && !strncmp(s, "bf16", 4)) modes[(*n)++] = K3_QMODE_BF16;
+        if (len == 6 && !strncmp(s, "approx", 6)) modes[(*n)++] = K3_QMODE_APPROX;
+        else if (len == 4 && !strncmp(s, "bf16", 4)) modes[(*n)++] = K3_QMODE_BF16;
         else if (len == 4 && !strncmp(s, "int8", 4)) modes[(*n)++] = K3_QMODE_INT8;
         else
-            return k3_fail(err, K3_ERR_USAGE, "--modes: '%s' is not a list of bf16, int8",
-                           a->modes);
+            return k3_fail(err, K3_ERR_USAGE, "--modes: '%s' is not a list of bf16, int8, "
+                           "approx", a->modes);
         s += len + (s[len] == ',');
     }
     return *n ? K3_OK : k3_fail(err, K3_ERR_USAGE, "--modes is empty");

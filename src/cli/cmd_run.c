@@ -19,6 +19,7 @@
 typedef struct run_opts {
     const char *model_dir, *prompt, *prompt_ids, *dump_logits, *pack_dir;
     int spine; /* enum k3_spine_mode; the CLI default is auto */
+    int approx; /* --approx: 1; else 0 (then $K3_APPROX decides) */
     int max_new, threads, ctx;
     bool special, print_ids, verbose;
     bool chat;                       /* --chat: render --prompt as one user turn */
@@ -55,6 +56,8 @@ static void run_usage(FILE *f) {
         "                       BF16; bf16: always the exact BF16 spine; int8: the packed int8\n"
         "                       spine (NOT exact; an error when it does not exist)\n"
         "  --pack-dir DIR       folder of the packed spine (default MODEL_DIR; see k3 pack --out)\n"
+        "  --approx             also quantize activations to int8 in the int8 spine's products\n"
+        "                       (faster, NOT exact; needs the int8 spine; = K3_APPROX=1)\n"
         "  --load-state FILE    start from a state saved by --save-state (same model and spine\n"
         "                       mode only, checked by fingerprint): the prompt continues it; with\n"
         "                       --chat the turn is rendered without repeating the preamble\n"
@@ -116,6 +119,7 @@ static int parse_args(int argc, char **argv, run_opts *o) {
         else if (!strcmp(a, "--prompt-ids") && has_val) o->prompt_ids = argv[++i];
         else if (!strcmp(a, "--dump-logits") && has_val) o->dump_logits = argv[++i];
         else if (!strcmp(a, "--pack-dir") && has_val) o->pack_dir = argv[++i];
+        else if (!strcmp(a, "--approx")) o->approx = 1;
         else if (!strcmp(a, "--spine") && has_val) rc = parse_spine(argv[++i], &o->spine);
         else if (!strcmp(a, "--max-new") && has_val) rc = parse_int(argv[++i], a, 0, &o->max_new);
         else if (!strcmp(a, "--threads") && has_val) rc = parse_int(argv[++i], a, 1, &o->threads);
@@ -335,7 +339,7 @@ static int run(const run_opts *o, k3_err *err) {
     size_t n_prompt = 0;
     run_ctx r = {.o = o};
     k3_engine_opts eo = {.threads = o->threads, .verbose = o->verbose, .spine = o->spine,
-                         .pack_dir = o->pack_dir};
+                         .pack_dir = o->pack_dir, .approx = o->approx};
     k3_cli_store_engine_opts(&o->so, &eo);
     k3_cli_store_run sr = {0};
     int rc = k3_engine_load(o->model_dir, &eo, &e, err);

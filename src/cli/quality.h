@@ -21,10 +21,12 @@
 
 #include "../util/err.h"
 
-enum k3_quality_mode { K3_QMODE_BF16 = 0, K3_QMODE_INT8 = 1 };
+/* bf16: the exact path again (checks the harness); int8: the packed spine; approx: the packed
+ * spine with int8 activations (--approx). */
+enum k3_quality_mode { K3_QMODE_BF16 = 0, K3_QMODE_INT8 = 1, K3_QMODE_APPROX = 2 };
 
 typedef struct k3_quality_row {
-    const char *mode;      /* "exact" (the reference), "bf16" or "int8" */
+    const char *mode;      /* "exact" (the reference), "bf16", "int8" or "approx" */
     int predictions;
     double nll, ppl;
     double mean_kl, top1, max_abs_dlogit; /* NAN for the reference row */

@@ -24,7 +24,8 @@ struct k3_engine {
     k3_model model;
     k3_tokenizer *tok;
     k3_pack *pack;          /* int8 spine, or NULL (BF16, exact) */
-    char spine_line[PATH_MAX + 640]; /* what k3_engine_spine_line returns */
+    bool approx;            /* --approx: int8 activations in the int8 products */
+    char spine_line[PATH_MAX + 1024]; /* what k3_engine_spine_line returns */
     k3_store *store;        /* routed experts (src/store) */
     k3_stream *stream;      /* a streaming install's missing experts (src/setup), or NULL */
     char stream_dirs[2 * PATH_MAX]; /* shard folders: K3_DIRS + DIR/.k3/partial */
@@ -48,12 +49,15 @@ static void quality_note(k3_engine *e, const char *dir, char *out, size_t cap) {
     k3_pack_quality q;
     k3_err ignored;
     k3_path_join(path, sizeof path, dir, K3_PACK_QUALITY_FILE);
-    if (k3_pack_quality_read(path, &q, &ignored) || q.pack_checksum != e->pack->header_checksum)
-        snprintf(out, cap, "no quality figures stored for this pack (measure with k3 quality)");
+    const k3_pack_figures *g = e->approx ? &q.approx : &q.int8;
+    if (k3_pack_quality_read(path, &q, &ignored) || q.pack_checksum != e->pack->header_checksum ||
+        (e->approx && !q.has_approx))
+        snprintf(out, cap, "no quality figures stored for this pack%s (measure with k3 quality)",
+                 e->approx ? " and --approx" : "");
     else
         snprintf(out, cap, "k3 pack measured on %d predictions: mean KL %.3g nats, top-1 "
                  "agreement %.2f%%, max |dlogit| %.3g, perplexity %.6g (exact %.6g)",
-                 q.predictions, q.mean_kl, 100 * q.top1, q.max_abs_dlogit, q.ppl_int8,
+                 q.predictions, g->mean_kl, 100 * g->top1, g->max_abs_dlogit, g->ppl,
                  q.ppl_exact);
 }
 
@@ -66,6 +70,12 @@ static int open_spine(k3_engine *e, const char *model_dir, const k3_engine_opts 
     char path[PATH_MAX], note[512];
     k3_path_join(path, sizeof path, dir, K3_PACK_FILE);
     int present = access(path, F_OK) == 0;
+    const char *env = getenv("K3_APPROX");
+    e->approx = o && o->approx ? o->approx > 0 : env && !strcmp(env, "1");
+    if (e->approx && (mode == K3_SPINE_BF16 || !present))
+        return k3_fail(err, K3_ERR_USAGE, "--approx (K3_APPROX=1) multiplies the int8 spine with "
+                       "int8 activations; %s", mode == K3_SPINE_BF16 ? "it cannot be used with "
+                       "--spine bf16" : "build the int8 spine first with k3 pack");
     if (mode == K3_SPINE_BF16 || (mode == K3_SPINE_AUTO && !present)) {
         snprintf(e->spine_line, sizeof e->spine_line, "spine: BF16 from the checkpoint (exact)");
         return K3_OK;
@@ -78,8 +88,8 @@ static int open_spine(k3_engine *e, const char *model_dir, const k3_engine_opts 
     if (!rc) rc = k3_pack_check_model(e->pack, e->ck, err);
     if (rc) return rc;
     quality_note(e, dir, note, sizeof note);
-    snprintf(e->spine_line, sizeof e->spine_line, "spine: int8 from %s -- NOT exact; %s", path,
-             note);
+    snprintf(e->spine_line, sizeof e->spine_line, "spine: int8 from %s%s -- NOT exact; %s",
+             path, e->approx ? " with int8 activations (--approx)" : "", note);
     return K3_OK;
 }
 
@@ -203,7 +213,7 @@ int k3_engine_load(const char *model_dir, const k3_engine_opts *opts, k3_engine 
     if (!rc) rc = open_stream(e, model_dir, &ss, err);
     if (!rc) rc = k3_checkpoint_open_dirs(model_dir, ss.dirs, &e->ck, err);
     if (!rc) rc = open_spine(e, model_dir, opts, err);
-    if (!rc) rc = k3_model_bind_packed(&e->model, &e->cfg, e->ck, e->pack, err);
+    if (!rc) rc = k3_model_bind_packed(&e->model, &e->cfg, e->ck, e->pack, e->approx, err);
     if (!rc) rc = k3_kernels_select(opts ? opts->kernels : NULL, &e->model.kr, err);
     if (!rc) rc = open_store(e, &ss, err);
     if (!rc) rc = attach_stream(e, err);
@@ -249,6 +259,7 @@ uint64_t k3_engine_weight_bytes(const k3_engine *e) {
 }
 
 int k3_engine_spine_int8(const k3_engine *e) { return e->pack != NULL; }
+int k3_engine_approx(const k3_engine *e) { return e->approx; }
 const char *k3_engine_spine_line(const k3_engine *e) { return e->spine_line; }
 
 int k3_session_new(const k3_engine *e, int max_ctx, k3_session **out, k3_err *err) {

@@ -37,6 +37,9 @@ typedef struct k3_engine_opts {
     int verbose;      /* 1: print the load summary line to stderr */
     int spine;        /* enum k3_spine_mode */
     const char *pack_dir; /* folder holding the packed spine; NULL = MODEL_DIR */
+    int approx;       /* --approx: 1 on, -1 off, 0 = on iff $K3_APPROX is 1. Multiplies the int8
+                         spine with int8 activations (blocks of 32): faster, NOT exact; needs
+                         the int8 spine (an error otherwise) */
     /* Expert store (src/store/store.h): 0 / NULL = the K3_* environment variable, else the
      * default. Routed experts are read on demand into a byte-budgeted cache. */
     double expert_gb;         /* K3_EXPERT_GB: cache budget in GB (default: the memory plan) */
@@ -67,6 +70,8 @@ const k3_tokenizer *k3_engine_tokenizer(const k3_engine *e);
 uint64_t k3_engine_weight_bytes(const k3_engine *e);
 /* 1 when the engine multiplies with the int8 packed spine (not exact), 0 for BF16. */
 int k3_engine_spine_int8(const k3_engine *e);
+/* 1 when --approx (int8 activations) is on. */
+int k3_engine_approx(const k3_engine *e);
 /* One line saying which spine is used and, for int8, that it is not exact and the quality
  * figures `k3 pack` stored for it (or that there are none). Owned by the engine. */
 const char *k3_engine_spine_line(const k3_engine *e);

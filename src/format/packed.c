@@ -379,11 +379,16 @@ int k3_pack_quality_write(const char *path, const k3_pack_quality *q, k3_err *er
     if (!f) return k3_fail(err, K3_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
     fprintf(f, "{\n  \"format\": \"k3-pack-quality/1\",\n  \"pack_header_checksum\": \"%s\",\n"
             "  \"predictions\": %d,\n"
-            "  \"exact\": {\"nll\": %.9g, \"perplexity\": %.9g},\n"
-            "  \"int8\": {\"nll\": %.9g, \"perplexity\": %.9g, \"mean_kl\": %.9g, "
-            "\"top1_agreement\": %.9g, \"max_abs_dlogit\": %.9g}\n}\n",
-            sum, q->predictions, q->nll_exact, q->ppl_exact, q->nll_int8, q->ppl_int8,
-            q->mean_kl, q->top1, q->max_abs_dlogit);
+            "  \"exact\": {\"nll\": %.9g, \"perplexity\": %.9g},\n",
+            sum, q->predictions, q->nll_exact, q->ppl_exact);
+    for (int m = 0; m < 1 + q->has_approx; m++) {
+        const k3_pack_figures *g = m ? &q->approx : &q->int8;
+        fprintf(f, "  \"%s\": {\"nll\": %.9g, \"perplexity\": %.9g, \"mean_kl\": %.9g, "
+                "\"top1_agreement\": %.9g, \"max_abs_dlogit\": %.9g}%s\n", m ? "approx" : "int8",
+                g->nll, g->ppl, g->mean_kl, g->top1, g->max_abs_dlogit,
+                m + 1 < 1 + q->has_approx ? "," : "");
+    }
+    fprintf(f, "}\n");
     if (fclose(f) != 0) return k3_fail(err, K3_ERR_IO, "%s: write failed", path);
     return K3_OK;
 }
@@ -395,6 +400,12 @@ static int num(const cJSON *o, const char *k, double *out) {
     return 1;
 }
 
+static int figures(const cJSON *o, k3_pack_figures *g) {
+    return num(o, "nll", &g->nll) && num(o, "perplexity", &g->ppl) &&
+           num(o, "mean_kl", &g->mean_kl) && num(o, "top1_agreement", &g->top1) &&
+           num(o, "max_abs_dlogit", &g->max_abs_dlogit);
+}
+
 int k3_pack_quality_read(const char *path, k3_pack_quality *q, k3_err *err) {
     char *text = NULL;
     size_t len;
@@ -404,15 +415,15 @@ int k3_pack_quality_read(const char *path, k3_pack_quality *q, k3_err *err) {
     free(text);
     const cJSON *ex = cJSON_GetObjectItemCaseSensitive(j, "exact");
     const cJSON *i8 = cJSON_GetObjectItemCaseSensitive(j, "int8");
+    const cJSON *ap = cJSON_GetObjectItemCaseSensitive(j, "approx");
     const cJSON *sum = cJSON_GetObjectItemCaseSensitive(j, "pack_header_checksum");
     const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(j, "format");
     double pred = 0;
     memset(q, 0, sizeof *q);
     int ok = cJSON_IsString(fmt) && strcmp(fmt->valuestring, "k3-pack-quality/1") == 0 &&
              cJSON_IsString(sum) && num(j, "predictions", &pred) && num(ex, "nll", &q->nll_exact) &&
-             num(ex, "perplexity", &q->ppl_exact) && num(i8, "nll", &q->nll_int8) &&
-             num(i8, "perplexity", &q->ppl_int8) && num(i8, "mean_kl", &q->mean_kl) &&
-             num(i8, "top1_agreement", &q->top1) && num(i8, "max_abs_dlogit", &q->max_abs_dlogit);
+             num(ex, "perplexity", &q->ppl_exact) && figures(i8, &q->int8) &&
+             (!ap || (q->has_approx = figures(ap, &q->approx)));
     if (ok) {
         q->predictions = (int)pred;
         q->pack_checksum = strtoull(sum->valuestring, NULL, 16);

@@ -89,16 +89,24 @@ int k3_pack_verify(const k3_pack *p, k3_err *err);
 /* The entry named name, or NULL (linear scan; used at load only). */
 const k3_pack_entry *k3_pack_find(const k3_pack *p, const char *name);
 
-/* What `k3 pack` measured for its pack (teacher-forced, int8 vs the exact path), stored as
- * JSON in K3_PACK_QUALITY_FILE beside the pack (format "k3-pack-quality/1"). */
+/* One mode's figures against the exact path (definitions in src/cli/quality.h). */
+typedef struct k3_pack_figures {
+    double nll, ppl;         /* mean negative log-likelihood per token (nats), exp(nll) */
+    double mean_kl;          /* mean KL(exact || mode), nats */
+    double top1;             /* fraction of positions with the same argmax */
+    double max_abs_dlogit;   /* max |logit_mode - logit_exact| */
+} k3_pack_figures;
+
+/* What `k3 pack` measured for its pack (teacher-forced against the exact path), stored as
+ * JSON in K3_PACK_QUALITY_FILE beside the pack (format "k3-pack-quality/1"; the "approx"
+ * object is optional). */
 typedef struct k3_pack_quality {
     uint64_t pack_checksum;  /* header_checksum of the pack the figures belong to */
     int predictions;         /* next-token predictions evaluated */
-    double nll_exact, nll_int8;        /* mean negative log-likelihood per token, nats */
-    double ppl_exact, ppl_int8;        /* exp(mean NLL) */
-    double mean_kl;                    /* mean KL(exact || int8), nats */
-    double top1;                       /* fraction of positions with the same argmax */
-    double max_abs_dlogit;             /* max |logit_int8 - logit_exact| */
+    double nll_exact, ppl_exact;
+    k3_pack_figures int8;    /* the int8 spine */
+    int has_approx;
+    k3_pack_figures approx;  /* the int8 spine with int8 activations (--approx) */
 } k3_pack_quality;
 
 /* Writes q as JSON to path. Errors: K3_ERR_IO. */

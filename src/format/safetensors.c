@@ -24,6 +24,7 @@ const char *k3_dtype_name(int dtype) {
     case K3_DT_BF16: return "BF16";
     case K3_DT_U8: return "U8";
     case K3_DT_I8: return "I8";
+    case K3_DT_I8_Q8: return "I8 (int8 activations)";
     }
     return "?";
 }

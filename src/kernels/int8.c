@@ -95,3 +95,89 @@ __attribute__((target("avx2,fma"))) void k3_rows_i8_avx2(const k3_mat *w, const 
     }
 }
 #endif
+
+/* ---- --approx: int8 activations as well (NOT exact; see kernels.h) ----------------------- */
+
+void k3_quantize_act_q8(const float *x, int64_t n, int8_t *q, float *scale) {
+    for (int64_t b = 0; b * K3_Q8_BLOCK < n; b++) {
+        int64_t i0 = b * K3_Q8_BLOCK, i1 = i0 + K3_Q8_BLOCK < n ? i0 + K3_Q8_BLOCK : n;
+        float amax = 0;
+        int finite = 1;
+        for (int64_t i = i0; i < i1; i++) {
+            amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+            finite &= isfinite(x[i]) != 0;
+        }
+        float s = finite ? amax / 127.0f : NAN; /* a NaN/Inf activation makes the product NaN */
+        scale[b] = s;
+        for (int64_t i = i0; i < i1; i++) {
+            float v = s > 0 ? nearbyintf(x[i] / s) : 0.0f;
+            q[i] = (int8_t)(v > 127.0f ? 127 : v < -127.0f ? -127 : v == v ? (int)v : 0);
+        }
+    }
+}
+
+/* Most columns an approx product takes: x's int8 copy lives on the stack of each thread. */
+#define Q8_MAX_COLS (1 << 17)
+
+void k3_rows_i8_q8(const k3_mat *w, const float *x, float *y, int64_t r0, int64_t r1) {
+    int8_t xq[Q8_MAX_COLS];
+    float xs[Q8_MAX_COLS / K3_Q8_BLOCK];
+    const int8_t *q = w->data;
+    int64_t cols = w->cols, nb = (cols + K3_Q8_BLOCK - 1) / K3_Q8_BLOCK;
+    k3_quantize_act_q8(x, cols, xq, xs);
+    for (int64_t r = r0; r < r1; r++) {
+        const int8_t *a = q + r * cols;
+        float s = 0;
+        for (int64_t b = 0; b < nb; b++) {
+            int64_t i0 = b * K3_Q8_BLOCK, i1 = i0 + K3_Q8_BLOCK < cols ? i0 + K3_Q8_BLOCK : cols;
+            int32_t acc = 0; /* exact: |acc| <= 32 · 127 · 127 */
+            for (int64_t i = i0; i < i1; i++) acc += (int32_t)a[i] * xq[i];
+            s += (float)acc * xs[b];
+        }
+        y[r] = s * w->scale[r];
+    }
+}
+
+#if defined(__x86_64__)
+/* Σ over one block of 32 of w·x in int32 lanes: maddubs takes unsigned × signed, so it gets
+ * |x| and w with x's sign moved onto it (exact: each int16 pair sum <= 2·127·127). */
+__attribute__((target("avx2,fma"))) static inline __m256i dot32(__m256i w, __m256i ax,
+                                                               __m256i x) {
+    __m256i p = _mm256_maddubs_epi16(ax, _mm256_sign_epi8(w, x));
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+
+/* Four rows at a time; per block of 32 the int32 sum is exact, then lane-wise FMA with the
+ * block's activation scale; blocks of a partial tail (cols % 32) go through the scalar loop. */
+__attribute__((target("avx2,fma"))) void k3_rows_i8_q8_avx2(const k3_mat *w, const float *x,
+                                                             float *y, int64_t r0, int64_t r1) {
+    int8_t xq[Q8_MAX_COLS];
+    float xs[Q8_MAX_COLS / K3_Q8_BLOCK];
+    const int8_t *q = w->data;
+    int64_t cols = w->cols, full = cols / K3_Q8_BLOCK;
+    k3_quantize_act_q8(x, cols, xq, xs);
+    for (int64_t r = r0; r < r1; r += 4) {
+        int nr = r1 - r < 4 ? (int)(r1 - r) : 4;
+        const int8_t *a[4];
+        for (int k = 0; k < 4; k++) a[k] = q + (r + (k < nr ? k : 0)) * cols;
+        __m256 acc[4];
+        for (int k = 0; k < 4; k++) acc[k] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < full; b++) {
+            __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + b * K3_Q8_BLOCK));
+            __m256i ax = _mm256_sign_epi8(xv, xv);
+            __m256 sc = _mm256_set1_ps(xs[b]);
+            for (int k = 0; k < 4; k++) {
+                __m256i wv = _mm256_loadu_si256((const __m256i *)(a[k] + b * K3_Q8_BLOCK));
+                acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot32(wv, ax, xv)), sc, acc[k]);
+            }
+        }
+        for (int k = 0; k < nr; k++) {
+            float s = hsum8(acc[k]);
+            int32_t t = 0;
+            for (int64_t i = full * K3_Q8_BLOCK; i < cols; i++) t += (int32_t)a[k][i] * xq[i];
+            if (full * K3_Q8_BLOCK < cols) s += (float)t * xs[full];
+            y[r + k] = s * w->scale[r + k];
+        }
+    }
+}
+#endif

@@ -22,7 +22,8 @@ float k3_mxfp4_value(uint8_t code, uint8_t scale) {
 }
 float k3_mat_at(const k3_mat *m, int64_t i) {
     if (m->dtype == K3_DT_BF16) return k3_bf16_to_f32(((const uint16_t *)m->data)[i]);
-    if (m->dtype == K3_DT_I8) return ((const int8_t *)m->data)[i] * m->scale[i / m->cols];
+    if (m->dtype == K3_DT_I8 || m->dtype == K3_DT_I8_Q8)
+        return ((const int8_t *)m->data)[i] * m->scale[i / m->cols];
     return ((const float *)m->data)[i];
 }
 
@@ -141,6 +142,16 @@ static void mat_rows(const k3_kernels *kr, const k3_mat *w, const float *x, int 
         }
 #endif
         for (int b = 0; b < n; b++) k3_rows_i8(w, x + b * w->cols, y + b * w->rows, r0, r1);
+        break;
+    case K3_DT_I8_Q8: /* --approx: int8 activations as well (src/kernels/int8.c) */
+#if defined(__x86_64__)
+        if (kr != &k3_kernels_scalar) {
+            for (int b = 0; b < n; b++)
+                k3_rows_i8_q8_avx2(w, x + b * w->cols, y + b * w->rows, r0, r1);
+            break;
+        }
+#endif
+        for (int b = 0; b < n; b++) k3_rows_i8_q8(w, x + b * w->cols, y + b * w->rows, r0, r1);
         break;
     default:
         kr->f32(w->data, w->rows, w->cols, x, n, y, r0, r1);

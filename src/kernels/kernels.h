@@ -148,4 +148,22 @@ void k3_rows_i8(const k3_mat *w, const float *x, float *y, int64_t r0, int64_t r
 void k3_rows_i8_avx2(const k3_mat *w, const float *x, float *y, int64_t r0, int64_t r1);
 #endif
 
+/* ---- --approx (K3_APPROX=1): int8 activations too (NOT exact; needs the int8 spine) ------ */
+
+/* Activations are quantized in blocks of K3_Q8_BLOCK consecutive values (the last block may be
+ * shorter): s_b = f32(absmax / 127), q = round-half-to-even(x / s_b) clamped to ±127; an
+ * all-zero block gets s_b = 0, a block holding NaN/Inf gets s_b = NaN. */
+#define K3_Q8_BLOCK 32
+void k3_quantize_act_q8(const float *x, int64_t n, int8_t *q, float *scale);
+
+/* y[r] = (Σ_b f32(Σ_{i in b} q[r][i]·xq[i]) · s_b) · scale[r] for rows r0 <= r < r1 of a
+ * K3_DT_I8_Q8 matrix, x quantized as above (cols <= 131072): each block's integer sum is
+ * exact, blocks are added in ascending order in one f32 accumulator. */
+void k3_rows_i8_q8(const k3_mat *w, const float *x, float *y, int64_t r0, int64_t r1);
+#if defined(__x86_64__)
+/* The same with AVX2 (maddubs): the block sums are the same integers, the blocks are added
+ * lane-wise with FMA, so it differs from k3_rows_i8_q8 by rounding only. */
+void k3_rows_i8_q8_avx2(const k3_mat *w, const float *x, float *y, int64_t r0, int64_t r1);
+#endif
+
 #endif

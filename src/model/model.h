@@ -81,9 +81,11 @@ typedef struct k3_model {
  * Errors: K3_ERR_CHECKPOINT naming the tensor and shard; K3_ERR_GENERIC (out of memory). */
 int k3_model_bind(k3_model *m, const k3_config *cfg, const k3_checkpoint *ck, k3_err *err);
 /* The same, binding every spine matrix that pack holds to its int8 copy (NOT exact; pack must
- * have passed k3_pack_check_model for ck and stay open while m is used). pack may be NULL. */
+ * have passed k3_pack_check_model for ck and stay open while m is used). pack may be NULL.
+ * q8_act (--approx): those matrices are multiplied with int8-quantized activations
+ * (K3_DT_I8_Q8, kernels.h), a second non-exact mode. */
 int k3_model_bind_packed(k3_model *m, const k3_config *cfg, const k3_checkpoint *ck,
-                         const k3_pack *pack, k3_err *err);
+                         const k3_pack *pack, bool q8_act, k3_err *err);
 void k3_model_free(k3_model *m);
 
 /* Per-sequence state + scratch, sized from the config at creation. */

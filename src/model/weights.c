@@ -14,6 +14,7 @@ typedef struct binder {
     uint64_t *bytes; /* accumulates into spine or expert bytes */
     const k3_pack *pack; /* int8 spine (issue 8), or NULL: BF16 as stored */
     int *n_packed;       /* matrices bound to their int8 copy */
+    int i8_dtype;        /* K3_DT_I8, or K3_DT_I8_Q8 with int8 activations (--approx) */
 } binder;
 
 static const k3_tensor *get(binder *b, const char *suffix, int dtype, int ndim, int64_t d0,
@@ -37,7 +38,7 @@ static void use_packed(binder *b, const k3_tensor *t, k3_mat *m) {
     const k3_pack_entry *e = b->pack ? k3_pack_find(b->pack, t->name) : NULL;
     if (!e) return;
     m->data = b->pack->map + e->q_offset;
-    m->dtype = K3_DT_I8;
+    m->dtype = b->i8_dtype;
     m->scale = (const float *)(b->pack->map + e->scale_offset);
     *b->bytes = *b->bytes - t->nbytes + (uint64_t)e->rows * (uint64_t)(e->cols + 4);
     (*b->n_packed)++;
@@ -129,11 +130,11 @@ static void bind_moe(binder *b, const k3_config *c, k3_moe_weights *w) {
     w->shared_down = mat(b, "block_sparse_moe.shared_experts.down_proj.weight", K3_DT_BF16, hd, sh);
 }
 
-static int bind_layer(k3_model *m, const k3_checkpoint *ck, const k3_pack *pack, int l,
-                      k3_err *err) {
+static int bind_layer(k3_model *m, const k3_checkpoint *ck, const k3_pack *pack, int i8_dtype,
+                      int l, k3_err *err) {
     const k3_config *c = &m->cfg;
     k3_layer *L = &m->layers[l];
-    binder b = {ck, err, l, 0, &m->spine_bytes, pack, &m->n_packed};
+    binder b = {ck, err, l, 0, &m->spine_bytes, pack, &m->n_packed, i8_dtype};
     int64_t hd = c->hidden_size;
     L->is_mla = c->layer_is_mla[l];
     L->is_moe = c->layer_is_moe[l];
@@ -174,11 +175,12 @@ static int kda_rank(const k3_config *c, const k3_checkpoint *ck, k3_err *err) {
 }
 
 int k3_model_bind(k3_model *m, const k3_config *cfg, const k3_checkpoint *ck, k3_err *err) {
-    return k3_model_bind_packed(m, cfg, ck, NULL, err);
+    return k3_model_bind_packed(m, cfg, ck, NULL, false, err);
 }
 
 int k3_model_bind_packed(k3_model *m, const k3_config *cfg, const k3_checkpoint *ck,
-                         const k3_pack *pack, k3_err *err) {
+                         const k3_pack *pack, bool q8_act, k3_err *err) {
+    int i8_dtype = q8_act ? K3_DT_I8_Q8 : K3_DT_I8;
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
     int rank = kda_rank(cfg, ck, err);
@@ -186,7 +188,7 @@ int k3_model_bind_packed(k3_model *m, const k3_config *cfg, const k3_checkpoint 
     m->kda_rank = rank;
     m->layers = calloc((size_t)cfg->num_hidden_layers, sizeof *m->layers);
     if (!m->layers) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
-    binder b = {ck, err, -1, 0, &m->spine_bytes, pack, &m->n_packed};
+    binder b = {ck, err, -1, 0, &m->spine_bytes, pack, &m->n_packed, i8_dtype};
     int64_t hd = cfg->hidden_size, v = cfg->vocab_size;
     m->embed = mat(&b, "model.embed_tokens.weight", K3_DT_BF16, v, hd);
     m->norm = mat(&b, "model.norm.weight", K3_DT_BF16, hd, 0);
@@ -194,7 +196,7 @@ int k3_model_bind_packed(k3_model *m, const k3_config *cfg, const k3_checkpoint 
     m->out_res_sw = fold_res(&b, "model.output_attn_res_norm.weight",
                              "model.output_attn_res_proj.weight", hd);
     int rc = b.rc;
-    for (int l = 0; l < cfg->num_hidden_layers && !rc; l++) rc = bind_layer(m, ck, pack, l, err);
+    for (int l = 0; l < cfg->num_hidden_layers && !rc; l++) rc = bind_layer(m, ck, pack, i8_dtype, l, err);
     if (rc) k3_model_free(m);
     return rc;
 }
