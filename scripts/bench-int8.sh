@@ -1,7 +1,8 @@
 #!/bin/sh
 # bench-int8.sh MODEL_DIR PACK_DIR [TOKENS] — decode time per token with the exact BF16 spine,
-# the packed int8 spine and int8 with --approx (build it first: k3 pack MODEL_DIR --out PACK_DIR), beside the
-# rate at which this machine reads the pack from the page cache (the memory-side limit),
+# the packed int8 spine and int8 with --approx (build the pack first: k3 pack MODEL_DIR --out
+# PACK_DIR), beside the rate at which this machine reads the pack from the page cache (the
+# memory-side limit),
 # measured in the same run. Prints a markdown table for BENCHMARKS.md. Model and pack should
 # fit in RAM (the runs are warm); K3_BIN picks the binary (default ./k3).
 set -eu
