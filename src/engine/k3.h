@@ -7,7 +7,8 @@
  *    the position, and scratch buffers sized at creation. k3_session_step allocates nothing.
  *  - Weights are used in place from memory-mapped shards; nothing is widened to f32 at load.
  *  - Logits are exact float32 per spec §2 unless the engine was loaded with the int8 spine
- *    (k3_engine_opts.spine; built by `k3 pack`, docs/PACKED-SPINE.md), the one lossy mode.
+ *    (k3_engine_opts.spine; built by `k3 pack`, docs/PACKED-SPINE.md) or, on top of it, with
+ *    int8 activations (k3_engine_opts.approx): the two lossy modes, both opt-in.
  */
 #ifndef K3_H
 #define K3_H
