@@ -4,9 +4,25 @@ CFLAGS  ?= -O2 -g
 override CFLAGS += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -ffp-contract=off -fno-fast-math \
            -fopenmp -MMD -MP
 LDLIBS  += -lcjson -lpcre2-8 -lmicrohttpd -lcurl -lcrypto -lxxhash -lm -fopenmp
+# `make CUDA=1` adds the GPU backend (src/cuda, backend.h) in its own build folder: nvcc
+# builds sm_90 code for Hopper plus compute_90 PTX that the driver compiles for other cards.
+CUDA_HOME ?= /usr/local/cuda
+NVCC      ?= $(CUDA_HOME)/bin/nvcc
+NVCCFLAGS ?= -O3 -std=c++17 -Xcompiler -Wall,-Wextra -Werror all-warnings \
+             -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+ifeq ($(CUDA),1)
+BUILD   ?= build-cuda
+override CFLAGS += -DK3_WITH_CUDA -I$(CUDA_HOME)/include
+LDLIBS  += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lpthread -lstdc++
+CU_SRC  := $(wildcard src/cuda/*.cu)
+endif
 BUILD   ?= build
 
 LIB_SRC  := $(sort $(filter-out src/cli/main.c,$(wildcard src/*/*.c)))
+ifneq ($(CUDA),1)
+LIB_SRC  := $(filter-out src/cuda/%,$(LIB_SRC))
+endif
+CU_OBJ   := $(CU_SRC:%.cu=$(BUILD)/%.o)
 CLI_SRC  := src/cli/main.c
 TEST_SRC := $(sort $(wildcard tests/*.c))
 # tests/test_NAME.c defines suite NAME (see tests/test_main.c).
@@ -27,8 +43,12 @@ k3: $(BUILD)/k3
 $(BUILD)/k3: $(CLI_OBJ) $(BUILD)/libk3.a
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
-$(BUILD)/libk3.a: $(LIB_OBJ)
+$(BUILD)/libk3.a: $(LIB_OBJ) $(CU_OBJ)
 	rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/%.o: %.cu src/cuda/kern.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c -o $@ $<
 
 $(BUILD)/k3_tests: $(TEST_OBJ) $(BUILD)/libk3.a
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
@@ -105,6 +125,6 @@ deps:
 	./scripts/install-deps.sh
 
 clean:
-	rm -rf build build-asan k3
+	rm -rf build build-asan build-cuda k3
 
 -include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TEST_OBJ:.o=.d)

@@ -17,6 +17,7 @@
 #include "../model/model.h"
 #include "../model/state_file.h"
 #include "../tok/tokenizer.h"
+#include "backend.h"
 
 struct k3_engine {
     k3_config cfg;
@@ -32,6 +33,7 @@ struct k3_engine {
     char stream_line[PATH_MAX + 256]; /* experts local, cost and command to finish */
     k3_mem_plan plan;       /* the startup memory plan */
     char store_line[1536];  /* what k3_engine_store_line returns */
+    k3_backend *backend;    /* where sessions run: CPU or CUDA (backend.h) */
 };
 
 struct k3_session {
@@ -41,6 +43,7 @@ struct k3_session {
     int has_trace;
     int32_t *tokens;                          /* [max_ctx] the ids fed so far, in order */
     const volatile sig_atomic_t *interrupt;   /* checked by k3_session_prefill, or NULL */
+    void *dev;                                /* the backend's session state (NULL: CPU) */
 };
 
 /* The figures `k3 pack` stored beside the pack, if they belong to this very file. */
@@ -217,6 +220,7 @@ int k3_engine_load(const char *model_dir, const k3_engine_opts *opts, k3_engine 
     if (!rc) rc = k3_kernels_select(opts ? opts->kernels : NULL, &e->model.kr, err);
     if (!rc) rc = open_store(e, &ss, err);
     if (!rc) rc = attach_stream(e, err);
+    if (!rc) rc = k3_backend_open(&e->model, opts, &e->backend, err);
     if (rc) {
         k3_engine_free(e);
         return rc;
@@ -237,12 +241,14 @@ int k3_engine_load(const char *model_dir, const k3_engine_opts *opts, k3_engine 
                 omp_get_max_threads());
     if (opts && opts->verbose) fprintf(stderr, "k3: %s\n", e->store_line);
     if (opts && opts->verbose && e->stream) fprintf(stderr, "k3: %s\n", e->stream_line);
+    if (opts && opts->verbose) fprintf(stderr, "k3: %s\n", k3_backend_line(e->backend));
     *out = e;
     return K3_OK;
 }
 
 void k3_engine_free(k3_engine *e) {
     if (!e) return;
+    k3_backend_close(e->backend);
     k3_model_free(&e->model);
     k3_store_close(e->store);
     k3_stream_close(e->stream);
@@ -275,18 +281,26 @@ int k3_session_new(const k3_engine *e, int max_ctx, k3_session **out, k3_err *er
         k3_session_free(s);
         return k3_fail(err, K3_ERR_GENERIC, "out of memory for the token history");
     }
+    if ((rc = k3_backend_session_new(e->backend, s->state, &s->dev, err))) {
+        k3_session_free(s);
+        return rc;
+    }
     *out = s;
     return K3_OK;
 }
 
 void k3_session_free(k3_session *s) {
     if (!s) return;
+    k3_backend_session_free(s->e->backend, s->dev);
     k3_state_free(s->state);
     free(s->tokens);
     free(s);
 }
 
-void k3_session_reset(k3_session *s) { k3_state_reset(s->state); }
+void k3_session_reset(k3_session *s) {
+    k3_state_reset(s->state);
+    k3_backend_session_reset(s->e->backend, s->dev);
+}
 int k3_session_pos(const k3_session *s) { return k3_state_pos(s->state); }
 int k3_session_max_ctx(const k3_session *s) { return k3_state_max_ctx(s->state); }
 
@@ -304,8 +318,8 @@ int k3_session_step(k3_session *s, int32_t token, float *logits, k3_err *err) {
         return k3_fail(err, K3_ERR_INPUT, "the context is full (%d positions); start a new "
                        "session or raise --ctx", k3_state_max_ctx(s->state));
     s->tokens[k3_state_pos(s->state)] = token;
-    return k3_forward(&s->e->model, s->state, token, logits, s->has_trace ? &s->trace : NULL,
-                      err);
+    return k3_backend_step(s->e->backend, s->dev, s->state, token, logits,
+                           s->has_trace ? &s->trace : NULL, err);
 }
 
 /* ---- token history, prefill with reuse, interruption, state files (k3.h) ------------------ */
@@ -342,11 +356,24 @@ int k3_session_prefill(k3_session *s, const int32_t *ids, size_t n, float *logit
 #define SPINE_INT8(e) ((e)->pack != NULL)
 
 int k3_session_save(const k3_session *s, const char *path, k3_err *err) {
+    int rc = k3_backend_sync(s->e->backend, s->dev, s->state, 1, err);
+    if (rc) return rc;
     return k3_state_file_save(s->state, &s->e->model, s->e->ck, SPINE_INT8(s->e), s->tokens,
                               path, err);
 }
 
 int k3_session_load(k3_session *s, const char *path, k3_err *err) {
-    return k3_state_file_load(s->state, &s->e->model, s->e->ck, SPINE_INT8(s->e), s->tokens,
-                              path, err);
+    int rc = k3_state_file_load(s->state, &s->e->model, s->e->ck, SPINE_INT8(s->e), s->tokens,
+                                path, err);
+    if (rc && k3_state_pos(s->state) == 0) /* the host state was reset: so is the device's */
+        k3_backend_session_reset(s->e->backend, s->dev);
+    return rc ? rc : k3_backend_sync(s->e->backend, s->dev, s->state, 0, err);
+}
+
+/* ---- device (backend.h) --------------------------------------------------------------------- */
+
+const char *k3_engine_device_line(const k3_engine *e) { return k3_backend_line(e->backend); }
+
+int k3_engine_layer_profile(const k3_engine *e, double *ms, uint64_t *bytes) {
+    return k3_backend_layer_profile(e->backend, ms, bytes, e->cfg.num_hidden_layers);
 }

@@ -52,6 +52,11 @@ typedef struct k3_engine_opts {
     const char *cache_policy; /* K3_CACHE_POLICY: "lru" or "s3fifo" */
     const char *dirs;         /* K3_DIRS: extra ':'-separated folders holding shards */
     int experts_in_place;     /* K3_MMAP_EXPERTS=1: no cache, experts used from the mapping */
+    /* Where sessions run (src/engine/backend.h): "cpu", "cuda" or "auto" (the GPU when this
+     * build has CUDA and a device answers); NULL = $K3_DEVICE, else "cpu". */
+    const char *device;
+    double gpu_gb;            /* K3_GPU_GB: device memory budget in GB (0 = free memory less
+                               * a margin); the GPU backend only */
 } k3_engine_opts;
 
 /* Loads MODEL_DIR (a Hugging Face snapshot: config.json, model.safetensors.index.json,
@@ -76,6 +81,14 @@ int k3_engine_approx(const k3_engine *e);
 /* One line saying which spine is used and, for int8, that it is not exact and the quality
  * figures `k3 pack` stored for it (or that there are none). Owned by the engine. */
 const char *k3_engine_spine_line(const k3_engine *e);
+/* One line: the device sessions run on and, for a GPU, its memory plan (resident spine
+ * layers, streamed layers, expert cache, KV/state per session). Owned by the engine. */
+const char *k3_engine_device_line(const k3_engine *e);
+/* When the GPU backend profiles (K3_GPU_PROFILE=1): the mean device milliseconds of each
+ * layer over the steps so far into ms [num_hidden_layers + 1] (the last entry: the head) and,
+ * when bytes is non-NULL, the weight bytes each reads per token (spine + top-k experts).
+ * Returns the number of steps averaged, else 0. */
+int k3_engine_layer_profile(const k3_engine *e, double *ms, uint64_t *bytes);
 
 /* What a trace hook sees (spec §3 names; fixtures' trace_len*.json use the same points). */
 enum k3_trace_point {

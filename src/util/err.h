@@ -25,6 +25,8 @@ enum k3_status {
     K3_ERR_NETWORK = 10,  /* k3 setup / streaming: a download failed after its retries, or the
                              server's answer was wrong (status, Content-Range, length, sha256) */
     K3_ERR_NO_SPACE = 11, /* k3 setup: not enough free disk; the message gives the bytes to free */
+    K3_ERR_DEVICE = 12,   /* the GPU backend: no CUDA device, built without CUDA, a CUDA call
+                             failed, or device memory too small for the plan */
     K3_ERR_INTERRUPTED = 130, /* stopped by SIGINT (128 + 2, the shell convention) */
 };
 
