@@ -20,6 +20,7 @@
 float k3_mxfp4_value(uint8_t code, uint8_t scale) {
     return k3_e2m1[code & 15] * k3_e8m0_to_f32(scale);
 }
+
 float k3_mat_at(const k3_mat *m, int64_t i) {
     if (m->dtype == K3_DT_BF16) return k3_bf16_to_f32(((const uint16_t *)m->data)[i]);
     if (m->dtype == K3_DT_I8 || m->dtype == K3_DT_I8_Q8)

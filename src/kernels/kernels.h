@@ -27,7 +27,9 @@
 
 #include "../util/err.h"
 
-/* One CPU path's kernels (src/kernels/dispatch.h); read-only, chosen once at engine load. */
+/* One CPU path's kernels (src/kernels/dispatch.h); read-only, chosen once at engine load.
+ * Every function below that takes `kr` also accepts NULL, meaning the scalar path (a model
+ * bound outside the engine). */
 typedef struct k3_kernels k3_kernels;
 
 /* The path called name ("scalar", "avx2", "avx512", "neon"), or NULL when it is not compiled
