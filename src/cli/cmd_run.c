@@ -15,6 +15,7 @@
 #include "cli.h"
 #include "gen.h"
 #include "store_flags.h"
+#include "device_flags.h"
 
 typedef struct run_opts {
     const char *model_dir, *prompt, *prompt_ids, *dump_logits, *pack_dir;
@@ -26,6 +27,7 @@ typedef struct run_opts {
     k3_cli_chat_opts co;             /* sampling and chat flags (gen.h) */
     const char *save_state, *load_state;
     k3_cli_store_opts so;            /* expert store flags (store_flags.h) */
+    k3_cli_device_opts dev;          /* --device, --gpu-gb (device_flags.h) */
 } run_opts;
 
 static void run_usage(FILE *f) {
@@ -72,6 +74,7 @@ static void run_usage(FILE *f) {
         "with --chat:\n%s", k3_cli_sampling_help, k3_cli_chat_help);
     fprintf(f, "\n");
     k3_cli_store_usage(f);
+    k3_cli_device_usage(f);
 }
 
 static int parse_int(const char *s, const char *flag, int lo, int *out) {
@@ -107,6 +110,8 @@ static int parse_args(int argc, char **argv, run_opts *o) {
         if (rc == 1) continue;
         if (rc) return rc;
         if ((rc = k3_cli_store_flag("run", argc, argv, &i, &o->so)) == 1) continue;
+        if (rc) return rc;
+        if ((rc = k3_cli_device_flag("run", argc, argv, &i, &o->dev)) == 1) continue;
         if (rc) return rc;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { run_usage(stdout); return -1; }
         else if (!strcmp(a, "--chat")) o->chat = true;
@@ -341,6 +346,7 @@ static int run(const run_opts *o, k3_err *err) {
     k3_engine_opts eo = {.threads = o->threads, .verbose = o->verbose, .spine = o->spine,
                          .pack_dir = o->pack_dir, .approx = o->approx};
     k3_cli_store_engine_opts(&o->so, &eo);
+    k3_cli_device_engine_opts(&o->dev, &eo);
     k3_cli_store_run sr = {0};
     int rc = k3_engine_load(o->model_dir, &eo, &e, err);
     if (rc) goto done;

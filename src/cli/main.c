@@ -31,12 +31,14 @@ static void usage(FILE *f) {
             "  replay TRACE.jsonl              expert cache policies vs Belady on a router trace\n"
             "  trace-gen OUT.jsonl [options]   synthetic router trace with K3's locality\n"
             "  bench io [MODEL_DIR]            expert-read throughput vs fio (see --help)\n"
+            "  bench-gpu [MODEL_DIR]           GPU kernels and decode vs the card's bandwidth\n"
             "\n"
             "MODEL_DIR is an unmodified Hugging Face snapshot of moonshotai/Kimi-K3; without\n"
             "it, k3 uses the small fixture model bundled in " BUNDLED_MODEL ".\n"
             "Exit status: 0 ok, 2 usage, 3 I/O, 4 config, 5 checkpoint, 6 tokenizer,\n"
             "7 bad input, 8 packed spine corrupt or from another model, 9 a routed expert\n"
-            "could not be read mid-run, 130 interrupted.\n");
+            "could not be read mid-run, 12 GPU (no device, built without CUDA, CUDA error),\n"
+            "130 interrupted.\n");
 }
 
 static int is_model_dir(const char *dir) {
@@ -92,6 +94,7 @@ int main(int argc, char **argv) {
         (!strcmp(argv[2], "kernels") || !strcmp(argv[2], "decode")))
         return k3_cmd_bench_compute(argc - 2, argv + 2);
     if (!strcmp(cmd, "bench")) return k3_cmd_bench(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench-gpu")) return k3_cmd_bench_gpu(argc - 1, argv + 1);
     fprintf(stderr, "k3: unknown command '%s'\n\n", cmd);
     usage(stderr);
     return K3_ERR_USAGE;

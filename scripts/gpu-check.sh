@@ -1,0 +1,132 @@
+#!/bin/bash
+# gpu-check.sh — the GPU backend's whole check in one go (issue 9), for a machine with an NVIDIA
+# GPU: the GPU tests (every CUDA kernel against the CPU scalar kernel, the k3-nano fixtures on
+# the GPU, greedy tokens against the CPU path, streamed spine + small expert cache, state
+# files), the k3-wide fixtures on the GPU when its generator is at hand, then `k3 bench-gpu` on
+# a synthetic K3-shaped checkpoint; prints a summary table last. Logs go to $OUT (or
+# ./gpu-check-out).
+#
+#   scripts/gpu-check.sh prepare   # on a build machine with the Debian deps and nvcc: builds
+#                                  # with make CUDA=1 and stages the binaries, their shared
+#                                  # libraries and ../shared's k3-wide generator and references
+#                                  # in .gpu/ (git-ignored), for a GPU machine without them
+#   scripts/gpu-check.sh run       # on the GPU machine: uses .gpu/ when present, else builds
+#
+# Environment: K3_SHARED (default ../shared), K3_SCRATCH (default /dev/shm when it has 20 GB
+# free, else /tmp), SKIP_WIDE=1, SKIP_BENCH=1, K3_PREBUILT=1 (prepare: stage build-cuda as is).
+set -u -o pipefail
+cd "$(dirname "$0")/.."
+
+prepare() {
+    [ "${K3_PREBUILT:-0}" = 1 ] || make -j"$(nproc)" CUDA=1 build-cuda/k3 build-cuda/k3_tests || exit 1
+    rm -rf .gpu && mkdir -p .gpu/bin .gpu/lib
+    cp build-cuda/k3 build-cuda/k3_tests .gpu/bin/
+    # every shared library but glibc's own, so the binaries run where the -dev packages are not
+    ldd build-cuda/k3 build-cuda/k3_tests | awk '/=> \// {print $3}' | sort -u |
+        grep -vE '/(libc|libm|libdl|librt|libpthread|libresolv|ld-linux-x86-64)\.so' |
+        while read -r lib; do cp -L "$lib" .gpu/lib/; done
+    local shared=${K3_SHARED:-../shared}
+    if [ -f "$shared/tools/make_k3_wide.py" ]; then
+        mkdir -p .gpu/shared/tools .gpu/shared/fixtures
+        cp "$shared/tools/make_k3_wide.py" .gpu/shared/tools/
+        cp -r "$shared/fixtures/k3-wide" "$shared/fixtures/tokenizer" .gpu/shared/fixtures/
+    fi
+    grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
+    du -sh .gpu
+}
+
+run() {
+    OUT=${OUT:-$PWD/gpu-check-out}
+    mkdir -p "$OUT"
+    local K3 T SHARED
+    if [ -x .gpu/bin/k3 ]; then
+        K3=.gpu/bin/k3 T=.gpu/bin/k3_tests SHARED=.gpu/shared
+        export LD_LIBRARY_PATH=$PWD/.gpu/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    else
+        make -j"$(nproc)" CUDA=1 build-cuda/k3 build-cuda/k3_tests 2>&1 | tail -5
+        K3=build-cuda/k3 T=build-cuda/k3_tests SHARED=${K3_SHARED:-../shared}
+    fi
+    local SCR=${K3_SCRATCH:-}
+    if [ -z "$SCR" ]; then
+        SCR=/tmp
+        [ "$(df -Pk /dev/shm 2>/dev/null | awk 'NR==2 {print $4}')" -gt 20000000 ] 2>/dev/null && SCR=/dev/shm
+    fi
+    SCR=$SCR/k3-gpu-check
+    mkdir -p "$SCR"
+    {
+        date -u '+date: %Y-%m-%d %H:%M UTC'
+        nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem \
+            --format=csv,noheader 2>&1 | sed 's/^/gpu: /'
+        command -v nvcc >/dev/null && nvcc --version | tail -1 | sed 's/^/nvcc: /'
+        echo "cpu: $(nproc) cores; scratch: $SCR"
+    } | tee "$OUT/machine.txt"
+
+    # stages run in order of importance, each capped by the time left (K3_DEADLINE seconds)
+    left() { echo $(( ${K3_DEADLINE:-560} - SECONDS )); }
+    echo "== 1. GPU tests (kernels vs CPU scalar, k3-nano on the GPU, CPU vs GPU greedy)"
+    K3_BIN=$K3 timeout 240 "$T" cuda 2>&1 | tee "$OUT/tests_cuda.log" | grep -v '^ok'
+    echo "== 2. CPU fixture tests with the same binary"
+    K3_BIN=$K3 timeout 60 "$T" model 2>&1 | tail -1 | tee "$OUT/tests_model.log"
+    local memcheck="SKIPPED"
+    if command -v compute-sanitizer >/dev/null && [ "$(left)" -gt 300 ]; then
+        echo "== 3. compute-sanitizer memcheck: k3 run on k3-nano on the GPU"
+        timeout 90 compute-sanitizer --tool memcheck --error-exitcode 99 "$K3" run \
+            --prompt-ids 1792,100,200,300 --max-new 4 --device cuda -q > "$OUT/memcheck.log" 2>&1
+        memcheck="exit $? ($(grep -c 'Invalid\|ERROR SUMMARY' "$OUT/memcheck.log") error lines; $(grep 'ERROR SUMMARY' "$OUT/memcheck.log"))"
+        tail -3 "$OUT/memcheck.log"
+    fi
+
+    local greedy="SKIPPED"
+    if [ "${SKIP_BENCH:-0}" != 1 ] && [ "$(left)" -gt 150 ]; then
+        echo "== 4. synthetic K3-shaped checkpoint (real widths, 4 layers, 32 experts, top-16)"
+        if [ ! -f "$SCR/k3-synth/config.json" ]; then
+            timeout "$(left)" "$K3" synth "$SCR/k3-synth" --real --layers 4 --experts 32 --top-k 16 2>&1 | tail -1
+        fi
+        echo "== 5. k3 bench-gpu"
+        timeout "$(left)" "$K3" bench-gpu "$SCR/k3-synth" --tokens 32 --warmup 16 2>&1 | tee "$OUT/bench.txt"
+        if [ "$(left)" -gt 60 ]; then
+            echo "== 6. greedy tokens on the synthetic checkpoint, CPU vs GPU"
+            local ids=1792,100,200,300,400
+            timeout "$(left)" "$K3" run "$SCR/k3-synth" --prompt-ids $ids --max-new 6 --ids \
+                --device cpu -q > "$SCR/cpu.ids" 2>"$OUT/greedy.err"
+            timeout "$(left)" "$K3" run "$SCR/k3-synth" --prompt-ids $ids --max-new 6 --ids \
+                --device cuda -q > "$SCR/gpu.ids" 2>>"$OUT/greedy.err"
+            echo "cpu: $(cat "$SCR/cpu.ids")"
+            echo "gpu: $(cat "$SCR/gpu.ids")"
+            if [ -s "$SCR/cpu.ids" ] && cmp -s "$SCR/cpu.ids" "$SCR/gpu.ids"; then greedy="identical: $(cat "$SCR/gpu.ids")"
+            else greedy="DIFFERENT or not run (see greedy.err)"; fi
+        fi
+    fi
+
+    local wide="SKIPPED"
+    if [ "${SKIP_WIDE:-0}" != 1 ] && [ -f "$SHARED/tools/make_k3_wide.py" ] &&
+        python3 -c 'import numpy' 2>/dev/null && [ "$(left)" -gt 90 ]; then
+        echo "== 7. k3-wide on the GPU"
+        if [ ! -f "$SCR/k3-wide/config.json" ]; then
+            timeout "$(left)" python3 "$SHARED/tools/make_k3_wide.py" "$SCR/k3-wide" 2>&1 | tail -2
+        fi
+        K3_DEVICE=cuda K3_WIDE_DIR=$SCR/k3-wide K3_WIDE_REF=$SHARED/fixtures/k3-wide/reference \
+            K3_TEST_VERBOSE=1 timeout "$(left)" "$T" wide 2>&1 | tee "$OUT/tests_wide_cuda.log" | tail -8
+        wide=$(tail -1 "$OUT/tests_wide_cuda.log")
+        grep -E '^(FAIL|SKIPPED)' "$OUT/tests_wide_cuda.log" | head -5
+    else
+        echo "== 7. k3-wide SKIPPED (no generator at $SHARED/tools, no numpy, SKIP_WIDE=1 or no time left)"
+    fi
+
+    echo
+    echo "================ summary ================"
+    cat "$OUT/machine.txt"
+    echo "GPU tests:            $(tail -1 "$OUT/tests_cuda.log")"
+    grep -E '^(FAIL|SKIPPED)' "$OUT/tests_cuda.log" | head -20
+    echo "CPU fixture tests:    $(cat "$OUT/tests_model.log")"
+    echo "memcheck (nano):      $memcheck"
+    echo "k3-wide on the GPU:   $wide"
+    echo "synthetic greedy:     CPU vs GPU $greedy"
+    [ -f "$OUT/bench.txt" ] && grep -E 'copy D2D|q/k/v/g|o_proj|lm_head|mxfp4|int8|KDA heads|MLA att|^KDA|^MLA|K3 extrapolated|wall clock' "$OUT/bench.txt"
+}
+
+case "${1:-run}" in
+prepare) prepare ;;
+run) run ;;
+*) echo "usage: $0 [prepare|run]" >&2; exit 2 ;;
+esac

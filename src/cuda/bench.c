@@ -1,0 +1,269 @@
+/* bench.c — `k3 bench-gpu` part 1 (gpu.h): the card's device-to-device copy bandwidth and the
+ * kernels at K3's decode shapes (batch 1), each against that copy bandwidth, in one run.
+ *
+ * Method (/work/.library/device/METHOD.md): random finite inputs, never zeros; 3 warm-up
+ * launches; then 7 batches of launches timed with events, the median batch mean reported;
+ * each launch reads the next of several weight copies so that the 60 MB L2 never holds the
+ * next launch's weights. Bytes count each weight byte once (inputs and outputs are KB). */
+#include "gpu.h"
+
+#include <cuda_runtime_api.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kern.h"
+
+#define CK(call)                                                                            \
+    do {                                                                                    \
+        cudaError_t ck_ = (call);                                                           \
+        if (ck_ != cudaSuccess)                                                             \
+            return k3_fail(err, K3_ERR_DEVICE, "CUDA: %s failed: %s", #call,               \
+                           cudaGetErrorString(ck_));                                        \
+    } while (0)
+
+#define BATCHES 7
+#define ROTATE_BYTES (512ull << 20) /* weight copies per shape: at least this much in total */
+
+typedef struct job {
+    int kind;            /* 0 BF16/I8 matvec, 1 experts gate+up, 2 experts down, 3 KDA heads,
+                          * 4 MLA attention */
+    k3k_mat mat[8];      /* matvec: one per weight copy */
+    k3k_experts ex[4];
+    int sets;
+    float *x, *y, *h, *aux;
+    int H, D, t;         /* KDA / MLA */
+} job;
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static cudaError_t launch(job *j, int i, cudaStream_t s) {
+    int k = i % j->sets;
+    switch (j->kind) {
+    case 0: return k3k_matvec(&j->mat[k], j->x, j->y, s);
+    case 1: return k3k_experts_gate_up(&j->ex[k], j->x, 4.0f, 25.0f, j->h, s);
+    case 2: return k3k_experts_down(&j->ex[k], j->h, j->y, s);
+    case 3: {
+        int P = j->H * j->D;
+        float *q = j->x, *kk = q + P, *v = kk + P, *f = v + P, *g = f + P, *o = g + P;
+        return k3k_kda_heads(q, kk, v, f, j->y, g, j->y, f, j->y, j->aux, j->H, j->D, -5.0f,
+                             1e-5f, o, s);
+    }
+    default:
+        return k3k_mla_attend(j->x, j->aux, j->t, j->H, 128, 64, 128, j->h, j->y, s);
+    }
+}
+
+/* Median over BATCHES of the mean seconds per launch, n launches per batch. */
+static int time_job(job *j, int n, double *out, k3_err *err) {
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    for (int i = 0; i < 3; i++) CK(launch(j, i, 0));
+    double t[BATCHES];
+    for (int r = 0; r < BATCHES; r++) {
+        CK(cudaEventRecord(a, 0));
+        for (int i = 0; i < n; i++) CK(launch(j, i, 0));
+        CK(cudaEventRecord(b, 0));
+        CK(cudaEventSynchronize(b));
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, a, b));
+        t[r] = ms * 1e-3 / n;
+    }
+    qsort(t, BATCHES, sizeof *t, cmp_d);
+    *out = t[BATCHES / 2];
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    return K3_OK;
+}
+
+static void row(FILE *out, const char *name, const char *shape, double bytes, double s,
+                double copy_bps) {
+    fprintf(out, "%-34s %-22s %9.1f %9.1f %8.0f %6.1f%%\n", name, shape, bytes / 1e6, s * 1e6,
+            bytes / s / 1e9, 100.0 * bytes / s / copy_bps);
+}
+
+static int copy_bandwidth(FILE *out, int reps, double *bps, k3_err *err) {
+    size_t n = 2ull << 30;
+    void *a = NULL, *b = NULL;
+    CK(cudaMalloc(&a, n));
+    CK(cudaMalloc(&b, n));
+    CK(k3k_fill_random(a, n, 1, 0xffffffffu, 0));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    double t[64];
+    int r = reps < 64 ? reps : 64;
+    CK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, 0));
+    for (int i = 0; i < r; i++) {
+        CK(cudaEventRecord(e0, 0));
+        CK(cudaMemcpyAsync(i % 2 ? a : b, i % 2 ? b : a, n, cudaMemcpyDeviceToDevice, 0));
+        CK(cudaEventRecord(e1, 0));
+        CK(cudaEventSynchronize(e1));
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        t[i] = ms * 1e-3;
+    }
+    qsort(t, (size_t)r, sizeof *t, cmp_d);
+    *bps = 2.0 * n / t[r / 2];
+    fprintf(out, "%-34s %-22s %9.1f %9.1f %8.0f %6.1f%%\n", "copy D2D (read + write)",
+            "2 GiB", 2.0 * n / 1e6, t[r / 2] * 1e6, *bps / 1e9, 100.0);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    cudaFree(a);
+    cudaFree(b);
+    return K3_OK;
+}
+
+/* Matvec of [rows, cols] (BF16 or I8) over enough weight copies; seconds per launch. */
+static int bench_matvec(FILE *out, const char *name, int dtype, int64_t rows, int64_t cols,
+                        int reps, double copy_bps, double *sec, k3_err *err) {
+    job j = {.kind = 0};
+    size_t es = dtype == K3K_BF16 ? 2 : 1, wb = (size_t)rows * cols * es;
+    size_t sb = dtype == K3K_I8 ? (size_t)rows * 4 : 0;
+    j.sets = (int)((ROTATE_BYTES + wb - 1) / wb);
+    j.sets = j.sets < 2 ? 2 : j.sets > 8 ? 8 : j.sets;
+    void *w = NULL;
+    CK(cudaMalloc(&w, (wb + sb + 256) * j.sets));
+    CK(cudaMalloc((void **)&j.x, cols * 4));
+    CK(cudaMalloc((void **)&j.y, rows * 4));
+    CK(k3k_fill_random(w, (wb + sb + 256) * j.sets / 4 * 4, 7, dtype == K3K_BF16 ? 0xbfffbfffu : 0x3f7f7f7fu, 0));
+    CK(k3k_fill_random(j.x, cols * 4, 8, 0x3fffffffu, 0)); /* finite, |x| < 2 */
+    for (int k = 0; k < j.sets; k++) {
+        char *base = (char *)w + (wb + sb + 256) * k;
+        j.mat[k] = (k3k_mat){base, dtype == K3K_I8 ? (const float *)(base + wb) : NULL, dtype,
+                             rows, cols};
+    }
+    int rc = time_job(&j, reps, sec, err);
+    if (!rc) {
+        char shape[64];
+        snprintf(shape, sizeof shape, "%lldx%lld %s", (long long)rows, (long long)cols,
+                 dtype == K3K_BF16 ? "bf16" : "int8");
+        row(out, name, shape, (double)(wb + sb), *sec, copy_bps);
+    }
+    cudaFree(w);
+    cudaFree(j.x);
+    cudaFree(j.y);
+    return rc;
+}
+
+static int bench_experts(FILE *out, int reps, double copy_bps, double *gate_up_bps, k3_err *err) {
+    const int K = 16, inter = 3072, latent = 3584, sets = 2;
+    uint64_t packed = (uint64_t)inter * latent / 2, scale = packed / 16, off = 0, o[6];
+    for (int i = 0; i < 6; i++) o[i] = off, off += (i % 2 ? scale : packed) + 256 - (i % 2 ? scale : packed) % 256;
+    uint64_t slot = off;
+    job j = {.kind = 1, .sets = sets};
+    uint8_t *w = NULL;
+    CK(cudaMalloc((void **)&w, slot * K * sets));
+    CK(k3k_fill_random(w, slot * K * sets, 11, 0xffffffffu, 0));
+    for (int k = 0; k < sets * K; k++) /* E8M0 scales below 255 (finite) */
+        for (int i = 1; i < 6; i += 2) CK(k3k_fill_random(w + k * slot + o[i], scale, 12 + k, 0x7f7f7f7fu, 0));
+    CK(cudaMalloc((void **)&j.x, latent * 4));
+    CK(cudaMalloc((void **)&j.h, (size_t)K * inter * 4));
+    CK(cudaMalloc((void **)&j.y, (size_t)K * latent * 4));
+    CK(k3k_fill_random(j.x, latent * 4, 13, 0x3fffffffu, 0));
+    for (int s = 0; s < sets; s++) {
+        j.ex[s] = (k3k_experts){.n = K, .inter = inter, .latent = latent, .off_w1p = o[0],
+                                .off_w1s = o[1], .off_w3p = o[2], .off_w3s = o[3],
+                                .off_w2p = o[4], .off_w2s = o[5]};
+        for (int e = 0; e < K; e++) j.ex[s].base[e] = w + (uint64_t)(s * K + e) * slot;
+    }
+    int rc = K3_OK;
+    CK(k3k_fill_random(j.h, (size_t)K * inter * 4, 14, 0x3fffffffu, 0));
+    *gate_up_bps = 0;
+    for (int v = 0; v < 2 && !rc; v++) { /* both schedules of the same sums */
+        double t1 = 0, t2 = 0;
+        for (int s = 0; s < sets; s++) j.ex[s].variant = v ? K3K_EXPERTS_PERSISTENT : K3K_EXPERTS_TILE;
+        j.kind = 1;
+        rc = time_job(&j, reps, &t1, err);
+        j.kind = 2;
+        if (!rc) rc = time_job(&j, reps, &t2, err);
+        if (rc) break;
+        double b1 = 2.0 * K * (packed + scale), b2 = 1.0 * K * (packed + scale);
+        char name[64];
+        snprintf(name, sizeof name, "mxfp4 16 experts gate+up+SiTU %s", v ? "pers" : "tile");
+        row(out, name, "16x2x3072x3584", b1, t1, copy_bps);
+        snprintf(name, sizeof name, "mxfp4 16 experts down %s", v ? "pers" : "tile");
+        row(out, name, "16x3584x3072", b2, t2, copy_bps);
+        if (b1 / t1 > *gate_up_bps) *gate_up_bps = b1 / t1;
+    }
+    cudaFree(w);
+    cudaFree(j.x);
+    cudaFree(j.h);
+    cudaFree(j.y);
+    return rc;
+}
+
+/* KDA per-head core at K3 widths (state read and written twice) and MLA attention over a
+ * full 4096-position expanded KV cache (bytes: S or KV traffic). */
+static int bench_mixers(FILE *out, int reps, double copy_bps, k3_err *err) {
+    job j = {.kind = 3, .sets = 1, .H = 96, .D = 128};
+    size_t P = 96 * 128, S = P * 128;
+    CK(cudaMalloc((void **)&j.x, 6 * P * 4));
+    CK(cudaMalloc((void **)&j.y, P * 4));
+    CK(cudaMalloc((void **)&j.aux, S * 4));
+    CK(k3k_fill_random(j.x, 6 * P * 4, 21, 0x3effffffu, 0));
+    CK(k3k_fill_random(j.y, P * 4, 22, 0x3effffffu, 0));
+    CK(k3k_fill_random(j.aux, S * 4, 23, 0x3effffffu, 0)); /* |S| < 0.5: stays bounded */
+    double t = 0;
+    int rc = time_job(&j, reps, &t, err);
+    if (!rc) row(out, "KDA heads (norms, gate, delta rule)", "96 heads x 128^2 f32", 4.0 * S * 4, t, copy_bps);
+    cudaFree(j.x);
+    cudaFree(j.y);
+    cudaFree(j.aux);
+    if (rc) return rc;
+    job m = {.kind = 4, .sets = 1, .H = 96, .t = 4095};
+    size_t kvf = 96 * 128 + 64 + 96 * 128, kvb = (size_t)4096 * kvf * 4;
+    CK(cudaMalloc((void **)&m.x, 96 * 192 * 4));
+    CK(cudaMalloc((void **)&m.y, 96 * 128 * 4));
+    CK(cudaMalloc((void **)&m.h, 96 * 4096 * 4));
+    CK(cudaMalloc((void **)&m.aux, kvb));
+    CK(k3k_fill_random(m.x, 96 * 192 * 4, 24, 0x3d7fffffu, 0));
+    CK(k3k_fill_random(m.aux, kvb, 25, 0x3f7fffffu, 0));
+    rc = time_job(&m, reps / 4 > 1 ? reps / 4 : 1, &t, err);
+    if (!rc) row(out, "MLA attention, expanded KV cache", "ctx 4096 x 96 heads", (double)kvb, t, copy_bps);
+    cudaFree(m.x);
+    cudaFree(m.y);
+    cudaFree(m.h);
+    cudaFree(m.aux);
+    return rc;
+}
+
+int k3_gpu_bench_kernels(FILE *out, int reps, k3_gpu_bench *res, k3_err *err) {
+    struct cudaDeviceProp pr;
+    char why[256] = "";
+    if (k3_gpu_device_count(why, sizeof why) <= 0)
+        return k3_fail(err, K3_ERR_DEVICE, "no CUDA device: %s", why);
+    CK(cudaSetDevice(0));
+    CK(cudaGetDeviceProperties(&pr, 0));
+    *res = (k3_gpu_bench){0};
+    fprintf(out, "kernels on %s (%d SMs, L2 %d MB), batch 1, median of %d batches of %d:\n",
+            pr.name, pr.multiProcessorCount, pr.l2CacheSize >> 20, BATCHES, reps);
+    fprintf(out, "%-34s %-22s %9s %9s %8s %7s\n", "kernel", "shape", "MB", "us", "GB/s",
+            "of copy");
+    int rc = copy_bandwidth(out, reps, &res->copy_bps, err);
+    static const struct { const char *name; int64_t rows, cols; } shapes[] = {
+        {"KDA q/k/v/g_proj; MLA g_proj", 12288, 7168}, {"KDA/MLA o_proj", 7168, 12288},
+        {"dense gate/up_proj (layer 0)", 33792, 7168}, {"dense down_proj", 7168, 33792},
+        {"shared experts gate/up", 6144, 7168}, {"shared experts down", 7168, 6144},
+        {"latent down_proj", 3584, 7168}, {"latent up_proj", 7168, 3584},
+        {"router", 896, 7168}, {"MLA q_a_proj", 1536, 7168}, {"MLA q_b_proj", 18432, 1536},
+        {"MLA kv_a_proj", 576, 7168}, {"MLA kv_b_proj", 24576, 512},
+        {"KDA f_a_proj", 128, 7168}, {"KDA f_b_proj", 12288, 128}, {"KDA b_proj", 96, 7168},
+        {"lm_head (vocab 163840)", 163840, 7168}};
+    for (size_t i = 0; !rc && i < sizeof shapes / sizeof *shapes; i++) {
+        double s = 0;
+        rc = bench_matvec(out, shapes[i].name, K3K_BF16, shapes[i].rows, shapes[i].cols, reps,
+                          res->copy_bps, &s, err);
+        if (i == 0) res->bf16_bps = 2.0 * 12288 * 7168 / s;
+        if (i + 1 == sizeof shapes / sizeof *shapes) res->lm_head_s = s;
+    }
+    double s = 0;
+    if (!rc) rc = bench_matvec(out, "int8 spine (not exact) q_proj", K3K_I8, 12288, 7168, reps,
+                               res->copy_bps, &s, err);
+    if (!rc) rc = bench_experts(out, reps, res->copy_bps, &res->mxfp4_bps, err);
+    if (!rc) rc = bench_mixers(out, reps, res->copy_bps, err);
+    return rc;
+}

@@ -1,0 +1,152 @@
+/* kern.h — the CUDA kernels of the GPU backend (src/cuda/kernels.cu), as plain C launchers.
+ *
+ * Invariants (the CPU contract of src/kernels/kernels.h, carried to the device):
+ *  - Activations are float32. BF16 weights are widened exactly (bits << 16); MXFP4 experts
+ *    are decoded exactly (E2M1 table times the group's E8M0 power of two, spec §10.4); the
+ *    int8 spine (NOT exact, opt-in) is q · row scale as on the CPU. No weight is ever
+ *    converted to a lower precision and no activation is quantized.
+ *  - Products and reductions are summed in a different (parallel) order than the CPU's
+ *    ascending loop, so results differ from the scalar path by float32 rounding only.
+ *    Element-wise recurrences that the CPU keeps exact on every path (the KDA delta rule,
+ *    AttnRes and MoE weighted sums, the conv) run per element in the CPU's order with
+ *    separate multiply and add (__fmul_rn / __fadd_rn, no FMA contraction), so they are
+ *    bit-identical to the scalar path given identical inputs. The MLA attention value sum
+ *    is the exception: it is split over position chunks (k3k_mla_attend).
+ *  - Every launcher enqueues on `stream`, never synchronizes, and returns the launch status
+ *    (cudaGetLastError); a kernel never allocates.
+ *  - Device pointers only, except where a parameter says "host".
+ */
+#ifndef K3_CUDA_KERN_H
+#define K3_CUDA_KERN_H
+
+#include <stdint.h>
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Weight dtypes on the device (the same meaning as enum k3_dtype; mapped in gpu.c). */
+enum { K3K_F32 = 0, K3K_BF16 = 1, K3K_I8 = 3 };
+
+/* A dense weight matrix in device memory [rows, cols], row-major. I8 rows carry a float32
+ * scale each (scale [rows]); otherwise scale is NULL. */
+typedef struct k3k_mat {
+    const void *data;
+    const float *scale;
+    int dtype;
+    int64_t rows, cols;
+} k3k_mat;
+
+/* Most routed experts one MoE launch takes (K3 uses 16). */
+#define K3K_MAX_EXPERTS 64
+/* Most AttnRes values (closed blocks + the partial sum), as K3_MAX_RES_VALUES. */
+#define K3K_MAX_RES 64
+
+/* One launch's routed experts: slot base addresses in device memory, the tensors at fixed
+ * offsets from each base (the expert cache's slot layout, gpu.c). Passed by value. */
+typedef struct k3k_experts {
+    int n;                                 /* experts, <= K3K_MAX_EXPERTS */
+    int inter, latent;                     /* moe_intermediate_size, routed_expert_hidden_size */
+    uint64_t off_w1p, off_w1s, off_w3p, off_w3s, off_w2p, off_w2s; /* bytes from a base */
+    int variant;                           /* K3K_EXPERTS_*: the same sums, two schedules */
+    const uint8_t *base[K3K_MAX_EXPERTS];
+} k3k_experts;
+
+/* The experts kernels' schedules (bit-identical results): TILE, one block per 32 rows of one
+ * expert; PERSISTENT, one block per SM slot over a contiguous range of all experts' rows with
+ * the next rows' loads in flight during the arithmetic; AUTO, the faster one measured on an
+ * H200 for each (gate+up: TILE, down: PERSISTENT; BENCHMARKS.md). */
+enum { K3K_EXPERTS_AUTO = 0, K3K_EXPERTS_TILE = 1, K3K_EXPERTS_PERSISTENT = 2 };
+
+/* y[rows] = W x (spec §2.3), x [cols]. */
+cudaError_t k3k_matvec(const k3k_mat *w, const float *x, float *y, cudaStream_t stream);
+
+/* Products of one input x with several matrices, y[i] = W[i] x for i < n <= K3K_MAX_MULTI
+ * (KDA's six input projections, say), in one launch so the chip streams them back to back
+ * with no tail between them; each row's sum is the one k3k_matvec gives with one warp per
+ * row. Matrices of different cols or dtypes fall back to one launch each. */
+#define K3K_MAX_MULTI 8
+cudaError_t k3k_matvec_multi(const k3k_mat *const *w, float *const *y, int n, const float *x,
+                             cudaStream_t stream);
+
+/* The routed experts of one MoE layer, gate and up with SiTU (spec §8.1, §8.3):
+ * h[j][r] = SiTU(W1_j z, W3_j z)[r] for j < ex->n, r < inter; z [latent], h [n][inter]. */
+cudaError_t k3k_experts_gate_up(const k3k_experts *ex, const float *z, float beta,
+                                float linear_beta, float *h, cudaStream_t stream);
+/* Their down projections: out[j] = W2_j h[j], h [n][inter], out [n][latent]. */
+cudaError_t k3k_experts_down(const k3k_experts *ex, const float *h, float *out,
+                             cudaStream_t stream);
+
+/* y[n] = w ⊙ (x / sqrt(mean(x²) + eps)) (spec §4); w [n] BF16 or F32 (wdtype), or NULL for
+ * no weight. y may alias x. n >= 1. */
+cudaError_t k3k_rmsnorm(const float *x, const void *w, int wdtype, int n, float eps, float *y,
+                        cudaStream_t stream);
+
+/* AttnRes mix (spec §5) over values[0..n) (each [hidden], device pointers; n <= K3K_MAX_RES):
+ * out = Σ_j softmax_j(score_j) · values[j], score_j = Σ_i (v_j[i] · r_j) · sw[i],
+ * r_j = 1 / sqrt(mean(v_j²) + eps). scores [K3K_MAX_RES] is device scratch. out must not
+ * alias a value. */
+cudaError_t k3k_attn_res(const float *const *values, int n, const float *sw, int hidden,
+                         float eps, float *scores, float *out, cudaStream_t stream);
+
+/* y[i] = a[i] + b[i] (y may alias a or b). */
+cudaError_t k3k_add(const float *a, const float *b, float *y, int n, cudaStream_t stream);
+/* out[i] = SiTU(gate[i], up[i]) (spec §8.1); out may alias gate. */
+cudaError_t k3k_situ(const float *gate, const float *up, int n, float beta, float linear_beta,
+                     float *out, cudaStream_t stream);
+/* x[i] = x[i] · σ(g[i]) (the MLA output gate, spec §7.4). */
+cudaError_t k3k_sigmoid_gate(float *x, const float *g, int n, cudaStream_t stream);
+
+/* KDA causal depthwise conv + SiLU for one of q/k/v (spec §6.2): x [P] in place; taps
+ * [P][conv] F32; hist [P][conv-1] the last raw inputs per channel, oldest first (updated). */
+cudaError_t k3k_short_conv(float *x, const float *taps, float *hist, int P, int conv,
+                           cudaStream_t stream);
+
+/* KDA per-head core (spec §6.3-§6.7), one block per head: L2-normalises q (× D^-½) and k,
+ * the decay gate α from f, dt_bias and A_log[h], β = σ(b[h]), the delta rule on S
+ * [H][D][D] (updated in place), then the gated RMSNorm with o_norm [D] F32 and g.
+ * q, k, v, f, g, o are [H·D]; q and k are normalised in place; o is written. D <= 1024. */
+cudaError_t k3k_kda_heads(float *q, float *k, const float *v, const float *f, const float *b,
+                          const float *g, const float *a_log, const float *dt_bias,
+                          const float *o_norm, float *S, int H, int D, float lower_bound,
+                          float eps, float *o, cudaStream_t stream);
+
+/* MLA: appends position t to one layer's expanded KV cache (spec §7.5): kv [max_ctx][kvf]
+ * with kvf = H·nope + rope + H·vd; KV [H][nope + vd] from kv_b_proj, ckv [lora + rope]. */
+cudaError_t k3k_mla_append(float *kv, int t, const float *KV, const float *ckv, int H, int nope,
+                           int rope, int vd, int lora, cudaStream_t stream);
+/* MLA attention of Q [H][nope + rope] over positions 0..t of kv (layout above): softmax of
+ * (q_nope·k_nope + q_pe·k_pe) / sqrt(nope + rope), o [H][vd] = Σ_j p_j v_j. Positions are
+ * split into chunks of K3K_ATT_CHUNK, one block per (head, chunk), each chunk's softmax
+ * rescaled to the global maximum when merged (flash-decoding); so unlike the CPU's single
+ * ascending sum this differs from the scalar path by rounding. scratch holds at least
+ * k3k_mla_scratch_floats(H, vd, t + 1) floats. vd <= 256. */
+#define K3K_ATT_CHUNK 256
+#define k3k_mla_scratch_floats(H, vd, n) \
+    ((size_t)(H) * (((size_t)(n) + K3K_ATT_CHUNK - 1) / K3K_ATT_CHUNK) * ((size_t)(vd) + 2))
+cudaError_t k3k_mla_attend(const float *Q, const float *kv, int t, int H, int nope, int rope,
+                           int vd, float *scratch, float *o, cudaStream_t stream);
+
+/* The LatentMoE router on device (spec §8.3 steps 2-5): logits [E] (router matvec output)
+ * → σ, + bias [E] F32 for selection, top-k in canonical order (descending biased score, ties
+ * to the lower id) into ids [k], weights [k] = renormalised unbiased scores × scaling.
+ * E <= 8192, k <= K3K_MAX_EXPERTS. */
+cudaError_t k3k_router_topk(const float *logits, const float *bias, int E, int k,
+                            float scaling, int *ids, float *weights, cudaStream_t stream);
+
+/* The weighted sum of the experts' outputs in slot order (spec §8.3):
+ * acc[i] = Σ_j eo[j][i] · w[j], eo [k][n], w [k] (device). */
+cudaError_t k3k_moe_sum(const float *eo, const float *w, int k, int n, float *acc,
+                        cudaStream_t stream);
+
+/* Benchmarks and tests: fills bytes (a multiple of 4) with pseudo-random 32-bit words from
+ * seed, each ANDed with mask (e.g. 0xbfffbfff keeps BF16 values finite). */
+cudaError_t k3k_fill_random(void *p, size_t bytes, uint64_t seed, uint32_t mask,
+                            cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

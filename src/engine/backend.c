@@ -1,0 +1,155 @@
+/* backend.c — the backend boundary (backend.h): device choice, the CPU backend (k3_forward)
+ * and the dispatch to the CUDA backend when this build has it (K3_WITH_CUDA). */
+#include "backend.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../model/state.h"
+#ifdef K3_WITH_CUDA
+#include "../cuda/gpu.h"
+#endif
+
+struct k3_backend {
+    const k3_model *m;
+    int cuda;   /* 0: CPU; 1: CUDA (gpu is set) */
+    void *gpu;  /* k3_gpu * */
+    char line[1024];
+};
+
+#ifdef K3_WITH_CUDA
+/* 1 and *out when the variable is set, 0 when unset, -code when malformed. */
+static int env_num(const char *name, double lo, double *out, k3_err *err) {
+    const char *v = getenv(name);
+    if (!v || !*v) return 0;
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (errno || *end || x < lo)
+        return -k3_fail(err, K3_ERR_USAGE, "%s='%s': expected a number >= %g", name, v, lo);
+    *out = x;
+    return 1;
+}
+
+static int open_cuda(k3_backend *b, const k3_engine_opts *o, const char *why, k3_err *err) {
+    k3_gpu_opts go = {.gpu_gb = o ? o->gpu_gb : 0, .max_layers = -1};
+    double v;
+    int rc;
+    if (go.gpu_gb <= 0 && (rc = env_num("K3_GPU_GB", 0, &v, err)) != 0) {
+        if (rc < 0) return -rc;
+        go.gpu_gb = v;
+    }
+    if ((rc = env_num("K3_GPU_LAYERS", 0, &v, err)) != 0) {
+        if (rc < 0) return -rc;
+        go.max_layers = (int)v;
+    }
+    if ((rc = env_num("K3_GPU_EXPERT_SLOTS", 1, &v, err)) != 0) {
+        if (rc < 0) return -rc;
+        go.expert_slots = (int)v;
+    }
+    const char *prof = getenv("K3_GPU_PROFILE");
+    go.profile = prof && !strcmp(prof, "1");
+    k3_gpu *g = NULL;
+    char plan[900];
+    if ((rc = k3_gpu_open(b->m, &go, &g, plan, sizeof plan, err))) return rc;
+    b->cuda = 1;
+    b->gpu = g;
+    snprintf(b->line, sizeof b->line, "%s%s", why, plan);
+    return K3_OK;
+}
+#endif
+
+int k3_backend_open(const k3_model *m, const k3_engine_opts *o, k3_backend **out,
+                    k3_err *err) {
+    const char *dev = o && o->device && *o->device ? o->device : getenv("K3_DEVICE");
+    if (!dev || !*dev) dev = "cpu";
+    if (strcmp(dev, "cpu") && strcmp(dev, "cuda") && strcmp(dev, "auto"))
+        return k3_fail(err, K3_ERR_USAGE, "device '%s': expected cpu, cuda or auto", dev);
+    k3_backend *b = calloc(1, sizeof *b);
+    if (!b) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
+    b->m = m;
+    int rc = K3_OK;
+#ifdef K3_WITH_CUDA
+    char reason[256] = "";
+    int have = k3_gpu_device_count(reason, sizeof reason) > 0;
+    if (!strcmp(dev, "cuda") || (!strcmp(dev, "auto") && have))
+        rc = open_cuda(b, o, strcmp(dev, "auto") ? "" : "auto picked the GPU: ", err);
+    else if (!strcmp(dev, "auto"))
+        snprintf(b->line, sizeof b->line, "device: cpu (auto: no usable CUDA device: %s)", reason);
+    else
+        snprintf(b->line, sizeof b->line, "device: cpu");
+#else
+    if (!strcmp(dev, "cuda"))
+        rc = k3_fail(err, K3_ERR_DEVICE, "--device cuda: this k3 was built without CUDA "
+                     "(rebuild with make CUDA=1 where nvcc is installed)");
+    snprintf(b->line, sizeof b->line, "device: cpu%s",
+             strcmp(dev, "auto") ? "" : " (auto: this k3 was built without CUDA)");
+#endif
+    if (rc) {
+        free(b);
+        return rc;
+    }
+    *out = b;
+    return K3_OK;
+}
+
+void k3_backend_close(k3_backend *b) {
+    if (!b) return;
+#ifdef K3_WITH_CUDA
+    k3_gpu_close(b->gpu);
+#endif
+    free(b);
+}
+
+const char *k3_backend_name(const k3_backend *b) { return b->cuda ? "cuda" : "cpu"; }
+const char *k3_backend_line(const k3_backend *b) { return b->line; }
+
+int k3_backend_session_new(k3_backend *b, const k3_state *st, void **sess, k3_err *err) {
+    *sess = NULL;
+#ifdef K3_WITH_CUDA
+    if (b->cuda) return k3_gpu_session_new(b->gpu, st->max_ctx, (k3_gpu_session **)sess, err);
+#endif
+    (void)b, (void)st, (void)err;
+    return K3_OK;
+}
+
+void k3_backend_session_free(k3_backend *b, void *sess) {
+#ifdef K3_WITH_CUDA
+    if (b && b->cuda) k3_gpu_session_free(sess);
+#endif
+    (void)b, (void)sess;
+}
+
+void k3_backend_session_reset(k3_backend *b, void *sess) {
+#ifdef K3_WITH_CUDA
+    if (b->cuda) k3_gpu_session_reset(sess);
+#endif
+    (void)b, (void)sess;
+}
+
+int k3_backend_step(k3_backend *b, void *sess, k3_state *st, int32_t token, float *logits,
+                    const k3_trace *trace, k3_err *err) {
+#ifdef K3_WITH_CUDA
+    if (b->cuda) return k3_gpu_step(sess, st, token, logits, trace, err);
+#endif
+    (void)sess;
+    return k3_forward(b->m, st, token, logits, trace, err);
+}
+
+int k3_backend_sync(k3_backend *b, void *sess, k3_state *st, int to_host, k3_err *err) {
+#ifdef K3_WITH_CUDA
+    if (b->cuda) return k3_gpu_sync_state(sess, st, to_host, err);
+#endif
+    (void)b, (void)sess, (void)st, (void)to_host, (void)err;
+    return K3_OK;
+}
+
+int k3_backend_layer_profile(const k3_backend *b, double *ms, uint64_t *bytes, int layers) {
+#ifdef K3_WITH_CUDA
+    if (b->cuda) return k3_gpu_layer_profile(b->gpu, ms, bytes, layers);
+#endif
+    (void)b, (void)ms, (void)bytes, (void)layers;
+    return 0;
+}
