@@ -54,7 +54,7 @@ static void chat_usage(FILE *f) {
         "options:\n"
         "  --max-new N          at most N tokens per reply (default 1024)\n"
         "  --ctx N              context capacity in tokens (default min(4096, model max))\n"
-        "  --threads N          compute threads (default: OMP_NUM_THREADS or all cores)\n"
+        "  --threads N          compute threads (default: OMP_NUM_THREADS, else physical cores)\n"
         "  --spine MODE         auto (default), bf16 (exact) or int8 (NOT exact; k3 pack)\n"
         "  --pack-dir DIR       folder of the packed spine (default MODEL_DIR)\n"
         "  -q, --quiet          no load line\n"

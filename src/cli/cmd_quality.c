@@ -195,7 +195,7 @@ static void quality_usage(FILE *f) {
         "                     approx is int8 with int8 activations (k3 run --approx)\n"
         "  --pack-dir DIR     folder of the packed spine (default MODEL_DIR)\n"
         "  --json FILE        also write the figures as JSON to FILE\n"
-        "  --threads N        compute threads (default: OMP_NUM_THREADS or all cores)\n"
+        "  --threads N        compute threads (default: OMP_NUM_THREADS, else physical cores)\n"
         "  -q, --quiet        no load lines on stderr\n"
         "  -h, --help         this help\n");
 }

@@ -52,7 +52,7 @@ static void run_usage(FILE *f) {
         "  --dump-logits FILE   write float32 little-endian logits, row-major [rows, vocab]:\n"
         "                       row i = the logits after position i, for every prompt position\n"
         "                       and every generated token fed back (shape printed to stderr)\n"
-        "  --threads N          compute threads (default: OMP_NUM_THREADS or all cores)\n"
+        "  --threads N          compute threads (default: OMP_NUM_THREADS, else physical cores)\n"
         "  --ctx N              context capacity in tokens (default min(4096, model max))\n"
         "  --spine MODE         auto (default): the int8 spine when k3 pack has built it, else\n"
         "                       BF16; bf16: always the exact BF16 spine; int8: the packed int8\n"

@@ -45,7 +45,7 @@ static void serve_usage(FILE *f) {
         "  --ctx N              context capacity in tokens (default min(4096, model max))\n"
         "  --max-body BYTES     largest request body (default 8388608); larger is a 413\n"
         "  --model-id NAME      model name in /v1/models (default: MODEL_DIR's folder name)\n"
-        "  --threads N          compute threads (default: OMP_NUM_THREADS or all cores)\n"
+        "  --threads N          compute threads (default: OMP_NUM_THREADS, else physical cores)\n"
         "  --spine MODE         auto (default), bf16 (exact) or int8 (NOT exact), as in k3 run\n"
         "  --pack-dir DIR       folder of the packed spine (default MODEL_DIR)\n"
         "  --no-reuse           prefill every prompt from an empty state instead of reusing\n"
