@@ -116,10 +116,14 @@ void k3_quantize_act_q8(const float *x, int64_t n, int8_t *q, float *scale) {
     }
 }
 
-/* Most columns an approx product takes: x's int8 copy lives on the stack of each thread. */
-#define Q8_MAX_COLS (1 << 17)
+/* x's int8 copy lives on the stack of each thread: K3_Q8_MAX_COLS bounds it. */
+#define Q8_MAX_COLS K3_Q8_MAX_COLS
 
 void k3_rows_i8_q8(const k3_mat *w, const float *x, float *y, int64_t r0, int64_t r1) {
+    if (w->cols > Q8_MAX_COLS) { /* too wide for the stack copy: plain int8 x f32 */
+        k3_rows_i8(w, x, y, r0, r1);
+        return;
+    }
     int8_t xq[Q8_MAX_COLS];
     float xs[Q8_MAX_COLS / K3_Q8_BLOCK];
     const int8_t *q = w->data;
@@ -151,6 +155,10 @@ __attribute__((target("avx2,fma"))) static inline __m256i dot32(__m256i w, __m25
  * block's activation scale; blocks of a partial tail (cols % 32) go through the scalar loop. */
 __attribute__((target("avx2,fma"))) void k3_rows_i8_q8_avx2(const k3_mat *w, const float *x,
                                                              float *y, int64_t r0, int64_t r1) {
+    if (w->cols > Q8_MAX_COLS) {
+        k3_rows_i8_avx2(w, x, y, r0, r1);
+        return;
+    }
     int8_t xq[Q8_MAX_COLS];
     float xs[Q8_MAX_COLS / K3_Q8_BLOCK];
     const int8_t *q = w->data;

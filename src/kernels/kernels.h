@@ -159,8 +159,10 @@ void k3_rows_i8_avx2(const k3_mat *w, const float *x, float *y, int64_t r0, int6
 void k3_quantize_act_q8(const float *x, int64_t n, int8_t *q, float *scale);
 
 /* y[r] = (Σ_b f32(Σ_{i in b} q[r][i]·xq[i]) · s_b) · scale[r] for rows r0 <= r < r1 of a
- * K3_DT_I8_Q8 matrix, x quantized as above (cols <= 131072): each block's integer sum is
- * exact, blocks are added in ascending order in one f32 accumulator. */
+ * K3_DT_I8_Q8 matrix, x quantized as above: each block's integer sum is exact, blocks are added
+ * in ascending order in one f32 accumulator. x's int8 copy is on the stack, so a matrix wider
+ * than K3_Q8_MAX_COLS is multiplied as plain K3_DT_I8 instead. */
+#define K3_Q8_MAX_COLS (1 << 17)
 void k3_rows_i8_q8(const k3_mat *w, const float *x, float *y, int64_t r0, int64_t r1);
 #if defined(__x86_64__)
 /* The same with AVX2 (maddubs): the block sums are the same integers, the blocks are added
