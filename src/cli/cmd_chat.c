@@ -63,7 +63,7 @@ static void chat_usage(FILE *f) {
         "chat:\n%s"
         "\n"
         "sampling:\n%s", k3_cli_chat_help, k3_cli_sampling_help);
-    fprintf(f, "\n");
+    fprintf(f, "\nspeed (exact):\n%s\n", k3_cli_speed_help);
     k3_cli_store_usage(f);
 }
 
@@ -420,6 +420,7 @@ static int chat_main(const chat_opts *o, k3_err *err) {
     c.tok = k3_engine_tokenizer(e);
     k3_stops_init(&c.stops, c.tok, k3_engine_config(e)->eos_token_id);
     rc = k3_session_new(e, o->ctx, &c.s, err);
+    if (!rc && o->co.chunk) k3_session_set_chunk(c.s, o->co.chunk);
     if (!rc) rc = k3_cli_store_attach(&sr, c.s, &o->so, err);
     if (!rc) rc = k3_conv_init(&c.conv, c.tok, err);
     if (!rc) rc = k3_sampler_init(&c.sm, &o->co.sampling, k3_engine_config(e)->vocab_size, err);

@@ -72,7 +72,7 @@ static void run_usage(FILE *f) {
         "sampling:\n%s"
         "\n"
         "with --chat:\n%s", k3_cli_sampling_help, k3_cli_chat_help);
-    fprintf(f, "\n");
+    fprintf(f, "\nspeed (exact):\n%s\n", k3_cli_speed_help);
     k3_cli_store_usage(f);
     k3_cli_device_usage(f);
 }
@@ -195,13 +195,6 @@ static int dump_row(void *user, const float *logits, k3_err *err) {
     return K3_OK;
 }
 
-/* Feeds one token; computes logits when needed (last prompt token, decode, or dumping). */
-static int feed(run_ctx *r, int32_t tok, bool need_logits, k3_err *err) {
-    bool want = need_logits || r->dump;
-    int rc = k3_session_step(r->s, tok, want ? r->logits : NULL, err);
-    return rc || !r->dump ? rc : dump_row(r, r->logits, err);
-}
-
 /* The whole id sequence to prefill: a loaded state's ids, then the raw prompt or the
  * rendered chat turn. *prompt is malloc'd. */
 static int build_prompt(run_ctx *r, int32_t **prompt, size_t *n, k3_err *err) {
@@ -249,16 +242,33 @@ static int build_prompt(run_ctx *r, int32_t **prompt, size_t *n, k3_err *err) {
     return K3_OK;
 }
 
-/* Feeds prompt[from, n); Ctrl-C stops it (K3_ERR_INTERRUPTED). */
+/* Feeds prompt[from, n) in passes of --chunk ids (every row's logits when dumping); Ctrl-C
+ * stops it between passes (K3_ERR_INTERRUPTED). */
 static int prefill(run_ctx *r, const int32_t *prompt, size_t from, size_t n, k3_err *err) {
-    for (size_t i = from; i < n; i++) {
-        if (k3_cli_interrupted)
-            return k3_fail(err, K3_ERR_INTERRUPTED, "interrupted after %zu of %zu prompt tokens",
-                           i - from, n - from);
-        int rc = feed(r, prompt[i], i + 1 == n, err);
-        if (rc) return rc;
+    size_t chunk = (size_t)k3_session_chunk(r->s), V = (size_t)r->vocab;
+    float *rows = NULL;
+    if (r->dump && !(rows = malloc(chunk * V * sizeof *rows)))
+        return k3_fail(err, K3_ERR_GENERIC, "out of memory");
+    int rc = K3_OK;
+    for (size_t i = from; i < n && !rc;) {
+        if (k3_cli_interrupted) {
+            rc = k3_fail(err, K3_ERR_INTERRUPTED, "interrupted after %zu of %zu prompt tokens",
+                         i - from, n - from);
+            break;
+        }
+        int len = (int)(n - i < chunk ? n - i : chunk);
+        if (!r->dump) {
+            rc = k3_session_forward(r->s, prompt + i, len, i + len == n ? r->logits : NULL, 0,
+                                    err);
+        } else {
+            rc = k3_session_forward(r->s, prompt + i, len, rows, K3_FWD_ALL_LOGITS, err);
+            for (int t = 0; t < len && !rc; t++) rc = dump_row(r, rows + t * V, err);
+            if (!rc) memcpy(r->logits, rows + (len - 1) * V, V * sizeof *rows);
+        }
+        i += (size_t)len;
     }
-    return K3_OK;
+    free(rows);
+    return rc;
 }
 
 /* Feeds what the saved timeline still lacks and writes the state file: raw, the last
@@ -356,6 +366,7 @@ static int run(const run_opts *o, k3_err *err) {
     int ctx = o->ctx ? o->ctx : 0;
     if ((rc = k3_session_new(e, ctx, &s, err))) goto done;
     r.s = s;
+    if (o->co.chunk) k3_session_set_chunk(s, o->co.chunk);
     if ((rc = k3_cli_store_attach(&sr, s, &o->so, err))) goto done;
     if (o->load_state && (rc = k3_session_load(s, o->load_state, err))) goto done;
     if ((rc = build_prompt(&r, &prompt, &n_prompt, err))) goto done;

@@ -74,6 +74,15 @@ const char k3_cli_chat_help[] =
     "  --no-think           thinking off: the reply starts in the response channel\n"
     "  --no-show-thinking   do not print the thinking channel (it is still generated)\n";
 
+const char k3_cli_speed_help[] =
+    "  --chunk N            prompt ids per batched prefill pass (default 32; 1 = one by one).\n"
+    "                       Each spine matrix and each routed expert is read once per pass;\n"
+    "                       results are bit-identical for every N\n"
+    "  --spec N             speculative decoding: verify up to N drafted ids per pass (n-gram\n"
+    "                       suffix matches from the prompt and output; 0 = off, the default).\n"
+    "                       Output is token for token what it is without --spec (greedy only:\n"
+    "                       with sampling, speculation turns itself off)\n";
+
 static int bad_value(const char *cmd, const char *flag, const char *want, const char *got) {
     fprintf(stderr, "k3 %s: %s needs %s, got '%s'\n", cmd, flag, want, got);
     return K3_ERR_USAGE;
@@ -85,7 +94,8 @@ int k3_cli_chat_flag(const char *cmd, int argc, char **argv, int *i, k3_cli_chat
     if (!strcmp(a, "--no-think")) return o->no_think = true, 1;
     if (!strcmp(a, "--no-show-thinking")) return o->hide_thinking = true, 1;
     bool known = !strcmp(a, "--temperature") || !strcmp(a, "--top-p") || !strcmp(a, "--top-k") ||
-                 !strcmp(a, "--seed") || !strcmp(a, "--system") || !strcmp(a, "--effort");
+                 !strcmp(a, "--seed") || !strcmp(a, "--system") || !strcmp(a, "--effort") ||
+                 !strcmp(a, "--chunk") || !strcmp(a, "--spec");
     if (!known) return 0;
     if (!v) return bad_value(cmd, a, "a value", "");
     ++*i;
@@ -105,6 +115,16 @@ int k3_cli_chat_flag(const char *cmd, int argc, char **argv, int *i, k3_cli_chat
         o->sampling.top_p = strtod(v, &end);
         if (*end || end == v || errno || !(o->sampling.top_p > 0 && o->sampling.top_p <= 1))
             return bad_value(cmd, a, "a number in (0, 1]", v);
+    } else if (!strcmp(a, "--chunk") || !strcmp(a, "--spec")) {
+        bool chunk = !strcmp(a, "--chunk");
+        int lo = chunk ? 1 : 0, hi = chunk ? K3_MAX_CHUNK : K3_MAX_CHUNK - 1;
+        long k = strtol(v, &end, 10);
+        if (*end || end == v || errno || k < lo || k > hi) {
+            char want[64];
+            snprintf(want, sizeof want, "an integer in [%d, %d]", lo, hi);
+            return bad_value(cmd, a, want, v);
+        }
+        *(chunk ? &o->chunk : &o->spec) = (int)k;
     } else if (!strcmp(a, "--top-k")) {
         long k = strtol(v, &end, 10);
         if (*end || end == v || errno || k < 0 || k > 1 << 30)

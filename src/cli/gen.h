@@ -69,15 +69,19 @@ typedef struct k3_cli_chat_opts {
     const char *effort;       /* --effort low|high|max (default max) */
     bool no_think;            /* --no-think: thinking off */
     bool hide_thinking;       /* --no-show-thinking */
+    int chunk;                /* --chunk N: ids per prefill pass (0 = K3_DEFAULT_CHUNK) */
+    int spec;                 /* --spec N: drafts verified per pass (0 = off) */
 } k3_cli_chat_opts;
 
 #define K3_CLI_CHAT_DEFAULTS {.sampling = {.temperature = 0, .top_p = 1, .top_k = 0}}
 
-/* Help text for the sampling flags and for the chat flags (one line per flag). */
+/* Help text for the sampling flags, the chat flags and the speed flags --chunk / --spec (one
+ * line per flag). */
 extern const char k3_cli_sampling_help[];
 extern const char k3_cli_chat_help[];
+extern const char k3_cli_speed_help[];
 
-/* If argv[*i] is a sampling or chat flag, consumes it (and its value, advancing *i) and
+/* If argv[*i] is a sampling, chat or speed flag, consumes it (and its value, advancing *i) and
  * returns 1; returns 0 for any other argument, or K3_ERR_USAGE after printing why. */
 int k3_cli_chat_flag(const char *cmd, int argc, char **argv, int *i, k3_cli_chat_opts *o);
 

@@ -38,6 +38,7 @@ struct k3_engine {
 
 struct k3_session {
     const k3_engine *e;
+    int chunk;                                /* tokens per prefill pass (k3_session_set_chunk) */
     k3_state *state;
     k3_trace trace;
     int has_trace;
@@ -272,6 +273,7 @@ int k3_session_new(const k3_engine *e, int max_ctx, k3_session **out, k3_err *er
     k3_session *s = calloc(1, sizeof *s);
     if (!s) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
     s->e = e;
+    s->chunk = K3_DEFAULT_CHUNK;
     int rc = k3_state_new(&e->model, max_ctx, &s->state, err);
     if (rc) {
         free(s);
@@ -342,14 +344,64 @@ int k3_session_prefill(k3_session *s, const int32_t *ids, size_t n, float *logit
     if (n > (size_t)k3_session_max_ctx(s))
         return k3_fail(err, K3_ERR_INPUT, "the prompt (%zu tokens) does not fit the context of "
                        "%d tokens (raise --ctx)", n, k3_session_max_ctx(s));
-    for (size_t i = keep; i < n; i++) {
+    for (size_t i = keep; i < n;) {
         if (s->interrupt && *s->interrupt)
             return k3_fail(err, K3_ERR_INTERRUPTED, "interrupted after %zu of %zu prompt tokens",
                            i, n);
-        int rc = k3_session_step(s, ids[i], i + 1 == n ? logits : NULL, err);
+        int len = n - i < (size_t)s->chunk ? (int)(n - i) : s->chunk;
+        int rc = k3_session_forward(s, ids + i, len, i + (size_t)len == n ? logits : NULL, 0, err);
         if (rc) return rc;
+        i += (size_t)len;
     }
     return K3_OK;
+}
+
+/* ---- batched passes: prefill chunks, speculative verification (k3.h) ----------------------- */
+
+void k3_session_set_chunk(k3_session *s, int chunk) {
+    s->chunk = chunk < 1 ? 1 : chunk > K3_MAX_CHUNK ? K3_MAX_CHUNK : chunk;
+}
+int k3_session_chunk(const k3_session *s) { return s->chunk; }
+
+/* Batched passes and rewinds run on the CPU backend (a device backend steps token by token). */
+int k3_session_can_rewind(const k3_session *s) { return s->dev == NULL; }
+
+int k3_session_forward(k3_session *s, const int32_t *ids, int n, float *logits, int flags,
+                       k3_err *err) {
+    const k3_config *c = &s->e->cfg;
+    int pos = k3_state_pos(s->state);
+    if (n < 1 || n > K3_MAX_CHUNK)
+        return k3_fail(err, K3_ERR_INPUT, "a pass takes 1 to %d tokens, not %d", K3_MAX_CHUNK, n);
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= c->vocab_size)
+            return k3_fail(err, K3_ERR_INPUT, "token id %d is outside the vocabulary [0, %d)",
+                           ids[i], c->vocab_size);
+    if (pos + n > k3_state_max_ctx(s->state))
+        return k3_fail(err, K3_ERR_INPUT, "the context is full (%d positions); start a new "
+                       "session or raise --ctx", k3_state_max_ctx(s->state));
+    bool all = flags & K3_FWD_ALL_LOGITS;
+    if (!k3_session_can_rewind(s)) { /* a device backend: one token at a time */
+        if (flags & K3_FWD_REWINDABLE)
+            return k3_fail(err, K3_ERR_USAGE, "this backend cannot rewind a pass");
+        for (int i = 0; i < n; i++) {
+            float *row = !logits ? NULL : all ? logits + (size_t)i * c->vocab_size
+                       : i + 1 == n ? logits : NULL;
+            int rc = k3_session_step(s, ids[i], row, err);
+            if (rc) return rc;
+        }
+        return K3_OK;
+    }
+    memcpy(s->tokens + pos, ids, (size_t)n * sizeof *ids);
+    return k3_forward_batch(&s->e->model, s->state, ids, n, logits,
+                            (all ? K3_BATCH_ALL_LOGITS : 0) |
+                            (flags & K3_FWD_REWINDABLE ? K3_BATCH_REWINDABLE : 0),
+                            s->has_trace ? &s->trace : NULL, err);
+}
+
+int k3_session_rewind(k3_session *s, int pos, k3_err *err) {
+    if (!k3_session_can_rewind(s))
+        return k3_fail(err, K3_ERR_USAGE, "this backend cannot rewind a pass");
+    return k3_state_rewind(&s->e->model, s->state, pos, err);
 }
 
 /* Whether the spine is the (lossy) int8 pack: part of a state file's fingerprint. */

@@ -182,9 +182,44 @@ const int32_t *k3_session_tokens(const k3_session *s);
 int k3_session_prefill(k3_session *s, const int32_t *ids, size_t n, float *logits, int *reused,
                        k3_err *err);
 
-/* A flag that k3_session_prefill checks before each token (set it from a SIGINT handler or
+/* A flag that k3_session_prefill checks before each chunk (set it from a SIGINT handler or
  * another thread to stop a long prefill); NULL removes it. */
 void k3_session_set_interrupt(k3_session *s, const volatile sig_atomic_t *flag);
+
+/* ---- batched passes: prefill chunks and speculative verification ---------------------------
+ * A pass feeds several tokens at once: each spine matrix and each routed expert chosen by any
+ * of them is read once per pass (matrix-matrix products; the MoE runs each expert of the
+ * tokens' union once over the tokens that chose it). KDA still runs its recurrence token by
+ * token and MLA attends causally, so a pass is BIT-IDENTICAL to feeding its tokens one by one
+ * with k3_session_step (logits, state, routing); tests/test_prefill.c checks it. */
+
+#define K3_DEFAULT_CHUNK 32 /* tokens per prefill pass; BENCHMARKS.md "Batched prefill" */
+#define K3_MAX_CHUNK 256
+
+/* Tokens per pass of k3_session_prefill (clamped to 1..K3_MAX_CHUNK; 1 = token by token).
+ * Default K3_DEFAULT_CHUNK. */
+void k3_session_set_chunk(k3_session *s, int chunk);
+int k3_session_chunk(const k3_session *s);
+
+/* k3_session_forward flags: logits at every position ([n][vocab_size]) instead of after the
+ * last id only ([vocab_size]); keep what k3_session_rewind needs to undo part of the pass. */
+enum { K3_FWD_ALL_LOGITS = 1, K3_FWD_REWINDABLE = 2 };
+
+/* Feeds ids[0, n) (1 <= n <= K3_MAX_CHUNK) at positions k3_session_pos(s).. in one pass and
+ * writes logits (may be NULL) as flags say. On a device backend (k3_session_can_rewind 0) the
+ * ids are stepped one by one and K3_FWD_REWINDABLE is refused (K3_ERR_USAGE).
+ * Errors: those of k3_session_step; K3_ERR_INPUT (n out of range). */
+int k3_session_forward(k3_session *s, const int32_t *ids, int n, float *logits, int flags,
+                       k3_err *err);
+
+/* Goes back to position pos inside the last k3_session_forward pass made with
+ * K3_FWD_REWINDABLE (and nothing fed since): the session ends exactly — bit for bit: KDA
+ * state, conv windows, MLA cache, history — as if only the ids before pos had been fed. Costs
+ * a copy of the KDA state plus the recurrence of the kept ids; no weight is read.
+ * Errors: K3_ERR_INPUT (pos outside that pass), K3_ERR_USAGE (a device backend). */
+int k3_session_rewind(k3_session *s, int pos, k3_err *err);
+/* 1 when this session's backend runs batched passes and rewinds (the CPU), else 0. */
+int k3_session_can_rewind(const k3_session *s);
 
 /* Writes the session's timeline to path: the ids, the KDA and conv state, the used part of
  * the MLA KV cache, a fingerprint of the model (config.json, every tensor's name, dtype and

@@ -19,15 +19,11 @@ static double now_s(void) {
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* Router (spec §8.3 steps 1-5) on x: picks ids[K] in canonical order (descending biased
- * score, ties to the lower id) and sets weights[K] to the renormalised UNBIASED scores.
- * scores and biased are [E] scratch. */
-static void route(const k3_model *m, const k3_moe_weights *w, const float *x, float *scores,
-                  float *biased, int *ids, float *weights) {
+void k3_moe_select(const k3_model *m, const k3_moe_weights *w, float *scores, float *biased,
+                   int *ids, float *weights) {
     const k3_config *c = &m->cfg;
     int E = c->num_experts, K = c->num_experts_per_token;
     const float *bias = w->router_bias.data;
-    k3_matvec(m->kr, &w->router, x, scores);
     for (int e = 0; e < E; e++) {
         scores[e] = k3_sigmoid(scores[e]);
         biased[e] = scores[e] + bias[e];
@@ -46,6 +42,13 @@ static void route(const k3_model *m, const k3_moe_weights *w, const float *x, fl
         weights[j] = scores[ids[j]] / sum * c->routed_scaling_factor;
 }
 
+/* Router (spec §8.3) on x: the gate's logits into scores, then k3_moe_select. */
+static void route(const k3_model *m, const k3_moe_weights *w, const float *x, float *scores,
+                  float *biased, int *ids, float *weights) {
+    k3_matvec(m->kr, &w->router, x, scores);
+    k3_moe_select(m, w, scores, biased, ids, weights);
+}
+
 /* E(z) = W2 · SiTU(W1 z, W3 z) for one MXFP4 expert in the latent space. */
 static void expert_forward(const k3_model *m, const k3_expert *ex, k3_state *s, const float *z,
                            float *out) {
@@ -60,7 +63,7 @@ static void expert_forward(const k3_model *m, const k3_expert *ex, k3_state *s, 
 /* K3_PIPE: while this layer computes, fetch what the next MoE layer will probably choose —
  * its router applied to this layer's input (lookahead), and its choice for the previous
  * token. The store also scores both guesses when the next layer routes (recall). */
-static void prefetch_next(const k3_model *m, int layer, k3_state *s, const float *x) {
+void k3_moe_prefetch_next(const k3_model *m, int layer, k3_state *s, const float *x) {
     const k3_config *c = &m->cfg;
     int next = layer + 1, K = c->num_experts_per_token;
     if (next >= c->num_hidden_layers || !m->layers[next].is_moe) return;
@@ -104,7 +107,7 @@ int k3_moe_forward(const k3_model *m, const k3_layer *L, k3_state *s, const floa
     double t0 = now_s();
     route(m, w, x, s->router, s->biased, s->topk, s->topk_w);
     k3_store_begin(s->store, layer, s->topk, K); /* misses start reading now */
-    prefetch_next(m, layer, s, x);
+    k3_moe_prefetch_next(m, layer, s, x);
     s->tok.router_s += now_s() - t0;
     k3_matvec(m->kr, &w->down_proj, x, s->lat);
     int rc = routed_experts(m, layer, s, err);

@@ -13,10 +13,32 @@ void k3_attn_res(const float *const *values, int n, const float *sw, int hidden,
 /* KDA token mixer (spec §6), one token, updating the layer's recurrent and conv state. */
 void k3_kda_forward(const k3_model *m, const k3_layer *L, k3_state *s, const float *x,
                     float *out);
+/* Its per-token pieces, shared with the batched pass (forward_batch.c), which calls them in
+ * token order so the state evolves exactly as token by token.
+ * k3_kda_conv: the short conv + SiLU of q, k, v [P] in place, advancing the conv windows
+ * (spec §6.2). k3_kda_head: head h of one token (spec §6.3-6.7): L2-norms q and k [D] in
+ * place, writes the decay alpha [D] and (when beta_out) sigmoid(beta_raw), runs the delta
+ * rule on the head's state S [D][D] and writes the gated, normed read-out o [D]; f and g are
+ * the head's [D] slices of the gate projections. */
+void k3_kda_conv(const k3_model *m, const k3_layer *L, k3_state *s, float *q, float *k,
+                 float *v);
+void k3_kda_head(const k3_model *m, const k3_layer *L, float *S, int h, float *q, float *k,
+                 const float *v, const float *f, float beta_raw, const float *g, float *o,
+                 float *alpha, float *beta_out);
 
 /* Gated NoPE MLA (spec §7), one token at position s->pos, appending to the KV cache. */
 void k3_mla_forward(const k3_model *m, const k3_layer *L, k3_state *s, const float *x,
                     float *out);
+/* Its pieces (spec §7.3-7.5): k3_mla_append writes position t of the layer's KV cache from
+ * kv_b_proj's output KV [H][nope + v] and the normed kv_a output ckv [lora + rope];
+ * k3_mla_attend attends query Q [H][qk] at position t over cache positions 0..t (causal) into
+ * o [H][v], using s->scores. */
+void k3_mla_append(const k3_model *m, const k3_layer *L, k3_state *s, int t, const float *KV,
+                   const float *ckv);
+void k3_mla_attend(const k3_model *m, const k3_layer *L, k3_state *s, int t, const float *Q,
+                   float *o);
+/* The MLA LoRA norms' eps (KimiRMSNorm's 1e-6, spec §4). */
+#define K3_MLA_LORA_EPS 1e-6f
 
 /* Dense SiTU MLP (spec §8.2). */
 void k3_dense_forward(const k3_model *m, const k3_layer *L, k3_state *s, const float *x,
@@ -26,5 +48,11 @@ void k3_dense_forward(const k3_model *m, const k3_layer *L, k3_state *s, const f
  * Routed experts come from m->store. Errors: K3_ERR_EXPERT_IO (an expert read failed). */
 int k3_moe_forward(const k3_model *m, const k3_layer *L, k3_state *s, const float *x,
                    float *out, k3_err *err);
+/* The router's choice from the gate's logits scores [E] (overwritten with the sigmoid scores;
+ * biased [E] is scratch): ids[K] in canonical order and their weights (spec §8.3). */
+void k3_moe_select(const k3_model *m, const k3_moe_weights *w, float *scores, float *biased,
+                   int *ids, float *weights);
+/* K3_PIPE: asks the store for the next MoE layer's likely experts, given this layer's input x. */
+void k3_moe_prefetch_next(const k3_model *m, int layer, k3_state *s, const float *x);
 
 #endif

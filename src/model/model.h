@@ -111,4 +111,25 @@ void k3_state_layer_times(const k3_state *s, const double **eload_s, const doubl
 int k3_forward(const k3_model *m, k3_state *s, int32_t token, float *logits,
                const k3_trace *trace, k3_err *err);
 
+/* k3_forward_batch flags: logits [n][vocab] at every position (else [vocab] after the last);
+ * keep what k3_state_rewind needs to undo part of this pass. */
+enum { K3_BATCH_ALL_LOGITS = 1, K3_BATCH_REWINDABLE = 2 };
+
+/* tokens[0..n) through the whole model at positions k3_state_pos(s).. in ONE pass (prefill
+ * chunks, speculative verification; src/model/forward_batch.c): every spine matrix and every
+ * routed expert of the tokens' union is read once. Bit-identical to n calls of k3_forward
+ * (state, logits, routing). logits may be NULL; trace hooks see every position (layer by
+ * layer). Scratch grows to n tokens on the first pass that needs it (the only allocation).
+ * Errors: K3_ERR_INPUT (n < 1 or the context is full), K3_ERR_GENERIC (out of memory),
+ * K3_ERR_EXPERT_IO (as k3_forward; the session must then be reset). */
+int k3_forward_batch(const k3_model *m, k3_state *s, const int32_t *tokens, int n,
+                     float *logits, int flags, const k3_trace *trace, k3_err *err);
+
+/* Moves the position back to pos inside the last pass, made with K3_BATCH_REWINDABLE and not
+ * followed by any other step: the KDA state and conv windows are restored to before that pass
+ * and its first pos - start tokens are replayed through the recurrence alone (no weights
+ * read), so they end bit-identical to feeding only those tokens; the MLA cache is truncated
+ * to pos. Errors: K3_ERR_INPUT (pos outside that pass). */
+int k3_state_rewind(const k3_model *m, k3_state *s, int pos, k3_err *err);
+
 #endif

@@ -1,5 +1,6 @@
 /* state.c — allocation of the per-sequence state (see state.h for the layout). */
 #include "state.h"
+#include "batch.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -84,6 +85,7 @@ int k3_state_new(const k3_model *m, int max_ctx, k3_state **out, k3_err *err) {
 
 void k3_state_reset(k3_state *s) {
     s->pos = 0;
+    if (s->batch) s->batch->rw.pass_n = 0; /* nothing left to rewind */
     s->n_blocks = 0;
     /* KDA and conv state start at zero; KV cache entries are written before they are read. */
     memset(s->kda_S, 0, s->kda_S_floats * (size_t)s->n_kda * sizeof(float));
@@ -105,6 +107,7 @@ void k3_state_free(k3_state *s) {
     free(s->layer_eload_s);
     free(s->layer_expert_s);
     k3_store_client_free(s->store);
+    k3_batch_free(s->batch);
     free(s);
 }
 

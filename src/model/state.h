@@ -47,6 +47,7 @@ struct k3_state {
     k3_phase_times tok, sum;                           /* this token's phases; all tokens */
     double *layer_eload_s, *layer_expert_s;            /* [layers] this token's MoE wait and
                                                         * routed-expert compute per layer */
+    struct k3_batch *batch;   /* scratch of the batched pass (batch.h), NULL until first used */
 };
 
 #endif

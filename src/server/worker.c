@@ -6,8 +6,9 @@
  * hand it jobs through s->head/tail under s->mu and wait on s->progress; it signals
  * s->progress after every change a connection may wait for.
  *
- * Prefill is token by token through k3_session_step rather than k3_session_prefill so that
- * the client's socket is looked at between tokens (a hang-up cancels before the next one).
+ * Prefill is fed in batched passes of K3_DEFAULT_CHUNK ids (k3_session_forward) rather than
+ * through k3_session_prefill so that the client's socket is looked at between passes (a
+ * hang-up cancels before the next one).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE 1 /* POLLRDHUP; the Makefile passes it too, but not every build does */
@@ -146,9 +147,11 @@ static bool job_abandoned(k3_server *s, k3_job *j) {
 
 /* ---- one generation ------------------------------------------------------------------------ */
 
-/* Feeds one token (the session records it in its history). */
-static int feed(k3_worker_state *w, int32_t tok, bool want_logits, k3_err *err) {
-    int rc = k3_session_step(w->sess, tok, want_logits ? w->logits : NULL, err);
+/* Feeds n tokens in one batched pass (the session records them in its history); the logits
+ * after the last when want_logits. */
+static int feed_pass(k3_worker_state *w, const int32_t *toks, int n, bool want_logits,
+                     k3_err *err) {
+    int rc = k3_session_forward(w->sess, toks, n, want_logits ? w->logits : NULL, 0, err);
     if (rc) {
         k3_session_reset(w->sess); /* the state is unknown now: the next job starts fresh */
         w->logits_valid = false;
@@ -157,6 +160,10 @@ static int feed(k3_worker_state *w, int32_t tok, bool want_logits, k3_err *err) 
     }
     w->logits_valid = want_logits;
     return 0;
+}
+
+static int feed(k3_worker_state *w, int32_t tok, bool want_logits, k3_err *err) {
+    return feed_pass(w, &tok, 1, want_logits, err);
 }
 
 /* Prompt tokens whose state can be reused: the kept tokens must be a prefix of the prompt.
@@ -244,9 +251,11 @@ static int prefill(k3_server *s, k3_job *j, k3_err *err) {
     }
     j->n_cached = (int)reuse;
     j->n_prompt_used = (int)j->n_prompt;
-    for (size_t i = reuse; i < j->n_prompt; i++) {
+    for (size_t i = reuse; i < j->n_prompt;) { /* passes of K3_DEFAULT_CHUNK ids */
         if (job_abandoned(s, j)) return 1;
-        if (feed(w, j->prompt[i], i + 1 == j->n_prompt, err)) return -1;
+        size_t n = j->n_prompt - i < K3_DEFAULT_CHUNK ? j->n_prompt - i : K3_DEFAULT_CHUNK;
+        if (feed_pass(w, j->prompt + i, (int)n, i + n == j->n_prompt, err)) return -1;
+        i += n;
     }
     return 0;
 }

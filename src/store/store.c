@@ -454,17 +454,19 @@ int k3_store_set_source(k3_store *st, const k3_expert_source *src, k3_err *err) 
 int k3_store_client_new(k3_store *st, k3_store_client **out, k3_err *err) {
     k3_store_client *c = calloc(1, sizeof *c);
     if (!c) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
+    /* ids..rank hold one request: top-k experts, or a chunk's union of up to n_experts. */
     size_t K = (size_t)st->top_k, L = (size_t)st->n_layers;
+    size_t U = (size_t)(st->n_experts > st->top_k ? st->n_experts : st->top_k);
     c->st = st;
-    c->ids = calloc(K, sizeof *c->ids);
-    c->slot = calloc(K, sizeof *c->slot);
-    c->stage = calloc(K, 1);
+    c->ids = calloc(U, sizeof *c->ids);
+    c->slot = calloc(U, sizeof *c->slot);
+    c->stage = calloc(U, 1);
     c->prev_ids = calloc(L * K, sizeof *c->prev_ids);
     c->has_prev = calloc(L, 1);
     c->pred = calloc(3 * L * K, sizeof *c->pred);
     c->has_pred = calloc(3 * L, 1);
-    c->batch = calloc(K, sizeof *c->batch);
-    c->rank = calloc(K, sizeof *c->rank);
+    c->batch = calloc(U, sizeof *c->batch);
+    c->rank = calloc(U, sizeof *c->rank);
     if (!c->ids || !c->slot || !c->stage || !c->prev_ids || !c->has_prev || !c->pred ||
         !c->has_pred || !c->batch || !c->rank) {
         k3_store_client_free(c);
@@ -492,6 +494,12 @@ void k3_store_client_free(k3_store_client *c) {
 void k3_store_client_reset(k3_store_client *c) {
     memset(c->has_prev, 0, (size_t)c->st->n_layers);
     memset(c->has_pred, 0, 3 * (size_t)c->st->n_layers);
+}
+
+void k3_store_set_choice(k3_store_client *c, int layer, const int *ids, int k) {
+    if (k != c->st->top_k) return;
+    memcpy(c->prev_ids + (size_t)layer * c->st->top_k, ids, (size_t)k * sizeof *ids);
+    c->has_prev[layer] = 1;
 }
 
 const int *k3_store_prev_choice(const k3_store_client *c, int layer) {
@@ -549,9 +557,15 @@ void k3_store_begin(k3_store_client *c, int layer, const int *ids, int k) {
     c->layer = layer;
     c->k = k;
     memcpy(c->ids, ids, (size_t)k * sizeof *ids);
-    score_predictions(st, c, layer);
-    memcpy(c->prev_ids + (size_t)layer * st->top_k, ids, (size_t)k * sizeof *ids);
-    c->has_prev[layer] = 1;
+    if (k <= st->top_k) { /* one token's choice: score the guesses, remember it */
+        score_predictions(st, c, layer);
+        memcpy(c->prev_ids + (size_t)layer * st->top_k, ids, (size_t)k * sizeof *ids);
+        c->has_prev[layer] = 1;
+    } else { /* a chunk's union: no one token's choice (see k3_store_set_choice) */
+        c->has_pred[(size_t)K3_PIPE_PREV * st->n_layers + layer] = 0;
+        c->has_pred[(size_t)K3_PIPE_LOOKAHEAD * st->n_layers + layer] = 0;
+        c->has_prev[layer] = 0;
+    }
     st->stats.requests += (uint64_t)k;
     if (st->in_place) {
         st->stats.hits += (uint64_t)k;

@@ -111,8 +111,15 @@ void k3_store_client_reset(k3_store_client *c);
 /* Starts MoE layer `layer` with the router's k chosen expert ids (router order): pins those
  * cached, claims slots for the misses and submits their reads together, sorted by file and
  * offset (interleaved across drives). Records each predictor's recall for this layer.
- * Must be followed by k calls of k3_store_next/k3_store_done, then k3_store_end. */
+ * Must be followed by k calls of k3_store_next/k3_store_done, then k3_store_end.
+ * A batched layer (a prefill chunk) passes the UNION of its tokens' choices, k distinct ids
+ * up to num_experts, so each expert is read once for the chunk; for k > top-k no recall is
+ * scored and no previous choice is kept (k3_store_set_choice sets one). */
 void k3_store_begin(k3_store_client *c, int layer, const int *ids, int k);
+
+/* Remembers ids[k] (k = top-k) as the previous token's choice at layer, for K3_PIPE's
+ * previous-token predictor: a batched layer passes its last token's choice. */
+void k3_store_set_choice(k3_store_client *c, int layer, const int *ids, int k);
 
 /* Waits until one not yet handed-out expert of the layer is ready and returns it: *j its
  * index in ids, *ex its weights (valid until k3_store_done(c, *j)). Experts come in the order

@@ -1,0 +1,477 @@
+/* forward_batch.c — n tokens through K3 in one pass (prefill chunks, speculative verification).
+ *
+ * The same spec §3 loop as forward.c, with every token of the pass carried through a layer
+ * before the next layer starts, so each spine matrix and each routed expert is read once per
+ * pass instead of once per token:
+ *  - the linears are k3_matmul over the pass's rows; row t equals k3_matvec of that row bit
+ *    for bit (kernels.h), so nothing here changes a result;
+ *  - KDA keeps its recurrence: the conv windows advance token by token and each head runs the
+ *    delta rule over the tokens in order (heads in parallel);
+ *  - MLA appends all positions to the KV cache, then attends each query causally over 0..t;
+ *  - the MoE asks the store for the union of the pass's chosen experts, runs each expert once
+ *    over the tokens that chose it, and sums each token's experts in its router order.
+ * The result is therefore bit-identical to feeding the tokens one by one with k3_forward
+ * (tests/test_prefill.c checks logits and state).
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "batch.h"
+#include "layers.h"
+
+/* ==== scratch ============================================================================= */
+
+static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
+
+void k3_batch_free(k3_batch *b) {
+    if (!b) return;
+    float *f[] = {b->P, b->x, b->xn, b->a, b->f, b->tmp, b->blocks, b->q, b->k, b->v, b->kf,
+                  b->fa, b->beta, b->o, b->g, b->cq, b->Q, b->ckv, b->lat_in, b->KV, b->gate,
+                  b->up, b->router, b->biased, b->lat, b->lat_acc, b->exp_outs, b->topk_w, b->z,
+                  b->eg, b->eu, b->eo, b->rw.S, b->rw.conv, b->rw.k, b->rw.v, b->rw.alpha,
+                  b->rw.beta, b->rw.raw};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) free(f[i]);
+    int *ip[] = {b->topk, b->uni, b->slot_of, b->first, b->fill, b->member_tok, b->member_j};
+    for (size_t i = 0; i < sizeof ip / sizeof ip[0]; i++) free(ip[i]);
+    free(b);
+}
+
+/* A k3_batch for cap tokens; NULL when out of memory. */
+static k3_batch *batch_new(const k3_model *m, const k3_state *s, int cap) {
+    const k3_config *c = &m->cfg;
+    k3_batch *b = calloc(1, sizeof *b);
+    if (!b) return NULL;
+    size_t n = (size_t)cap, hd = (size_t)c->hidden_size;
+    size_t P = (size_t)c->kda_num_heads * c->kda_head_dim, H = (size_t)c->num_attention_heads;
+    size_t qk = (size_t)(c->qk_nope_head_dim + c->qk_rope_head_dim);
+    size_t mla_o = H * (size_t)c->v_head_dim, E = (size_t)c->num_experts;
+    size_t K = (size_t)c->num_experts_per_token, lat = (size_t)c->routed_expert_hidden_size;
+    size_t inter = max_sz(max_sz((size_t)c->intermediate_size, (size_t)c->moe_intermediate_size *
+                                 c->num_shared_experts), (size_t)c->moe_intermediate_size);
+    int ok = 1;
+    b->cap = cap;
+#define ALLOC(p, count) ok &= ((p) = calloc((size_t)(count) + 1, sizeof *(p))) != NULL
+    ALLOC(b->P, n * hd); ALLOC(b->x, n * hd); ALLOC(b->xn, n * hd); ALLOC(b->a, n * hd);
+    ALLOC(b->f, n * hd); ALLOC(b->tmp, n * hd);
+    ALLOC(b->blocks, n * (size_t)s->max_blocks * hd);
+    ALLOC(b->q, n * P); ALLOC(b->k, n * P); ALLOC(b->v, n * P); ALLOC(b->kf, n * P);
+    ALLOC(b->fa, n * (size_t)m->kda_rank); ALLOC(b->beta, n * (size_t)c->kda_num_heads);
+    ALLOC(b->o, n * max_sz(P, mla_o)); ALLOC(b->g, n * max_sz(P, mla_o));
+    ALLOC(b->cq, n * (size_t)c->q_lora_rank); ALLOC(b->Q, n * H * qk);
+    ALLOC(b->ckv, n * (size_t)(c->kv_lora_rank + c->qk_rope_head_dim));
+    ALLOC(b->lat_in, n * (size_t)c->kv_lora_rank);
+    ALLOC(b->KV, n * H * (size_t)(c->qk_nope_head_dim + c->v_head_dim));
+    ALLOC(b->gate, n * inter); ALLOC(b->up, n * inter);
+    ALLOC(b->router, n * E); ALLOC(b->biased, n * E);
+    ALLOC(b->lat, n * lat); ALLOC(b->lat_acc, n * lat); ALLOC(b->exp_outs, n * K * lat);
+    ALLOC(b->topk_w, n * K); ALLOC(b->topk, n * K);
+    ALLOC(b->uni, E); ALLOC(b->slot_of, E); ALLOC(b->first, E + 1); ALLOC(b->fill, E);
+    ALLOC(b->member_tok, n * K); ALLOC(b->member_j, n * K);
+    ALLOC(b->z, n * lat); ALLOC(b->eg, n * (size_t)c->moe_intermediate_size);
+    ALLOC(b->eu, n * (size_t)c->moe_intermediate_size); ALLOC(b->eo, n * lat);
+#undef ALLOC
+    if (!ok) {
+        k3_batch_free(b);
+        return NULL;
+    }
+    return b;
+}
+
+/* The rewind buffers for cap tokens (on the first rewindable pass). 0 when out of memory. */
+static int rewind_alloc(const k3_model *m, const k3_state *s, k3_rewind *r, int cap) {
+    const k3_config *c = &m->cfg;
+    size_t L = (size_t)m->n_kda, n = (size_t)cap;
+    size_t P = (size_t)c->kda_num_heads * c->kda_head_dim;
+    int ok = 1;
+#define ALLOC(p, count) ok &= ((p) = calloc((size_t)(count) + 1, sizeof *(p))) != NULL
+    ALLOC(r->S, L * s->kda_S_floats); ALLOC(r->conv, L * s->kda_conv_floats);
+    ALLOC(r->k, L * n * P); ALLOC(r->v, L * n * P); ALLOC(r->alpha, L * n * P);
+    ALLOC(r->beta, L * n * (size_t)c->kda_num_heads); ALLOC(r->raw, L * 3 * n * P);
+#undef ALLOC
+    r->cap = cap;
+    return ok;
+}
+
+/* ==== timing and tracing ================================================================== */
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Calls the trace hook for rows 0..n-1 of x [n][hd] (positions pos..). */
+static void trace_rows(const k3_trace *tr, int pos, int layer, enum k3_trace_point pt,
+                       const float *x, int n, int hd) {
+    if (!tr || !tr->on_vector) return;
+    for (int t = 0; t < n; t++) tr->on_vector(tr->user, pos + t, layer, pt, x + (size_t)t * hd, hd);
+}
+
+/* ==== mixers ============================================================================== */
+
+/* KDA over the pass (spec §6): batched projections, then the recurrence token by token. */
+static void kda_batch(const k3_model *m, const k3_layer *L, k3_state *s, k3_batch *b, int n,
+                      bool keep, float *out) {
+    const k3_config *c = &m->cfg;
+    const k3_kda_weights *w = &L->kda;
+    int H = c->kda_num_heads, D = c->kda_head_dim;
+    size_t P = (size_t)H * D, slot = (size_t)L->state_slot;
+    const float *x = b->xn;
+    k3_matmul(m->kr, &w->q_proj, x, n, b->q);
+    k3_matmul(m->kr, &w->k_proj, x, n, b->k);
+    k3_matmul(m->kr, &w->v_proj, x, n, b->v);
+    k3_matmul(m->kr, &w->f_a_proj, x, n, b->fa);
+    k3_matmul(m->kr, &w->f_b_proj, b->fa, n, b->kf);
+    k3_matmul(m->kr, &w->b_proj, x, n, b->beta);
+    k3_matmul(m->kr, &w->g_proj, x, n, b->g);
+
+    float *S0 = s->kda_S + s->kda_S_floats * slot;
+    float *hist = s->kda_conv + s->kda_conv_floats * slot;
+    k3_rewind *r = &b->rw;
+    size_t rcap = (size_t)r->cap;
+    if (keep) { /* the state before the pass, and what the conv windows will be fed */
+        memcpy(r->S + slot * s->kda_S_floats, S0, s->kda_S_floats * sizeof(float));
+        memcpy(r->conv + slot * s->kda_conv_floats, hist, s->kda_conv_floats * sizeof(float));
+        float *raw = r->raw + slot * 3 * rcap * P;
+        memcpy(raw, b->q, (size_t)n * P * sizeof(float));
+        memcpy(raw + rcap * P, b->k, (size_t)n * P * sizeof(float));
+        memcpy(raw + 2 * rcap * P, b->v, (size_t)n * P * sizeof(float));
+    }
+    for (int t = 0; t < n; t++)
+        k3_kda_conv(m, L, s, b->q + t * P, b->k + t * P, b->v + t * P);
+#pragma omp parallel for schedule(static) if ((int64_t)P * n >= 4096)
+    for (int h = 0; h < H; h++) {
+        float alpha_local[1024];
+        for (int t = 0; t < n; t++) {
+            size_t at = t * P + (size_t)h * D;
+            float *alpha = keep ? r->alpha + (slot * rcap + t) * P + (size_t)h * D : alpha_local;
+            float *beta = keep ? r->beta + (slot * rcap + t) * H + h : NULL;
+            k3_kda_head(m, L, S0 + (size_t)h * D * D, h, b->q + at, b->k + at, b->v + at,
+                        b->kf + at, b->beta[t * H + h], b->g + at, b->o + at, alpha, beta);
+        }
+    }
+    if (keep) { /* k after its L2 norm, v after its conv: what the delta rule consumed */
+        memcpy(r->k + slot * rcap * P, b->k, (size_t)n * P * sizeof(float));
+        memcpy(r->v + slot * rcap * P, b->v, (size_t)n * P * sizeof(float));
+    }
+    k3_matmul(m->kr, &w->o_proj, b->o, n, out);
+}
+
+/* Gated NoPE MLA over the pass (spec §7): every position enters the cache, then each query
+ * attends causally to positions 0..its own. */
+static void mla_batch(const k3_model *m, const k3_layer *L, k3_state *s, k3_batch *b, int n,
+                      float *out) {
+    const k3_config *c = &m->cfg;
+    const k3_mla_weights *w = &L->mla;
+    int H = c->num_attention_heads, vd = c->v_head_dim, lora = c->kv_lora_rank;
+    int qr = c->q_lora_rank, ckv_w = lora + c->qk_rope_head_dim;
+    size_t qk = (size_t)(c->qk_nope_head_dim + c->qk_rope_head_dim);
+    size_t kv_w = (size_t)H * (c->qk_nope_head_dim + vd), mla_o = (size_t)H * vd;
+    const float *x = b->xn;
+    k3_matmul(m->kr, &w->q_a_proj, x, n, b->cq);
+    for (int t = 0; t < n; t++)
+        k3_rmsnorm(b->cq + t * qr, &w->q_a_layernorm, qr, K3_MLA_LORA_EPS, b->cq + t * qr);
+    k3_matmul(m->kr, &w->q_b_proj, b->cq, n, b->Q);
+    k3_matmul(m->kr, &w->kv_a_proj, x, n, b->ckv);
+    for (int t = 0; t < n; t++) { /* latent part only; kv_b_proj reads it as a dense row */
+        float *ckv = b->ckv + (size_t)t * ckv_w;
+        k3_rmsnorm(ckv, &w->kv_a_layernorm, lora, K3_MLA_LORA_EPS, ckv);
+        memcpy(b->lat_in + (size_t)t * lora, ckv, (size_t)lora * sizeof(float));
+    }
+    k3_matmul(m->kr, &w->kv_b_proj, b->lat_in, n, b->KV);
+    for (int t = 0; t < n; t++)
+        k3_mla_append(m, L, s, s->pos + t, b->KV + t * kv_w, b->ckv + (size_t)t * ckv_w);
+    for (int t = 0; t < n; t++)
+        k3_mla_attend(m, L, s, s->pos + t, b->Q + t * H * qk, b->o + t * mla_o);
+    /* Output gate on the normed layer input, then o_proj (spec §7.4). */
+    k3_matmul(m->kr, &w->g_proj, x, n, b->g);
+    for (size_t i = 0; i < (size_t)n * mla_o; i++) b->o[i] = b->o[i] * k3_sigmoid(b->g[i]);
+    k3_matmul(m->kr, &w->o_proj, b->o, n, out);
+}
+
+/* ==== FFN ================================================================================= */
+
+static void dense_batch(const k3_model *m, const k3_layer *L, k3_batch *b, int n, float *out) {
+    const k3_config *c = &m->cfg;
+    k3_matmul(m->kr, &L->dense.gate_proj, b->xn, n, b->gate);
+    k3_matmul(m->kr, &L->dense.up_proj, b->xn, n, b->up);
+    k3_situ_vec(b->gate, b->up, n * c->intermediate_size, c->situ_beta, c->situ_linear_beta,
+                b->gate);
+    k3_matmul(m->kr, &L->dense.down_proj, b->gate, n, out);
+}
+
+/* The union of the pass's chosen experts (b->uni, in first-chosen order) and, for each, the
+ * tokens that chose it with their router slot. Returns the union's size. */
+static int gather_union(const k3_config *c, k3_batch *b, int n) {
+    int E = c->num_experts, K = c->num_experts_per_token, nu = 0;
+    for (int e = 0; e < E; e++) b->slot_of[e] = -1;
+    for (int i = 0; i < n * K; i++) {
+        int e = b->topk[i];
+        if (b->slot_of[e] < 0) {
+            b->slot_of[e] = nu;
+            b->uni[nu] = e;
+            b->fill[nu++] = 0;
+        }
+        b->fill[b->slot_of[e]]++;
+    }
+    b->first[0] = 0;
+    for (int u = 0; u < nu; u++) b->first[u + 1] = b->first[u] + b->fill[u], b->fill[u] = 0;
+    for (int i = 0; i < n * K; i++) {
+        int u = b->slot_of[b->topk[i]], at = b->first[u] + b->fill[u]++;
+        b->member_tok[at] = i / K;
+        b->member_j[at] = i % K;
+    }
+    return nu;
+}
+
+/* Routed expert u of the union over its m tokens: gather their latents, E(z) = W2 ·
+ * SiTU(W1 z, W3 z) as batched MXFP4 products, scatter into each token's row of exp_outs. */
+static void expert_batch(const k3_model *m, k3_batch *b, int u, const k3_expert *ex) {
+    const k3_config *c = &m->cfg;
+    size_t lat = (size_t)c->routed_expert_hidden_size, K = (size_t)c->num_experts_per_token;
+    int n0 = b->first[u], mt = b->first[u + 1] - n0;
+    for (int i = 0; i < mt; i++)
+        memcpy(b->z + i * lat, b->lat + (size_t)b->member_tok[n0 + i] * lat, lat * sizeof(float));
+    k3_matmul_mxfp4(m->kr, &ex->w1, b->z, mt, b->eg);
+    k3_matmul_mxfp4(m->kr, &ex->w3, b->z, mt, b->eu);
+    k3_situ_vec(b->eg, b->eu, mt * c->moe_intermediate_size, c->situ_beta, c->situ_linear_beta,
+                b->eg);
+    k3_matmul_mxfp4(m->kr, &ex->w2, b->eg, mt, b->eo);
+    for (int i = 0; i < mt; i++) {
+        size_t t = (size_t)b->member_tok[n0 + i], j = (size_t)b->member_j[n0 + i];
+        memcpy(b->exp_outs + (t * K + j) * lat, b->eo + i * lat, lat * sizeof(float));
+    }
+}
+
+/* Stable LatentMoE over the pass (spec §8.3), each expert of the union read once. */
+static int moe_batch(const k3_model *m, const k3_layer *L, k3_state *s, k3_batch *b, int n,
+                     float *out, k3_err *err) {
+    const k3_config *c = &m->cfg;
+    const k3_moe_weights *w = &L->moe;
+    int K = c->num_experts_per_token, E = c->num_experts, hd = c->hidden_size;
+    size_t lat = (size_t)c->routed_expert_hidden_size;
+    int layer = (int)(L - m->layers);
+    double t0 = now_s();
+    k3_matmul(m->kr, &w->router, b->xn, n, b->router);
+    for (int t = 0; t < n; t++)
+        k3_moe_select(m, w, b->router + (size_t)t * E, b->biased + (size_t)t * E,
+                      b->topk + t * K, b->topk_w + t * K);
+    int nu = gather_union(c, b, n);
+    k3_store_begin(s->store, layer, b->uni, nu); /* misses start reading now */
+    k3_store_set_choice(s->store, layer, b->topk + (n - 1) * K, K);
+    k3_moe_prefetch_next(m, layer, s, b->xn + (size_t)(n - 1) * hd);
+    s->tok.router_s += now_s() - t0;
+    k3_matmul(m->kr, &w->down_proj, b->xn, n, b->lat);
+    int rc = K3_OK;
+    for (int done = 0; done < nu && !rc; done++) {
+        int u;
+        k3_expert ex;
+        double t1 = now_s();
+        rc = k3_store_next(s->store, &u, &ex, err);
+        double t2 = now_s();
+        s->tok.eload_s += t2 - t1;
+        s->layer_eload_s[layer] += t2 - t1;
+        if (rc) break;
+        expert_batch(m, b, u, &ex);
+        k3_store_done(s->store, u);
+        double dt = now_s() - t2;
+        s->tok.expert_s += dt;
+        s->layer_expert_s[layer] += dt;
+    }
+    k3_store_end(s->store);
+    if (rc) return rc;
+    for (int t = 0; t < n; t++) { /* each token's weighted sum in its router order */
+        float *acc = b->lat_acc + t * lat;
+        const float *wt = b->topk_w + t * K;
+        for (size_t i = 0; i < lat; i++) acc[i] = 0;
+        for (int j = 0; j < K; j++) {
+            const float *e_out = b->exp_outs + ((size_t)t * K + j) * lat;
+            for (size_t i = 0; i < lat; i++) acc[i] += e_out[i] * wt[j];
+        }
+        k3_rmsnorm(acc, &w->norm, (int)lat, c->rms_norm_eps, acc); /* on the sum */
+    }
+    k3_matmul(m->kr, &w->up_proj, b->lat_acc, n, out);
+    /* Shared experts on the full-width input; routed term first in the final add. */
+    int sh = c->moe_intermediate_size * c->num_shared_experts;
+    k3_matmul(m->kr, &w->shared_gate, b->xn, n, b->gate);
+    k3_matmul(m->kr, &w->shared_up, b->xn, n, b->up);
+    k3_situ_vec(b->gate, b->up, n * sh, c->situ_beta, c->situ_linear_beta, b->gate);
+    k3_matmul(m->kr, &w->shared_down, b->gate, n, b->tmp);
+    for (size_t i = 0; i < (size_t)n * hd; i++) out[i] = out[i] + b->tmp[i];
+    return K3_OK;
+}
+
+/* ==== the spine =========================================================================== */
+
+/* AR(R_t ++ [last]) for token t with the layer's folded score weights. */
+static void mix(const k3_state *s, const k3_batch *b, int t, const float *last, const float *sw,
+                const k3_config *c, float *out) {
+    const float *vals[K3_MAX_RES_VALUES];
+    size_t hd = (size_t)c->hidden_size;
+    int n = 0;
+    const float *R = b->blocks + (size_t)t * s->max_blocks * hd;
+    for (int j = 0; j < s->n_blocks; j++) vals[n++] = R + (size_t)j * hd;
+    vals[n++] = last;
+    k3_attn_res(vals, n, sw, c->hidden_size, c->rms_norm_eps, out);
+}
+
+static void add_times(k3_phase_times *sum, const k3_phase_times *t) {
+    sum->total_s += t->total_s, sum->attn_s += t->attn_s, sum->moe_s += t->moe_s;
+    sum->router_s += t->router_s, sum->eload_s += t->eload_s, sum->expert_s += t->expert_s;
+    sum->head_s += t->head_s, sum->tokens += t->tokens;
+}
+
+/* Makes s->batch hold n tokens (and the rewind buffers when keep). */
+static int reserve(const k3_model *m, k3_state *s, int n, bool keep, k3_err *err) {
+    k3_batch *b = s->batch;
+    if (!b || b->cap < n) {
+        k3_batch_free(b);
+        if (!(s->batch = b = batch_new(m, s, n)))
+            return k3_fail(err, K3_ERR_GENERIC, "out of memory for a %d-token pass", n);
+    }
+    if (keep && b->rw.cap < n) {
+        k3_rewind none = {0};
+        float *old[] = {b->rw.S, b->rw.conv, b->rw.k, b->rw.v, b->rw.alpha, b->rw.beta, b->rw.raw};
+        for (size_t i = 0; i < sizeof old / sizeof old[0]; i++) free(old[i]);
+        b->rw = none;
+        if (!rewind_alloc(m, s, &b->rw, n)) {
+            k3_batch_free(b);
+            s->batch = NULL;
+            return k3_fail(err, K3_ERR_GENERIC, "out of memory for the rewind buffers of a "
+                           "%d-token pass", n);
+        }
+    }
+    b->rw.pass_n = 0; /* any pass ends what an earlier pass could rewind */
+    return K3_OK;
+}
+
+/* One layer (spec §3) for all rows of the pass. */
+static int layer_batch(const k3_model *m, k3_state *s, k3_batch *b, int l, int n, bool keep,
+                       const k3_trace *tr, k3_err *err) {
+    const k3_config *c = &m->cfg;
+    const k3_layer *L = &m->layers[l];
+    int hd = c->hidden_size, pos = s->pos;
+    size_t vec = (size_t)hd * sizeof(float);
+    bool fresh_block = l % c->attn_res_block_size == 0;
+    for (int t = 0; t < n; t++) {
+        float *P = b->P + (size_t)t * hd, *x = b->x + (size_t)t * hd;
+        if (s->n_blocks > 0) mix(s, b, t, P, L->attn_res_sw, c, x);
+        else memcpy(x, P, vec);
+        if (fresh_block)
+            memcpy(b->blocks + ((size_t)t * s->max_blocks + s->n_blocks) * hd, P, vec);
+        k3_rmsnorm(x, &L->input_layernorm, hd, c->rms_norm_eps, b->xn + (size_t)t * hd);
+    }
+    trace_rows(tr, pos, l, K3_TRACE_ATTN_IN, b->x, n, hd);
+    if (fresh_block) s->n_blocks++;
+    double t0 = now_s();
+    if (L->is_mla) mla_batch(m, L, s, b, n, b->a);
+    else kda_batch(m, L, s, b, n, keep, b->a);
+    s->tok.attn_s += now_s() - t0;
+    trace_rows(tr, pos, l, K3_TRACE_ATTN_OUT, b->a, n, hd);
+    for (int t = 0; t < n; t++) {
+        float *P = b->P + (size_t)t * hd, *a = b->a + (size_t)t * hd, *x = b->x + (size_t)t * hd;
+        if (fresh_block) memcpy(P, a, vec); /* first contribution after a reset is a copy */
+        else for (int i = 0; i < hd; i++) P[i] = P[i] + a[i];
+        mix(s, b, t, P, L->mlp_res_sw, c, x);
+        k3_rmsnorm(x, &L->post_attention_layernorm, hd, c->rms_norm_eps, b->xn + (size_t)t * hd);
+    }
+    trace_rows(tr, pos, l, K3_TRACE_MLP_IN, b->x, n, hd);
+    if (L->is_moe) {
+        t0 = now_s();
+        int rc = moe_batch(m, L, s, b, n, b->f, err);
+        s->tok.moe_s += now_s() - t0;
+        if (rc) return rc;
+        int K = c->num_experts_per_token;
+        for (int t = 0; tr && tr->on_routing && t < n; t++)
+            tr->on_routing(tr->user, pos + t, l, b->topk + t * K, b->topk_w + t * K, K);
+    } else {
+        dense_batch(m, L, b, n, b->f);
+    }
+    trace_rows(tr, pos, l, K3_TRACE_MLP_OUT, b->f, n, hd);
+    for (size_t i = 0; i < (size_t)n * hd; i++) b->P[i] = b->P[i] + b->f[i];
+    trace_rows(tr, pos, l, K3_TRACE_PARTIAL_SUM, b->P, n, hd);
+    return K3_OK;
+}
+
+int k3_forward_batch(const k3_model *m, k3_state *s, const int32_t *tokens, int n, float *logits,
+                     int flags, const k3_trace *tr, k3_err *err) {
+    const k3_config *c = &m->cfg;
+    int hd = c->hidden_size, pos = s->pos;
+    bool keep = flags & K3_BATCH_REWINDABLE;
+    if (n < 1) return k3_fail(err, K3_ERR_INPUT, "a pass needs at least one token");
+    if (pos + n > s->max_ctx)
+        return k3_fail(err, K3_ERR_INPUT, "the context is full (%d positions)", s->max_ctx);
+    int rc = reserve(m, s, n, keep, err);
+    if (rc) return rc;
+    k3_batch *b = s->batch;
+    double t_start = now_s(), t0;
+    s->tok = (k3_phase_times){.tokens = n};
+    memset(s->layer_eload_s, 0, (size_t)c->num_hidden_layers * sizeof *s->layer_eload_s);
+    memset(s->layer_expert_s, 0, (size_t)c->num_hidden_layers * sizeof *s->layer_expert_s);
+    s->n_blocks = 0;
+    for (int t = 0; t < n; t++) /* the embedding is the first h_in; it becomes block 0 */
+        for (int64_t i = 0; i < hd; i++)
+            b->P[(size_t)t * hd + i] = k3_mat_at(&m->embed, (int64_t)tokens[t] * hd + i);
+    for (int l = 0; l < c->num_hidden_layers; l++)
+        if ((rc = layer_batch(m, s, b, l, n, keep, tr, err))) return rc;
+    for (int t = 0; t < n; t++) {
+        float *x = b->x + (size_t)t * hd;
+        mix(s, b, t, b->P + (size_t)t * hd, m->out_res_sw, c, x);
+        k3_rmsnorm(x, &m->norm, hd, c->rms_norm_eps, b->xn + (size_t)t * hd);
+    }
+    trace_rows(tr, pos, -1, K3_TRACE_FINAL_HIDDEN, b->x, n, hd);
+    trace_rows(tr, pos, -1, K3_TRACE_FINAL_NORMED, b->xn, n, hd);
+    t0 = now_s();
+    if (logits && (flags & K3_BATCH_ALL_LOGITS))
+        k3_matmul(m->kr, &m->lm_head, b->xn, n, logits);
+    else if (logits)
+        k3_matvec(m->kr, &m->lm_head, b->xn + (size_t)(n - 1) * hd, logits);
+    s->pos += n;
+    if (keep) b->rw.pass_pos = pos, b->rw.pass_n = n;
+    double t_end = now_s();
+    s->tok.head_s = t_end - t0;
+    s->tok.total_s = t_end - t_start;
+    add_times(&s->sum, &s->tok);
+    for (int t = 0; tr && tr->on_step && t < n; t++) tr->on_step(tr->user, pos + t);
+    return K3_OK;
+}
+
+/* ==== rewind ============================================================================== */
+
+int k3_state_rewind(const k3_model *m, k3_state *s, int pos, k3_err *err) {
+    const k3_config *c = &m->cfg;
+    k3_batch *b = s->batch;
+    k3_rewind *r = b ? &b->rw : NULL;
+    if (pos == s->pos) return K3_OK;
+    if (!r || r->pass_n == 0 || pos < r->pass_pos || pos > s->pos || s->pos != r->pass_pos + r->pass_n)
+        return k3_fail(err, K3_ERR_INPUT, "cannot rewind to position %d: only positions inside "
+                       "the last rewindable pass can be restored", pos);
+    int a = pos - r->pass_pos, H = c->kda_num_heads, D = c->kda_head_dim;
+    size_t P = (size_t)H * D, rcap = (size_t)r->cap;
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        const k3_layer *L = &m->layers[l];
+        if (L->is_mla) continue; /* the KV cache: positions >= pos are simply not read again */
+        size_t slot = (size_t)L->state_slot;
+        float *S0 = s->kda_S + s->kda_S_floats * slot;
+        memcpy(S0, r->S + slot * s->kda_S_floats, s->kda_S_floats * sizeof(float));
+        memcpy(s->kda_conv + s->kda_conv_floats * slot, r->conv + slot * s->kda_conv_floats,
+               s->kda_conv_floats * sizeof(float));
+        float *raw = r->raw + slot * 3 * rcap * P;
+        for (int t = 0; t < a; t++) /* the windows advance as in the pass (outputs unused) */
+            k3_kda_conv(m, L, s, raw + t * P, raw + (rcap + t) * P, raw + (2 * rcap + t) * P);
+#pragma omp parallel for schedule(static) if (P >= 4096)
+        for (int h = 0; h < H; h++) {
+            float u[1024], o[1024]; /* head_dim <= 1024, checked at load */
+            for (int t = 0; t < a; t++) {
+                size_t at = (slot * rcap + t) * P + (size_t)h * D;
+                /* S's update does not read q; k stands in for it (o is discarded) */
+                k3_kda_delta_rule(m->kr, S0 + (size_t)h * D * D, r->k + at, r->k + at, r->v + at,
+                                  r->alpha + at, r->beta[(slot * rcap + t) * H + h], D, u, o);
+            }
+        }
+    }
+    s->pos = pos;
+    r->pass_n = 0; /* the rewound pass is over */
+    return K3_OK;
+}
