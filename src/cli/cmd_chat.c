@@ -47,7 +47,8 @@ static void chat_usage(FILE *f) {
         "                       with k3 render --request FILE)\n"
         "  /load FILE           read a conversation saved by /save (its tokens are prefilled\n"
         "                       on the next turn)\n"
-        "  /stats               tokens prefilled, reused and generated; context used\n"
+        "  /stats               tokens prefilled, reused and generated; context used;\n"
+        "                       speculation (--spec)\n"
         "  /max-new N           cap the next replies at N tokens\n"
         "  /help, /exit\n"
         "\n"
@@ -127,6 +128,7 @@ typedef struct chat {
     k3_conv conv;
     k3_stops stops;
     k3_sampler sm;     /* one PRNG stream for the whole conversation */
+    k3_spec spec;      /* --spec: speculative decoding, statistics over the conversation */
     float *logits;
     bool color;
     /* /stats */
@@ -269,7 +271,7 @@ static int turn(chat *c, const char *text, k3_err *err) {
     k3_reply_parser_init(&p, c->tok, &c->stops, c->conv.thinking);
     k3_gen_opts go = {.tok = c->tok, .max_new = c->max_new,
                       .show_thinking = !c->o->co.hide_thinking, .color = c->color,
-                      .out = stdout};
+                      .out = stdout, .spec = c->spec.max_draft ? &c->spec : NULL};
     k3_gen_result g;
     rc = k3_cli_generate(c->s, &c->sm, &c->stops, c->logits, &p, &go, &g, err);
     if (!rc) {
@@ -310,6 +312,11 @@ static void stats(const chat *c) {
         printf("sampling: greedy\n");
     printf("thinking %s, effort %s; %d messages\n", c->conv.thinking ? "on" : "off",
            c->conv.effort, cJSON_GetArraySize(c->conv.messages));
+    if (c->spec.max_draft) {
+        char line[768];
+        k3_spec_summary(&c->spec, c->generated, line, sizeof line);
+        printf("%s\n", line);
+    }
 }
 
 static int save(const chat *c, const char *path, k3_err *err) {
@@ -424,6 +431,8 @@ static int chat_main(const chat_opts *o, k3_err *err) {
     if (!rc) rc = k3_cli_store_attach(&sr, c.s, &o->so, err);
     if (!rc) rc = k3_conv_init(&c.conv, c.tok, err);
     if (!rc) rc = k3_sampler_init(&c.sm, &o->co.sampling, k3_engine_config(e)->vocab_size, err);
+    if (!rc && o->co.spec) rc = k3_spec_init(&c.spec, o->co.spec, c.s, &c.sm, err);
+    if (!rc && o->co.spec && c.spec.never) fprintf(stderr, "k3: --spec is off: %s\n", c.spec.why);
     if (!rc && !(c.logits = malloc((size_t)k3_engine_config(e)->vocab_size * sizeof(float))))
         rc = k3_fail(err, K3_ERR_GENERIC, "out of memory");
     if (!rc) {
@@ -437,6 +446,7 @@ static int chat_main(const chat_opts *o, k3_err *err) {
     }
     k3_cli_store_finish(&sr, o->verbose && !rc);
     free(c.logits);
+    k3_spec_free(&c.spec);
     k3_sampler_free(&c.sm);
     k3_conv_free(&c.conv);
     k3_session_free(c.s);

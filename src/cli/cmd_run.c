@@ -327,15 +327,24 @@ static int generate(run_ctx *r, const int32_t *prompt, size_t n_prompt, k3_err *
     double prefill_s = k3_cli_now_s() - t0;
     size_t fed = (size_t)k3_session_pos(r->s) - reused;
     const char *end_note = rc == K3_ERR_INTERRUPTED ? "interrupted (Ctrl-C) in the prompt" : NULL;
+    k3_spec spec = {0};
+    if (!rc && o->co.spec) rc = k3_spec_init(&spec, o->co.spec, r->s, &sm, err);
     if (!rc) {
         k3_gen_opts go = {.tok = r->tok, .max_new = o->max_new, .print_ids = o->print_ids,
                           .show_thinking = !o->co.hide_thinking, .color = isatty(1),
-                          .out = stdout, .on_logits = r->dump ? dump_row : NULL, .user = r};
+                          .out = stdout, .on_logits = r->dump ? dump_row : NULL, .user = r,
+                          .spec = o->co.spec ? &spec : NULL};
         rc = k3_cli_generate(r->s, &sm, &stops, r->logits, r->has_conv ? &parser : NULL, &go,
                              &g, err);
     }
     if (!rc || rc == K3_ERR_INTERRUPTED)
         summary(r, n_prompt, reused, fed, prefill_s, &g, end_note);
+    if ((!rc || rc == K3_ERR_INTERRUPTED) && o->co.spec && o->verbose) {
+        char line[768];
+        k3_spec_summary(&spec, g.n_sampled, line, sizeof line);
+        fprintf(stderr, "k3: %s\n", line);
+    }
+    k3_spec_free(&spec);
     if (!rc && g.end == K3_GEN_INTERRUPTED)
         rc = k3_fail(err, K3_ERR_INTERRUPTED, "interrupted after %d generated tokens",
                      g.n_sampled);

@@ -176,20 +176,72 @@ static void print_chunk(printer *pr, enum k3_channel ch, const char *text, int l
 
 /* ---- the loop -------------------------------------------------------------------------------- */
 
+/* One generation's output side: what emit() needs to print a sampled id and decide the end. */
+typedef struct gen_out {
+    k3_session *s;
+    const k3_stops *stops;
+    k3_reply_parser *parser;
+    const k3_gen_opts *o;
+    k3_gen_result *r;
+    printer pr;
+    k3_detok_stream ds;
+    enum k3_channel ch;
+    char *text;
+    size_t cap;
+    int fed;          /* ids in the session once those emitted so far are fed */
+} gen_out;
+
+/* Records and prints the sampled id; returns true (with r->end set) when the generation ends
+ * at it, in which case it is not fed. */
+static bool emit(gen_out *g, int32_t id) {
+    const k3_gen_opts *o = g->o;
+    k3_gen_result *r = g->r;
+    bool stop = k3_stops_has(g->stops, id);
+    int len;
+    if (o->print_ids) fprintf(o->out, "%s%d", r->n_sampled ? "," : "", id);
+    r->n_sampled++;
+    r->last_id = id;
+    if (!stop) r->ids[r->n++] = id;
+    if (g->parser) {
+        len = k3_reply_parser_push(g->parser, id, g->text, g->cap, &g->ch);
+        if (!o->print_ids) print_chunk(&g->pr, g->ch, g->text, len);
+    } else if (!o->print_ids && !stop) {
+        len = k3_detok_stream_push(o->tok, &g->ds, id, g->text, g->cap);
+        if (len > 0) fwrite(g->text, 1, (size_t)len, o->out);
+    }
+    fflush(o->out);
+    if (stop || k3_cli_interrupted || r->n_sampled >= o->max_new ||
+        g->fed >= k3_session_max_ctx(g->s)) {
+        r->end = stop ? K3_GEN_STOP : k3_cli_interrupted ? K3_GEN_INTERRUPTED
+               : r->n_sampled >= o->max_new ? K3_GEN_MAX_NEW : K3_GEN_CONTEXT;
+        return true;
+    }
+    g->fed++; /* it will be fed */
+    return false;
+}
+
+/* k3_spec_io callbacks: a kept id's logits go to on_logits; an accepted draft is emitted. */
+static int spec_fed(void *user, const float *logits, k3_err *err) {
+    gen_out *g = user;
+    return g->o->on_logits ? g->o->on_logits(g->o->user, logits, err) : K3_OK;
+}
+static bool spec_accepted(void *user, int32_t id) { return emit(user, id); }
+
 int k3_cli_generate(k3_session *s, k3_sampler *sm, const k3_stops *stops, float *logits,
                     k3_reply_parser *parser, const k3_gen_opts *o, k3_gen_result *r,
                     k3_err *err) {
     *r = (k3_gen_result){.last_id = -1};
-    size_t cap = k3_reply_parser_out_cap(o->tok);
-    char *text = malloc(cap);
+    gen_out g = {.s = s, .stops = stops, .parser = parser, .o = o, .r = r, .pr = {o, -1, false},
+                 .ch = K3_CH_RESPONSE, .cap = k3_reply_parser_out_cap(o->tok),
+                 .fed = k3_session_pos(s)};
+    g.text = malloc(g.cap);
     r->ids = malloc(((size_t)o->max_new + 1) * sizeof *r->ids);
-    if (!text || !r->ids) {
-        free(text);
+    if (!g.text || !r->ids) {
+        free(g.text);
         return k3_fail(err, K3_ERR_GENERIC, "out of memory");
     }
-    printer pr = {o, -1, false};
-    k3_detok_stream ds = {0};
-    enum k3_channel ch = K3_CH_RESPONSE;
+    if (o->spec) k3_spec_restart(o->spec);
+    k3_spec_io io = {&g, spec_fed, spec_accepted};
     double t0 = k3_cli_now_s();
     int rc = K3_OK, len;
     for (;;) {
@@ -198,39 +250,28 @@ int k3_cli_generate(k3_session *s, k3_sampler *sm, const k3_stops *stops, float 
             break;
         }
         int32_t id = k3_sampler_sample(sm, logits);
-        bool stop = k3_stops_has(stops, id);
-        if (o->print_ids) fprintf(o->out, "%s%d", r->n_sampled ? "," : "", id);
-        r->n_sampled++;
-        r->last_id = id;
-        if (!stop) r->ids[r->n++] = id;
-        if (parser) {
-            len = k3_reply_parser_push(parser, id, text, cap, &ch);
-            if (!o->print_ids) print_chunk(&pr, ch, text, len);
-        } else if (!o->print_ids && !stop) {
-            len = k3_detok_stream_push(o->tok, &ds, id, text, cap);
-            if (len > 0) fwrite(text, 1, (size_t)len, o->out);
-        }
-        fflush(o->out);
-        if (stop || k3_cli_interrupted || r->n_sampled >= o->max_new ||
-            k3_session_pos(s) >= k3_session_max_ctx(s)) {
-            r->end = stop ? K3_GEN_STOP : k3_cli_interrupted ? K3_GEN_INTERRUPTED
-                   : r->n_sampled >= o->max_new ? K3_GEN_MAX_NEW : K3_GEN_CONTEXT;
-            break;
+        if (emit(&g, id)) break;
+        if (o->spec) { /* id, and maybe drafts K3 agrees with (emitted through io) */
+            bool ended = false;
+            int left = o->max_new - r->n_sampled - 1; /* drafts that can still be emitted */
+            if ((rc = k3_spec_feed(o->spec, s, sm, id, left, logits, &io, &ended, err)) || ended)
+                break;
+            continue;
         }
         if ((rc = k3_session_step(s, id, logits, err))) break;
         if (o->on_logits && (rc = o->on_logits(o->user, logits, err))) break;
     }
     r->decode_s = k3_cli_now_s() - t0;
     if (parser) {
-        len = k3_reply_parser_finish(parser, text, cap, &ch);
-        if (!o->print_ids) print_chunk(&pr, ch, text, len);
+        len = k3_reply_parser_finish(parser, g.text, g.cap, &g.ch);
+        if (!o->print_ids) print_chunk(&g.pr, g.ch, g.text, len);
     } else if (!o->print_ids) {
-        len = k3_detok_stream_flush(&ds, text, cap);
-        if (len > 0) fwrite(text, 1, (size_t)len, o->out);
+        len = k3_detok_stream_flush(&g.ds, g.text, g.cap);
+        if (len > 0) fwrite(g.text, 1, (size_t)len, o->out);
     }
-    if (pr.dim) fputs(SGR_RESET, o->out);
+    if (g.pr.dim) fputs(SGR_RESET, o->out);
     fputc('\n', o->out);
     fflush(o->out);
-    free(text);
+    free(g.text);
     return rc;
 }

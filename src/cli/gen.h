@@ -16,6 +16,7 @@
 #include "../chat/parse.h"
 #include "../engine/k3.h"
 #include "../engine/sampler.h"
+#include "../engine/spec.h"
 
 /* Set by the SIGINT handler (the one piece of CLI-level mutable state). */
 extern volatile sig_atomic_t k3_cli_interrupted;
@@ -41,6 +42,9 @@ typedef struct k3_gen_opts {
     /* Called with the logits after each generated token is fed (e.g. --dump-logits). */
     int (*on_logits)(void *user, const float *logits, k3_err *err);
     void *user;
+    /* Speculative decoding (--spec, src/engine/spec.h), or NULL: set up by the caller with this
+     * session and sampler; the loop restarts it per generation and its statistics add up. */
+    k3_spec *spec;
 } k3_gen_opts;
 
 typedef struct k3_gen_result {

@@ -1,5 +1,10 @@
-/* spec.c — suffix-match drafting for speculative decoding (see spec.h). */
+/* spec.c — speculative decoding: suffix-match drafting and exact verification (see spec.h). */
 #include "spec.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
 
 /* Does the length-len window ending at e (exclusive) equal the history's last len tokens? */
 static int window_matches(const int32_t *t, size_t n, size_t e, size_t len) {
@@ -24,4 +29,151 @@ int k3_spec_draft(const int32_t *tokens, size_t n, int max_draft, int32_t *draft
         }
     }
     return 0;
+}
+
+/* ---- verification (see spec.h) ----------------------------------------------------------------- */
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+int k3_spec_init(k3_spec *sp, int max_draft, const k3_session *s, const k3_sampler *sm,
+                 k3_err *err) {
+    memset(sp, 0, sizeof *sp);
+    sp->max_draft = max_draft > 0 ? max_draft : 0;
+    sp->min_accept = K3_SPEC_MIN_ACCEPT;
+    if (!sp->max_draft) return K3_OK;
+    if (sm->o.temperature > 0) {
+        sp->off = sp->never = true;
+        snprintf(sp->why, sizeof sp->why, "sampling is on (--temperature > 0): --spec verifies "
+                 "greedy decoding only");
+    } else if (!k3_session_can_rewind(s)) {
+        sp->off = sp->never = true;
+        snprintf(sp->why, sizeof sp->why, "this device backend cannot rewind a pass");
+    }
+    sp->vocab = sm->vocab;
+    size_t n = (size_t)sp->max_draft + 1;
+    sp->hist = malloc(((size_t)k3_session_max_ctx(s) + 1) * sizeof *sp->hist);
+    sp->pass = malloc(n * sizeof *sp->pass);
+    sp->rows = malloc(n * (size_t)sp->vocab * sizeof *sp->rows);
+    if (!sp->hist || !sp->pass || !sp->rows) {
+        k3_spec_free(sp);
+        return k3_fail(err, K3_ERR_GENERIC, "out of memory for --spec %d", max_draft);
+    }
+    return K3_OK;
+}
+
+void k3_spec_free(k3_spec *sp) {
+    free(sp->hist);
+    free(sp->pass);
+    free(sp->rows);
+    sp->hist = sp->pass = NULL;
+    sp->rows = NULL;
+}
+
+void k3_spec_restart(k3_spec *sp) {
+    memset(sp->win_prop, 0, sizeof sp->win_prop);
+    memset(sp->win_acc, 0, sizeof sp->win_acc);
+    if (!sp->never) sp->off = false, sp->why[0] = 0;
+}
+
+/* The acceptance rule (spec.h): off when the last K3_SPEC_WINDOW passes accepted too few. */
+static void judge(k3_spec *sp, int proposed, int accepted) {
+    int at = (int)(sp->st.passes % K3_SPEC_WINDOW), prop = 0, acc = 0;
+    sp->win_prop[at] = proposed;
+    sp->win_acc[at] = accepted;
+    if (sp->st.passes < K3_SPEC_WINDOW) return;
+    for (int i = 0; i < K3_SPEC_WINDOW; i++) prop += sp->win_prop[i], acc += sp->win_acc[i];
+    if (acc < sp->min_accept * prop) {
+        sp->off = true;
+        snprintf(sp->why, sizeof sp->why, "turned off for this generation: %d of %d drafts "
+                 "accepted over the last %d passes, below the break-even %.0f%%", acc, prop,
+                 K3_SPEC_WINDOW, 100 * sp->min_accept);
+    }
+}
+
+/* Drafts for what follows id; 0 when off or nothing matches. */
+static int draft(k3_spec *sp, const k3_session *s, int32_t id, int max_now) {
+    int pos = k3_session_pos(s), room = k3_session_max_ctx(s) - pos - 1;
+    if (max_now > sp->max_draft) max_now = sp->max_draft;
+    if (max_now > room) max_now = room;
+    if (sp->off || max_now <= 0 || sp->st.steps == 0) return 0; /* the first feed times a step */
+    memcpy(sp->hist, k3_session_tokens(s), (size_t)pos * sizeof *sp->hist);
+    sp->hist[pos] = id;
+    return k3_spec_draft(sp->hist, (size_t)pos + 1, max_now, sp->pass + 1);
+}
+
+int k3_spec_feed(k3_spec *sp, k3_session *s, k3_sampler *sm, int32_t id, int max_now,
+                 float *logits, const k3_spec_io *io, bool *ended, k3_err *err) {
+    size_t V = (size_t)sm->vocab;
+    int pos = k3_session_pos(s), nd = sp->max_draft ? draft(sp, s, id, max_now) : 0, rc;
+    double t0 = now_s();
+    *ended = false;
+    if (nd == 0) {
+        rc = k3_session_step(s, id, logits, err);
+        sp->st.steps++;
+        sp->st.step_s += now_s() - t0;
+        return rc || !io->fed ? rc : io->fed(io->user, logits, err);
+    }
+    sp->pass[0] = id;
+    rc = k3_session_forward(s, sp->pass, nd + 1, sp->rows, K3_FWD_ALL_LOGITS | K3_FWD_REWINDABLE,
+                            err);
+    if (rc) return rc;
+    int keep = nd + 1, acc = 0;
+    for (int i = 0; i <= nd; i++) { /* row i: the logits after pass[i], which is kept */
+        const float *row = sp->rows + (size_t)i * V;
+        if (io->fed && (rc = io->fed(io->user, row, err))) {
+            keep = i + 1;
+            break;
+        }
+        if (i == nd) break;
+        if (k3_sampler_sample(sm, row) != sp->pass[i + 1]) { /* K3 disagrees: stop here */
+            keep = i + 1;
+            break;
+        }
+        acc++;
+        sp->st.accepted_at[i < 7 ? i : 7]++;
+        if (io->accepted(io->user, sp->pass[i + 1])) { /* emitted, ends the generation */
+            keep = i + 1;
+            *ended = true;
+            break;
+        }
+    }
+    if (keep < nd + 1) {
+        int rr = k3_session_rewind(s, pos + keep, err);
+        if (!rc) rc = rr;
+    }
+    if (!rc && !*ended) memcpy(logits, sp->rows + (size_t)(keep - 1) * V, V * sizeof *logits);
+    sp->st.proposed += nd;
+    sp->st.accepted += acc;
+    sp->st.fed += keep;
+    sp->st.partial += acc > 0 && acc < nd;
+    sp->st.pass_s += now_s() - t0;
+    judge(sp, nd, acc);
+    sp->st.passes++;
+    return rc;
+}
+
+void k3_spec_summary(const k3_spec *sp, long generated, char *buf, size_t cap) {
+    const k3_spec_stats *t = &sp->st;
+    long fwd = t->passes + t->steps;
+    char saved[96] = "n/a";
+    if (t->steps > 0) {
+        double step = t->step_s / (double)t->steps;
+        snprintf(saved, sizeof saved, "%.3f s (vs %.4f s per single step)",
+                 (double)t->fed * step - t->pass_s, step);
+    }
+    int n = snprintf(buf, cap, "speculation (--spec %d): %ld drafts proposed, %ld accepted "
+                     "(%.1f%%; %ld partial passes; by position", sp->max_draft, t->proposed,
+                     t->accepted, t->proposed ? 100.0 * t->accepted / t->proposed : 0.0,
+                     t->partial);
+    for (int i = 0; i < 8 && i < sp->max_draft && n > 0 && (size_t)n < cap; i++)
+        n += snprintf(buf + n, cap - (size_t)n, "%s%ld", i ? "/" : " ", t->accepted_at[i]);
+    if (n > 0 && (size_t)n < cap)
+        n += snprintf(buf + n, cap - (size_t)n, "), %.3f forward passes per generated token (%ld "
+                      "passes + %ld single steps for %ld tokens), time saved %s%s%s", generated
+                      ? (double)fwd / (double)generated : 0.0, t->passes, t->steps, generated,
+                      saved, sp->off ? "; " : "", sp->off ? sp->why : "");
 }

@@ -6,14 +6,18 @@
  *  - The matcher prefers the LONGEST suffix (max_ngram down to min_ngram tokens) that occurred
  *    before, and among equal lengths the MOST RECENT occurrence; it proposes the tokens that
  *    followed that occurrence (at most max_draft, never past the end of the history).
- *  - Verification (the engine) accepts only tokens equal to K3's own greedy choice, so output
- *    with speculation equals output without it, token for token.
+ *  - Verification (k3_spec_feed) accepts only tokens equal to K3's own greedy choice and rewinds
+ *    the state exactly, so output with speculation equals output without it, token for token.
  */
 #ifndef K3_SPEC_H
 #define K3_SPEC_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "k3.h"
+#include "sampler.h"
 
 #define K3_SPEC_MIN_NGRAM 2
 #define K3_SPEC_MAX_NGRAM 6
@@ -21,5 +25,85 @@
 /* Proposes up to max_draft tokens to follow tokens[0..n) into draft[]. Returns the number
  * proposed (0 when no suffix of length 2..6 occurred earlier). O(n · 6) per call. */
 int k3_spec_draft(const int32_t *tokens, size_t n, int max_draft, int32_t *draft);
+
+/* ---- verification (issue 10) ----------------------------------------------------------------
+ * k3_spec_feed replaces k3_session_step(id) in a decode loop. It drafts what may follow id and
+ * runs id plus the drafts as ONE batched pass (k3_session_forward: one spine read, the union
+ * of their routed experts read once) with the logits at every position. Draft i is accepted
+ * when the sampler's choice after the previous id (the argmax: greedy only) equals it; the
+ * first disagreement ends the pass and the session is rewound (k3_session_rewind) to the ids
+ * kept, bit-identical to having fed only them. K3's own choice after the last kept id is then
+ * the next token, exactly as without speculation: output and state are token for token the
+ * same, so a wrong draft only costs verification work.
+ *
+ * Speculation is off for a generation when the sampler samples (temperature > 0: off with a
+ * reason; no distribution-preserving acceptance is implemented), when the backend cannot
+ * rewind (a device backend), or — from then on — when over the last K3_SPEC_WINDOW passes
+ * fewer than K3_SPEC_MIN_ACCEPT of the drafts were accepted: a pass of 1 + d ids costs about
+ * 1 + d·K3_SPEC_MIN_ACCEPT single steps (BENCHMARKS.md, "Speculative decoding"), so below that
+ * rate it costs more than it saves. */
+
+#define K3_SPEC_WINDOW 8
+#define K3_SPEC_MIN_ACCEPT 0.10
+
+typedef struct k3_spec_stats {
+    long passes;         /* verification passes (an id plus at least one draft) */
+    long steps;          /* single-id feeds (no draft, or speculation off) */
+    long proposed;       /* drafts verified */
+    long accepted;       /* drafts K3 agreed with (emitted without a pass of their own) */
+    long fed;            /* ids kept as fed by the passes (each pass: 1 + its accepted drafts) */
+    long partial;        /* passes that accepted some but not all of their drafts */
+    long accepted_at[8]; /* accepted drafts by position in the pass: 1st, 2nd, ... (8+ last) */
+    double pass_s, step_s; /* wall time in passes and in single steps */
+} k3_spec_stats;
+
+typedef struct k3_spec {
+    int max_draft;       /* --spec N; 0 = off */
+    bool off;            /* off for the rest of this generation (why says so) */
+    bool never;          /* off for good: sampling, or a backend that cannot rewind */
+    double min_accept;   /* the acceptance rule's threshold: K3_SPEC_MIN_ACCEPT (tests: 0) */
+    char why[160];
+    int vocab;
+    int32_t *hist;       /* [max_ctx + 1] the session's ids, then the pending id */
+    int32_t *pass;       /* [max_draft + 1] */
+    float *rows;         /* [max_draft + 1][vocab] logits of a pass */
+    int win_prop[K3_SPEC_WINDOW], win_acc[K3_SPEC_WINDOW]; /* the last passes */
+    k3_spec_stats st;
+} k3_spec;
+
+/* What k3_spec_feed calls back, in order, for the ids a pass keeps. */
+typedef struct k3_spec_io {
+    void *user;
+    /* The logits after each id kept as fed (the pending id, then each accepted draft); may be
+     * NULL. A nonzero status aborts the feed with it. */
+    int (*fed)(void *user, const float *logits, k3_err *err);
+    /* An accepted draft id, to be emitted as the next sampled token. Returns true when the
+     * generation ends at this id (stop id, --max-new, Ctrl-C, context): it is then not fed. */
+    bool (*accepted)(void *user, int32_t id);
+} k3_spec_io;
+
+/* Prepares speculation with up to max_draft drafts per pass (0: never drafts) for session s
+ * sampled by sm; turns it off, with the reason in sp->why, for sampling or a device backend.
+ * Errors: K3_ERR_GENERIC (out of memory). */
+int k3_spec_init(k3_spec *sp, int max_draft, const k3_session *s, const k3_sampler *sm,
+                 k3_err *err);
+void k3_spec_free(k3_spec *sp);
+/* Starts a new generation: clears the acceptance window and turns speculation back on unless
+ * it is off for good (sampling, device). Statistics keep adding up. */
+void k3_spec_restart(k3_spec *sp);
+
+/* Feeds id (K3's choice, already emitted) and up to max_now drafts (<= max_draft; fewer
+ * near --max-new or the end of the context) in one pass; accepted drafts go through io.
+ * On return *ended says whether io->accepted ended the generation; otherwise logits [vocab]
+ * holds the logits after the last id fed (as after k3_session_step). sm must be the sampler
+ * given to k3_spec_init (greedy: it draws nothing).
+ * Errors: those of k3_session_forward / k3_session_rewind and of io->fed. */
+int k3_spec_feed(k3_spec *sp, k3_session *s, k3_sampler *sm, int32_t id, int max_now,
+                 float *logits, const k3_spec_io *io, bool *ended, k3_err *err);
+
+/* One line (no newline): drafts proposed and accepted, forward passes per generated token,
+ * partial accepts, the time saved against single steps (estimated from the steps' mean), and
+ * why speculation is off if it is. */
+void k3_spec_summary(const k3_spec *sp, long generated, char *buf, size_t cap);
 
 #endif
