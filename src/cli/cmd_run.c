@@ -100,6 +100,16 @@ static int parse_spine(const char *s, int *out) {
     return 0;
 }
 
+/* OpenMP crashes inside its runtime when asked for absurd thread counts: cap them here. */
+static int parse_threads(const char *s, int *out) {
+    int rc = parse_int(s, "--threads", 1, out);
+    if (!rc && *out > 1024) {
+        fprintf(stderr, "k3 run: --threads %d is more than the 1024 k3 supports\n", *out);
+        rc = K3_ERR_USAGE;
+    }
+    return rc;
+}
+
 static int parse_args(int argc, char **argv, run_opts *o) {
     *o = (run_opts){.max_new = 128, .verbose = true, .spine = K3_SPINE_AUTO,
                     .co = K3_CLI_CHAT_DEFAULTS};
@@ -127,7 +137,7 @@ static int parse_args(int argc, char **argv, run_opts *o) {
         else if (!strcmp(a, "--approx")) o->approx = 1;
         else if (!strcmp(a, "--spine") && has_val) rc = parse_spine(argv[++i], &o->spine);
         else if (!strcmp(a, "--max-new") && has_val) rc = parse_int(argv[++i], a, 0, &o->max_new);
-        else if (!strcmp(a, "--threads") && has_val) rc = parse_int(argv[++i], a, 1, &o->threads);
+        else if (!strcmp(a, "--threads") && has_val) rc = parse_threads(argv[++i], &o->threads);
         else if (!strcmp(a, "--ctx") && has_val) rc = parse_int(argv[++i], a, 1, &o->ctx);
         else if (a[0] != '-' && !o->model_dir) o->model_dir = a;
         else {
@@ -380,8 +390,12 @@ static int run(const run_opts *o, k3_err *err) {
     if (o->load_state && (rc = k3_session_load(s, o->load_state, err))) goto done;
     if ((rc = build_prompt(&r, &prompt, &n_prompt, err))) goto done;
     if ((size_t)k3_session_max_ctx(s) < n_prompt + (size_t)o->max_new) {
-        rc = k3_fail(err, K3_ERR_INPUT, "prompt (%zu) + --max-new (%d) exceed the context of %d "
-                     "tokens (raise --ctx)", n_prompt, o->max_new, k3_session_max_ctx(s));
+        int model_max = k3_engine_config(e)->max_position_embeddings;
+        rc = k3_fail(err, K3_ERR_INPUT, "prompt (%zu tokens) + --max-new (%d) exceed the context "
+                     "of %d tokens: lower --max-new%s", n_prompt, o->max_new,
+                     k3_session_max_ctx(s), k3_session_max_ctx(s) < model_max
+                         ? " or raise --ctx (the model allows up to max_position_embeddings)"
+                         : " or shorten the prompt (the model allows no more)");
         goto done;
     }
     if (!(r.logits = malloc((size_t)r.vocab * sizeof(float)))) {
