@@ -40,7 +40,8 @@ static void kernels_usage(FILE *f) {
         "usage: k3 bench kernels [--kernels NAME] [--threads N] [--seconds S]\n"
         "\n"
         "Times every product kernel at K3's shapes (out <- in): BF16 7168->12288, 7168->33792,\n"
-        "lm_head 7168->163840, F32 7168->12288, MXFP4 experts 3584->3072 and 3072->3584\n"
+        "lm_head 7168->163840, F32 7168->12288, the int8 spine (alone and with --approx)\n"
+        "7168->12288, MXFP4 experts 3584->3072 and 3072->3584\n"
         "(cycling through enough experts to miss the caches), and the batched forms for 32\n"
         "vectors. Prints weight GB/s beside the bandwidth of a large memcpy measured in the\n"
         "same run (bytes read + bytes written per second, STREAM's convention), for one thread\n"
@@ -85,7 +86,7 @@ static double copy_bw(uint8_t *dst, const uint8_t *src, size_t bytes) {
 
 typedef struct kcase {
     const char *name;
-    int dtype;       /* K3_DT_BF16, K3_DT_F32, or -1 for MXFP4 */
+    int dtype;       /* K3_DT_BF16, K3_DT_F32, K3_DT_I8 / I8_Q8 (int8 spine), -1 for MXFP4 */
     int64_t rows, cols;
     int n;           /* vectors per call */
     int copies;      /* distinct matrices cycled through (experts) */
@@ -97,6 +98,8 @@ static const kcase CASES[] = {
     {"BF16 7168->33792", K3_DT_BF16, 33792, 7168, 1, 1, 1},
     {"BF16 lm_head 7168->163840", K3_DT_BF16, 163840, 7168, 1, 1, 1},
     {"F32 7168->12288", K3_DT_F32, 12288, 7168, 1, 1, 1},
+    {"int8 spine 7168->12288", K3_DT_I8, 12288, 7168, 1, 1, 1},
+    {"int8 spine --approx 7168->12288", K3_DT_I8_Q8, 12288, 7168, 1, 1, 1},
     {"MXFP4 expert 3584->3072", -1, 3072, 3584, 1, 48, 1},
     {"MXFP4 expert 3072->3584", -1, 3584, 3072, 1, 48, 1},
     {"MXFP4 16 experts 3584->3072, one call", -1, 3072, 3584, 1, 48, 16},
@@ -112,6 +115,7 @@ typedef struct bufs {
 
 static size_t case_bytes(const kcase *c) {
     if (c->dtype < 0) return (size_t)(c->rows * c->cols / 2 + c->rows * c->cols / 32);
+    if (c->dtype == K3_DT_I8 || c->dtype == K3_DT_I8_Q8) return (size_t)(c->rows * c->cols);
     return (size_t)(c->rows * c->cols) * (c->dtype == K3_DT_BF16 ? 2 : 4);
 }
 
@@ -136,7 +140,8 @@ static double time_case(const k3_kernels *k, const kcase *c, const bufs *b, doub
         } else if (c->dtype < 0) {
             k3_matmul_mxfp4(k, &ws[0], b->x, c->n, b->y);
         } else {
-            k3_mat w = {.data = ws[0].packed, .dtype = c->dtype, .rows = c->rows, .cols = c->cols};
+            k3_mat w = {.data = ws[0].packed, .dtype = c->dtype, .rows = c->rows, .cols = c->cols,
+                        .scale = b->x}; /* int8: any finite per-row scales do for timing */
             k3_matmul(k, &w, b->x, c->n, b->y);
         }
         if (it >= 0) reps++, t = now_s() - t0;
