@@ -247,7 +247,8 @@ static int pack_all(const pack_args *a, const k3_checkpoint *ck, k3_pack *p, con
 
 /* ---- quality and verify -------------------------------------------------------------------- */
 
-/* Measures the int8 spine on the built-in text ([BOS] first) and stores the figures. */
+/* Measures the int8 spine, alone and with --approx, on the built-in text ([BOS] first)
+ * against the exact path, prints the table and stores the figures beside the pack. */
 static int measure(const pack_args *a, const k3_pack *p, k3_err *err) {
     k3_tokenizer *tok = NULL;
     k3_config cfg;
