@@ -19,6 +19,7 @@ int k3_cmd_bench_compute(int argc, char **argv);
 int k3_cmd_replay(int argc, char **argv);
 int k3_cmd_tracegen(int argc, char **argv);
 int k3_cmd_bench(int argc, char **argv);
+int k3_cmd_bench_batch(int argc, char **argv); /* bench prefill | spec */
 int k3_cmd_bench_gpu(int argc, char **argv);
 
 /* The bundled fixture model's folder (tests/fixtures/k3-nano beside the executable, else

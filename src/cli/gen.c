@@ -249,7 +249,8 @@ int k3_cli_generate(k3_session *s, k3_sampler *sm, const k3_stops *stops, float 
             r->end = K3_GEN_MAX_NEW;
             break;
         }
-        int32_t id = k3_sampler_sample(sm, logits);
+        int32_t id;
+        if (!o->spec || !k3_spec_next(o->spec, &id)) id = k3_sampler_sample(sm, logits);
         if (emit(&g, id)) break;
         if (o->spec) { /* id, and maybe drafts K3 agrees with (emitted through io) */
             bool ended = false;

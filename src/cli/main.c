@@ -31,6 +31,7 @@ static void usage(FILE *f) {
             "  replay TRACE.jsonl              expert cache policies vs Belady on a router trace\n"
             "  trace-gen OUT.jsonl [options]   synthetic router trace with K3's locality\n"
             "  bench io [MODEL_DIR]            expert-read throughput vs fio (see --help)\n"
+            "  bench prefill | spec [DIR]      prefill tok/s by --chunk; --spec pass cost and gain\n"
             "  bench-gpu [MODEL_DIR]           GPU kernels and decode vs the card's bandwidth\n"
             "\n"
             "MODEL_DIR is an unmodified Hugging Face snapshot of moonshotai/Kimi-K3; without\n"
@@ -93,6 +94,9 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "bench") && argc > 2 &&
         (!strcmp(argv[2], "kernels") || !strcmp(argv[2], "decode")))
         return k3_cmd_bench_compute(argc - 2, argv + 2);
+    if (!strcmp(cmd, "bench") && argc > 2 &&
+        (!strcmp(argv[2], "prefill") || !strcmp(argv[2], "spec")))
+        return k3_cmd_bench_batch(argc - 2, argv + 2);
     if (!strcmp(cmd, "bench")) return k3_cmd_bench(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench-gpu")) return k3_cmd_bench_gpu(argc - 1, argv + 1);
     fprintf(stderr, "k3: unknown command '%s'\n\n", cmd);

@@ -43,13 +43,11 @@ int k3_spec_init(k3_spec *sp, int max_draft, const k3_session *s, const k3_sampl
                  k3_err *err) {
     memset(sp, 0, sizeof *sp);
     sp->max_draft = max_draft > 0 ? max_draft : 0;
-    sp->min_accept = K3_SPEC_MIN_ACCEPT;
+    sp->judge = true;
+    sp->next = -1;
+    sp->sampling = sm->o.temperature > 0;
     if (!sp->max_draft) return K3_OK;
-    if (sm->o.temperature > 0) {
-        sp->off = sp->never = true;
-        snprintf(sp->why, sizeof sp->why, "sampling is on (--temperature > 0): --spec verifies "
-                 "greedy decoding only");
-    } else if (!k3_session_can_rewind(s)) {
+    if (!k3_session_can_rewind(s)) {
         sp->off = sp->never = true;
         snprintf(sp->why, sizeof sp->why, "this device backend cannot rewind a pass");
     }
@@ -74,24 +72,59 @@ void k3_spec_free(k3_spec *sp) {
 }
 
 void k3_spec_restart(k3_spec *sp) {
-    memset(sp->win_prop, 0, sizeof sp->win_prop);
-    memset(sp->win_acc, 0, sizeof sp->win_acc);
+    sp->next = -1;
+    memset(sp->win_ids, 0, sizeof sp->win_ids);
+    memset(sp->win_s, 0, sizeof sp->win_s);
+    sp->win_n = 0;
     if (!sp->never) sp->off = false, sp->why[0] = 0;
 }
 
-/* The acceptance rule (spec.h): off when the last K3_SPEC_WINDOW passes accepted too few. */
-static void judge(k3_spec *sp, int proposed, int accepted) {
-    int at = (int)(sp->st.passes % K3_SPEC_WINDOW), prop = 0, acc = 0;
-    sp->win_prop[at] = proposed;
-    sp->win_acc[at] = accepted;
-    if (sp->st.passes < K3_SPEC_WINDOW) return;
-    for (int i = 0; i < K3_SPEC_WINDOW; i++) prop += sp->win_prop[i], acc += sp->win_acc[i];
-    if (acc < sp->min_accept * prop) {
+/* The pays-off rule (spec.h): off when the last K3_SPEC_WINDOW passes produced fewer ids per
+ * second than single steps do. */
+static void judge(k3_spec *sp, int produced, double pass_s) {
+    sp->win_ids[sp->win_n % K3_SPEC_WINDOW] = produced;
+    sp->win_s[sp->win_n % K3_SPEC_WINDOW] = pass_s;
+    if (++sp->win_n < K3_SPEC_WINDOW || !sp->judge || sp->st.steps == 0) return;
+    int ids = 0;
+    double t = 0, step = sp->st.step_s / (double)sp->st.steps;
+    for (int i = 0; i < K3_SPEC_WINDOW; i++) ids += sp->win_ids[i], t += sp->win_s[i];
+    if (ids * step < t) {
         sp->off = true;
-        snprintf(sp->why, sizeof sp->why, "turned off for this generation: %d of %d drafts "
-                 "accepted over the last %d passes, below the break-even %.0f%%", acc, prop,
-                 K3_SPEC_WINDOW, 100 * sp->min_accept);
+        snprintf(sp->why, sizeof sp->why, "turned off for this generation: the last %d passes "
+                 "made %d ids in %.3f s, slower than single steps (%.4f s each)", K3_SPEC_WINDOW,
+                 ids, t, step);
     }
+}
+
+bool k3_spec_next(k3_spec *sp, int32_t *id) {
+    if (sp->next < 0) return false;
+    *id = sp->next;
+    sp->next = -1;
+    return true;
+}
+
+static double uniform(k3_sampler *sm) { return (double)(k3_rng_next(sm->rng) >> 11) * 0x1.0p-53; }
+
+/* Is draft x K3's choice at this row? Greedy: x is the argmax. Sampling: x is accepted with
+ * probability p(x); on rejection *next is drawn from p without x, renormalised (spec.h). */
+static bool agrees(k3_spec *sp, k3_sampler *sm, const float *row, int32_t x) {
+    if (!sp->sampling) return k3_sampler_sample(sm, row) == x;
+    const k3_candidate *c;
+    int n = k3_sampler_candidates(sm, row, &c);
+    double px = 0;
+    for (int i = 0; i < n; i++)
+        if (c[i].id == x) px = c[i].p;
+    if (uniform(sm) < px) return true;
+    double u = uniform(sm) * (1 - px), cum = 0;
+    int32_t pick = -1;
+    for (int i = 0; i < n; i++) { /* px < 1 here, so some other id is kept */
+        if (c[i].id == x) continue;
+        pick = c[i].id; /* the last other id if rounding leaves none */
+        cum += c[i].p;
+        if (u < cum) break;
+    }
+    sp->next = pick;
+    return false;
 }
 
 /* Drafts for what follows id; 0 when off or nothing matches. */
@@ -129,7 +162,7 @@ int k3_spec_feed(k3_spec *sp, k3_session *s, k3_sampler *sm, int32_t id, int max
             break;
         }
         if (i == nd) break;
-        if (k3_sampler_sample(sm, row) != sp->pass[i + 1]) { /* K3 disagrees: stop here */
+        if (!agrees(sp, sm, row, sp->pass[i + 1])) { /* K3 disagrees: stop here */
             keep = i + 1;
             break;
         }
@@ -150,9 +183,10 @@ int k3_spec_feed(k3_spec *sp, k3_session *s, k3_sampler *sm, int32_t id, int max
     sp->st.accepted += acc;
     sp->st.fed += keep;
     sp->st.partial += acc > 0 && acc < nd;
-    sp->st.pass_s += now_s() - t0;
-    judge(sp, nd, acc);
+    double dt = now_s() - t0;
+    sp->st.pass_s += dt;
     sp->st.passes++;
+    judge(sp, keep, dt);
     return rc;
 }
 

@@ -36,15 +36,23 @@ int k3_spec_draft(const int32_t *tokens, size_t n, int max_draft, int32_t *draft
  * the next token, exactly as without speculation: output and state are token for token the
  * same, so a wrong draft only costs verification work.
  *
- * Speculation is off for a generation when the sampler samples (temperature > 0: off with a
- * reason; no distribution-preserving acceptance is implemented), when the backend cannot
- * rewind (a device backend), or — from then on — when over the last K3_SPEC_WINDOW passes
- * fewer than K3_SPEC_MIN_ACCEPT of the drafts were accepted: a pass of 1 + d ids costs about
- * 1 + d·K3_SPEC_MIN_ACCEPT single steps (BENCHMARKS.md, "Speculative decoding"), so below that
- * rate it costs more than it saves. */
+ * With sampling on (temperature > 0) acceptance is standard speculative sampling for a draft
+ * that is one id with certainty (q = δ_x): with p the sampler's distribution at that row
+ * (temperature, top-k, top-p: k3_sampler_candidates), x is accepted with probability p(x);
+ * after a rejection the next id is drawn from p without x, renormalised (max(0, p − q) /
+ * (1 − p(x))). Each emitted id is then distributed exactly as the sampler would draw it; the
+ * draws come from the sampler's PRNG, so a seed reproduces a run, but not the run without
+ * --spec (tests/test_specdec.c compares the distributions).
+ *
+ * Speculation is off for a generation when the backend cannot rewind (a device backend), or —
+ * from then on — when it does not pay as measured: over the
+ * last K3_SPEC_WINDOW passes, the ids they produced (1 + accepted drafts each) per second of
+ * pass time fall below one id per mean single step. What a pass of 1 + d ids costs against a
+ * step depends on the machine (on 2 cores at K3 widths ~1 + 0.3·d, compute-bound; far less
+ * where streaming the weights dominates; `k3 bench spec`), so the rule measures it rather than
+ * assuming an acceptance threshold. The first id of a generation is fed alone to time a step. */
 
 #define K3_SPEC_WINDOW 8
-#define K3_SPEC_MIN_ACCEPT 0.10
 
 typedef struct k3_spec_stats {
     long passes;         /* verification passes (an id plus at least one draft) */
@@ -60,14 +68,19 @@ typedef struct k3_spec_stats {
 typedef struct k3_spec {
     int max_draft;       /* --spec N; 0 = off */
     bool off;            /* off for the rest of this generation (why says so) */
-    bool never;          /* off for good: sampling, or a backend that cannot rewind */
-    double min_accept;   /* the acceptance rule's threshold: K3_SPEC_MIN_ACCEPT (tests: 0) */
+    bool never;          /* off for good: a backend that cannot rewind */
+    bool sampling;       /* temperature > 0: speculative sampling acceptance */
+    int32_t next;        /* after a rejection while sampling: the id drawn from the residual
+                          * distribution, to be emitted next (k3_spec_next); -1 = none */
+    bool judge;          /* apply the pays-off rule (default; tests turn it off) */
     char why[160];
     int vocab;
     int32_t *hist;       /* [max_ctx + 1] the session's ids, then the pending id */
     int32_t *pass;       /* [max_draft + 1] */
     float *rows;         /* [max_draft + 1][vocab] logits of a pass */
-    int win_prop[K3_SPEC_WINDOW], win_acc[K3_SPEC_WINDOW]; /* the last passes */
+    int win_ids[K3_SPEC_WINDOW];       /* the last passes: ids produced (1 + accepted) */
+    double win_s[K3_SPEC_WINDOW];      /* and their time */
+    int win_n;                         /* passes since the generation started */
     k3_spec_stats st;
 } k3_spec;
 
@@ -96,10 +109,15 @@ void k3_spec_restart(k3_spec *sp);
  * near --max-new or the end of the context) in one pass; accepted drafts go through io.
  * On return *ended says whether io->accepted ended the generation; otherwise logits [vocab]
  * holds the logits after the last id fed (as after k3_session_step). sm must be the sampler
- * given to k3_spec_init (greedy: it draws nothing).
+ * given to k3_spec_init (greedy: it draws nothing; sampling: it draws one number per draft
+ * verified and one more after a rejection).
  * Errors: those of k3_session_forward / k3_session_rewind and of io->fed. */
 int k3_spec_feed(k3_spec *sp, k3_session *s, k3_sampler *sm, int32_t id, int max_now,
                  float *logits, const k3_spec_io *io, bool *ended, k3_err *err);
+
+/* While sampling, a rejected draft's replacement is drawn with the rejection: returns true
+ * once, with it in *id, and the loop emits it instead of sampling the logits. */
+bool k3_spec_next(k3_spec *sp, int32_t *id);
 
 /* One line (no newline): drafts proposed and accepted, forward passes per generated token,
  * partial accepts, the time saved against single steps (estimated from the steps' mean), and
