@@ -80,8 +80,10 @@ const char k3_cli_speed_help[] =
     "                       results are bit-identical for every N\n"
     "  --spec N             speculative decoding: verify up to N drafted ids per pass (n-gram\n"
     "                       suffix matches from the prompt and output; 0 = off, the default).\n"
-    "                       Output is token for token what it is without --spec (greedy only:\n"
-    "                       with sampling, speculation turns itself off)\n";
+    "                       Greedy output is token for token what it is without --spec; with\n"
+    "                       sampling each id keeps its distribution (speculative sampling) but\n"
+    "                       a seed gives another sequence. Turns itself off for the rest of a\n"
+    "                       reply when its passes are slower than single steps\n";
 
 static int bad_value(const char *cmd, const char *flag, const char *want, const char *got) {
     fprintf(stderr, "k3 %s: %s needs %s, got '%s'\n", cmd, flag, want, got);
