@@ -178,7 +178,7 @@ int k3_spec_feed(k3_spec *sp, k3_session *s, k3_sampler *sm, int32_t id, int max
         int rr = k3_session_rewind(s, pos + keep, err);
         if (!rc) rc = rr;
     }
-    if (!rc && !*ended) memcpy(logits, sp->rows + (size_t)(keep - 1) * V, V * sizeof *logits);
+    if (!rc) memcpy(logits, sp->rows + (size_t)(keep - 1) * V, V * sizeof *logits);
     sp->st.proposed += nd;
     sp->st.accepted += acc;
     sp->st.fed += keep;

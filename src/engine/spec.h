@@ -107,8 +107,9 @@ void k3_spec_restart(k3_spec *sp);
 
 /* Feeds id (K3's choice, already emitted) and up to max_now drafts (<= max_draft; fewer
  * near --max-new or the end of the context) in one pass; accepted drafts go through io.
- * On return *ended says whether io->accepted ended the generation; otherwise logits [vocab]
- * holds the logits after the last id fed (as after k3_session_step). sm must be the sampler
+ * On return *ended says whether io->accepted ended the generation, and logits [vocab] holds
+ * the logits after the last id fed (as after k3_session_step; an id that ended the
+ * generation is not fed). sm must be the sampler
  * given to k3_spec_init (greedy: it draws nothing; sampling: it draws one number per draft
  * verified and one more after a rejection).
  * Errors: those of k3_session_forward / k3_session_rewind and of io->fed. */
