@@ -50,6 +50,8 @@ static void serve_usage(FILE *f) {
         "  --pack-dir DIR       folder of the packed spine (default MODEL_DIR)\n"
         "  --no-reuse           prefill every prompt from an empty state instead of reusing\n"
         "                       the kept conversation (same prompts, same output; slower)\n"
+        "  --spec N             speculative decoding with up to N drafted ids per pass, as in\n"
+        "                       k3 run (greedy output unchanged; default 0 = off)\n"
         "  -q, --quiet          no load line and no per-request log on stderr\n"
         "  -h, --help           this help\n");
 }
@@ -109,6 +111,8 @@ static int parse_args(int argc, char **argv, serve_args *a) {
             if (!(rc = parse_num(argv[++i], o, 0, 65535, &v))) a->so.port = (int)v;
         } else if (!strcmp(o, "--max-tokens") && val) {
             if (!(rc = parse_num(argv[++i], o, 1, 1 << 30, &v))) a->so.max_tokens = (int)v;
+        } else if (!strcmp(o, "--spec") && val) {
+            if (!(rc = parse_num(argv[++i], o, 0, K3_MAX_CHUNK - 1, &v))) a->so.spec = (int)v;
         } else if (!strcmp(o, "--queue") && val) {
             if (!(rc = parse_num(argv[++i], o, 0, 1024, &v))) a->so.queue = (int)v;
         } else if (!strcmp(o, "--ctx") && val) {

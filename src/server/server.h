@@ -36,6 +36,8 @@ typedef struct k3_server_opts {
     int log_requests;       /* 1: one line per request on stderr */
     int no_reuse;           /* 1: prefill every prompt from an empty state (prompts are still
                                built the same way): the A/B switch for state reuse */
+    int spec;               /* --spec N: speculative decoding, N drafts per pass (0 = off;
+                               src/engine/spec.h) */
 } k3_server_opts;
 
 typedef struct k3_server k3_server;

@@ -24,6 +24,7 @@
 
 #include "../chat/parse.h"
 #include "../engine/sampler.h"
+#include "../engine/spec.h"
 #include "../tok/tokenizer.h"
 #include "srv.h"
 
@@ -55,6 +56,7 @@ typedef struct k3_worker_state {
     k3_last_chat last_chat;
     int32_t last;         /* the last sampled id (never fed) */
     k3_sampler sampler;
+    k3_spec spec;         /* --spec (max_draft 0 = off), set up per job with the sampler */
     k3_reply_parser parser;
     k3_detok_stream ds;   /* raw completions */
     char *text;           /* one push of visible text */
@@ -147,17 +149,20 @@ static bool job_abandoned(k3_server *s, k3_job *j) {
 
 /* ---- one generation ------------------------------------------------------------------------ */
 
+/* After a failed feed the state is unknown: the next job starts fresh. */
+static int feed_failed(k3_worker_state *w, int rc) {
+    k3_session_reset(w->sess);
+    w->logits_valid = false;
+    w->virt_msgs = 0;
+    return rc;
+}
+
 /* Feeds n tokens in one batched pass (the session records them in its history); the logits
  * after the last when want_logits. */
 static int feed_pass(k3_worker_state *w, const int32_t *toks, int n, bool want_logits,
                      k3_err *err) {
     int rc = k3_session_forward(w->sess, toks, n, want_logits ? w->logits : NULL, 0, err);
-    if (rc) {
-        k3_session_reset(w->sess); /* the state is unknown now: the next job starts fresh */
-        w->logits_valid = false;
-        w->virt_msgs = 0;
-        return rc;
-    }
+    if (rc) return feed_failed(w, rc);
     w->logits_valid = want_logits;
     return 0;
 }
@@ -281,26 +286,69 @@ static bool show(k3_server *s, k3_job *j, int32_t id, bool cut) {
     return len > 0 && k3_emit_text(w->em, ch, w->text, (size_t)len);
 }
 
+/* One generation's decode state, shared with the speculation callbacks. */
+typedef struct decoding {
+    k3_server *s;
+    k3_job *j;
+    int limit;           /* completion tokens; 0 = none */
+    int fed;             /* ids in the session once those taken so far are fed */
+    const char *finish;  /* why it ended; NULL = abandoned */
+} decoding;
+
+/* Takes one sampled id: counts and shows it; true when the generation ends at it (it is then
+ * not fed) with d->finish set, NULL when the client left. */
+static bool take(decoding *d, int32_t id) {
+    k3_server *s = d->s;
+    k3_job *j = d->j;
+    k3_worker_state *w = s->ws;
+    w->last = id;
+    j->n_completion++;
+    if (j->p.kind == K3_SRV_CHAT && w->parser.pos == K3_IN_THINK) j->n_reasoning++;
+    d->finish = "stop";
+    if (show(s, j, id, false) || k3_stops_has(&w->stops, id)) return true;
+    if ((d->limit && j->n_completion >= d->limit) || d->fed >= s->ctx) {
+        d->finish = show(s, j, id, true) ? "stop" : "length";
+        return true;
+    }
+    d->finish = NULL;
+    if (job_abandoned(s, j)) return true;
+    d->fed++;
+    return false;
+}
+
+static bool spec_accepted(void *user, int32_t id) { return take(user, id); }
+
 /* Decodes until an end-of-message token, a stop string, the token limit, the context's end,
  * or the client leaving. Returns the finish reason, or NULL when abandoned / failed. The
- * last sampled id is never fed; it is left in w->last. */
+ * last sampled id is never fed; it is left in w->last. With --spec, k3_spec_feed feeds each
+ * id with the drafts K3 agrees with (src/engine/spec.h); they go through take() as well. */
 static const char *decode(k3_server *s, k3_job *j, k3_err *err, bool *failed) {
     k3_worker_state *w = s->ws;
-    int limit = j->p.max_tokens ? j->p.max_tokens : s->o.max_tokens;
+    decoding d = {s, j, j->p.max_tokens ? j->p.max_tokens : s->o.max_tokens,
+                  k3_session_pos(w->sess), NULL};
+    k3_spec_io io = {&d, NULL, spec_accepted};
     for (;;) {
-        int32_t id = k3_sampler_sample(&w->sampler, w->logits);
-        w->last = id;
-        j->n_completion++;
-        if (j->p.kind == K3_SRV_CHAT && w->parser.pos == K3_IN_THINK) j->n_reasoning++;
-        if (show(s, j, id, false) || k3_stops_has(&w->stops, id)) return "stop";
-        if ((limit && j->n_completion >= limit) || k3_session_pos(w->sess) >= s->ctx)
-            return show(s, j, id, true) ? "stop" : "length";
-        if (job_abandoned(s, j)) return NULL;
-        if (feed(w, id, true, err)) {
-            *failed = true;
-            return NULL;
+        int32_t id;
+        if (!w->spec.max_draft || !k3_spec_next(&w->spec, &id))
+            id = k3_sampler_sample(&w->sampler, w->logits);
+        if (take(&d, id)) return d.finish;
+        if (!w->spec.max_draft) {
+            if (feed(w, id, true, err)) break;
+            continue;
         }
+        bool ended = false;
+        int left = d.limit ? d.limit - j->n_completion - 1 : s->ctx;
+        int rc = k3_spec_feed(&w->spec, w->sess, &w->sampler, id, left, w->logits, &io, &ended,
+                              err);
+        if (rc) {
+            feed_failed(w, rc);
+            break;
+        }
+        w->logits_valid = true;
+        if (ended) return d.finish;
     }
+    *failed = true;
+    return NULL;
 }
 
 /* After a chat reply: what the state means as a conversation, for splice_reply. */
@@ -348,7 +396,9 @@ static int start_sampling(k3_server *s, k3_job *j, k3_err *err) {
                           .top_k = p->top_k,
                           .seed = p->has_seed ? p->seed : fresh_seed()};
     k3_sampler_free(&w->sampler);
+    k3_spec_free(&w->spec);
     int rc = k3_sampler_init(&w->sampler, &so, w->vocab, err);
+    if (!rc) rc = k3_spec_init(&w->spec, s->o.spec, w->sess, &w->sampler, err);
     k3_reply_parser_free(&w->parser);
     k3_reply_parser_init(&w->parser, k3_engine_tokenizer(s->eng), &w->stops, p->thinking);
     w->ds = (k3_detok_stream){0};
@@ -415,6 +465,7 @@ static void *worker_main(void *arg) {
 static void worker_state_free(k3_worker_state *w) {
     if (!w) return;
     k3_session_free(w->sess);
+    k3_spec_free(&w->spec);
     k3_sampler_free(&w->sampler);
     k3_reply_parser_free(&w->parser);
     last_chat_clear(&w->last_chat);
