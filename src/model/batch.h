@@ -48,5 +48,7 @@ typedef struct k3_batch {
 } k3_batch;
 
 void k3_batch_free(k3_batch *b);
+/* Bytes of a k3_batch for cap tokens (without rewind buffers), for the memory plan. */
+size_t k3_batch_plan_bytes(const k3_model *m, int max_blocks, int cap);
 
 #endif

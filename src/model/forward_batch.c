@@ -37,11 +37,14 @@ void k3_batch_free(k3_batch *b) {
     free(b);
 }
 
-/* A k3_batch for cap tokens; NULL when out of memory. */
-static k3_batch *batch_new(const k3_model *m, const k3_state *s, int cap) {
+/* Lays out the buffers of a k3_batch for cap tokens and returns their bytes: allocates them
+ * into b, or (b NULL) only counts. *ok is cleared when an allocation fails. */
+static size_t batch_layout(const k3_model *m, int max_blocks, int cap, k3_batch *b, int *ok) {
     const k3_config *c = &m->cfg;
-    k3_batch *b = calloc(1, sizeof *b);
-    if (!b) return NULL;
+    k3_batch count;
+    size_t bytes = 0;
+    bool dry = b == NULL;
+    if (dry) b = &count;
     size_t n = (size_t)cap, hd = (size_t)c->hidden_size;
     size_t P = (size_t)c->kda_num_heads * c->kda_head_dim, H = (size_t)c->num_attention_heads;
     size_t qk = (size_t)(c->qk_nope_head_dim + c->qk_rope_head_dim);
@@ -49,12 +52,15 @@ static k3_batch *batch_new(const k3_model *m, const k3_state *s, int cap) {
     size_t K = (size_t)c->num_experts_per_token, lat = (size_t)c->routed_expert_hidden_size;
     size_t inter = max_sz(max_sz((size_t)c->intermediate_size, (size_t)c->moe_intermediate_size *
                                  c->num_shared_experts), (size_t)c->moe_intermediate_size);
-    int ok = 1;
     b->cap = cap;
-#define ALLOC(p, count) ok &= ((p) = calloc((size_t)(count) + 1, sizeof *(p))) != NULL
+#define ALLOC(p, count)                                                                       \
+    do {                                                                                      \
+        bytes += ((size_t)(count) + 1) * sizeof *(p);                                         \
+        if (!dry) *ok &= ((p) = calloc((size_t)(count) + 1, sizeof *(p))) != NULL;            \
+    } while (0)
     ALLOC(b->P, n * hd); ALLOC(b->x, n * hd); ALLOC(b->xn, n * hd); ALLOC(b->a, n * hd);
     ALLOC(b->f, n * hd); ALLOC(b->tmp, n * hd);
-    ALLOC(b->blocks, n * (size_t)s->max_blocks * hd);
+    ALLOC(b->blocks, n * (size_t)max_blocks * hd);
     ALLOC(b->q, n * P); ALLOC(b->k, n * P); ALLOC(b->v, n * P); ALLOC(b->kf, n * P);
     ALLOC(b->fa, n * (size_t)m->kda_rank); ALLOC(b->beta, n * (size_t)c->kda_num_heads);
     ALLOC(b->o, n * max_sz(P, mla_o)); ALLOC(b->g, n * max_sz(P, mla_o));
@@ -71,11 +77,25 @@ static k3_batch *batch_new(const k3_model *m, const k3_state *s, int cap) {
     ALLOC(b->z, n * lat); ALLOC(b->eg, n * (size_t)c->moe_intermediate_size);
     ALLOC(b->eu, n * (size_t)c->moe_intermediate_size); ALLOC(b->eo, n * lat);
 #undef ALLOC
+    return bytes;
+}
+
+/* A k3_batch for cap tokens; NULL when out of memory. */
+static k3_batch *batch_new(const k3_model *m, const k3_state *s, int cap) {
+    k3_batch *b = calloc(1, sizeof *b);
+    int ok = 1;
+    if (!b) return NULL;
+    batch_layout(m, s->max_blocks, cap, b, &ok);
     if (!ok) {
         k3_batch_free(b);
         return NULL;
     }
     return b;
+}
+
+size_t k3_batch_plan_bytes(const k3_model *m, int max_blocks, int cap) {
+    int ok = 1;
+    return batch_layout(m, max_blocks, cap, NULL, &ok);
 }
 
 /* The rewind buffers for cap tokens (on the first rewindable pass). 0 when out of memory. */

@@ -124,7 +124,10 @@ size_t k3_state_plan_bytes(const k3_model *m, int max_ctx) {
     size_t scratch = 32 * (size_t)c->hidden_size + 16 * P + 4 * (size_t)c->num_experts +
                      2 * (size_t)c->intermediate_size +
                      (size_t)c->routed_expert_hidden_size * (c->num_experts_per_token + 3);
-    return (kda + kv + scores + scratch) * sizeof(float);
+    int max_blocks = (c->num_hidden_layers + c->attn_res_block_size - 1) / c->attn_res_block_size + 1;
+    /* + the batched pass's scratch at the default prefill chunk (forward_batch.c) */
+    return (kda + kv + scores + scratch) * sizeof(float) +
+           k3_batch_plan_bytes(m, max_blocks, K3_DEFAULT_CHUNK);
 }
 
 void k3_state_times(const k3_state *s, k3_phase_times *sum, k3_phase_times *last) {
