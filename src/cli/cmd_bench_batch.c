@@ -31,12 +31,12 @@ static void usage(FILE *f, const char *what) {
     else
         fprintf(f, "usage: k3 bench spec [MODEL_DIR] [--spec N] [--max-new N] [--threads N]\n"
                 "First the cost of one verification pass of 1..N+1 ids (rewound each time) against\n"
-                "one single step: the slope is the break-even acceptance rate (K3_SPEC_MIN_ACCEPT).\n"
+                "one single step: a pass of 1 + d ids pays when it yields more ids than it costs\n"
+                "steps (the rule in src/engine/spec.h measures this while decoding).\n"
                 "Then greedy generation of --max-new ids (default 32) from a repetitive prompt (a\n"
-                "phrase, the model's own continuation of it, the phrase again) and a non-repetitive\n"
-                "one,\n"
-                "without and with --spec N (default 4): forward passes per generated token, s/token,\n"
-                "and whether the outputs are identical (they must be).\n");
+                "phrase, the model's own continuation of it, the phrase again) and from a\n"
+                "non-repetitive one, without and with --spec N (default 4): forward passes per\n"
+                "generated token, s/token, and whether the outputs are identical (they must be).\n");
 }
 
 static int parse(int argc, char **argv, const char *what, bopts *o) {

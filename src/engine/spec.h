@@ -44,11 +44,11 @@ int k3_spec_draft(const int32_t *tokens, size_t n, int max_draft, int32_t *draft
  * draws come from the sampler's PRNG, so a seed reproduces a run, but not the run without
  * --spec (tests/test_specdec.c compares the distributions).
  *
- * Speculation is off for a generation when the backend cannot rewind (a device backend), or —
- * from then on — when it does not pay as measured: over the
- * last K3_SPEC_WINDOW passes, the ids they produced (1 + accepted drafts each) per second of
- * pass time fall below one id per mean single step. What a pass of 1 + d ids costs against a
- * step depends on the machine (on 2 cores at K3 widths ~1 + 0.3·d, compute-bound; far less
+ * Speculation is off when the backend cannot rewind (a device backend), and for the rest of a
+ * generation once it does not pay as measured: over the last K3_SPEC_WINDOW passes, the ids
+ * they produced (1 + accepted drafts each) per second of pass time fall below one id per mean
+ * single step. What a pass of 1 + d ids costs against a
+ * step depends on the machine (2 cores, k3-wide: 5 ids cost 3.7 steps, compute-bound; far less
  * where streaming the weights dominates; `k3 bench spec`), so the rule measures it rather than
  * assuming an acceptance threshold. The first id of a generation is fed alone to time a step. */
 
