@@ -2,6 +2,7 @@
 #include "k3.h"
 
 #include <limits.h>
+#include <math.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -311,6 +312,38 @@ void k3_session_set_trace(k3_session *s, const k3_trace *trace) {
     if (trace) s->trace = *trace;
 }
 
+/* Corrupt weights (a damaged shard, a bad int8 pack) or an --approx overflow give NaN/Inf
+ * logits, from which the sampler would still pick ids. One pass over the rows written (rows x
+ * vocab_size floats, after lm_head read vocab_size x hidden_size weights: <0.1% of a step)
+ * catches them wherever they arose; the final hidden state would be cheaper but misses a
+ * corrupt lm_head row. first_pos = the position of row 0. Errors: K3_ERR_CHECKPOINT. */
+static int check_logits(const k3_engine *e, const float *logits, int rows, int first_pos,
+                        k3_err *err) {
+    if (!logits) return K3_OK;
+    size_t V = (size_t)e->cfg.vocab_size;
+    for (int r = 0; r < rows; r++) {
+        const float *row = logits + (size_t)r * V;
+        uint32_t bad = 0; /* exponent all ones: Inf or NaN; branch-free so it vectorizes */
+        for (size_t i = 0; i < V; i++) {
+            uint32_t u;
+            memcpy(&u, &row[i], sizeof u);
+            bad |= (u & 0x7f800000u) == 0x7f800000u;
+        }
+        if (!bad) continue;
+        size_t id = 0;
+        while (id < V && isfinite(row[id])) id++;
+        return k3_fail(err, K3_ERR_CHECKPOINT, "non-finite logits (%s at vocab id %zu) after "
+                       "position %d: %s", isnan(row[id]) ? "NaN" : "Inf", id, first_pos + r,
+                       e->approx ? "--approx (int8 activations) overflowed or the int8 spine "
+                       "pack is corrupt: run without --approx, or rebuild with k3 pack"
+                       : e->pack ? "the int8 spine pack or the checkpoint's weights are likely "
+                       "corrupt (run with --spine bf16 to tell; rebuild the pack with k3 pack)"
+                       : "the checkpoint's weights are likely corrupt (a damaged or "
+                       "modified shard: compare it with the original, e.g. k3 setup --check)");
+    }
+    return K3_OK;
+}
+
 int k3_session_step(k3_session *s, int32_t token, float *logits, k3_err *err) {
     const k3_config *c = &s->e->cfg;
     if (token < 0 || token >= c->vocab_size)
@@ -319,9 +352,11 @@ int k3_session_step(k3_session *s, int32_t token, float *logits, k3_err *err) {
     if (k3_state_pos(s->state) >= k3_state_max_ctx(s->state))
         return k3_fail(err, K3_ERR_INPUT, "the context is full (%d positions); start a new "
                        "session or raise --ctx", k3_state_max_ctx(s->state));
-    s->tokens[k3_state_pos(s->state)] = token;
-    return k3_backend_step(s->e->backend, s->dev, s->state, token, logits,
-                           s->has_trace ? &s->trace : NULL, err);
+    int pos = k3_state_pos(s->state);
+    s->tokens[pos] = token;
+    int rc = k3_backend_step(s->e->backend, s->dev, s->state, token, logits,
+                             s->has_trace ? &s->trace : NULL, err);
+    return rc ? rc : check_logits(s->e, logits, 1, pos, err);
 }
 
 /* ---- token history, prefill with reuse, interruption, state files (k3.h) ------------------ */
@@ -392,10 +427,11 @@ int k3_session_forward(k3_session *s, const int32_t *ids, int n, float *logits, 
         return K3_OK;
     }
     memcpy(s->tokens + pos, ids, (size_t)n * sizeof *ids);
-    return k3_forward_batch(&s->e->model, s->state, ids, n, logits,
-                            (all ? K3_BATCH_ALL_LOGITS : 0) |
-                            (flags & K3_FWD_REWINDABLE ? K3_BATCH_REWINDABLE : 0),
-                            s->has_trace ? &s->trace : NULL, err);
+    int rc = k3_forward_batch(&s->e->model, s->state, ids, n, logits,
+                              (all ? K3_BATCH_ALL_LOGITS : 0) |
+                              (flags & K3_FWD_REWINDABLE ? K3_BATCH_REWINDABLE : 0),
+                              s->has_trace ? &s->trace : NULL, err);
+    return rc ? rc : check_logits(s->e, logits, all ? n : 1, all ? pos : pos + n - 1, err);
 }
 
 int k3_session_rewind(k3_session *s, int pos, k3_err *err) {

@@ -1,4 +1,5 @@
 /* ffn.c — the dense SiTU MLP of the first layers and the Stable LatentMoE (spec §8). */
+#include <float.h>
 #include <math.h>
 #include <time.h>
 
@@ -27,10 +28,15 @@ void k3_moe_select(const k3_model *m, const k3_moe_weights *w, float *scores, fl
     for (int e = 0; e < E; e++) {
         scores[e] = k3_sigmoid(scores[e]);
         biased[e] = scores[e] + bias[e];
+        /* NaN or -Inf (corrupt weights) ranks last but stays apart from the "taken" mark, so
+         * the K ids are distinct (the store needs that); a NaN score still reaches the logits,
+         * where the engine reports it (k3_session_step). */
+        if (!(biased[e] > -FLT_MAX)) biased[e] = -FLT_MAX;
     }
     for (int j = 0; j < K; j++) {
         int best = 0;
-        for (int e = 1; e < E; e++)
+        while (biased[best] == -INFINITY) best++; /* the first not taken (K < E) */
+        for (int e = best + 1; e < E; e++)
             if (biased[e] > biased[best]) best = e;
         ids[j] = best;
         biased[best] = -INFINITY; /* taken */
