@@ -101,9 +101,10 @@ static long parse_rank(const char *s, size_t n) {
     return v;
 }
 
-/* One line "base64 rank" → appends the token; line_no only for messages. */
+/* One line "base64 rank" → appends the token; line_no and hint (said after the problem) only
+ * for messages. */
 static int parse_rank_line(arena *a, const char *line, size_t n, const char *path, int line_no,
-                           k3_err *err) {
+                           const char *hint, k3_err *err) {
     const char *sp = memchr(line, ' ', n);
     size_t b64_len = sp ? (size_t)(sp - line) : n;
     if (arena_reserve(a, b64_len) != 0)
@@ -112,11 +113,12 @@ static int parse_rank_line(arena *a, const char *line, size_t n, const char *pat
     long rank = sp ? parse_rank(sp + 1, n - b64_len - 1) : -1;
     if (len < 0 || rank < 0)
         return k3_fail(err, K3_ERR_TOKENIZER,
-                       "%s:%d: malformed line (expected \"<base64> <rank>\")", path, line_no);
+                       "%s:%d: malformed line (expected \"<base64> <rank>\")%s", path, line_no,
+                       hint);
     if (rank != (long)a->count)
         return k3_fail(err, K3_ERR_TOKENIZER,
-                       "%s:%d: rank %ld, expected %zu (ranks must be contiguous from 0)", path,
-                       line_no, rank, a->count);
+                       "%s:%d: rank %ld, expected %zu (ranks must be contiguous from 0)%s",
+                       path, line_no, rank, a->count, hint);
     a->n += (size_t)len;
     arena_close_token(a);
     return K3_OK;
@@ -130,7 +132,8 @@ static int parse_tiktoken(arena *a, const char *buf, size_t len, const char *pat
         size_t end = nl ? (size_t)(nl - buf) : len, n = end - pos;
         line_no++;
         if (n > 0 && buf[end - 1] == '\r') n--;
-        if (n > 0 && parse_rank_line(a, buf + pos, n, path, line_no, err) != K3_OK)
+        const char *hint = nl ? "" : "; the file ends inside this line: truncated?";
+        if (n > 0 && parse_rank_line(a, buf + pos, n, path, line_no, hint, err) != K3_OK)
             return err->code;
         pos = end + 1;
     }
@@ -147,9 +150,10 @@ static int line_of(const char *buf, const char *at) {
 }
 
 /* Fills names[i] (borrowed from root) for each special n_ranks+i listed in
- * added_tokens_decoder; the others stay NULL. */
+ * added_tokens_decoder; the others stay NULL. The specials follow the last rank, so an id past
+ * them means tiktoken.model (model_path) lost its last lines. */
 static int special_names(const cJSON *root, int32_t n_ranks, const char **names,
-                         const char *path, k3_err *err) {
+                         const char *path, const char *model_path, k3_err *err) {
     const cJSON *dec = cJSON_GetObjectItemCaseSensitive(root, "added_tokens_decoder");
     if (!cJSON_IsObject(dec))
         return k3_fail(err, K3_ERR_CONFIG, "%s: no \"added_tokens_decoder\" object", path);
@@ -157,6 +161,12 @@ static int special_names(const cJSON *root, int32_t n_ranks, const char **names,
         char *end;
         long id = strtol(e->string, &end, 10);
         const cJSON *c = cJSON_GetObjectItemCaseSensitive(e, "content");
+        if (!*end && end != e->string && id >= n_ranks + K3_TOK_N_SPECIALS)
+            return k3_fail(err, K3_ERR_TOKENIZER,
+                           "%s: only %d ranks (ids 0..%d), but %s names special id %ld, so the "
+                           "ranks should go up to at least %ld: tiktoken.model looks truncated "
+                           "(copy it again from the snapshot)", model_path, n_ranks,
+                           n_ranks - 1, path, id, id - K3_TOK_N_SPECIALS);
         if (*end || end == e->string || id < n_ranks || id >= n_ranks + K3_TOK_N_SPECIALS)
             return k3_fail(err, K3_ERR_CONFIG,
                            "%s: added_tokens_decoder id \"%s\" is not a special id (%d..%d)",
@@ -171,7 +181,7 @@ static int special_names(const cJSON *root, int32_t n_ranks, const char **names,
 }
 
 /* Appends the 256 special spellings to the arena: named ones, else <|reserved_token_{id}|>. */
-static int load_specials(arena *a, const char *path, k3_err *err) {
+static int load_specials(arena *a, const char *path, const char *model_path, k3_err *err) {
     char *buf;
     size_t len;
     if (k3_read_file(path, MAX_CONFIG_BYTES, &buf, &len, err) != K3_OK) return err->code;
@@ -182,7 +192,7 @@ static int load_specials(arena *a, const char *path, k3_err *err) {
                             line_of(buf, end ? end : buf));
     const char *names[K3_TOK_N_SPECIALS] = {0};
     int32_t n_ranks = (int32_t)a->count;
-    if (rc == K3_OK) rc = special_names(root, n_ranks, names, path, err);
+    if (rc == K3_OK) rc = special_names(root, n_ranks, names, path, model_path, err);
     for (int i = 0; rc == K3_OK && i < K3_TOK_N_SPECIALS; i++) {
         char tmp[64];
         const char *s = names[i];
@@ -249,7 +259,7 @@ static int load_into(k3_tokenizer *t, const char *dir, k3_err *err) {
     if (rc == K3_OK) rc = parse_tiktoken(&a, buf, len, model, err);
     free(buf);
     t->n_ranks = (int32_t)a.count;
-    if (rc == K3_OK) rc = load_specials(&a, config, err);
+    if (rc == K3_OK) rc = load_specials(&a, config, model, err);
     t->bytes = a.bytes;
     t->off = a.off;
     if (rc == K3_OK) rc = build_rank_map(t, model, err);
