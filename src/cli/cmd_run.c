@@ -14,6 +14,7 @@
 #include "../tok/tokenizer.h"
 #include "cli.h"
 #include "gen.h"
+#include "idlist.h"
 #include "store_flags.h"
 #include "device_flags.h"
 
@@ -46,7 +47,7 @@ static void run_usage(FILE *f) {
         "                       reply's thinking (dimmed on a terminal), then its answer\n"
         "  --special            let special-token spellings in TEXT (e.g. [BOS], <|sep|>)\n"
         "                       become their ids (default: they are ordinary text)\n"
-        "  --prompt-ids IDS     comma-separated token ids instead of --prompt\n"
+        "  --prompt-ids IDS     token ids instead of --prompt (commas or spaces between them)\n"
         "  --max-new N          generate at most N tokens (default 128)\n"
         "  --ids                print the generated ids (one line, comma-separated), not text\n"
         "  --dump-logits FILE   write float32 little-endian logits, row-major [rows, vocab]:\n"
@@ -159,31 +160,6 @@ static int parse_args(int argc, char **argv, run_opts *o) {
     return 0;
 }
 
-/* Parses "12,7,9" into a malloc'd array. */
-static int parse_ids(const char *s, int vocab, int32_t **ids, size_t *n, k3_err *err) {
-    size_t cap = 16, cnt = 0;
-    int32_t *v = malloc(cap * sizeof *v);
-    if (!v) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
-    const char *p = s;
-    while (*p) {
-        char *end;
-        errno = 0;
-        long x = strtol(p, &end, 10);
-        if (end == p || errno || x < 0 || x >= vocab || (*end && *end != ',')) {
-            free(v);
-            return k3_fail(err, K3_ERR_USAGE, "--prompt-ids: '%s' is not a comma-separated list "
-                           "of ids in [0, %d)", s, vocab);
-        }
-        if (cnt == cap && !(v = realloc(v, (cap *= 2) * sizeof *v)))
-            return k3_fail(err, K3_ERR_GENERIC, "out of memory");
-        v[cnt++] = (int32_t)x;
-        p = *end ? end + 1 : end;
-    }
-    *ids = v;
-    *n = cnt;
-    return K3_OK;
-}
-
 typedef struct run_ctx {
     const run_opts *o;
     const k3_engine *e;
@@ -232,7 +208,8 @@ static int build_prompt(run_ctx *r, int32_t **prompt, size_t *n, k3_err *err) {
         int32_t *part;
         size_t n_part;
         if (o->prompt_ids)
-            rc = parse_ids(o->prompt_ids, r->vocab, &part, &n_part, err);
+            rc = k3_cli_parse_ids(o->prompt_ids, strlen(o->prompt_ids), "--prompt-ids", 0,
+                                  r->vocab, &part, &n_part, err);
         else
             rc = k3_tokenizer_encode(r->tok, o->prompt, strlen(o->prompt), o->special, &part,
                                      &n_part, err);

@@ -2,7 +2,6 @@
  * text). Both need only DIR/tiktoken.model and DIR/tokenizer_config.json; DIR defaults to
  * the bundled fixture model. The first positional argument is DIR when it is a folder that
  * holds tiktoken.model, otherwise it is the TEXT/IDS argument. */
-#include <errno.h>
 #include <limits.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -13,6 +12,7 @@
 #include "../tok/tokenizer.h"
 #include "../util/fileio.h"
 #include "cli.h"
+#include "idlist.h"
 
 #define MAX_FILE_BYTES ((size_t)1 << 30)
 
@@ -33,14 +33,18 @@ static void tokenize_usage(FILE *f) {
 
 static void detokenize_usage(FILE *f) {
     fprintf(f,
-        "usage: k3 detokenize [DIR] IDS\n"
+        "usage: k3 detokenize [DIR] (--file PATH | IDS)\n"
         "\n"
-        "Prints the text of IDS (comma-separated token ids) followed by a newline. Bytes that\n"
-        "are not valid UTF-8 print as U+FFFD; special ids print as their spelling.\n"
-        "DIR holds tiktoken.model and tokenizer_config.json (default: the bundled fixture\n"
-        "model).\n"
+        "Prints the text of IDS (token ids separated by commas and/or spaces, as k3 tokenize\n"
+        "prints them) followed by a newline. Bytes that are not valid UTF-8 print as U+FFFD;\n"
+        "special ids print as their spelling. DIR holds tiktoken.model and\n"
+        "tokenizer_config.json (default: the bundled fixture model).\n"
         "\n"
-        "  -h, --help     this help\n");
+        "  --file PATH    read the ids from PATH (commas, spaces or newlines between them)\n"
+        "  -h, --help     this help\n"
+        "\n"
+        "Exit status 2 for an item that is not an id, 7 for an id outside the vocabulary\n"
+        "(the message gives the id, the vocabulary size and, for --file, the line).\n");
 }
 
 static int usage_error(const char *cmd, const char *what, const char *arg) {
@@ -65,13 +69,15 @@ typedef struct tok_args {
 
 /* What is wrong with `rest` positionals after DIR, or NULL. */
 static const char *arity_problem(bool has_file, int rest, bool with_options) {
-    if (has_file) return rest ? "--file and TEXT both given" : NULL;
-    if (rest == 0) return with_options ? "missing TEXT (or --file PATH)" : "missing IDS";
+    if (has_file) return rest ? (with_options ? "--file and TEXT both given"
+                                              : "--file and IDS both given") : NULL;
+    if (rest == 0) return with_options ? "missing TEXT (or --file PATH)"
+                                       : "missing IDS (or --file PATH)";
     return rest > 1 ? "too many arguments, or DIR has no tiktoken.model" : NULL;
 }
 
-/* Parses [DIR] [options] ARG; with_options enables --special/--file (tokenize only).
- * Returns 0, -1 after printing help, or K3_ERR_USAGE. */
+/* Parses [DIR] [options] ARG; --file for both, with_options enables --special (tokenize
+ * only). Returns 0, -1 after printing help, or K3_ERR_USAGE. */
 static int parse_args(int argc, char **argv, bool with_options, tok_args *a) {
     const char *cmd = argv[0], *pos[3];
     int n_pos = 0;
@@ -85,7 +91,7 @@ static int parse_args(int argc, char **argv, bool with_options, tok_args *a) {
         else if (!strcmp(s, "--")) opts_done = true;
         else if (!strcmp(s, "-h") || !strcmp(s, "--help")) return -1;
         else if (with_options && !strcmp(s, "--special")) a->special = true;
-        else if (with_options && !strcmp(s, "--file") && i + 1 < argc) a->file = argv[++i];
+        else if (!strcmp(s, "--file") && i + 1 < argc) a->file = argv[++i];
         else return usage_error(cmd, "unknown option or missing value", s);
     }
     int first = 0;
@@ -132,46 +138,27 @@ int k3_cmd_tokenize(int argc, char **argv) {
 
 /* ---- k3 detokenize ------------------------------------------------------------------- */
 
-/* Parses "1, 2,3" into a malloc'd array (ids need not be in range; decode checks that).
- * An empty string is zero ids. Returns 0 or K3_ERR_USAGE. */
-static int parse_ids(const char *s, int32_t **ids, size_t *n) {
-    size_t cap = 1;
-    for (const char *p = s; *p; p++) cap += *p == ',';
-    *ids = malloc(cap * sizeof **ids);
-    *n = 0;
-    for (const char *p = s; *ids;) {
-        while (*p == ' ') p++;
-        if (*p == 0 && *n == 0) return 0;
-        char *end;
-        errno = 0;
-        long v = strtol(p, &end, 10);
-        while (*end == ' ') end++;
-        if (end == p || errno || v < 0 || v > INT32_MAX || (*end && *end != ',')) break;
-        (*ids)[(*n)++] = (int32_t)v;
-        if (*end == 0) return 0;
-        p = end + 1;
-    }
-    free(*ids);
-    return usage_error("detokenize", "IDS must be comma-separated non-negative integers", s);
-}
-
 int k3_cmd_detokenize(int argc, char **argv) {
     tok_args a;
     int rc = parse_args(argc, argv, false, &a);
     if (rc) return rc < 0 ? (detokenize_usage(stdout), 0) : rc;
-    int32_t *ids;
-    size_t n, len;
-    if ((rc = parse_ids(a.arg, &ids, &n)) != 0) return rc;
+    int32_t *ids = NULL;
+    size_t n = 0, len = a.arg ? strlen(a.arg) : 0;
     k3_err err = {0};
     k3_tokenizer *t = NULL;
-    char *text = NULL;
+    char *text = NULL, *file_text = NULL;
+    if (a.file && k3_read_file(a.file, MAX_FILE_BYTES, &file_text, &len, &err) != K3_OK)
+        return fail(&err);
     if (k3_tokenizer_load(a.dir, &t, &err) == K3_OK &&
+        k3_cli_parse_ids(a.file ? file_text : a.arg, len, a.file ? a.file : "IDS", a.file != NULL,
+                         k3_tokenizer_vocab_size(t), &ids, &n, &err) == K3_OK &&
         k3_tokenizer_decode(t, ids, n, &text, &len, &err) == K3_OK) {
         fwrite(text, 1, len, stdout);
         putchar('\n');
     }
     free(text);
     free(ids);
+    free(file_text);
     k3_tokenizer_free(t);
     return err.code ? fail(&err) : 0;
 }
