@@ -21,6 +21,8 @@ int k3_cmd_tracegen(int argc, char **argv);
 int k3_cmd_bench(int argc, char **argv);
 int k3_cmd_bench_batch(int argc, char **argv); /* bench prefill | spec */
 int k3_cmd_bench_gpu(int argc, char **argv);
+/* k3 version / k3 --version (cmd_version.c). */
+int k3_cmd_version(int argc, char **argv);
 
 /* The bundled fixture model's folder (tests/fixtures/k3-nano beside the executable, else
  * relative to the working directory); used when no MODEL_DIR is given. */

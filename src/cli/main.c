@@ -21,7 +21,7 @@ static void usage(FILE *f) {
             "  chat [MODEL_DIR]                talk to the model (thinking, /reset, /save, ...)\n"
             "  render [DIR] --request FILE     the exact prompt an OpenAI chat request renders to\n"
             "  tokenize [DIR] TEXT             print the token ids of TEXT\n"
-            "  detokenize [DIR] IDS            print the text of comma-separated ids\n"
+            "  detokenize [DIR] IDS            print the text of token ids (or --file PATH)\n"
             "  bench kernels | decode [DIR]    kernel GB/s vs memory bandwidth; s/token per layer\n"
             "  serve [MODEL_DIR] [--port N]    OpenAI-compatible HTTP server (k3 serve --help)\n"
             "  setup DEST [--full|--stream]    install a snapshot over HTTP (see k3 setup --help)\n"
@@ -33,6 +33,7 @@ static void usage(FILE *f) {
             "  bench io [MODEL_DIR]            expert-read throughput vs fio (see --help)\n"
             "  bench prefill | spec [DIR]      prefill tok/s by --chunk; --spec pass cost and gain\n"
             "  bench-gpu [MODEL_DIR]           GPU kernels and decode vs the card's bandwidth\n"
+            "  version, --version              version, CPU kernel paths, CUDA compiled in or not\n"
             "\n"
             "MODEL_DIR is an unmodified Hugging Face snapshot of moonshotai/Kimi-K3; without\n"
             "it, k3 uses the small fixture model bundled in " BUNDLED_MODEL ".\n"
@@ -69,6 +70,38 @@ const char *k3_default_model_dir(void) {
     return BUNDLED_MODEL;
 }
 
+/* Edit distance of a and b, capped at 3 (enough to spot a typo). */
+static int distance(const char *a, const char *b) {
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > 32 || lb > 32 || (la > lb ? la - lb : lb - la) > 2) return 3;
+    int d[33][33];
+    for (size_t i = 0; i <= la; i++) d[i][0] = (int)i;
+    for (size_t j = 0; j <= lb; j++) d[0][j] = (int)j;
+    for (size_t i = 1; i <= la; i++)
+        for (size_t j = 1; j <= lb; j++) {
+            int sub = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]), del = d[i - 1][j] + 1,
+                ins = d[i][j - 1] + 1;
+            d[i][j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
+        }
+    return d[la][lb] < 3 ? d[la][lb] : 3;
+}
+
+/* One line on stderr: what was not understood, the closest command when it looks like a typo,
+ * and where the list is. */
+static void unknown_command(const char *cmd) {
+    static const char *const names[] = {"run", "chat", "render", "tokenize", "detokenize",
+        "serve", "setup", "quality", "pack", "synth", "replay", "trace-gen", "bench",
+        "bench-gpu", "version", "help"};
+    const char *best = NULL, *word = cmd + strspn(cmd, "-"); /* --verison: version */
+    int best_d = 3;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        int d = distance(word, names[i]);
+        if (d < best_d) best_d = d, best = names[i];
+    }
+    fprintf(stderr, "k3: unknown command '%s'%s%s%s; k3 --help lists the commands\n", cmd,
+            best ? " (did you mean '" : "", best ? best : "", best ? "'?)" : "");
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         usage(stderr);
@@ -79,6 +112,8 @@ int main(int argc, char **argv) {
         usage(stdout);
         return 0;
     }
+    if (!strcmp(cmd, "--version") || !strcmp(cmd, "version"))
+        return k3_cmd_version(argc - 1, argv + 1);
     if (!strcmp(cmd, "run")) return k3_cmd_run(argc - 1, argv + 1);
     if (!strcmp(cmd, "chat")) return k3_cmd_chat(argc - 1, argv + 1);
     if (!strcmp(cmd, "render")) return k3_cmd_render(argc - 1, argv + 1);
@@ -99,7 +134,6 @@ int main(int argc, char **argv) {
         return k3_cmd_bench_batch(argc - 2, argv + 2);
     if (!strcmp(cmd, "bench")) return k3_cmd_bench(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench-gpu")) return k3_cmd_bench_gpu(argc - 1, argv + 1);
-    fprintf(stderr, "k3: unknown command '%s'\n\n", cmd);
-    usage(stderr);
+    unknown_command(cmd);
     return K3_ERR_USAGE;
 }

@@ -1,0 +1,55 @@
+/* cmd_version.c — `k3 version` / `k3 --version`: the version, the CPU kernel paths this
+ * binary holds and the one this CPU gets, and whether the CUDA backend is compiled in. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../kernels/kernels.h"
+#include "../util/version.h"
+#include "cli.h"
+
+/* The paths compiled in, fastest first: the PATHS table of src/kernels/kernels.c. */
+#if defined(__x86_64__)
+#define COMPILED_PATHS "avx512, avx2, scalar"
+#define ARCH "x86-64"
+#elif defined(__aarch64__)
+#define COMPILED_PATHS "neon, scalar"
+#define ARCH "aarch64"
+#else
+#define COMPILED_PATHS "scalar"
+#define ARCH "other"
+#endif
+
+int k3_cmd_version(int argc, char **argv) {
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            printf("usage: k3 version (or k3 --version)\n\nPrints the k3 version, the CPU "
+                   "kernel paths compiled into this binary, those this CPU runs and the one\n"
+                   "k3 picks (K3_KERNELS overrides), and whether the CUDA backend is compiled "
+                   "in. Exit status 0.\n");
+            return 0;
+        }
+        fprintf(stderr, "k3 version: unexpected argument '%s' (see k3 version --help)\n",
+                argv[i]);
+        return K3_ERR_USAGE;
+    }
+    const k3_kernels *runs[8];
+    int n = k3_kernels_available(runs, 8);
+    printf("k3 %s\n", K3_VERSION);
+    printf("build: %s, C compiler %s\n", ARCH, __VERSION__);
+    printf("kernels: compiled in: %s; this CPU runs:", COMPILED_PATHS);
+    for (int i = 0; i < n; i++) printf("%s %s", i ? "," : "", k3_kernels_name(runs[i]));
+    const k3_kernels *pick;
+    k3_err err = {0};
+    if (k3_kernels_select(NULL, &pick, &err) == K3_OK)
+        printf("; picked: %s%s\n", k3_kernels_name(pick),
+               getenv("K3_KERNELS") && *getenv("K3_KERNELS") ? " (set by K3_KERNELS)" : "");
+    else
+        printf("; picked: none (%s)\n", err.msg);
+#ifdef K3_WITH_CUDA
+    printf("cuda: compiled in (make CUDA=1; --device cuda|auto)\n");
+#else
+    printf("cuda: not compiled in (rebuild with make CUDA=1 where nvcc is installed)\n");
+#endif
+    return 0;
+}
