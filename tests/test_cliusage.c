@@ -1,6 +1,6 @@
 /* test_cliusage.c — what a new user meets first: `k3 --version` / `k3 version`, `k3 --help`
  * naming them, an unknown command (exit 2 with a hint), every flag `k3 run` parses described
- * in `k3 run --help`. */
+ * in `k3 run --help`, and a k3 copied away from the repository run without a model folder. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -118,11 +118,33 @@ static void test_run_help_lists_every_flag(void) {
     k3t_cli_free(&r);
 }
 
+/* k3 copied to a folder without tests/fixtures, run from there without MODEL_DIR: the error
+ * says how to give a model folder. */
+static void test_copied_binary_without_model(void) {
+    char *dir = k3t_tmpdir(), bin[512], cmd[1024];
+    if (!dir) return;
+    snprintf(bin, sizeof bin, "%s/k3", dir);
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s'", k3t_bin(), bin);
+    CHECK(system(cmd) == 0, "%s failed", cmd);
+    const char *args[] = {"run --prompt hi", "tokenize hi"};
+    for (int i = 0; i < 2 && !k3_test_stopped(); i++) {
+        k3t_cli r;
+        if (k3t_cli_run_in(dir, bin, args[i], &r)) break;
+        CHECK(r.status == K3_ERR_IO, "k3 %s: exit %d, stderr %s", args[i], r.status, r.err);
+        CHECK(strstr(r.err, "no MODEL_DIR given") && strstr(r.err, "tests/fixtures/k3-nano") &&
+              strstr(r.err, dir) && strstr(r.err, "k3 run /path/to/Kimi-K3"),
+              "k3 %s: stderr %s", args[i], r.err);
+        k3t_cli_free(&r);
+    }
+    k3t_rm_dir(dir);
+}
+
 const k3_test k3_suite_cliusage[] = {
     {"version", test_version},
     {"version_k3_kernels", test_version_k3_kernels},
     {"help_mentions_version", test_help_mentions_version},
     {"unknown_command", test_unknown_command},
     {"run_help_lists_every_flag", test_run_help_lists_every_flag},
+    {"copied_binary_without_model", test_copied_binary_without_model},
     {0},
 };

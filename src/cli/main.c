@@ -67,6 +67,12 @@ const char *k3_default_model_dir(void) {
                 return buf;
         }
     }
+    if (!is_model_dir(BUNDLED_MODEL))
+        fprintf(stderr, "k3: no MODEL_DIR given, and the bundled fixture model (%s) is neither "
+                "beside this k3 (%s) nor under the current folder: give a model folder (a "
+                "Hugging Face snapshot of moonshotai/Kimi-K3) as the first argument, e.g. "
+                "k3 run /path/to/Kimi-K3 --prompt TEXT\n", BUNDLED_MODEL,
+                n > 0 ? exe : "its folder is unknown");
     return BUNDLED_MODEL;
 }
 
