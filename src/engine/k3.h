@@ -130,7 +130,9 @@ void k3_session_set_trace(k3_session *s, const k3_trace *trace);
 /* Runs the forward pass (spec §3) for `token` at position k3_session_pos(s), updating the
  * KDA/conv state and KV cache. Writes vocab_size float32 logits to `logits` when non-NULL
  * (prefill may pass NULL to skip lm_head).
- * Errors: K3_ERR_INPUT (token outside [0, vocab_size), context full). */
+ * Errors: K3_ERR_INPUT (token outside [0, vocab_size), context full); K3_ERR_CHECKPOINT (the
+ * logits written hold a NaN or Inf: corrupt weights, int8 pack or --approx; the message names
+ * the position and the vocab id). */
 int k3_session_step(k3_session *s, int32_t token, float *logits, k3_err *err);
 
 /* ---- observability (issue 3) -------------------------------------------------------- */
