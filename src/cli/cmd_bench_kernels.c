@@ -2,18 +2,23 @@
  * bytes per second beside the memory bandwidth of a large copy measured in the same run, one
  * thread and all threads, on every kernel path this CPU runs. `k3 bench decode`: seconds per
  * token per layer kind on a real-width checkpoint, extrapolated to K3's 93 layers. */
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <omp.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "../engine/k3.h"
 #include "../format/safetensors.h"
 #include "../kernels/kernels.h"
 #include "cli.h"
+#include "spine_flags.h"
 
 static double now_s(void) {
     struct timespec ts;
@@ -230,7 +235,7 @@ enum { K3_LAYERS = 93, K3_MLA = 24, K3_KDA = 69, K3_DENSE = 1, K3_MOE = 92, K3_V
 
 static void decode_usage(FILE *f) {
     fprintf(f,
-        "usage: k3 bench decode [MODEL_DIR] [--tokens N] [--threads N]\n"
+        "usage: k3 bench decode [MODEL_DIR] [--tokens N] [--threads N] [--spine-gb G]\n"
         "\n"
         "Runs N decode steps (logits every step) on MODEL_DIR with every expert used in place\n"
         "from the mapped shards (K3_MMAP_EXPERTS=1: for a real-width checkpoint that fits in\n"
@@ -242,6 +247,12 @@ static void decode_usage(FILE *f) {
         "\n"
         "  --tokens N     decode steps (default 10)\n"
         "  --threads N    compute threads (default: OMP_NUM_THREADS or physical cores)\n"
+        "  --spine MODE   bf16 (default) or int8 (the packed spine, NOT exact; k3 pack)\n"
+        "  --pack-dir DIR folder of the packed spine (default MODEL_DIR)\n"
+        "  --spine-gb G   resident spine budget (k3 run --help); then also prints the spine\n"
+        "                 bytes streamed per token, the time passes waited for them, and the\n"
+        "                 disk's sequential O_DIRECT read bandwidth measured in the same run\n"
+        "                 (up to 2 GB of the largest shard) with the floor it sets\n"
         "  -h, --help     this help\n");
 }
 
@@ -265,13 +276,71 @@ static void on_vector(void *user, int pos, int layer, enum k3_trace_point pt, co
     if (pt == K3_TRACE_FINAL_NORMED) c->head_start = t;
 }
 
+/* Sequential O_DIRECT read bandwidth (bytes/s) of up to 2 GB of the largest .safetensors in
+ * dir, 16 MB per pread; 0 when it cannot be measured. */
+static double disk_read_bw(const char *dir) {
+    char best[4096] = "", path[4096];
+    off_t best_size = 0;
+    DIR *d = opendir(dir);
+    for (struct dirent *de; d && (de = readdir(d));) {
+        struct stat st;
+        size_t n = strlen(de->d_name);
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+        if (n > 12 && !strcmp(de->d_name + n - 12, ".safetensors") && !stat(path, &st) &&
+            st.st_size > best_size)
+            best_size = st.st_size, snprintf(best, sizeof best, "%s", path);
+    }
+    if (d) closedir(d);
+    int fd = best[0] ? open(best, O_RDONLY | O_DIRECT) : -1;
+    size_t chunk = (size_t)16 << 20;
+    void *buf = NULL;
+    if (fd < 0 || posix_memalign(&buf, 4096, chunk)) {
+        if (fd >= 0) close(fd);
+        return 0;
+    }
+    uint64_t got = 0, limit = (uint64_t)2 << 30;
+    double t = now_s();
+    ssize_t r;
+    while (got < limit && (r = pread(fd, buf, chunk, (off_t)got)) > 0) got += (uint64_t)r;
+    t = now_s() - t;
+    close(fd);
+    free(buf);
+    return t > 0 ? (double)got / t : 0;
+}
+
+/* With a spine budget: what streaming cost per counted token (st0: before them). */
+static void spine_report(const k3_engine *e, const k3_spine_stats *st0, int tokens,
+                         double s_per_token, const char *dir) {
+    k3_spine_stats st;
+    k3_engine_spine_stats(e, &st);
+    if (!st.budgeted) return;
+    double bytes = (double)(st.bytes_read - st0->bytes_read) / tokens;
+    double wait = (st.wait_s - st0->wait_s) / tokens, read = (st.read_s - st0->read_s) / tokens;
+    double bw = disk_read_bw(dir);
+    printf("\nspine (%s, %s): %d of %d layers streamed%s, %.3f GB read per token (%s), "
+           "reading %.3f s/token, passes waited %.3f s/token; decode %.3f s/token\n",
+           k3_engine_spine_int8(e) ? "int8" : "bf16", k3_engine_spine_plan_line(e),
+           st.streamed_layers, st.n_layers, st.head_resident ? "" : " + lm_head", bytes / 1e9,
+           st.direct ? "O_DIRECT" : "buffered", read, wait, s_per_token);
+    if (bw > 0)
+        printf("disk: sequential O_DIRECT pread %.3f GB/s (measured now): streaming floor "
+               "%.3f s/token\n", bw / 1e9, bytes / bw);
+}
+
 static int bench_decode(int argc, char **argv) {
-    const char *dir = NULL;
-    int tokens = 10, threads = 0, rc = 0;
+    const char *dir = NULL, *pack_dir = NULL;
+    int tokens = 10, threads = 0, rc = 0, spine = K3_SPINE_BF16;
+    k3_cli_spine_budget budget = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int v = i + 1 < argc;
+        if ((rc = k3_cli_spine_gb_flag("bench decode", argc, argv, &i, &budget)) == 1) continue;
+        if (rc) return rc;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { decode_usage(stdout); return 0; }
+        else if (!strcmp(a, "--pack-dir") && v) pack_dir = argv[++i];
+        else if (!strcmp(a, "--spine") && v && (!strcmp(argv[i + 1], "int8") ||
+                                                 !strcmp(argv[i + 1], "bf16")))
+            spine = !strcmp(argv[++i], "int8") ? K3_SPINE_INT8 : K3_SPINE_BF16;
         else if (!strcmp(a, "--tokens") && v) rc = parse_pos_int(argv[++i], a, &tokens);
         else if (!strcmp(a, "--threads") && v) rc = parse_pos_int(argv[++i], a, &threads);
         else if (a[0] != '-' && !dir) dir = a;
@@ -287,7 +356,10 @@ static int bench_decode(int argc, char **argv) {
     k3_session *s = NULL;
     float *logits = NULL;
     static layer_clock clk;
-    k3_engine_opts eo = {.threads = threads, .verbose = 1, .experts_in_place = 1};
+    k3_engine_opts eo = {.threads = threads, .verbose = 1, .experts_in_place = 1,
+                         .spine = spine, .pack_dir = pack_dir};
+    k3_cli_spine_gb_apply(&budget, &eo);
+    k3_spine_stats st0 = {0};
     if ((rc = k3_engine_load(dir, &eo, &e, &err))) goto done;
     const k3_config *c = k3_engine_config(e);
     if (c->num_hidden_layers > MAX_BENCH_LAYERS) {
@@ -304,6 +376,7 @@ static int bench_decode(int argc, char **argv) {
     double total = 0, head = 0;
     for (int i = 0; i < tokens + 2 && !rc; i++) {
         clk.counting = i >= 2;
+        if (i == 2) k3_engine_spine_stats(e, &st0);
         double t0 = now_s();
         rc = k3_session_step(s, (int32_t)((i * 7919 + 11) % c->vocab_size), logits, &err);
         double t1 = now_s();
@@ -347,6 +420,7 @@ static int bench_decode(int argc, char **argv) {
     printf("\nmeasured: %.3f s/token for %d layers; K3 compute floor (93 layers, all weights "
            "in RAM): %.2f s/token = %.3f tokens/s\n", total, c->num_hidden_layers, floor_s,
            1.0 / floor_s);
+    spine_report(e, &st0, tokens, total, dir);
 done:
     if (rc) fprintf(stderr, "k3 bench decode: %s\n", err.msg);
     free(logits);

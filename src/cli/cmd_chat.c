@@ -16,6 +16,7 @@
 #include "cli.h"
 #include "gen.h"
 #include "store_flags.h"
+#include "spine_flags.h"
 
 #define PROMPT ">>> "
 #define MORE "... "
@@ -26,6 +27,7 @@ typedef struct chat_opts {
     bool verbose;
     k3_cli_chat_opts co;
     k3_cli_store_opts so; /* expert store flags (store_flags.h) */
+    k3_cli_spine_budget spine_gb; /* --spine-gb (spine_flags.h) */
 } chat_opts;
 
 static void chat_usage(FILE *f) {
@@ -58,12 +60,13 @@ static void chat_usage(FILE *f) {
         "  --threads N          compute threads (default: OMP_NUM_THREADS, else physical cores)\n"
         "  --spine MODE         auto (default), bf16 (exact) or int8 (NOT exact; k3 pack)\n"
         "  --pack-dir DIR       folder of the packed spine (default MODEL_DIR)\n"
+        "%s"
         "  -q, --quiet          no load line\n"
         "  -h, --help           this help\n"
         "\n"
         "chat:\n%s"
         "\n"
-        "sampling:\n%s", k3_cli_chat_help, k3_cli_sampling_help);
+        "sampling:\n%s", k3_cli_spine_gb_help, k3_cli_chat_help, k3_cli_sampling_help);
     fprintf(f, "\nspeed (exact):\n%s\n", k3_cli_speed_help);
     k3_cli_store_usage(f);
 }
@@ -90,6 +93,8 @@ static int parse_args(int argc, char **argv, chat_opts *o) {
         if (rc == 1) continue;
         if (rc) return rc;
         if ((rc = k3_cli_store_flag("chat", argc, argv, &i, &o->so)) == 1) continue;
+        if (rc) return rc;
+        if ((rc = k3_cli_spine_gb_flag("chat", argc, argv, &i, &o->spine_gb)) == 1) continue;
         if (rc) return rc;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { chat_usage(stdout); return -1; }
         else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) o->verbose = false;
@@ -420,6 +425,7 @@ static int chat_main(const chat_opts *o, k3_err *err) {
     k3_engine_opts eo = {.threads = o->threads, .verbose = o->verbose, .spine = o->spine,
                          .pack_dir = o->pack_dir};
     k3_cli_store_engine_opts(&o->so, &eo);
+    k3_cli_spine_gb_apply(&o->spine_gb, &eo);
     k3_cli_store_run sr = {0};
     int rc = k3_engine_load(o->model_dir, &eo, &e, err);
     if (rc) return rc;

@@ -271,7 +271,7 @@ static int measure(const pack_args *a, const k3_pack *p, k3_err *err) {
     if (a->verbose)
         fprintf(stderr, "k3 pack: measuring the int8 spine (alone and with --approx) against "
                 "the exact path on %zu tokens of built-in text\n", n);
-    k3_quality_opts o = {a->model_dir, a->out_dir, a->threads, 0};
+    k3_quality_opts o = {.model_dir = a->model_dir, .pack_dir = a->out_dir, .threads = a->threads};
     int modes[2] = {K3_QMODE_INT8, K3_QMODE_APPROX};
     k3_quality_row rows[3];
     rc = k3_quality_eval(&o, b, n, modes, 2, rows, err);

@@ -14,6 +14,7 @@
 #include "../util/fileio.h"
 #include "cli.h"
 #include "quality.h"
+#include "spine_flags.h"
 
 const char k3_quality_builtin_text[] =
     "The quick brown fox jumps over the lazy dog. In 1687 Isaac Newton published the "
@@ -67,7 +68,8 @@ static int load_mode(const k3_quality_opts *o, int mode, int ctx, mode_run *r, k
     k3_engine_opts eo = {.threads = o->threads, .verbose = o->verbose,
                          .spine = mode == K3_QMODE_BF16 ? K3_SPINE_BF16 : K3_SPINE_INT8,
                          .pack_dir = o->pack_dir, .experts_in_place = 1,
-                         .approx = mode == K3_QMODE_APPROX ? 1 : -1};
+                         .approx = mode == K3_QMODE_APPROX ? 1 : -1,
+                         .spine_budget = o->spine_budget, .spine_gb = o->spine_gb};
     int rc = k3_engine_load(o->model_dir, &eo, &r->e, err);
     if (!rc) rc = k3_session_new(r->e, ctx, &r->s, err);
     if (!rc && !(r->logits = malloc((size_t)k3_engine_config(r->e)->vocab_size * sizeof(float))))
@@ -173,6 +175,7 @@ typedef struct quality_args {
     const char *model_dir, *pack_dir, *text_file, *ids, *json, *modes;
     bool builtin, bos, verbose;
     int max_tokens, threads;
+    k3_cli_spine_budget spine_gb; /* --spine-gb (spine_flags.h) */
 } quality_args;
 
 static void quality_usage(FILE *f) {
@@ -196,6 +199,7 @@ static void quality_usage(FILE *f) {
         "  --pack-dir DIR     folder of the packed spine (default MODEL_DIR)\n"
         "  --json FILE        also write the figures as JSON to FILE\n"
         "  --threads N        compute threads (default: OMP_NUM_THREADS, else physical cores)\n"
+        "  --spine-gb G       RAM budget for each engine's spine, as in k3 run (figures unchanged)\n"
         "  -q, --quiet        no load lines on stderr\n"
         "  -h, --help         this help\n");
 }
@@ -205,7 +209,9 @@ static int parse_quality(int argc, char **argv, quality_args *a) {
     for (int i = 1; i < argc; i++) {
         const char *s = argv[i];
         bool v = i + 1 < argc;
-        int rc = 0;
+        int rc = k3_cli_spine_gb_flag("quality", argc, argv, &i, &a->spine_gb);
+        if (rc == 1) continue;
+        if (rc) return rc;
         if (!strcmp(s, "-h") || !strcmp(s, "--help")) { quality_usage(stdout); return -1; }
         else if (!strcmp(s, "--builtin")) a->builtin = true;
         else if (!strcmp(s, "--bos")) a->bos = true;
@@ -318,7 +324,8 @@ int k3_cmd_quality(int argc, char **argv) {
     size_t n = 0;
     int modes[8], n_modes = 0;
     k3_quality_row rows[9];
-    k3_quality_opts o = {a.model_dir, a.pack_dir, a.threads, a.verbose};
+    k3_quality_opts o = {a.model_dir, a.pack_dir, a.threads, a.verbose, a.spine_gb.set,
+                         a.spine_gb.gb};
     rc = parse_modes(&a, modes, &n_modes, &err);
     if (!rc) rc = load_ids(&a, &ids, &n, &err);
     if (!rc) rc = k3_quality_eval(&o, ids, n, modes, n_modes, rows, &err);

@@ -17,6 +17,7 @@
 #include "idlist.h"
 #include "store_flags.h"
 #include "device_flags.h"
+#include "spine_flags.h"
 
 typedef struct run_opts {
     const char *model_dir, *prompt, *prompt_ids, *dump_logits, *pack_dir;
@@ -29,6 +30,7 @@ typedef struct run_opts {
     const char *save_state, *load_state;
     k3_cli_store_opts so;            /* expert store flags (store_flags.h) */
     k3_cli_device_opts dev;          /* --device, --gpu-gb (device_flags.h) */
+    k3_cli_spine_budget spine_gb;    /* --spine-gb (spine_flags.h) */
 } run_opts;
 
 static void run_usage(FILE *f) {
@@ -61,6 +63,7 @@ static void run_usage(FILE *f) {
         "  --pack-dir DIR       folder of the packed spine (default MODEL_DIR; see k3 pack --out)\n"
         "  --approx             also quantize activations to int8 in the int8 spine's products\n"
         "                       (faster, NOT exact; needs the int8 spine; = K3_APPROX=1)\n"
+        "%s"
         "  --load-state FILE    start from a state saved by --save-state (same model and spine\n"
         "                       mode only, checked by fingerprint): the prompt continues it; with\n"
         "                       --chat the turn is rendered without repeating the preamble\n"
@@ -72,7 +75,7 @@ static void run_usage(FILE *f) {
         "\n"
         "sampling:\n%s"
         "\n"
-        "with --chat:\n%s", k3_cli_sampling_help, k3_cli_chat_help);
+        "with --chat:\n%s", k3_cli_spine_gb_help, k3_cli_sampling_help, k3_cli_chat_help);
     fprintf(f, "\nspeed (exact):\n%s\n", k3_cli_speed_help);
     k3_cli_store_usage(f);
     k3_cli_device_usage(f);
@@ -123,6 +126,8 @@ static int parse_args(int argc, char **argv, run_opts *o) {
         if ((rc = k3_cli_store_flag("run", argc, argv, &i, &o->so)) == 1) continue;
         if (rc) return rc;
         if ((rc = k3_cli_device_flag("run", argc, argv, &i, &o->dev)) == 1) continue;
+        if (rc) return rc;
+        if ((rc = k3_cli_spine_gb_flag("run", argc, argv, &i, &o->spine_gb)) == 1) continue;
         if (rc) return rc;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { run_usage(stdout); return -1; }
         else if (!strcmp(a, "--chat")) o->chat = true;
@@ -353,6 +358,7 @@ static int run(const run_opts *o, k3_err *err) {
                          .pack_dir = o->pack_dir, .approx = o->approx};
     k3_cli_store_engine_opts(&o->so, &eo);
     k3_cli_device_engine_opts(&o->dev, &eo);
+    k3_cli_spine_gb_apply(&o->spine_gb, &eo);
     k3_cli_store_run sr = {0};
     int rc = k3_engine_load(o->model_dir, &eo, &e, err);
     if (rc) goto done;

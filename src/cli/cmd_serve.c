@@ -11,6 +11,7 @@
 #include "../engine/k3.h"
 #include "../server/server.h"
 #include "cli.h"
+#include "spine_flags.h"
 
 static volatile sig_atomic_t stop_requested; /* CLI-level signal flag */
 
@@ -48,12 +49,13 @@ static void serve_usage(FILE *f) {
         "  --threads N          compute threads (default: OMP_NUM_THREADS, else physical cores)\n"
         "  --spine MODE         auto (default), bf16 (exact) or int8 (NOT exact), as in k3 run\n"
         "  --pack-dir DIR       folder of the packed spine (default MODEL_DIR)\n"
+        "%s"
         "  --no-reuse           prefill every prompt from an empty state instead of reusing\n"
         "                       the kept conversation (same prompts, same output; slower)\n"
         "  --spec N             speculative decoding with up to N drafted ids per pass, as in\n"
         "                       k3 run (greedy output unchanged; default 0 = off)\n"
         "  -q, --quiet          no load line and no per-request log on stderr\n"
-        "  -h, --help           this help\n");
+        "  -h, --help           this help\n", k3_cli_spine_gb_help);
 }
 
 typedef struct serve_args {
@@ -61,6 +63,7 @@ typedef struct serve_args {
     k3_server_opts so;
     int threads, spine;
     bool quiet;
+    k3_cli_spine_budget spine_gb; /* --spine-gb (spine_flags.h) */
 } serve_args;
 
 static int parse_num(const char *s, const char *what, long long lo, long long hi, long long *out) {
@@ -89,7 +92,9 @@ static int parse_args(int argc, char **argv, serve_args *a) {
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
-        int rc = 0;
+        int rc = k3_cli_spine_gb_flag("serve", argc, argv, &i, &a->spine_gb);
+        if (rc == 1) continue;
+        if (rc) return rc;
         if (!strcmp(o, "-h") || !strcmp(o, "--help")) { serve_usage(stdout); return -1; }
         else if (!strcmp(o, "-q") || !strcmp(o, "--quiet")) a->quiet = true;
         else if (!strcmp(o, "--no-reuse")) a->so.no_reuse = 1;
@@ -139,6 +144,7 @@ static int serve(const serve_args *a, k3_err *err) {
     k3_server *srv = NULL;
     k3_engine_opts eo = {.threads = a->threads, .verbose = !a->quiet, .spine = a->spine,
                          .pack_dir = a->pack_dir};
+    k3_cli_spine_gb_apply(&a->spine_gb, &eo);
     int rc = k3_engine_load(a->model_dir, &eo, &e, err);
     if (!rc) rc = k3_server_start(e, a->model_dir, &a->so, &srv, err);
     if (rc) {

@@ -37,6 +37,9 @@ typedef struct k3_quality_opts {
     const char *pack_dir;  /* where the int8 pack lives; NULL = model_dir */
     int threads;           /* 0 = OpenMP default */
     int verbose;           /* 1: print each engine's load lines to stderr */
+    int spine_budget;      /* 1: every engine gets the spine budget spine_gb (--spine-gb; the
+                            * figures do not change: the output is identical for any budget) */
+    double spine_gb;
 } k3_quality_opts;
 
 /* A short mixed text (prose, numbers, code) `k3 pack` evaluates on. */

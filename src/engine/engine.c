@@ -16,6 +16,7 @@
 #include "../format/safetensors.h"
 #include "../util/fileio.h"
 #include "../model/model.h"
+#include "../model/spine.h"
 #include "../model/state_file.h"
 #include "../tok/tokenizer.h"
 #include "backend.h"
@@ -35,6 +36,7 @@ struct k3_engine {
     k3_mem_plan plan;       /* the startup memory plan */
     char store_line[1536];  /* what k3_engine_store_line returns */
     k3_backend *backend;    /* where sessions run: CPU or CUDA (backend.h) */
+    char spine_plan_line[1024]; /* the spine budget's plan (src/model/spine.h) */
 };
 
 struct k3_session {
@@ -121,7 +123,8 @@ static uint64_t rss_bytes(void) {
 }
 
 static int open_store(k3_engine *e, const k3_store_settings *ss, k3_err *err) {
-    k3_mem_plan plan = {.base_bytes = rss_bytes(), .spine_bytes = e->model.spine_bytes,
+    k3_mem_plan plan = {.base_bytes = rss_bytes(),
+                        .spine_bytes = k3_spine_ram_bytes(e->model.spine, &e->model),
                         .state_bytes = k3_state_plan_bytes(&e->model, 0)};
     int rc = k3_store_open(e->ck, &e->cfg, ss, &plan, &e->store, err);
     if (rc) return rc;
@@ -200,6 +203,50 @@ static int attach_stream(k3_engine *e, k3_err *err) {
     return rc;
 }
 
+/* ---- resident spine budget (src/model/spine.h) ---------------------------------------- */
+
+/* The budget from opts or $K3_SPINE_GB: 1 and *bytes when one applies, 0 when none, else
+ * -K3_ERR_USAGE. */
+static int spine_budget(const k3_engine_opts *o, uint64_t *bytes, k3_err *err) {
+    double gb = o ? o->spine_gb : 0;
+    if (!o || !o->spine_budget) {
+        const char *v = getenv("K3_SPINE_GB");
+        if (!v || !*v) return 0;
+        char *end;
+        gb = strtod(v, &end);
+        if (*end || end == v) gb = -1;
+    }
+    if (!(gb >= 0 && gb < 1e9))
+        return -k3_fail(err, K3_ERR_USAGE, "spine budget (--spine-gb / K3_SPINE_GB): expected a "
+                        "number of GB >= 0");
+    *bytes = (uint64_t)(gb * 1e9);
+    return 1;
+}
+
+/* With a budget, plans it and starts streaming (after binding, before the store's memory
+ * plan). The budget is the CPU backend's: --device auto then means the CPU, cuda is refused
+ * (the GPU plans its own memory with --gpu-gb). */
+static int open_spine_budget(k3_engine *e, const k3_engine_opts *o, k3_engine_opts *dev,
+                             k3_err *err) {
+    uint64_t bytes = 0;
+    int on = spine_budget(o, &bytes, err);
+    snprintf(e->spine_plan_line, sizeof e->spine_plan_line, "spine budget: none");
+    if (on <= 0) return -on;
+    const char *d = o && o->device && *o->device ? o->device : getenv("K3_DEVICE");
+    if (d && !strcmp(d, "cuda"))
+        return k3_fail(err, K3_ERR_USAGE, "--spine-gb (K3_SPINE_GB) is a budget of the CPU "
+                       "backend; on the GPU use --gpu-gb");
+    dev->device = "cpu";
+    int rc = k3_spine_open(&e->model, e->ck, e->pack, bytes, &e->model.spine, err);
+    if (!rc) k3_spine_describe(e->model.spine, e->spine_plan_line, sizeof e->spine_plan_line);
+    return rc;
+}
+
+void k3_engine_spine_stats(const k3_engine *e, k3_spine_stats *out) {
+    k3_spine_get_stats(e->model.spine, out);
+}
+const char *k3_engine_spine_plan_line(const k3_engine *e) { return e->spine_plan_line; }
+
 int k3_engine_load(const char *model_dir, const k3_engine_opts *opts, k3_engine **out,
                    k3_err *err) {
     k3_engine *e = calloc(1, sizeof *e);
@@ -220,9 +267,11 @@ int k3_engine_load(const char *model_dir, const k3_engine_opts *opts, k3_engine 
     if (!rc) rc = open_spine(e, model_dir, opts, err);
     if (!rc) rc = k3_model_bind_packed(&e->model, &e->cfg, e->ck, e->pack, e->approx, err);
     if (!rc) rc = k3_kernels_select(opts ? opts->kernels : NULL, &e->model.kr, err);
+    k3_engine_opts dev = opts ? *opts : (k3_engine_opts){0};
+    if (!rc) rc = open_spine_budget(e, opts, &dev, err);
     if (!rc) rc = open_store(e, &ss, err);
     if (!rc) rc = attach_stream(e, err);
-    if (!rc) rc = k3_backend_open(&e->model, opts, &e->backend, err);
+    if (!rc) rc = k3_backend_open(&e->model, &dev, &e->backend, err);
     if (rc) {
         k3_engine_free(e);
         return rc;
@@ -237,6 +286,7 @@ int k3_engine_load(const char *model_dir, const k3_engine_opts *opts, k3_engine 
                 e->ck->n_skipped_shards ? " (vision-only shards skipped)" : "",
                 omp_get_max_threads());
     if (opts && opts->verbose) fprintf(stderr, "k3: %s\n", e->spine_line);
+    if (opts && opts->verbose && e->model.spine) fprintf(stderr, "k3: %s\n", e->spine_plan_line);
     if (opts && opts->verbose)
         fprintf(stderr, "k3: kernels: %s path, %d threads (K3_KERNELS and --threads / "
                 "OMP_NUM_THREADS override)\n", k3_kernels_name(e->model.kr),
@@ -251,6 +301,7 @@ int k3_engine_load(const char *model_dir, const k3_engine_opts *opts, k3_engine 
 void k3_engine_free(k3_engine *e) {
     if (!e) return;
     k3_backend_close(e->backend);
+    k3_spine_close(e->model.spine);
     k3_model_free(&e->model);
     k3_store_close(e->store);
     k3_stream_close(e->stream);

@@ -57,6 +57,12 @@ typedef struct k3_engine_opts {
     const char *device;
     double gpu_gb;            /* K3_GPU_GB: device memory budget in GB (0 = free memory less
                                * a margin); the GPU backend only */
+    /* Resident spine budget (the CPU backend; src/model/spine.h): the head and the first
+     * layers that fit stay resident, the rest are streamed from the files per pass (double
+     * buffered); the output is identical for every budget. */
+    int spine_budget;         /* 1: spine_gb applies (0 included: stream every layer);
+                               * 0: $K3_SPINE_GB when set, else everything used in place */
+    double spine_gb;          /* K3_SPINE_GB: RAM for the spine in GB (resident + staging) */
 } k3_engine_opts;
 
 /* Loads MODEL_DIR (a Hugging Face snapshot: config.json, model.safetensors.index.json,
@@ -81,6 +87,23 @@ int k3_engine_approx(const k3_engine *e);
 /* One line saying which spine is used and, for int8, that it is not exact and the quality
  * figures `k3 pack` stored for it (or that there are none). Owned by the engine. */
 const char *k3_engine_spine_line(const k3_engine *e);
+/* The spine budget's plan and its counters since load (all zero without a budget). */
+typedef struct k3_spine_stats {
+    int budgeted;                          /* 1 when a budget is in effect */
+    uint64_t budget_bytes;
+    int n_layers, resident_layers, streamed_layers; /* layers 0..resident_layers-1 resident */
+    int head_resident;                     /* lm_head resident (else streamed) */
+    uint64_t resident_bytes;               /* used in place from the mappings */
+    uint64_t streamed_bytes;               /* read per pass through the streamed part */
+    uint64_t staging_bytes, pinned_bytes;  /* both staging buffers; pinned small tensors */
+    int direct;                            /* streamed reads use O_DIRECT */
+    uint64_t bytes_read, units_read;       /* streamed since load (layers and head) */
+    double read_s, wait_s;                 /* time reading; time passes waited for reads */
+} k3_spine_stats;
+void k3_engine_spine_stats(const k3_engine *e, k3_spine_stats *out);
+/* One line: the spine budget's plan (resident and streamed layers, bytes of each, staging),
+ * or that there is no budget. Owned by the engine. */
+const char *k3_engine_spine_plan_line(const k3_engine *e);
 /* One line: the device sessions run on and, for a GPU, its memory plan (resident spine
  * layers, streamed layers, expert cache, KV/state per session). Owned by the engine. */
 const char *k3_engine_device_line(const k3_engine *e);

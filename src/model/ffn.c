@@ -109,7 +109,7 @@ int k3_moe_forward(const k3_model *m, const k3_layer *L, k3_state *s, const floa
     const k3_config *c = &m->cfg;
     const k3_moe_weights *w = &L->moe;
     int K = c->num_experts_per_token, lat = c->routed_expert_hidden_size, hd = c->hidden_size;
-    int layer = (int)(L - m->layers);
+    int layer = L->index;
     double t0 = now_s();
     route(m, w, x, s->router, s->biased, s->topk, s->topk_w);
     k3_store_begin(s->store, layer, s->topk, K); /* misses start reading now */

@@ -4,6 +4,7 @@
 #include <time.h>
 
 #include "layers.h"
+#include "spine.h"
 
 static void trace_vec(const k3_trace *tr, int pos, int layer, enum k3_trace_point pt,
                       const float *x, int n) {
@@ -20,11 +21,6 @@ static void mix(const k3_state *s, const float *last, const float *sw, const k3_
     k3_attn_res(vals, n, sw, c->hidden_size, c->rms_norm_eps, out);
 }
 
-static void embed(const k3_model *m, int32_t token, float *out) {
-    int64_t hd = m->cfg.hidden_size;
-    for (int64_t i = 0; i < hd; i++) out[i] = k3_mat_at(&m->embed, (int64_t)token * hd + i);
-}
-
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -38,8 +34,8 @@ static void add_times(k3_phase_times *sum, const k3_phase_times *t) {
     sum->head_s += t->head_s, sum->tokens += t->tokens;
 }
 
-int k3_forward(const k3_model *m, k3_state *s, int32_t token, float *logits,
-               const k3_trace *tr, k3_err *err) {
+static int forward(const k3_model *m, k3_state *s, int32_t token, float *logits,
+                   const k3_trace *tr, k3_spine_pass *sp, k3_err *err) {
     const k3_config *c = &m->cfg;
     int hd = c->hidden_size, pos = s->pos;
     size_t vec = (size_t)hd * sizeof(float);
@@ -49,9 +45,11 @@ int k3_forward(const k3_model *m, k3_state *s, int32_t token, float *logits,
     memset(s->layer_eload_s, 0, (size_t)c->num_hidden_layers * sizeof *s->layer_eload_s);
     memset(s->layer_expert_s, 0, (size_t)c->num_hidden_layers * sizeof *s->layer_expert_s);
     s->n_blocks = 0;
-    embed(m, token, P); /* the embedding is the first h_in; it becomes block 0 */
+    int rc = k3_spine_embed(m, token, P, err); /* the first h_in; it becomes block 0 */
+    if (rc) return rc;
     for (int l = 0; l < c->num_hidden_layers; l++) {
-        const k3_layer *L = &m->layers[l];
+        const k3_layer *L;
+        if ((rc = k3_spine_layer(m, sp, l, &L, err))) return rc; /* resident or streamed */
         if (s->n_blocks > 0)
             mix(s, P, L->attn_res_sw, c, x);
         else
@@ -78,7 +76,7 @@ int k3_forward(const k3_model *m, k3_state *s, int32_t token, float *logits,
         k3_rmsnorm(x, &L->post_attention_layernorm, hd, c->rms_norm_eps, xn);
         if (L->is_moe) {
             t0 = now_s();
-            int rc = k3_moe_forward(m, L, s, xn, f, err);
+            rc = k3_moe_forward(m, L, s, xn, f, err);
             s->tok.moe_s += now_s() - t0;
             if (rc) return rc; /* no token from a layer with a missing expert */
             if (tr && tr->on_routing)
@@ -95,7 +93,9 @@ int k3_forward(const k3_model *m, k3_state *s, int32_t token, float *logits,
     k3_rmsnorm(x, &m->norm, hd, c->rms_norm_eps, xn);
     trace_vec(tr, pos, -1, K3_TRACE_FINAL_NORMED, xn, hd);
     t0 = now_s();
-    if (logits) k3_matvec(m->kr, &m->lm_head, xn, logits);
+    const k3_mat *head = &m->lm_head;
+    if (logits && (rc = k3_spine_head(m, sp, &head, err))) return rc;
+    if (logits) k3_matvec(m->kr, head, xn, logits);
     s->pos++;
     double t_end = now_s();
     s->tok.head_s = t_end - t0;
@@ -103,4 +103,12 @@ int k3_forward(const k3_model *m, k3_state *s, int32_t token, float *logits,
     add_times(&s->sum, &s->tok);
     if (tr && tr->on_step) tr->on_step(tr->user, pos);
     return K3_OK;
+}
+
+int k3_forward(const k3_model *m, k3_state *s, int32_t token, float *logits,
+               const k3_trace *tr, k3_err *err) {
+    k3_spine_pass sp = {.want_head = logits != NULL};
+    int rc = forward(m, s, token, logits, tr, &sp, err);
+    k3_spine_end(m, &sp);
+    return rc;
 }

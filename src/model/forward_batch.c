@@ -19,6 +19,7 @@
 
 #include "batch.h"
 #include "layers.h"
+#include "spine.h"
 
 /* ==== scratch ============================================================================= */
 
@@ -271,7 +272,7 @@ static int moe_batch(const k3_model *m, const k3_layer *L, k3_state *s, k3_batch
     const k3_moe_weights *w = &L->moe;
     int K = c->num_experts_per_token, E = c->num_experts, hd = c->hidden_size;
     size_t lat = (size_t)c->routed_expert_hidden_size;
-    int layer = (int)(L - m->layers);
+    int layer = L->index;
     double t0 = now_s();
     k3_matmul(m->kr, &w->router, b->xn, n, b->router);
     for (int t = 0; t < n; t++)
@@ -368,9 +369,11 @@ static int reserve(const k3_model *m, k3_state *s, int n, bool keep, k3_err *err
 
 /* One layer (spec §3) for all rows of the pass. */
 static int layer_batch(const k3_model *m, k3_state *s, k3_batch *b, int l, int n, bool keep,
-                       const k3_trace *tr, k3_err *err) {
+                       const k3_trace *tr, k3_spine_pass *sp, k3_err *err) {
     const k3_config *c = &m->cfg;
-    const k3_layer *L = &m->layers[l];
+    const k3_layer *L;
+    int rc = k3_spine_layer(m, sp, l, &L, err); /* resident, or streamed: read once per pass */
+    if (rc) return rc;
     int hd = c->hidden_size, pos = s->pos;
     size_t vec = (size_t)hd * sizeof(float);
     bool fresh_block = l % c->attn_res_block_size == 0;
@@ -399,7 +402,7 @@ static int layer_batch(const k3_model *m, k3_state *s, k3_batch *b, int l, int n
     trace_rows(tr, pos, l, K3_TRACE_MLP_IN, b->x, n, hd);
     if (L->is_moe) {
         t0 = now_s();
-        int rc = moe_batch(m, L, s, b, n, b->f, err);
+        rc = moe_batch(m, L, s, b, n, b->f, err);
         s->tok.moe_s += now_s() - t0;
         if (rc) return rc;
         int K = c->num_experts_per_token;
@@ -414,8 +417,9 @@ static int layer_batch(const k3_model *m, k3_state *s, k3_batch *b, int l, int n
     return K3_OK;
 }
 
-int k3_forward_batch(const k3_model *m, k3_state *s, const int32_t *tokens, int n, float *logits,
-                     int flags, const k3_trace *tr, k3_err *err) {
+static int forward_batch(const k3_model *m, k3_state *s, const int32_t *tokens, int n,
+                         float *logits, int flags, const k3_trace *tr, k3_spine_pass *sp,
+                         k3_err *err) {
     const k3_config *c = &m->cfg;
     int hd = c->hidden_size, pos = s->pos;
     bool keep = flags & K3_BATCH_REWINDABLE;
@@ -431,10 +435,9 @@ int k3_forward_batch(const k3_model *m, k3_state *s, const int32_t *tokens, int 
     memset(s->layer_expert_s, 0, (size_t)c->num_hidden_layers * sizeof *s->layer_expert_s);
     s->n_blocks = 0;
     for (int t = 0; t < n; t++) /* the embedding is the first h_in; it becomes block 0 */
-        for (int64_t i = 0; i < hd; i++)
-            b->P[(size_t)t * hd + i] = k3_mat_at(&m->embed, (int64_t)tokens[t] * hd + i);
+        if ((rc = k3_spine_embed(m, tokens[t], b->P + (size_t)t * hd, err))) return rc;
     for (int l = 0; l < c->num_hidden_layers; l++)
-        if ((rc = layer_batch(m, s, b, l, n, keep, tr, err))) return rc;
+        if ((rc = layer_batch(m, s, b, l, n, keep, tr, sp, err))) return rc;
     for (int t = 0; t < n; t++) {
         float *x = b->x + (size_t)t * hd;
         mix(s, b, t, b->P + (size_t)t * hd, m->out_res_sw, c, x);
@@ -443,10 +446,12 @@ int k3_forward_batch(const k3_model *m, k3_state *s, const int32_t *tokens, int 
     trace_rows(tr, pos, -1, K3_TRACE_FINAL_HIDDEN, b->x, n, hd);
     trace_rows(tr, pos, -1, K3_TRACE_FINAL_NORMED, b->xn, n, hd);
     t0 = now_s();
+    const k3_mat *head = &m->lm_head;
+    if (logits && (rc = k3_spine_head(m, sp, &head, err))) return rc;
     if (logits && (flags & K3_BATCH_ALL_LOGITS))
-        k3_matmul(m->kr, &m->lm_head, b->xn, n, logits);
+        k3_matmul(m->kr, head, b->xn, n, logits);
     else if (logits)
-        k3_matvec(m->kr, &m->lm_head, b->xn + (size_t)(n - 1) * hd, logits);
+        k3_matvec(m->kr, head, b->xn + (size_t)(n - 1) * hd, logits);
     s->pos += n;
     if (keep) b->rw.pass_pos = pos, b->rw.pass_n = n;
     double t_end = now_s();
@@ -455,6 +460,14 @@ int k3_forward_batch(const k3_model *m, k3_state *s, const int32_t *tokens, int 
     add_times(&s->sum, &s->tok);
     for (int t = 0; tr && tr->on_step && t < n; t++) tr->on_step(tr->user, pos + t);
     return K3_OK;
+}
+
+int k3_forward_batch(const k3_model *m, k3_state *s, const int32_t *tokens, int n, float *logits,
+                     int flags, const k3_trace *tr, k3_err *err) {
+    k3_spine_pass sp = {.want_head = logits != NULL};
+    int rc = forward_batch(m, s, tokens, n, logits, flags, tr, &sp, err);
+    k3_spine_end(m, &sp);
+    return rc;
 }
 
 /* ==== rewind ============================================================================== */

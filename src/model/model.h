@@ -55,6 +55,7 @@ typedef struct k3_dense_weights {
 
 typedef struct k3_layer {
     bool is_mla, is_moe;
+    int index;                            /* l: this layer's position (views share it) */
     int state_slot;                       /* index among KDA layers or among MLA layers */
     k3_mat input_layernorm, post_attention_layernorm;
     float *attn_res_sw, *mlp_res_sw;      /* folded AttnRes score weights [hidden] */
@@ -75,6 +76,8 @@ typedef struct k3_model {
     const k3_kernels *kr;                 /* kernel path, chosen at engine load (kernels.h) */
     k3_store *store;                      /* routed experts; set by the engine after binding */
     int n_packed;                         /* spine matrices bound to an int8 pack (issue 8) */
+    struct k3_spine *spine;               /* the spine budget (spine.h), or NULL: all in place.
+                                           * Passes get layers via k3_spine_layer, not layers[] */
 } k3_model;
 
 /* Binds every tensor the forward pass needs, checking dtype and shape against cfg.

@@ -138,6 +138,7 @@ static int bind_layer(k3_model *m, const k3_checkpoint *ck, const k3_pack *pack,
     int64_t hd = c->hidden_size;
     L->is_mla = c->layer_is_mla[l];
     L->is_moe = c->layer_is_moe[l];
+    L->index = l;
     L->state_slot = L->is_mla ? m->n_mla++ : m->n_kda++;
     L->input_layernorm = mat(&b, "input_layernorm.weight", K3_DT_BF16, hd, 0);
     L->post_attention_layernorm = mat(&b, "post_attention_layernorm.weight", K3_DT_BF16, hd, 0);
