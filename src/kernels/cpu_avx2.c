@@ -7,9 +7,18 @@
  * x load; then hsum() adds the lanes in one fixed order. The matrix-vector loops (n = 1) and
  * the tiled batched loops (n > 1) run exactly this sequence, so they agree bit for bit.
  *
- * MXFP4 decode: four packed bytes hold eight codes; a variable shift puts code k in lane k,
- * vpermps looks up |E2M1|·scale in an 8-entry table built once per 32-block, and the code's
- * sign bit is XORed in. Each weight equals the scalar path's E2M1[code]·scale exactly. */
+ * MXFP4 (every batch size, its own loops): per chunk of up to MX_CHUNK 32-blocks of a row,
+ * (1) mx_decode looks up the codes of 32 packed bytes at once with vpshufb as int8 2·E2M1
+ * (exact small integers), interleaves the low- and high-nibble results back into column
+ * order and stores them to a small L1 buffer, with each block's scale / 2 as f32; (2) per 8
+ * columns, vpmovsxbd + vcvtdq2ps give the integers as f32, summed lane-wise with FMA into a
+ * per-block partial, and the block adds partial·(scale/2) to the row's accumulator with one
+ * FMA. Multiplying by a power of two is exact, so this reorders the scalar path's sum and
+ * changes nothing else — except where 6·scale overflows f32 (E8M0 253 and 254): the reference
+ * dequantizes first and gets ±inf weights there, so such a block takes each weight as
+ * (2·E2M1)·(scale/2) before its FMA, as the reference does. The previous decode (vpsrlvd +
+ * vpermps + a sign fix-up per 8 weights, a table multiply per block) was bound by Zen 3's one
+ * vpermps per cycle; this one runs ~1.6x faster in L1/L2. */
 #include "dispatch.h"
 
 #if defined(__x86_64__)
@@ -17,11 +26,10 @@
 #pragma GCC target("avx2,fma")
 #include <immintrin.h>
 
-#define KC 256 /* batched tile: columns per tile (a multiple of 32: MXFP4 blocks stay whole) */
+#define KC 256 /* batched tile: columns per tile */
 #define RG 16  /* batched tile: rows per tile; 16 × 256 f32 = 16 KB, in L1 */
 
 static const int32_t TAIL_MASK[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
-static const float E2M1_MAG[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
 
 /* k3_e8m0_to_f32's bits, built in an integer register (no float round trip through memory:
  * this runs once per row per 32-block). */
@@ -52,26 +60,72 @@ static inline __m256 bf16_tail(const uint16_t *p, int64_t n) {
     return bf16_8(t);
 }
 
-/* |E2M1|·scale for codes 0..7, each XORed with (code << 28) so that mx_8's XOR with the
- * whole code shifted by 28 cancels those bits and leaves only the sign (bit 3 → bit 31). */
-static inline __m256 mx_table(uint8_t scale) {
-    __m256 sc = _mm256_castsi256_ps(_mm256_set1_epi32((int32_t)e8m0_bits(scale)));
-    __m256 t = _mm256_mul_ps(_mm256_loadu_ps(E2M1_MAG), sc);
-    __m256i comp = _mm256_setr_epi32(0, 1 << 28, 2 << 28, 3 << 28, 4 << 28, 5 << 28, 6 << 28,
-                                     7 << 28);
-    return _mm256_xor_ps(t, _mm256_castsi256_ps(comp));
+/* 2·E2M1 of the 16 codes as int8 (exact integers; the scale is halved to match). */
+static const int8_t E2M1_X2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+#define MX_CHUNK 32 /* 32-blocks per decode pass: 1 KB of int8 per row, in L1 */
+
+/* One row's decoded chunk: q holds 2·E2M1 per column (laid out as mx_off says), hs each
+ * block's scale / 2 as f32. */
+typedef struct mx_row {
+    _Alignas(32) int8_t q[MX_CHUNK * 32];
+    _Alignas(32) float hs[MX_CHUNK];
+} mx_row;
+
+/* Offset in mx_row.q of columns 8j..8j+7 of block g: a pair of blocks is stored as the two
+ * in-lane interleaves [g: 0-15 | g+1: 0-15 | g: 16-31 | g+1: 16-31]. */
+static inline int64_t mx_off(int64_t g, int j) {
+    return (g >> 1) * 64 + (g & 1) * 16 + (j & 1) * 8 + (j >> 1) * 32;
 }
 
-/* The eight weights of four packed bytes (even column in the low nibble). */
-static inline __m256 mx_8(const uint8_t *p, __m256 table) {
-    int32_t u;
-    memcpy(&u, p, 4);
-    __m256i c = _mm256_srlv_epi32(_mm256_set1_epi32(u), _mm256_setr_epi32(0, 4, 8, 12, 16, 20,
-                                                                          24, 28));
-    __m256 v = _mm256_permutevar8x32_ps(table, c);
-    return _mm256_xor_ps(v, _mm256_castsi256_ps(_mm256_slli_epi32(c, 28)));
+/* Decodes nb <= MX_CHUNK blocks (packed p, scales sc) into o (pass 1 of the file comment),
+ * prefetching the bytes pf further on (the same columns a few rows below: without it one
+ * thread streamed an expert at ~60% of the rate it computes from cache, the hardware
+ * prefetcher stopping at each 4 KB page). Returns nonzero when some block's scale is E8M0
+ * 253..255 (6·scale overflows, or NaN). */
+static inline int mx_decode(const uint8_t *p, const uint8_t *sc, int64_t nb, int64_t pf,
+                            mx_row *o) {
+    const __m256i tab = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)E2M1_X2));
+    const __m256i nib = _mm256_set1_epi8(15);
+    int64_t g = 0;
+    for (; g + 2 <= nb; g += 2) {
+        if (!(g & 2)) _mm_prefetch((const char *)(p + g * 16 + pf), _MM_HINT_T0);
+        __m256i v = _mm256_loadu_si256((const __m256i *)(p + g * 16));
+        __m256i lo = _mm256_shuffle_epi8(tab, _mm256_and_si256(v, nib));
+        __m256i hi = _mm256_shuffle_epi8(tab, _mm256_and_si256(_mm256_srli_epi16(v, 4), nib));
+        _mm256_store_si256((__m256i *)(o->q + g * 32), _mm256_unpacklo_epi8(lo, hi));
+        _mm256_store_si256((__m256i *)(o->q + g * 32 + 32), _mm256_unpackhi_epi8(lo, hi));
+    }
+    if (g < nb) { /* an odd last block: the same layout, one lane */
+        __m128i v = _mm_loadu_si128((const __m128i *)(p + g * 16)), n1 = _mm_set1_epi8(15);
+        __m128i t1 = _mm256_castsi256_si128(tab);
+        __m128i lo = _mm_shuffle_epi8(t1, _mm_and_si128(v, n1));
+        __m128i hi = _mm_shuffle_epi8(t1, _mm_and_si128(_mm_srli_epi16(v, 4), n1));
+        _mm_store_si128((__m128i *)(o->q + g * 32), _mm_unpacklo_epi8(lo, hi));
+        _mm_store_si128((__m128i *)(o->q + g * 32 + 32), _mm_unpackhi_epi8(lo, hi));
+    }
+    /* scale / 2 = 2^(s-128): k3_e8m0_to_f32's bits (s << 23; 0 -> 2^-127, 255 -> NaN) times
+     * 0.5, exact also for the subnormal 2^-128. */
+    const __m256i zero = _mm256_setzero_si256(), all = _mm256_set1_epi32(255);
+    const __m256i sub = _mm256_set1_epi32(0x00400000), nan = _mm256_set1_epi32(0x7fc00000);
+    __m256i big = zero;
+    for (int64_t i = 0; i < nb; i += 8) {
+        uint64_t u = 0;
+        memcpy(&u, sc + i, (size_t)(nb - i < 8 ? nb - i : 8)); /* never past the row's scales */
+        __m256i s = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)u));
+        big = _mm256_or_si256(big, _mm256_cmpgt_epi32(s, _mm256_set1_epi32(252)));
+        __m256i b = _mm256_slli_epi32(s, 23);
+        b = _mm256_blendv_epi8(b, sub, _mm256_cmpeq_epi32(s, zero));
+        b = _mm256_blendv_epi8(b, nan, _mm256_cmpeq_epi32(s, all));
+        _mm256_store_ps(o->hs + i, _mm256_mul_ps(_mm256_castsi256_ps(b), _mm256_set1_ps(0.5f)));
+    }
+    return !_mm256_testz_si256(big, big);
 }
 
+/* The eight values 2·E2M1 at q as f32 (exact). */
+static inline __m256 mx_q8(const int8_t *q) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q)));
+}
 /* ---- matrix-vector (n = 1): four rows share each x load ---------------------------------- */
 
 static void bf16_vec(const uint16_t *w, int64_t cols, const float *x, float *y, int64_t r0,
@@ -138,47 +192,13 @@ static void f32_vec(const float *w, int64_t cols, const float *x, float *y, int6
     }
 }
 
-static void mxfp4_vec(const uint8_t *packed, const uint8_t *scale, int64_t cols,
-                      const float *x, float *y, int64_t r0, int64_t r1) {
-    int64_t ng = cols / 32, r = r0;
-    for (; r + 4 <= r1; r += 4) {
-        const uint8_t *pa = packed + r * (cols / 2), *pb = pa + cols / 2, *pc = pb + cols / 2,
-                      *pd = pc + cols / 2, *sa = scale + r * ng;
-        __m256 aa = _mm256_setzero_ps(), ab = aa, ac = aa, ad = aa;
-        for (int64_t g = 0; g < ng; g++) {
-            __m256 ta = mx_table(sa[g]), tb = mx_table(sa[ng + g]);
-            __m256 tc = mx_table(sa[2 * ng + g]), td = mx_table(sa[3 * ng + g]);
-            for (int j = 0; j < 4; j++) {
-                int64_t o = g * 16 + 4 * j;
-                __m256 xi = _mm256_loadu_ps(x + g * 32 + 8 * j);
-                aa = _mm256_fmadd_ps(mx_8(pa + o, ta), xi, aa);
-                ab = _mm256_fmadd_ps(mx_8(pb + o, tb), xi, ab);
-                ac = _mm256_fmadd_ps(mx_8(pc + o, tc), xi, ac);
-                ad = _mm256_fmadd_ps(mx_8(pd + o, td), xi, ad);
-            }
-        }
-        y[r] = hsum(aa), y[r + 1] = hsum(ab), y[r + 2] = hsum(ac), y[r + 3] = hsum(ad);
-    }
-    for (; r < r1; r++) {
-        const uint8_t *p = packed + r * (cols / 2), *s = scale + r * ng;
-        __m256 acc = _mm256_setzero_ps();
-        for (int64_t g = 0; g < ng; g++) {
-            __m256 t = mx_table(s[g]);
-            for (int j = 0; j < 4; j++)
-                acc = _mm256_fmadd_ps(mx_8(p + g * 16 + 4 * j, t),
-                                      _mm256_loadu_ps(x + g * 32 + 8 * j), acc);
-        }
-        y[r] = hsum(acc);
-    }
-}
+/* ---- batched BF16 / F32 (n > 1): widen a 16-row × 256-column tile once, use it for every
+ * vector ---------------------------------------------------------------------------------- */
 
-/* ---- batched (n > 1): decode a 16-row × 256-column tile once, use it for every vector ---- */
-
-enum { SRC_BF16, SRC_F32, SRC_MXFP4 };
+enum { SRC_BF16, SRC_F32 };
 typedef struct wsrc {
     int kind;
-    const void *w;         /* BF16 / F32 data, or MXFP4 packed */
-    const uint8_t *scale;  /* MXFP4 only */
+    const void *w; /* BF16 or F32 data */
     int64_t cols;
 } wsrc;
 
@@ -190,24 +210,17 @@ static void tile_row(const wsrc *s, int64_t r, int64_t k0, int64_t kc, float *t)
         const uint16_t *p = (const uint16_t *)s->w + r * s->cols + k0;
         for (int64_t i = 0; i < full; i += 8) _mm256_store_ps(t + i, bf16_8(p + i));
         if (tail) _mm256_store_ps(t + full, bf16_tail(p + full, tail));
-    } else if (s->kind == SRC_F32) {
+    } else {
         const float *p = (const float *)s->w + r * s->cols + k0;
         for (int64_t i = 0; i < full; i += 8) _mm256_store_ps(t + i, _mm256_loadu_ps(p + i));
         if (tail) _mm256_store_ps(t + full, load_tail(p + full, tail));
-    } else {
-        const uint8_t *p = (const uint8_t *)s->w + r * (s->cols / 2) + k0 / 2;
-        const uint8_t *sc = s->scale + r * (s->cols / 32) + k0 / 32;
-        for (int64_t g = 0; g < kc / 32; g++) {
-            __m256 table = mx_table(sc[g]);
-            for (int j = 0; j < 4; j++)
-                _mm256_store_ps(t + g * 32 + 8 * j, mx_8(p + g * 16 + 4 * j, table));
-        }
     }
 }
 
 /* The micro-kernel's row and vector loops must unroll fully, or its accumulators live on
  * the stack (a 3x slower batched product). */
 #define UNROLL _Pragma("GCC unroll 4")
+#define UNROLL8 _Pragma("GCC unroll 8")
 
 /* acc[r][v] += tile rows r < R times vectors v < V over one tile (full steps, then the
  * masked tail step). R and V are constants at each call, so the loops unroll. */
@@ -281,6 +294,146 @@ static void matmul_tiles(const wsrc *s, int64_t rows, const float *x, int n, flo
     }
 }
 
+/* ---- MXFP4: decoded chunk by chunk, every weight vector meets up to MX_VG input vectors ---- */
+
+#define MX_VG 4  /* input vectors per pass over the weights */
+#define MX_RB 64 /* rows per row block: with n > MX_VG its weights stay in L2 between passes */
+#define MX_PF_ROWS 4 /* prefetch distance in rows (one 4-row group ahead for a matrix-vector) */
+/* scale / 2 from E8M0 253 on: 6·scale overflows f32 (see the file comment). */
+#define MX_HS_BIG 0x1p125f
+
+/* acc + Σ_j ((2·E2M1)·hs)·x over one block (weight by weight, the reference's order of
+ * rounding): the path of a block whose scale overflows, or NaN. Rare, so out of line. */
+static __attribute__((noinline)) __m256 mx_block_big(__m256 acc, const int8_t *q, int64_t g,
+                                                     float hs, const float *x) {
+    __m256 h = _mm256_set1_ps(hs);
+    for (int j = 0; j < 4; j++)
+        acc = _mm256_fmadd_ps(_mm256_mul_ps(mx_q8(q + mx_off(g, j)), h),
+                              _mm256_loadu_ps(x + 8 * j), acc);
+    return acc;
+}
+
+/* acc[i][v] += W[row i] · x[v] over the nb decoded blocks in buf[i] (columns from x on), for
+ * rows i < R and vectors v < V: per block, the partial Σ (2·E2M1)·x in column order (first a
+ * multiply, then FMAs), then acc += partial·(scale/2). The operations of a (row, vector) pair
+ * do not depend on R or V, so any batch gives a row the matrix-vector bits. R, V and big are
+ * constants at each call (the loops unroll). The R·V partials live in registers: 8 of them
+ * keep both FMA pipes busy (each partial is a chain of dependent FMAs); with R·V > 4 the
+ * accumulators, touched once per block, stay in memory so that 16 registers suffice.
+ * big = 0 promises that no block has scale / 2 >= MX_HS_BIG (or NaN): no test, no call, so no
+ * register spill around it in the hot loop. */
+static inline __attribute__((always_inline)) void mx_rows(const mx_row *buf, int64_t nb, int R,
+                                                          const float *x, int64_t ldx, int V,
+                                                          int big, __m256 (*acc)[MX_VG]) {
+    const int in_regs = R * V <= 4;
+    __m256 a[4]; /* [i·V + v] when in_regs; flat so that GCC keeps them in registers */
+    if (in_regs)
+        UNROLL
+        for (int i = 0; i < R; i++)
+            UNROLL
+            for (int v = 0; v < V; v++) a[i * V + v] = acc[i][v];
+    for (int64_t g = 0; g < nb; g++) {
+        const float *xg = x + g * 32;
+        __m256 part[8];
+        UNROLL
+        for (int j = 0; j < 4; j++) {
+            __m256 xv[MX_VG]; /* each weight vector is used as soon as it is made */
+            UNROLL
+            for (int v = 0; v < V; v++) xv[v] = _mm256_loadu_ps(xg + v * ldx + 8 * j);
+            UNROLL8
+            for (int i = 0; i < R; i++) {
+                __m256 w = mx_q8(buf[i].q + mx_off(g, j));
+                UNROLL
+                for (int v = 0; v < V; v++)
+                    part[i * V + v] = j ? _mm256_fmadd_ps(w, xv[v], part[i * V + v])
+                                        : _mm256_mul_ps(w, xv[v]);
+            }
+        }
+        UNROLL8
+        for (int i = 0; i < R; i++) {
+            float hs = buf[i].hs[g];
+            if (!big || hs < MX_HS_BIG) { /* false for NaN too */
+                __m256 h = _mm256_broadcast_ss(&buf[i].hs[g]); /* a load, not a shuffle */
+                UNROLL
+                for (int v = 0; v < V; v++) {
+                    if (in_regs) a[i * V + v] = _mm256_fmadd_ps(part[i * V + v], h, a[i * V + v]);
+                    else acc[i][v] = _mm256_fmadd_ps(part[i * V + v], h, acc[i][v]);
+                }
+            } else {
+                UNROLL
+                for (int v = 0; v < V; v++) {
+                    __m256 *t = in_regs ? &a[i * V + v] : &acc[i][v];
+                    *t = mx_block_big(*t, buf[i].q, g, hs, xg + v * ldx);
+                }
+            }
+        }
+    }
+    if (in_regs)
+        UNROLL
+        for (int i = 0; i < R; i++)
+            UNROLL
+            for (int v = 0; v < V; v++) acc[i][v] = a[i * V + v];
+}
+
+/* mx_rows with (R, V) as constants: MX_GROUP_ROWS[V] rows at a time. big: some block of these
+ * rows' chunk has an overflowing or NaN scale; then the rows go one at a time through the
+ * checking loop (the same operations for every other block). */
+static const int MX_GROUP_ROWS[MX_VG + 1] = {0, 8, 4, 2, 2};
+static void mx_group(const mx_row *buf, int64_t nb, int R, const float *x, int64_t ldx, int V,
+                     int big, __m256 (*acc)[MX_VG]) {
+    if (big) {
+        for (int i = 0; i < R; i++) {
+            if (V == 1) mx_rows(&buf[i], nb, 1, x, ldx, 1, 1, &acc[i]);
+            else if (V == 2) mx_rows(&buf[i], nb, 1, x, ldx, 2, 1, &acc[i]);
+            else if (V == 3) mx_rows(&buf[i], nb, 1, x, ldx, 3, 1, &acc[i]);
+            else mx_rows(&buf[i], nb, 1, x, ldx, 4, 1, &acc[i]);
+        }
+    } else if (R == MX_GROUP_ROWS[V]) {
+        if (V == 1) mx_rows(buf, nb, MX_GROUP_ROWS[1], x, ldx, 1, 0, acc);
+        else if (V == 2) mx_rows(buf, nb, MX_GROUP_ROWS[2], x, ldx, 2, 0, acc);
+        else if (V == 3) mx_rows(buf, nb, MX_GROUP_ROWS[3], x, ldx, 3, 0, acc);
+        else mx_rows(buf, nb, MX_GROUP_ROWS[4], x, ldx, 4, 0, acc);
+    } else { /* the last rows of a range, one at a time */
+        if (V == 1) mx_rows(buf, nb, 1, x, ldx, 1, 0, acc);
+        else if (V == 2) mx_rows(buf, nb, 1, x, ldx, 2, 0, acc);
+        else if (V == 3) mx_rows(buf, nb, 1, x, ldx, 3, 0, acc);
+        else mx_rows(buf, nb, 1, x, ldx, 4, 0, acc);
+    }
+}
+
+/* Rows [r0, r1) for n vectors: row blocks of MX_RB rows; in each, groups of MX_VG vectors;
+ * for each group, R rows at a time are decoded a chunk at a time (pass 1) and summed. */
+static void mxfp4_rows(const uint8_t *packed, const uint8_t *scale, int64_t rows, int64_t cols,
+                       const float *x, int n, float *y, int64_t r0, int64_t r1) {
+    int64_t ng = cols / 32;
+    mx_row buf[8];
+    for (int64_t rb = r0; rb < r1; rb += MX_RB) {
+        int64_t rb1 = r1 - rb < MX_RB ? r1 : rb + MX_RB;
+        for (int b = 0; b < n; b += MX_VG) {
+            int V = n - b < MX_VG ? n - b : MX_VG;
+            const float *xb = x + (int64_t)b * cols;
+            for (int64_t r = rb; r < rb1;) {
+                int R = r + MX_GROUP_ROWS[V] <= rb1 ? MX_GROUP_ROWS[V] : 1;
+                __m256 acc[8][MX_VG];
+                for (int i = 0; i < R; i++)
+                    for (int v = 0; v < V; v++) acc[i][v] = _mm256_setzero_ps();
+                for (int64_t g0 = 0; g0 < ng; g0 += MX_CHUNK) {
+                    int64_t nb = ng - g0 < MX_CHUNK ? ng - g0 : MX_CHUNK;
+                    int big = 0;
+                    for (int i = 0; i < R; i++)
+                        big |= mx_decode(packed + (r + i) * (cols / 2) + g0 * 16,
+                                         scale + (r + i) * ng + g0, nb, MX_PF_ROWS * (cols / 2),
+                                         &buf[i]);
+                    mx_group(buf, nb, R, xb + g0 * 32, cols, V, big, acc);
+                }
+                for (int i = 0; i < R; i++)
+                    for (int v = 0; v < V; v++) y[(int64_t)(b + v) * rows + r + i] = hsum(acc[i][v]);
+                r += R;
+            }
+        }
+    }
+}
+
 /* ---- the table's entries -------------------------------------------------------------- */
 
 static void bf16(const uint16_t *w, int64_t rows, int64_t cols, const float *x, int n, float *y,
@@ -289,7 +442,7 @@ static void bf16(const uint16_t *w, int64_t rows, int64_t cols, const float *x, 
         bf16_vec(w, cols, x, y, r0, r1);
         return;
     }
-    wsrc s = {SRC_BF16, w, NULL, cols};
+    wsrc s = {SRC_BF16, w, cols};
     matmul_tiles(&s, rows, x, n, y, r0, r1);
 }
 
@@ -299,18 +452,13 @@ static void f32(const float *w, int64_t rows, int64_t cols, const float *x, int 
         f32_vec(w, cols, x, y, r0, r1);
         return;
     }
-    wsrc s = {SRC_F32, w, NULL, cols};
+    wsrc s = {SRC_F32, w, cols};
     matmul_tiles(&s, rows, x, n, y, r0, r1);
 }
 
 static void mxfp4(const uint8_t *packed, const uint8_t *scale, int64_t rows, int64_t cols,
                   const float *x, int n, float *y, int64_t r0, int64_t r1) {
-    if (n == 1) {
-        mxfp4_vec(packed, scale, cols, x, y, r0, r1);
-        return;
-    }
-    wsrc s = {SRC_MXFP4, packed, scale, cols};
-    matmul_tiles(&s, rows, x, n, y, r0, r1);
+    mxfp4_rows(packed, scale, rows, cols, x, n, y, r0, r1);
 }
 
 static float dot(const float *a, const float *b, int64_t n) {
