@@ -4,9 +4,17 @@
  * Lane recipe as in cpu_avx2.c, with one 16-lane accumulator per (row, vector); the
  * matrix-vector and batched loops run the same sequence, so they agree bit for bit.
  *
- * MXFP4 decode: eight packed bytes hold sixteen codes; a lane permute and a variable shift put
- * code k in lane k, and vpermps looks it up in the 16-entry table E2M1[code]·scale built once
- * per 32-block (sign included). Each weight equals the scalar path's exactly. */
+ * MXFP4 (every batch size, its own loops; the design of cpu_avx2.c's, with AVX-512F's own
+ * decode): vpmovzxbd puts a block's 16 packed bytes in 16 lanes; vpermps with the 16-entry
+ * E2M1 table (sign included; it reads only the low 4 bits of each index) gives the 16
+ * even-column weights, and after vpsrld 4 the 16 odd-column ones: 4 µops per 32 weights
+ * where the previous decode (vpermd + vpsrlvd + vpermps per 16) took 6 and a table multiply.
+ * x is de-interleaved once per chunk (even columns, then odd, per 32-block) to match. Each
+ * block's two products are summed into a partial, and the block adds partial·scale to the
+ * row's accumulator with one FMA: a power of two scales exactly, so this only reorders the
+ * scalar path's sum — except where 6·scale overflows f32 (E8M0 253 and 254): the reference
+ * dequantizes first and gets ±inf weights there, so such a block takes each weight as
+ * E2M1·scale before its FMA, as the reference does. */
 #include "dispatch.h"
 
 #if defined(__x86_64__)
@@ -14,7 +22,7 @@
 #pragma GCC target("avx512f")
 #include <immintrin.h>
 
-#define KC 256 /* batched tile: columns per tile (a multiple of 32: MXFP4 blocks stay whole) */
+#define KC 256 /* batched tile: columns per tile */
 #define RG 16  /* batched tile: rows per tile; 16 × 256 f32 = 16 KB, in L1 */
 
 /* k3_e8m0_to_f32's bits, built in an integer register (no float round trip through memory:
@@ -46,22 +54,6 @@ static inline __m512 bf16_tail(const uint16_t *p, int64_t n) {
     uint16_t t[16] = {0};
     memcpy(t, p, (size_t)n * sizeof *p);
     return bf16_16(t);
-}
-
-/* E2M1[code]·scale for the 16 codes, sign included. */
-static inline __m512 mx_table(uint8_t scale) {
-    __m512 sc = _mm512_castsi512_ps(_mm512_set1_epi32((int32_t)e8m0_bits(scale)));
-    return _mm512_mul_ps(_mm512_loadu_ps(k3_e2m1), sc);
-}
-
-/* The sixteen weights of eight packed bytes (even column in the low nibble): lane k takes
- * dword k/8 shifted right by 4·(k%8); vpermps uses its low four bits. */
-static inline __m512 mx_16(const uint8_t *p, __m512 table) {
-    __m512i d = _mm512_castsi128_si512(_mm_loadl_epi64((const __m128i *)p));
-    __m512i sel = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-    __m512i sh = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
-    __m512i c = _mm512_srlv_epi32(_mm512_permutexvar_epi32(sel, d), sh);
-    return _mm512_permutexvar_ps(c, table);
 }
 
 /* ---- matrix-vector (n = 1): four rows share each x load ---------------------------------- */
@@ -130,47 +122,13 @@ static void f32_vec(const float *w, int64_t cols, const float *x, float *y, int6
     }
 }
 
-static void mxfp4_vec(const uint8_t *packed, const uint8_t *scale, int64_t cols,
-                      const float *x, float *y, int64_t r0, int64_t r1) {
-    int64_t ng = cols / 32, r = r0;
-    for (; r + 4 <= r1; r += 4) {
-        const uint8_t *pa = packed + r * (cols / 2), *pb = pa + cols / 2, *pc = pb + cols / 2,
-                      *pd = pc + cols / 2, *sa = scale + r * ng;
-        __m512 aa = _mm512_setzero_ps(), ab = aa, ac = aa, ad = aa;
-        for (int64_t g = 0; g < ng; g++) {
-            __m512 ta = mx_table(sa[g]), tb = mx_table(sa[ng + g]);
-            __m512 tc = mx_table(sa[2 * ng + g]), td = mx_table(sa[3 * ng + g]);
-            for (int j = 0; j < 2; j++) {
-                int64_t o = g * 16 + 8 * j;
-                __m512 xi = _mm512_loadu_ps(x + g * 32 + 16 * j);
-                aa = _mm512_fmadd_ps(mx_16(pa + o, ta), xi, aa);
-                ab = _mm512_fmadd_ps(mx_16(pb + o, tb), xi, ab);
-                ac = _mm512_fmadd_ps(mx_16(pc + o, tc), xi, ac);
-                ad = _mm512_fmadd_ps(mx_16(pd + o, td), xi, ad);
-            }
-        }
-        y[r] = hsum(aa), y[r + 1] = hsum(ab), y[r + 2] = hsum(ac), y[r + 3] = hsum(ad);
-    }
-    for (; r < r1; r++) {
-        const uint8_t *p = packed + r * (cols / 2), *s = scale + r * ng;
-        __m512 acc = _mm512_setzero_ps();
-        for (int64_t g = 0; g < ng; g++) {
-            __m512 t = mx_table(s[g]);
-            for (int j = 0; j < 2; j++)
-                acc = _mm512_fmadd_ps(mx_16(p + g * 16 + 8 * j, t),
-                                      _mm512_loadu_ps(x + g * 32 + 16 * j), acc);
-        }
-        y[r] = hsum(acc);
-    }
-}
+/* ---- batched BF16 / F32 (n > 1): widen a 16-row × 256-column tile once, use it for every
+ * vector ---------------------------------------------------------------------------------- */
 
-/* ---- batched (n > 1): decode a 16-row × 256-column tile once, use it for every vector ---- */
-
-enum { SRC_BF16, SRC_F32, SRC_MXFP4 };
+enum { SRC_BF16, SRC_F32 };
 typedef struct wsrc {
     int kind;
-    const void *w;         /* BF16 / F32 data, or MXFP4 packed */
-    const uint8_t *scale;  /* MXFP4 only */
+    const void *w; /* BF16 or F32 data */
     int64_t cols;
 } wsrc;
 
@@ -182,24 +140,17 @@ static void tile_row(const wsrc *s, int64_t r, int64_t k0, int64_t kc, float *t)
         const uint16_t *p = (const uint16_t *)s->w + r * s->cols + k0;
         for (int64_t i = 0; i < full; i += 16) _mm512_store_ps(t + i, bf16_16(p + i));
         if (tail) _mm512_store_ps(t + full, bf16_tail(p + full, tail));
-    } else if (s->kind == SRC_F32) {
+    } else {
         const float *p = (const float *)s->w + r * s->cols + k0;
         for (int64_t i = 0; i < full; i += 16) _mm512_store_ps(t + i, _mm512_loadu_ps(p + i));
         if (tail) _mm512_store_ps(t + full, load_tail(p + full, tail));
-    } else {
-        const uint8_t *p = (const uint8_t *)s->w + r * (s->cols / 2) + k0 / 2;
-        const uint8_t *sc = s->scale + r * (s->cols / 32) + k0 / 32;
-        for (int64_t g = 0; g < kc / 32; g++) {
-            __m512 table = mx_table(sc[g]);
-            for (int j = 0; j < 2; j++)
-                _mm512_store_ps(t + g * 32 + 16 * j, mx_16(p + g * 16 + 8 * j, table));
-        }
     }
 }
 
 /* The micro-kernel's row and vector loops must unroll fully, or its accumulators live on
  * the stack (a 3x slower batched product). */
 #define UNROLL _Pragma("GCC unroll 4")
+#define UNROLL8 _Pragma("GCC unroll 8")
 
 /* acc[r][v] += tile rows r < R times vectors v < V over one tile (full steps, then the
  * masked tail step). R and V are constants at each call, so the loops unroll. */
@@ -273,6 +224,183 @@ static void matmul_tiles(const wsrc *s, int64_t rows, const float *x, int n, flo
     }
 }
 
+/* ---- MXFP4: x de-interleaved once per chunk, every weight vector meets up to MX_VG vectors -- */
+
+#define MX_VG 4      /* input vectors per pass over the weights */
+#define MX_RB 64     /* rows per row block: with n > MX_VG its weights stay in L2 between passes */
+#define MX_XP 8192   /* floats of de-interleaved x per chunk, all vectors of a group (32 KB) */
+#define MX_SF 256    /* most blocks in a chunk (MX_XP / 32: one vector) */
+#define MX_PF_ROWS 8 /* prefetch distance in rows (one 8-row group ahead for a matrix-vector) */
+#define MX_S_BIG 0x1p126f /* scale of E8M0 253: from there 6·scale overflows f32 */
+
+/* sf[g] = block g's scale as f32 (k3_e8m0_to_f32: s << 23, 0 -> 2^-127, 255 -> NaN) for
+ * g < nb <= MX_SF; returns nonzero when some scale is 253..255. Never reads past sc + nb. */
+static inline int mx_scales(const uint8_t *sc, int64_t nb, float *sf) {
+    const __m512i sub = _mm512_set1_epi32(0x00400000), nan = _mm512_set1_epi32(0x7fc00000);
+    __mmask16 big = 0;
+    for (int64_t i = 0; i < nb; i += 16) {
+        _Alignas(16) uint8_t t[16] = {0};
+        memcpy(t, sc + i, (size_t)(nb - i < 16 ? nb - i : 16));
+        __m512i s = _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)t));
+        __m512i b = _mm512_slli_epi32(s, 23);
+        b = _mm512_mask_mov_epi32(b, _mm512_cmpeq_epi32_mask(s, _mm512_setzero_si512()), sub);
+        b = _mm512_mask_mov_epi32(b, _mm512_cmpeq_epi32_mask(s, _mm512_set1_epi32(255)), nan);
+        big |= _mm512_cmpgt_epi32_mask(s, _mm512_set1_epi32(252));
+        _mm512_storeu_ps(sf + i, _mm512_castsi512_ps(b));
+    }
+    return big != 0;
+}
+
+/* xp[b·32 + l] = x[b·32 + 2l] and xp[b·32 + 16 + l] = x[b·32 + 2l + 1] for blocks b < nb: the
+ * column order in which mx_16x2 yields a block's weights. */
+static inline void mx_deinterleave(const float *x, int64_t nb, float *xp) {
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26,
+                                           28, 30);
+    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+    for (int64_t b = 0; b < nb; b++) {
+        __m512 lo = _mm512_loadu_ps(x + b * 32), hi = _mm512_loadu_ps(x + b * 32 + 16);
+        _mm512_store_ps(xp + b * 32, _mm512_permutex2var_ps(lo, even, hi));
+        _mm512_store_ps(xp + b * 32 + 16, _mm512_permutex2var_ps(lo, odd, hi));
+    }
+}
+
+/* The 32 E2M1 values of one block's 16 packed bytes: *even = columns 0, 2, .., 30 (low
+ * nibbles), *odd = columns 1, 3, .., 31 (high nibbles). vpermps reads only the low four bits
+ * of each index, so the low nibble needs no mask and the sign comes with the table. */
+static inline void mx_16x2(const uint8_t *q, __m512 tab, __m512 *even, __m512 *odd) {
+    __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)q));
+    *even = _mm512_permutexvar_ps(d, tab);
+    *odd = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), tab);
+}
+
+/* acc + the block weight by weight, each weight E2M1·scale first as the reference does: the
+ * path of a block whose scale overflows, or NaN. Rare, so out of line. */
+static __attribute__((noinline)) __m512 mx_block_big(__m512 acc, const uint8_t *q, float s,
+                                                     const float *xp) {
+    __m512 e, o, sv = _mm512_set1_ps(s);
+    mx_16x2(q, _mm512_loadu_ps(k3_e2m1), &e, &o);
+    acc = _mm512_fmadd_ps(_mm512_mul_ps(e, sv), _mm512_load_ps(xp), acc);
+    return _mm512_fmadd_ps(_mm512_mul_ps(o, sv), _mm512_load_ps(xp + 16), acc);
+}
+
+/* acc[i][v] += W[row i] · x[v] over nb blocks for rows i < R (packed p + i·h, scales
+ * sf + i·MX_SF) and vectors v < V (de-interleaved at xp + v·ldx): per block, the partial
+ * even·x_even + odd·x_odd (a multiply, then an FMA), then acc += partial·scale. The
+ * operations of a (row, vector) pair do not depend on R or V, so any batch gives a row the
+ * matrix-vector bits. R, V and big are constants at each call (the loops unroll); big = 0
+ * promises no block has a scale >= MX_S_BIG (or NaN): no test, no call in the hot loop. */
+static inline __attribute__((always_inline)) void mx_rows(const uint8_t *p, int64_t h,
+                                                          const float *sf, int64_t nb, int R,
+                                                          const float *xp, int64_t ldx, int V,
+                                                          int big, int64_t pf,
+                                                          __m512 (*acc)[MX_VG]) {
+    const __m512 tab = _mm512_loadu_ps(k3_e2m1);
+    __m512 a[8]; /* [i·V + v], R·V <= 8 */
+    UNROLL8
+    for (int i = 0; i < R; i++)
+        UNROLL
+        for (int v = 0; v < V; v++) a[i * V + v] = acc[i][v];
+    for (int64_t g = 0; g < nb; g++) {
+        __m512 part[8];
+        UNROLL8
+        for (int i = 0; i < R; i++) {
+            const uint8_t *q = p + i * h + g * 16;
+            if (!(g & 3)) _mm_prefetch((const char *)(q + pf), _MM_HINT_T0);
+            __m512 e, o;
+            mx_16x2(q, tab, &e, &o);
+            UNROLL
+            for (int v = 0; v < V; v++) {
+                const float *xb = xp + v * ldx + g * 32;
+                part[i * V + v] = _mm512_fmadd_ps(o, _mm512_load_ps(xb + 16),
+                                                  _mm512_mul_ps(e, _mm512_load_ps(xb)));
+            }
+        }
+        UNROLL8
+        for (int i = 0; i < R; i++) {
+            float s = sf[i * MX_SF + g];
+            if (!big || s < MX_S_BIG) { /* false for NaN too */
+                UNROLL
+                for (int v = 0; v < V; v++)
+                    a[i * V + v] = _mm512_fmadd_ps(part[i * V + v], _mm512_set1_ps(s), a[i * V + v]);
+            } else {
+                UNROLL
+                for (int v = 0; v < V; v++)
+                    a[i * V + v] = mx_block_big(a[i * V + v], p + i * h + g * 16, s,
+                                                xp + v * ldx + g * 32);
+            }
+        }
+    }
+    UNROLL8
+    for (int i = 0; i < R; i++)
+        UNROLL
+        for (int v = 0; v < V; v++) acc[i][v] = a[i * V + v];
+}
+
+/* mx_rows with (R, V) as constants: MX_GROUP_ROWS[V] rows at a time (8 partial sums in
+ * flight keep both FMA ports busy). big: some block of these rows' chunk has an overflowing
+ * or NaN scale; then the rows go one at a time through the checking loop. */
+static const int MX_GROUP_ROWS[MX_VG + 1] = {0, 8, 4, 2, 2};
+#define MX_ROWS(R_, V_, big_, i_) \
+    mx_rows(p + (i_) * h, h, sf + (i_) * MX_SF, nb, R_, xp, ldx, V_, big_, pf, &acc[i_])
+static void mx_group(const uint8_t *p, int64_t h, const float *sf, int64_t nb, int R,
+                     const float *xp, int64_t ldx, int V, int big, int64_t pf,
+                     __m512 (*acc)[MX_VG]) {
+    if (big) {
+        for (int i = 0; i < R; i++) {
+            if (V == 1) MX_ROWS(1, 1, 1, i);
+            else if (V == 2) MX_ROWS(1, 2, 1, i);
+            else if (V == 3) MX_ROWS(1, 3, 1, i);
+            else MX_ROWS(1, 4, 1, i);
+        }
+    } else if (R == MX_GROUP_ROWS[V]) {
+        if (V == 1) MX_ROWS(8, 1, 0, 0);
+        else if (V == 2) MX_ROWS(4, 2, 0, 0);
+        else if (V == 3) MX_ROWS(2, 3, 0, 0);
+        else MX_ROWS(2, 4, 0, 0);
+    } else { /* the last rows of a range, one at a time */
+        if (V == 1) MX_ROWS(1, 1, 0, 0);
+        else if (V == 2) MX_ROWS(1, 2, 0, 0);
+        else if (V == 3) MX_ROWS(1, 3, 0, 0);
+        else MX_ROWS(1, 4, 0, 0);
+    }
+}
+#undef MX_ROWS
+
+/* Rows [r0, r1) for n vectors: row blocks of MX_RB rows; in each, groups of MX_VG vectors;
+ * per group, chunks of up to MX_XP / (32·V) blocks (x de-interleaved once per chunk), R rows
+ * at a time, the accumulators kept per row block between chunks. */
+static void mxfp4_rows(const uint8_t *packed, const uint8_t *scale, int64_t rows, int64_t cols,
+                       const float *x, int n, float *y, int64_t r0, int64_t r1) {
+    int64_t ng = cols / 32, h = cols / 2;
+    _Alignas(64) float xp[MX_XP];
+    _Alignas(64) float sf[8 * MX_SF];
+    __m512 acc[MX_RB][MX_VG];
+    for (int64_t rb = r0; rb < r1; rb += MX_RB) {
+        int64_t rb1 = r1 - rb < MX_RB ? r1 : rb + MX_RB;
+        for (int b = 0; b < n; b += MX_VG) {
+            int V = n - b < MX_VG ? n - b : MX_VG;
+            int64_t cb = MX_XP / (32 * V); /* blocks per chunk */
+            for (int64_t r = rb; r < rb1; r++)
+                for (int v = 0; v < V; v++) acc[r - rb][v] = _mm512_setzero_ps();
+            for (int64_t g0 = 0; g0 < ng; g0 += cb) {
+                int64_t nb = ng - g0 < cb ? ng - g0 : cb;
+                for (int v = 0; v < V; v++)
+                    mx_deinterleave(x + (int64_t)(b + v) * cols + g0 * 32, nb, xp + v * cb * 32);
+                for (int64_t r = rb; r < rb1;) {
+                    int R = r + MX_GROUP_ROWS[V] <= rb1 ? MX_GROUP_ROWS[V] : 1, big = 0;
+                    for (int i = 0; i < R; i++)
+                        big |= mx_scales(scale + (r + i) * ng + g0, nb, sf + i * MX_SF);
+                    mx_group(packed + r * h + g0 * 16, h, sf, nb, R, xp, cb * 32, V, big,
+                             MX_PF_ROWS * h, &acc[r - rb]);
+                    r += R;
+                }
+            }
+            for (int64_t r = rb; r < rb1; r++)
+                for (int v = 0; v < V; v++) y[(int64_t)(b + v) * rows + r] = hsum(acc[r - rb][v]);
+        }
+    }
+}
+
 /* ---- the table's entries -------------------------------------------------------------- */
 
 static void bf16(const uint16_t *w, int64_t rows, int64_t cols, const float *x, int n, float *y,
@@ -281,7 +409,7 @@ static void bf16(const uint16_t *w, int64_t rows, int64_t cols, const float *x, 
         bf16_vec(w, cols, x, y, r0, r1);
         return;
     }
-    wsrc s = {SRC_BF16, w, NULL, cols};
+    wsrc s = {SRC_BF16, w, cols};
     matmul_tiles(&s, rows, x, n, y, r0, r1);
 }
 
@@ -291,18 +419,13 @@ static void f32(const float *w, int64_t rows, int64_t cols, const float *x, int 
         f32_vec(w, cols, x, y, r0, r1);
         return;
     }
-    wsrc s = {SRC_F32, w, NULL, cols};
+    wsrc s = {SRC_F32, w, cols};
     matmul_tiles(&s, rows, x, n, y, r0, r1);
 }
 
 static void mxfp4(const uint8_t *packed, const uint8_t *scale, int64_t rows, int64_t cols,
                   const float *x, int n, float *y, int64_t r0, int64_t r1) {
-    if (n == 1) {
-        mxfp4_vec(packed, scale, cols, x, y, r0, r1);
-        return;
-    }
-    wsrc s = {SRC_MXFP4, packed, scale, cols};
-    matmul_tiles(&s, rows, x, n, y, r0, r1);
+    mxfp4_rows(packed, scale, rows, cols, x, n, y, r0, r1);
 }
 
 static float dot(const float *a, const float *b, int64_t n) {
