@@ -42,13 +42,14 @@ static int parse_pos_int(const char *s, const char *flag, int *out) {
 
 static void kernels_usage(FILE *f) {
     fprintf(f,
-        "usage: k3 bench kernels [--kernels NAME] [--threads N] [--seconds S]\n"
+        "usage: k3 bench kernels [--kernels NAME] [--threads N] [--seconds S] [--only TEXT]\n"
         "\n"
         "Times every product kernel at K3's shapes (out <- in): BF16 7168->12288, 7168->33792,\n"
         "lm_head 7168->163840, F32 7168->12288, the int8 spine (alone and with --approx)\n"
         "7168->12288, MXFP4 experts 3584->3072 and 3072->3584\n"
-        "(cycling through enough experts to miss the caches), and the batched forms for 32\n"
-        "vectors. Prints weight GB/s beside the bandwidth of a large memcpy measured in the\n"
+        "(cycling through enough experts to miss the caches), one small MXFP4 matrix read\n"
+        "from cache (the decode's own speed), and the batched forms for 2, 4 and 32 vectors.\n"
+        "Prints weight GB/s beside the bandwidth of a large memcpy measured in the\n"
         "same run (bytes read + bytes written per second, STREAM's convention), for one thread\n"
         "and for all threads. Uses about 4 GB of memory.\n"
         "\n"
@@ -56,6 +57,7 @@ static void kernels_usage(FILE *f) {
         "                   this CPU runs\n"
         "  --threads N      the all-threads figure uses N threads (default: physical cores)\n"
         "  --seconds S      time each measurement for about S seconds (default 0.5)\n"
+        "  --only TEXT      only the kernels whose name contains TEXT (e.g. MXFP4)\n"
         "  -h, --help       this help\n");
 }
 
@@ -108,6 +110,14 @@ static const kcase CASES[] = {
     {"MXFP4 expert 3584->3072", -1, 3072, 3584, 1, 48, 1},
     {"MXFP4 expert 3072->3584", -1, 3584, 3072, 1, 48, 1},
     {"MXFP4 16 experts 3584->3072, one call", -1, 3072, 3584, 1, 48, 16},
+    /* 192 rows, 0.36 MB: the same matrix every call, so it is read from L2 (the decode's
+     * own speed, without memory) */
+    {"MXFP4 192x3584, in cache", -1, 192, 3584, 1, 1, 1},
+    /* small batches: chunked prefill's per-expert token counts, speculative verification */
+    {"BF16 7168->12288 x2", K3_DT_BF16, 12288, 7168, 2, 1, 1},
+    {"BF16 7168->12288 x4", K3_DT_BF16, 12288, 7168, 4, 1, 1},
+    {"MXFP4 expert 3584->3072 x2", -1, 3072, 3584, 2, 48, 1},
+    {"MXFP4 expert 3584->3072 x4", -1, 3072, 3584, 4, 48, 1},
     {"BF16 7168->12288 x32", K3_DT_BF16, 12288, 7168, 32, 1, 1},
     {"MXFP4 expert 3584->3072 x32", -1, 3072, 3584, 32, 48, 1},
 };
@@ -155,7 +165,7 @@ static double time_case(const k3_kernels *k, const kcase *c, const bufs *b, doub
 }
 
 static int bench_kernels(int argc, char **argv) {
-    const char *only = NULL;
+    const char *only = NULL, *filter = NULL;
     int threads = k3_cpu_physical_cores();
     double seconds = 0.5;
     for (int i = 1; i < argc; i++) {
@@ -165,6 +175,7 @@ static int bench_kernels(int argc, char **argv) {
         else if (!strcmp(a, "--kernels") && v) only = argv[++i];
         else if (!strcmp(a, "--threads") && v) rc = parse_pos_int(argv[++i], a, &threads);
         else if (!strcmp(a, "--seconds") && v) seconds = atof(argv[++i]);
+        else if (!strcmp(a, "--only") && v) filter = argv[++i];
         else {
             fprintf(stderr, "k3 bench kernels: unknown option or missing value: '%s'\n", a);
             return K3_ERR_USAGE;
@@ -211,7 +222,7 @@ static int bench_kernels(int argc, char **argv) {
     printf("| kernel | path | threads | ms/call | weight GB/s | %% of copy BW | GMAC/s |\n");
     printf("|---|---|---|---|---|---|---|\n");
     for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++)
-        for (int p = 0; p < np; p++)
+        for (int p = 0; p < np && (!filter || strstr(CASES[i].name, filter)); p++)
             for (int t = 0; t < 2; t++) {
                 const kcase *c = &CASES[i];
                 omp_set_num_threads(tcounts[t]);
