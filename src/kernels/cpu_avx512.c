@@ -151,6 +151,7 @@ static void tile_row(const wsrc *s, int64_t r, int64_t k0, int64_t kc, float *t)
  * the stack (a 3x slower batched product). */
 #define UNROLL _Pragma("GCC unroll 4")
 #define UNROLL8 _Pragma("GCC unroll 8")
+#define UNROLL32 _Pragma("GCC unroll 32")
 
 /* acc[r][v] += tile rows r < R times vectors v < V over one tile (full steps, then the
  * masked tail step). R and V are constants at each call, so the loops unroll. */
@@ -401,12 +402,75 @@ static void mxfp4_rows(const uint8_t *packed, const uint8_t *scale, int64_t rows
     }
 }
 
+/* ---- BF16 small batches (2 <= n <= BF16_SMALL): straight from registers ---------------- */
+
+/* Widest batch taken from registers; above it the tiles. Chunked prefill's per-expert and
+ * speculative verification's batches are this small; the tile path cost ~2.6x a matrix-vector
+ * product at n = 2 (cpu_avx2.c's measurement). */
+#define BF16_SMALL 5
+
+/* y[v·rows + r + i] = W[r + i] · x[v] for rows i < R and vectors v < V: each 16-weight vector is
+ * widened once and meets all V inputs; per (row, vector) the lane recipe exactly (full steps,
+ * then the masked tail step, then hsum), so the bits equal bf16_vec's. R·V <= 20 accumulators;
+ * R and V are constants at each call. */
+static inline __attribute__((always_inline)) void bf16_rows(const uint16_t *w, int64_t rows,
+                                                            int64_t cols, const float *x,
+                                                            int V, int R, float *y, int64_t r) {
+    int64_t full = cols & ~(int64_t)15, tail = cols - full;
+    __m512 acc[20];
+    UNROLL8
+    for (int k = 0; k < R * V; k++) acc[k] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < full; i += 16)
+        UNROLL
+        for (int q = 0; q < R; q++) {
+            __m512 wq = bf16_16(w + (r + q) * cols + i);
+            UNROLL8
+            for (int v = 0; v < V; v++)
+                acc[q * V + v] = _mm512_fmadd_ps(wq, _mm512_loadu_ps(x + v * cols + i), acc[q * V + v]);
+        }
+    if (tail)
+        UNROLL
+        for (int q = 0; q < R; q++) {
+            __m512 wq = bf16_tail(w + (r + q) * cols + full, tail);
+            UNROLL8
+            for (int v = 0; v < V; v++)
+                acc[q * V + v] = _mm512_fmadd_ps(wq, load_tail(x + v * cols + full, tail),
+                                                 acc[q * V + v]);
+        }
+    UNROLL
+    for (int q = 0; q < R; q++)
+        UNROLL8
+        for (int v = 0; v < V; v++) y[v * rows + r + q] = hsum(acc[q * V + v]);
+}
+
+#define BF16_RUN(R_, V_)                                                              \
+    do {                                                                              \
+        for (; r + (R_) <= r1; r += (R_)) bf16_rows(w, rows, cols, x, (V_), (R_), y, r); \
+        for (; r < r1; r++) bf16_rows(w, rows, cols, x, (V_), 1, y, r);              \
+    } while (0)
+
+static void bf16_small(const uint16_t *w, int64_t rows, int64_t cols, const float *x, int n,
+                       float *y, int64_t r0, int64_t r1) {
+    int64_t r = r0;
+    switch (n) {
+    case 2: BF16_RUN(4, 2); break;
+    case 3: BF16_RUN(4, 3); break;
+    case 4: BF16_RUN(4, 4); break;
+    default: BF16_RUN(4, 5); break;
+    }
+}
+#undef BF16_RUN
+
 /* ---- the table's entries -------------------------------------------------------------- */
 
 static void bf16(const uint16_t *w, int64_t rows, int64_t cols, const float *x, int n, float *y,
                  int64_t r0, int64_t r1) {
     if (n == 1) {
         bf16_vec(w, cols, x, y, r0, r1);
+        return;
+    }
+    if (n <= BF16_SMALL) {
+        bf16_small(w, rows, cols, x, n, y, r0, r1);
         return;
     }
     wsrc s = {SRC_BF16, w, cols};
