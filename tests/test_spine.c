@@ -34,13 +34,14 @@ static int load(const char *dir, double gb, int int8, const char *pack_dir, k3_e
     return k3_engine_load(dir, &o, e, err);
 }
 
-/* Bytes a layer's unit holds, from the checkpoint alone: every tensor of the layer but the
+/* Bytes of a layer's spine, from the checkpoint alone: every tensor of the layer but the
  * routed experts and the AttnRes norms/projections (folded into f32 copies at load); *pinned
- * gets the router, its bias and the conv taps (copied at open when the layer streams). */
-static uint64_t layer_bytes(const k3_checkpoint *ck, int l, uint64_t *pinned) {
+ * gets the router, its bias and the conv taps (copied at open when the layer streams), and
+ * half[0] / half[1] (may be NULL) what is read for its token mixer / its FFN. */
+static uint64_t layer_bytes(const k3_checkpoint *ck, int l, uint64_t *pinned, uint64_t *half) {
     char prefix[64];
     int n = snprintf(prefix, sizeof prefix, "language_model.model.layers.%d.", l);
-    uint64_t sum = 0;
+    uint64_t sum = 0, h[2] = {0, 0};
     *pinned = 0;
     for (size_t i = 0; i < ck->n_tensors; i++) {
         const k3_tensor *t = &ck->tensors[i];
@@ -51,7 +52,11 @@ static uint64_t layer_bytes(const k3_checkpoint *ck, int l, uint64_t *pinned) {
         if (strstr(t->name, "conv1d") || strstr(t->name, "gate.weight") ||
             strstr(t->name, "e_score_correction_bias"))
             *pinned += t->nbytes;
+        else
+            h[strstr(t->name, ".self_attn.") || strstr(t->name, ".input_layernorm.") ? 0 : 1] +=
+                t->nbytes;
     }
+    if (half) half[0] = h[0], half[1] = h[1];
     return sum;
 }
 
@@ -97,7 +102,7 @@ static void test_identical_for_every_budget(void) {
     k3_checkpoint *ck = NULL;
     CHECK(k3_checkpoint_open(NANO, &ck, &err) == 0, "%s", err.msg);
     uint64_t total = tensor_bytes(ck, "language_model.lm_head.weight"), pin;
-    for (int l = 0; l < 9; l++) total += layer_bytes(ck, l, &pin);
+    for (int l = 0; l < 9; l++) total += layer_bytes(ck, l, &pin, NULL);
     k3_checkpoint_close(ck);
     const double budgets[] = {NO_FLAG, 0, 0.75 * total / 1e9, 1000};
     const int chunks[] = {0, 5, 24};
@@ -127,9 +132,9 @@ static void test_plan_numbers(void) {
     CHECK(k3_checkpoint_open(NANO, &ck, &err) == 0, "%s", err.msg);
     uint64_t head = tensor_bytes(ck, "language_model.lm_head.weight");
     uint64_t norm = tensor_bytes(ck, "language_model.model.norm.weight");
-    uint64_t layer[9], pinned[9], all = head, pinned_all = 0;
+    uint64_t layer[9], pinned[9], half[9][2], all = head, pinned_all = 0;
     for (int l = 0; l < 9; l++) {
-        layer[l] = layer_bytes(ck, l, &pinned[l]);
+        layer[l] = layer_bytes(ck, l, &pinned[l], half[l]);
         all += layer[l];
         pinned_all += pinned[l];
     }
@@ -167,10 +172,11 @@ static void test_plan_numbers(void) {
                   "3/4: lm_head + %d layers resident", st.resident_layers);
             CHECK(st.resident_bytes + st.staging_bytes + st.pinned_bytes <= st.budget_bytes,
                   "3/4: the plan exceeds its budget");
-            /* staging: two buffers, each holds the largest streamed layer (aligned) */
+            /* staging: two buffers, each holds the largest streamed half-layer (aligned) */
             uint64_t big = 0;
             for (int l = st.resident_layers; l < 9; l++)
-                if (layer[l] - pinned[l] > big) big = layer[l] - pinned[l];
+                for (int h = 0; h < 2; h++)
+                    if (half[l][h] > big) big = half[l][h];
             int paged = st.staging_bytes / 8192 * 8192 == st.staging_bytes;
             CHECK(st.staging_bytes >= 2 * big && paged,
                   "staging %llu < 2 x %llu", (unsigned long long)st.staging_bytes,

@@ -49,7 +49,7 @@ static int forward(const k3_model *m, k3_state *s, int32_t token, float *logits,
     if (rc) return rc;
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const k3_layer *L;
-        if ((rc = k3_spine_layer(m, sp, l, &L, err))) return rc; /* resident or streamed */
+        if ((rc = k3_spine_layer(m, sp, l, K3_SPINE_MIXER, &L, err))) return rc; /* or streamed */
         if (s->n_blocks > 0)
             mix(s, P, L->attn_res_sw, c, x);
         else
@@ -71,6 +71,7 @@ static int forward(const k3_model *m, k3_state *s, int32_t token, float *logits,
         else
             for (int i = 0; i < hd; i++) P[i] = P[i] + a[i];
 
+        if ((rc = k3_spine_layer(m, sp, l, K3_SPINE_FFN, &L, err))) return rc;
         mix(s, P, L->mlp_res_sw, c, x);
         trace_vec(tr, pos, l, K3_TRACE_MLP_IN, x, hd);
         k3_rmsnorm(x, &L->post_attention_layernorm, hd, c->rms_norm_eps, xn);

@@ -372,7 +372,7 @@ static int layer_batch(const k3_model *m, k3_state *s, k3_batch *b, int l, int n
                        const k3_trace *tr, k3_spine_pass *sp, k3_err *err) {
     const k3_config *c = &m->cfg;
     const k3_layer *L;
-    int rc = k3_spine_layer(m, sp, l, &L, err); /* resident, or streamed: read once per pass */
+    int rc = k3_spine_layer(m, sp, l, K3_SPINE_MIXER, &L, err); /* streamed: once per pass */
     if (rc) return rc;
     int hd = c->hidden_size, pos = s->pos;
     size_t vec = (size_t)hd * sizeof(float);
@@ -392,6 +392,7 @@ static int layer_batch(const k3_model *m, k3_state *s, k3_batch *b, int l, int n
     else kda_batch(m, L, s, b, n, keep, b->a);
     s->tok.attn_s += now_s() - t0;
     trace_rows(tr, pos, l, K3_TRACE_ATTN_OUT, b->a, n, hd);
+    if ((rc = k3_spine_layer(m, sp, l, K3_SPINE_FFN, &L, err))) return rc;
     for (int t = 0; t < n; t++) {
         float *P = b->P + (size_t)t * hd, *a = b->a + (size_t)t * hd, *x = b->x + (size_t)t * hd;
         if (fresh_block) memcpy(P, a, vec); /* first contribution after a reset is a copy */

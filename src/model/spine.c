@@ -16,27 +16,34 @@
 #define ALIGN 4096u                 /* O_DIRECT granularity; also the alignment kept */
 #define MERGE_GAP (64u << 10)       /* tensors this close share one read */
 #define READ_CHUNK ((uint64_t)64 << 20) /* bytes per pread (and per DONTNEED) */
-#define HEAD_UNIT(sp) ((sp)->n_layers)
+/* Units: each layer is two, its mixer (u = 2l) and its FFN (u = 2l + 1), so a staging buffer
+ * holds half a layer; lm_head is the last unit. */
+#define N_UNITS(sp) (2 * (sp)->n_layers + 1)
+#define HEAD_UNIT(sp) (2 * (sp)->n_layers)
+#define LAYER_OF(u) ((u) / 2)
 
-/* Every k3_mat of a layer, by offset: the forward pass reads these. PINNED are the small ones
- * read outside the layer's turn (spine.h); STREAMED the rest. The asserts make a new weight
- * field fail to compile until it is listed here. */
+/* Every k3_mat of a layer, by offset, for its mixer half and its FFN half: the forward pass
+ * reads these. PINNED are the small ones read outside the layer's turn (spine.h). The asserts
+ * make a new weight field fail to compile until it is listed here. */
 #define LM(f) offsetof(k3_layer, f)
-static const size_t STREAMED[] = {
-    LM(input_layernorm), LM(post_attention_layernorm),
+static const size_t MIXER[] = {
+    LM(input_layernorm),
     LM(kda.q_proj), LM(kda.k_proj), LM(kda.v_proj), LM(kda.g_proj), LM(kda.o_proj),
     LM(kda.f_a_proj), LM(kda.f_b_proj), LM(kda.b_proj), LM(kda.A_log), LM(kda.dt_bias),
     LM(kda.o_norm),
     LM(mla.q_a_proj), LM(mla.q_a_layernorm), LM(mla.q_b_proj), LM(mla.kv_a_proj),
     LM(mla.kv_a_layernorm), LM(mla.kv_b_proj), LM(mla.g_proj), LM(mla.o_proj),
+};
+static const size_t FFN[] = {
+    LM(post_attention_layernorm),
     LM(dense.gate_proj), LM(dense.up_proj), LM(dense.down_proj),
     LM(moe.down_proj), LM(moe.up_proj), LM(moe.norm), LM(moe.shared_gate), LM(moe.shared_up),
     LM(moe.shared_down),
 };
-static const size_t PINNED[] = {
-    LM(kda.q_conv), LM(kda.k_conv), LM(kda.v_conv), LM(moe.router), LM(moe.router_bias),
-};
+static const size_t MIXER_PINNED[] = {LM(kda.q_conv), LM(kda.k_conv), LM(kda.v_conv)};
+static const size_t FFN_PINNED[] = {LM(moe.router), LM(moe.router_bias)};
 #undef LM
+#define COUNT(a) (sizeof(a) / sizeof(a)[0])
 _Static_assert(sizeof(k3_kda_weights) == 14 * sizeof(k3_mat), "list every KDA matrix above");
 _Static_assert(sizeof(k3_mla_weights) == 8 * sizeof(k3_mat), "list every MLA matrix above");
 _Static_assert(sizeof(k3_moe_weights) == 8 * sizeof(k3_mat), "list every MoE matrix above");
@@ -77,14 +84,15 @@ enum { EMPTY, READING, READY, FAILED };
 
 struct k3_spine {
     k3_model *m;
-    int n_layers, first;    /* layers first..n_layers-1 are streamed */
+    int n_layers, first;    /* layers first..n_layers-1 are streamed (both halves) */
     bool head_streamed, streaming, direct;
     uint64_t budget, resident_bytes, streamed_bytes, pinned_bytes, slot_bytes;
     sfile *files;
     int n_files;
-    unit *units;            /* [n_layers + 1], the head last */
+    unit *units;            /* [N_UNITS]: mixer and FFN of each layer, the head last */
     uint8_t *slot[2], *pinned;
-    k3_layer *views[2];     /* [n_layers] (streamed entries used) per staging buffer */
+    k3_layer *views[2];     /* [2 n_layers] per staging buffer: unit u's pointers into it
+                             * (the other half's cleared); streamed units only */
     k3_mat head_view[2];
     int embed_fd;
     uint64_t embed_off;
@@ -177,7 +185,7 @@ static uint64_t layout(item *it, int n, uint64_t gap, extent *ext, int *n_ext) {
 /* Items and extents of unit u (a layer, or the head: lm_head, with the final norm pinned). */
 static int build_unit(k3_spine *sp, int u, k3_err *err) {
     unit *U = &sp->units[u];
-    int cap = 2 * (int)(sizeof STREAMED / sizeof STREAMED[0] + sizeof PINNED / sizeof PINNED[0]);
+    int cap = 2 * (int)(COUNT(MIXER) + COUNT(FFN) + COUNT(MIXER_PINNED) + COUNT(FFN_PINNED));
     U->items = calloc((size_t)cap, sizeof *U->items);
     U->pins = calloc((size_t)cap, sizeof *U->pins);
     U->ext = calloc((size_t)cap, sizeof *U->ext);
@@ -189,13 +197,15 @@ static int build_unit(k3_spine *sp, int u, k3_err *err) {
         rc = add_mat(sp, &sp->m->lm_head, 0, U->items, &U->n_items, err);
         if (!rc) rc = add_mat(sp, &sp->m->norm, 0, U->pins, &U->n_pins, err);
     } else {
-        const uint8_t *L = (const uint8_t *)&sp->m->layers[u];
-        for (size_t i = 0; !rc && i < sizeof STREAMED / sizeof STREAMED[0]; i++)
-            rc = add_mat(sp, (const k3_mat *)(L + STREAMED[i]), STREAMED[i], U->items,
-                         &U->n_items, err);
-        for (size_t i = 0; !rc && i < sizeof PINNED / sizeof PINNED[0]; i++)
-            rc = add_mat(sp, (const k3_mat *)(L + PINNED[i]), PINNED[i], U->pins, &U->n_pins,
-                         err);
+        const uint8_t *L = (const uint8_t *)&sp->m->layers[LAYER_OF(u)];
+        bool ffn = u % 2;
+        const size_t *mats = ffn ? FFN : MIXER, *pins = ffn ? FFN_PINNED : MIXER_PINNED;
+        size_t n_mats = ffn ? COUNT(FFN) : COUNT(MIXER);
+        size_t n_pins = ffn ? COUNT(FFN_PINNED) : COUNT(MIXER_PINNED);
+        for (size_t i = 0; !rc && i < n_mats; i++)
+            rc = add_mat(sp, (const k3_mat *)(L + mats[i]), mats[i], U->items, &U->n_items, err);
+        for (size_t i = 0; !rc && i < n_pins; i++)
+            rc = add_mat(sp, (const k3_mat *)(L + pins[i]), pins[i], U->pins, &U->n_pins, err);
     }
     if (rc) return rc;
     for (int i = 0; i < U->n_items; i++) U->bytes += U->items[i].len;
@@ -210,9 +220,9 @@ static int build_unit(k3_spine *sp, int u, k3_err *err) {
 /* RAM of the plan (head resident or not, layers first.. streamed); *slot the staging size. */
 static uint64_t plan_cost(const k3_spine *sp, bool head_res, int first, uint64_t *slot) {
     uint64_t ram = 0, big = 0;
-    for (int u = 0; u <= sp->n_layers; u++) {
+    for (int u = 0; u < N_UNITS(sp); u++) {
         const unit *U = &sp->units[u];
-        bool streamed = u == HEAD_UNIT(sp) ? !head_res : u >= first;
+        bool streamed = u == HEAD_UNIT(sp) ? !head_res : LAYER_OF(u) >= first;
         if (!streamed) {
             ram += U->bytes;
             continue;
@@ -240,9 +250,9 @@ done:
     plan_cost(sp, !sp->head_streamed, sp->first, &slot);
     sp->slot_bytes = slot;
     sp->streaming = slot > 0;
-    for (int u = 0; u <= sp->n_layers; u++) {
+    for (int u = 0; u < N_UNITS(sp); u++) {
         const unit *U = &sp->units[u];
-        bool streamed = u == HEAD_UNIT(sp) ? sp->head_streamed : u >= sp->first;
+        bool streamed = u == HEAD_UNIT(sp) ? sp->head_streamed : LAYER_OF(u) >= sp->first;
         if (!streamed) {
             sp->resident_bytes += U->bytes;
             continue;
@@ -253,7 +263,7 @@ done:
 }
 
 static bool is_streamed(const k3_spine *sp, int u) {
-    return sp->streaming && (u == HEAD_UNIT(sp) ? sp->head_streamed : u >= sp->first);
+    return sp->streaming && (u == HEAD_UNIT(sp) ? sp->head_streamed : LAYER_OF(u) >= sp->first);
 }
 
 /* ---- reading --------------------------------------------------------------------------------- */
@@ -284,7 +294,7 @@ static int open_files(k3_spine *sp, k3_err *err) {
     sp->direct = true;
     for (int attempt = 0; attempt < 2; attempt++) {
         int rc = K3_OK;
-        for (int u = 0; u <= sp->n_layers && !rc; u++)
+        for (int u = 0; u < N_UNITS(sp) && !rc; u++)
             for (int i = 0; is_streamed(sp, u) && i < sp->units[u].n_ext && !rc; i++)
                 rc = open_fd(sp, sp->units[u].ext[i].file, err);
         if (rc != EINVAL && sp->direct) return rc;
@@ -300,7 +310,7 @@ static int open_files(k3_spine *sp, k3_err *err) {
 /* "layer N" or "head (lm_head)" into buf [32]. */
 static const char *unit_name(const k3_spine *sp, int u, char *buf) {
     if (u == HEAD_UNIT(sp)) return "head (lm_head)";
-    snprintf(buf, 32, "layer %d", u);
+    snprintf(buf, 32, "layer %d (%s)", LAYER_OF(u), u % 2 ? "FFN" : "mixer");
     return buf;
 }
 
@@ -383,7 +393,7 @@ static int collect_files(k3_spine *sp, const k3_checkpoint *ck, const k3_pack *p
  * and points both the model and the staging views at them. */
 static int pin(k3_spine *sp, k3_err *err) {
     uint64_t at = 0;
-    for (int u = 0; u <= sp->n_layers; u++)
+    for (int u = 0; u < N_UNITS(sp); u++)
         if (is_streamed(sp, u)) at += sp->units[u].pin_bytes;
     if (!at) return K3_OK;
     sp->pinned = mmap(NULL, at, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -393,7 +403,7 @@ static int pin(k3_spine *sp, k3_err *err) {
                        "tensors", (unsigned long long)at);
     }
     uint64_t base = 0;
-    for (int u = 0; u <= sp->n_layers; u++) {
+    for (int u = 0; u < N_UNITS(sp); u++) {
         unit *U = &sp->units[u];
         if (!is_streamed(sp, u)) continue;
         for (int i = 0; i < U->n_pin_ext; i++) {
@@ -408,7 +418,7 @@ static int pin(k3_spine *sp, k3_err *err) {
             if (rc) return rc;
         }
         uint8_t *model_unit = u == HEAD_UNIT(sp) ? (uint8_t *)&sp->m->norm
-                                                 : (uint8_t *)&sp->m->layers[u];
+                                                 : (uint8_t *)&sp->m->layers[LAYER_OF(u)];
         for (int i = 0; i < U->n_pins; i++) {
             const void *p = sp->pinned + base + U->pins[i].dst;
             memcpy(model_unit + U->pins[i].field, &p, sizeof p);
@@ -418,8 +428,14 @@ static int pin(k3_spine *sp, k3_err *err) {
     return K3_OK;
 }
 
-/* Staging views: copies of the streamed units pointing into each buffer; the model's own
- * pointers to streamed bytes are cleared (spine.h). */
+static uint8_t *model_unit(k3_spine *sp, int u) {
+    return u == HEAD_UNIT(sp) ? (uint8_t *)&sp->m->lm_head
+                              : (uint8_t *)&sp->m->layers[LAYER_OF(u)];
+}
+
+/* Staging views: copies of the streamed units pointing into each buffer. The model's own
+ * pointers to streamed bytes are cleared first (spine.h), so a view of one half of a layer
+ * has the other half's pointers cleared too. */
 static int make_views(k3_spine *sp, k3_err *err) {
     for (int s = 0; s < 2; s++) {
         sp->slot[s] = mmap(NULL, sp->slot_bytes, PROT_READ | PROT_WRITE,
@@ -429,26 +445,25 @@ static int make_views(k3_spine *sp, k3_err *err) {
             return k3_fail(err, K3_ERR_GENERIC, "out of memory for a %llu-byte spine staging "
                            "buffer", (unsigned long long)sp->slot_bytes);
         }
-        if (!(sp->views[s] = calloc((size_t)sp->n_layers, sizeof *sp->views[s])))
+        if (!(sp->views[s] = calloc((size_t)HEAD_UNIT(sp), sizeof *sp->views[s])))
             return k3_fail(err, K3_ERR_GENERIC, "out of memory");
     }
-    for (int u = 0; u <= sp->n_layers; u++) {
+    const void *none = NULL;
+    for (int u = 0; u < N_UNITS(sp); u++)
+        for (int i = 0; is_streamed(sp, u) && i < sp->units[u].n_items; i++)
+            memcpy(model_unit(sp, u) + sp->units[u].items[i].field, &none, sizeof none);
+    for (int u = 0; u < N_UNITS(sp); u++) {
         if (!is_streamed(sp, u)) continue;
         const unit *U = &sp->units[u];
         bool head = u == HEAD_UNIT(sp);
         for (int s = 0; s < 2; s++) {
             uint8_t *v = head ? (uint8_t *)&sp->head_view[s] : (uint8_t *)&sp->views[s][u];
             if (head) sp->head_view[s] = sp->m->lm_head;
-            else sp->views[s][u] = sp->m->layers[u];
+            else sp->views[s][u] = sp->m->layers[LAYER_OF(u)];
             for (int i = 0; i < U->n_items; i++) {
                 const void *p = sp->slot[s] + U->items[i].dst;
                 memcpy(v + U->items[i].field, &p, sizeof p);
             }
-        }
-        uint8_t *mine = head ? (uint8_t *)&sp->m->lm_head : (uint8_t *)&sp->m->layers[u];
-        for (int i = 0; i < U->n_items; i++) {
-            const void *none = NULL;
-            memcpy(mine + U->items[i].field, &none, sizeof none);
         }
     }
     return K3_OK;
@@ -476,7 +491,7 @@ static int start(k3_spine *sp, k3_err *err) {
         return k3_fail(err, K3_ERR_GENERIC, "cannot start the spine reader thread");
     sp->thread_started = true;
     pthread_mutex_lock(&sp->mu); /* the first streamed unit, read while the model loads */
-    sp->tag[0] = sp->first < sp->n_layers ? sp->first : HEAD_UNIT(sp);
+    sp->tag[0] = sp->first < sp->n_layers ? 2 * sp->first : HEAD_UNIT(sp);
     sp->status[0] = READING;
     sp->job = 0;
     pthread_cond_broadcast(&sp->cv);
@@ -493,9 +508,9 @@ int k3_spine_open(k3_model *m, const k3_checkpoint *ck, const k3_pack *pack,
     sp->budget = budget_bytes;
     sp->embed_fd = -1;
     int rc = collect_files(sp, ck, pack, err);
-    if (!rc && !(sp->units = calloc((size_t)sp->n_layers + 1, sizeof *sp->units)))
+    if (!rc && !(sp->units = calloc((size_t)N_UNITS(sp), sizeof *sp->units)))
         rc = k3_fail(err, K3_ERR_GENERIC, "out of memory");
-    for (int u = 0; !rc && u <= sp->n_layers; u++) rc = build_unit(sp, u, err);
+    for (int u = 0; !rc && u < N_UNITS(sp); u++) rc = build_unit(sp, u, err);
     if (!rc) plan(sp);
     if (!rc && sp->streaming) rc = open_files(sp, err);
     if (!rc && sp->streaming) rc = open_embed(sp, ck, err);
@@ -528,7 +543,7 @@ void k3_spine_close(k3_spine *sp) {
         if (sp->files[f].fd >= 0) close(sp->files[f].fd);
     if (sp->embed_fd >= 0) close(sp->embed_fd);
     uint64_t pinned = 0;
-    for (int u = 0; sp->units && u <= sp->n_layers; u++) {
+    for (int u = 0; sp->units && u < N_UNITS(sp); u++) {
         if (is_streamed(sp, u)) pinned += sp->units[u].pin_bytes;
         free(sp->units[u].items), free(sp->units[u].pins);
         free(sp->units[u].ext), free(sp->units[u].pin_ext);
@@ -547,9 +562,9 @@ void k3_spine_close(k3_spine *sp) {
 
 /* The unit after u in the cyclic order (spine.h). */
 static int next_unit(const k3_spine *sp, int u, bool want_head) {
-    if (u + 1 < sp->n_layers) return u + 1;
-    if (u + 1 == sp->n_layers && want_head && sp->head_streamed) return HEAD_UNIT(sp);
-    return sp->first < sp->n_layers ? sp->first : HEAD_UNIT(sp);
+    if (u + 1 < HEAD_UNIT(sp)) return u + 1;
+    if (u + 1 == HEAD_UNIT(sp) && want_head && sp->head_streamed) return HEAD_UNIT(sp);
+    return sp->first < sp->n_layers ? 2 * sp->first : HEAD_UNIT(sp);
 }
 
 /* Makes staging buffer *slot hold unit u (waiting for or doing its read) and starts reading
@@ -606,15 +621,16 @@ static int enter(k3_spine *sp, k3_spine_pass *p, int u, int *slot, k3_err *err) 
     return rc;
 }
 
-int k3_spine_layer(const k3_model *m, k3_spine_pass *p, int l, const k3_layer **out,
+int k3_spine_layer(const k3_model *m, k3_spine_pass *p, int l, int part, const k3_layer **out,
                    k3_err *err) {
     k3_spine *sp = m->spine;
-    if (!sp || !is_streamed(sp, l)) {
+    int u = 2 * l + part;
+    if (!sp || !is_streamed(sp, u)) {
         *out = &m->layers[l];
         return K3_OK;
     }
-    int s, rc = enter(sp, p, l, &s, err);
-    if (!rc) *out = &sp->views[s][l];
+    int s, rc = enter(sp, p, u, &s, err);
+    if (!rc) *out = &sp->views[s][u];
     return rc;
 }
 

@@ -5,12 +5,13 @@
  * for every layer's weights.
  *
  * Invariants:
- *  - Plan (decided once at open, src/model/spine.c plan()): the units are lm_head ("the
- *    head") and the layers. The head is resident when the budget holds it (it is read for
- *    every token that produces logits), then layers 0, 1, ... in order while they fit; the
- *    rest are streamed. The budget counts the resident units in place, the pinned copies and
- *    the two staging buffers (each as large as the largest streamed unit); a budget below that
- *    floor streams every unit and says so. The embedding is never resident under a budget: its
+ *  - Plan (decided once at open, src/model/spine.c plan()): lm_head ("the head") is resident
+ *    when the budget holds it (it is read for every token that produces logits), then layers
+ *    0, 1, ... in order while they fit; the rest are streamed. A streamed layer is read in two
+ *    units, its token mixer and its FFN, so a staging buffer holds half a layer. The budget
+ *    counts the resident layers in place, the pinned copies and the two staging buffers (each
+ *    as large as the largest streamed unit); a budget below that floor streams everything and
+ *    says so. The embedding is never resident under a budget: its
  *    row is read with pread per token (hidden_size x 2 bytes).
  *  - Resident units are used in place from the MAP_SHARED mappings, exactly as without a
  *    budget. Streamed units are never touched through the mappings (mapped pages count in
@@ -26,8 +27,8 @@
  *    norm (applied also when no logits are wanted) — are copied into anonymous memory at open.
  *  - One background thread per engine reads the next streamed unit while the current one
  *    computes; nothing is allocated and no thread is created per token. The order is cyclic:
- *    after the last streamed layer comes the head (when the pass wants logits and the head is
- *    streamed), then the first streamed layer of the next pass.
+ *    mixer and FFN of each streamed layer, then the head (when the pass wants logits and the
+ *    head is streamed), then the first streamed layer of the next pass.
  *  - Sessions may share the engine from several threads: a pass holds the spine's section
  *    lock from its first streamed unit until k3_spine_end, so one pass at a time runs through
  *    the streamed part (resident layers run concurrently).
@@ -60,11 +61,15 @@ int k3_spine_open(k3_model *m, const k3_checkpoint *ck, const k3_pack *pack,
                   uint64_t budget_bytes, k3_spine **out, k3_err *err);
 void k3_spine_close(k3_spine *sp);
 
-/* Layer l's weights for this pass: &m->layers[l] when resident (or m->spine is NULL: no
- * budget), else the staging buffer's view (waiting for its read, or reading it now). Valid
- * until the next k3_spine_layer / k3_spine_head / k3_spine_end of this pass.
+enum { K3_SPINE_MIXER = 0, K3_SPINE_FFN = 1 }; /* the two halves of a layer */
+
+/* Layer l's weights for one half of it (part: its token mixer with input_layernorm, or its FFN
+ * with post_attention_layernorm) for this pass: &m->layers[l] when resident (or m->spine is
+ * NULL: no budget), else a staging buffer's view (waiting for its read, or reading it now)
+ * whose other half is cleared. Ask for the mixer, then the FFN. Valid until the next
+ * k3_spine_layer / k3_spine_head / k3_spine_end of this pass.
  * Errors: K3_ERR_IO (the read failed; see the header). */
-int k3_spine_layer(const k3_model *m, k3_spine_pass *p, int l, const k3_layer **out,
+int k3_spine_layer(const k3_model *m, k3_spine_pass *p, int l, int part, const k3_layer **out,
                    k3_err *err);
 /* lm_head [vocab, hidden] for this pass, as k3_spine_layer. */
 int k3_spine_head(const k3_model *m, k3_spine_pass *p, const k3_mat **out, k3_err *err);
