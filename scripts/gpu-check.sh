@@ -13,7 +13,9 @@
 #   scripts/gpu-check.sh run       # on the GPU machine: uses .gpu/ when present, else builds
 #
 # Environment: K3_SHARED (default ../shared), K3_SCRATCH (default /dev/shm when it has 20 GB
-# free, else /tmp), SKIP_WIDE=1, SKIP_BENCH=1, K3_PREBUILT=1 (prepare: stage build-cuda as is).
+# free, else /tmp), SKIP_WIDE=1, SKIP_BENCH=1, SKIP_STREAM=1 (the streamed-spine decode run,
+# last), K3_DEADLINE (seconds for the whole run, default 560), K3_PREBUILT=1 (prepare: stage
+# build-cuda as is).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 
@@ -113,6 +115,15 @@ run() {
         echo "== 7. k3-wide SKIPPED (no generator at $SHARED/tools, no numpy, SKIP_WIDE=1 or no time left)"
     fi
 
+    local streamed="SKIPPED"
+    if [ "${SKIP_STREAM:-0}" != 1 ] && [ -f "$SCR/k3-synth/config.json" ] && [ "$(left)" -gt 60 ]; then
+        echo "== 8. decode with a streamed spine (K3_GPU_LAYERS=0: every layer uploaded per token)"
+        K3_GPU_LAYERS=0 timeout "$(left)" "$K3" bench-gpu "$SCR/k3-synth" --tokens 8 --warmup 8 \
+            --reps 3 > "$OUT/bench_streamed.txt" 2>&1
+        streamed="exit $?"
+        grep -E 'streamed|resident|^[0-9]+ |K3 extrapolated|wall clock' "$OUT/bench_streamed.txt" | tail -12
+    fi
+
     echo
     echo "================ summary ================"
     cat "$OUT/machine.txt"
@@ -122,7 +133,9 @@ run() {
     echo "memcheck (nano):      $memcheck"
     echo "k3-wide on the GPU:   $wide"
     echo "synthetic greedy:     CPU vs GPU $greedy"
+    echo "streamed spine bench: $streamed"
     [ -f "$OUT/bench.txt" ] && grep -E 'copy D2D|q/k/v/g|o_proj|lm_head|mxfp4|int8|KDA heads|MLA att|^KDA|^MLA|K3 extrapolated|wall clock' "$OUT/bench.txt"
+    [ -f "$OUT/bench_streamed.txt" ] && grep -E 'K3 extrapolated|wall clock' "$OUT/bench_streamed.txt" | sed 's/^/streamed: /'
 }
 
 case "${1:-run}" in

@@ -40,8 +40,10 @@ typedef struct gpu_layer {
 typedef struct expert_cache {
     int n_slots, n_experts;  /* slots; experts per layer (E) */
     uint64_t slot_bytes;
-    uint64_t off[6];         /* w1 packed, w1 scale, w3 packed, w3 scale, w2 packed, w2 scale */
-    uint8_t *dev;            /* n_slots × slot_bytes */
+    uint64_t off[7];         /* w1 packed, w1 scale, w3 packed, w3 scale, w2 packed, w2 scale,
+                              * the prepared slot's flag word (kern.h) */
+    uint8_t *dev;            /* n_slots × slot_bytes, then one more: the upload staging slot,
+                              * from which k3k_experts_prepare re-lays an expert into its slot */
     int *slot_of;            /* [layers × E]: slot holding (layer, expert), or -1 */
     int *key;                /* [n_slots]: layer × E + expert, or -1 when empty */
     uint64_t *stamp, tick;   /* last use (LRU) */
@@ -60,7 +62,6 @@ typedef struct scratch {
 struct k3_gpu {
     const k3_model *m;
     int profile;                          /* 1: per-layer device events (K3_GPU_PROFILE) */
-    int experts_variant;                  /* K3K_EXPERTS_* (kern.h): AUTO unless K3_GPU_EXPERTS */
     pthread_mutex_t mu;
     cudaStream_t cs, us, es, rs;          /* compute, spine uploads, expert uploads, router */
     cudaEvent_t ready[2], freed[2], routed, normed;
@@ -299,14 +300,15 @@ static int default_ctx(const k3_config *c) {
     return c->max_position_embeddings < 4096 ? c->max_position_embeddings : 4096;
 }
 
-/* Slot layout of one routed expert: w1, w3 ([inter, latent]) and w2 ([latent, inter]). */
+/* Slot layout of one routed expert: w1, w3 ([inter, latent]) and w2 ([latent, inter]), then
+ * the flag word of the prepared layout. */
 static void expert_layout(const k3_config *c, expert_cache *ec) {
     uint64_t packed = (uint64_t)c->moe_intermediate_size * c->routed_expert_hidden_size / 2;
     uint64_t scale = (uint64_t)c->moe_intermediate_size * c->routed_expert_hidden_size / 32;
     uint64_t off = 0;
-    for (int i = 0; i < 6; i++) {
+    for (int i = 0; i < 7; i++) {
         ec->off[i] = off;
-        off += align_up(i % 2 ? scale : packed);
+        off += align_up(i == 6 ? 4 : i % 2 ? scale : packed);
     }
     ec->slot_bytes = off;
     ec->n_experts = c->num_experts;
@@ -350,7 +352,8 @@ static int make_plan(k3_gpu *g, const k3_gpu_opts *o, plan *p, k3_err *err) {
     int n_moe = 0;
     for (int l = 0; l < L; l++) n_moe += m->layers[l].is_moe;
     uint64_t all_experts = (uint64_t)n_moe * c->num_experts;
-    uint64_t min_cache = n_moe ? (uint64_t)c->num_experts_per_token * g->ec.slot_bytes : 0;
+    /* top-k slots and the upload staging slot */
+    uint64_t min_cache = n_moe ? ((uint64_t)c->num_experts_per_token + 1) * g->ec.slot_bytes : 0;
     uint64_t fixed = p->head + p->scratch + p->state;
     if (fixed + min_cache > p->budget)
         return k3_fail(err, K3_ERR_DEVICE, "a device budget of %.3g GB cannot hold the head "
@@ -381,9 +384,10 @@ static int make_plan(k3_gpu *g, const k3_gpu_opts *o, plan *p, k3_err *err) {
     }
     uint64_t left = p->budget - fixed - p->staging - p->resident;
     uint64_t slots = g->ec.slot_bytes ? left / g->ec.slot_bytes : 0;
+    slots = slots > 0 ? slots - 1 : 0; /* the staging slot */
     if (slots > all_experts) slots = all_experts;
     if (o->expert_slots > 0) {
-        if ((uint64_t)o->expert_slots * g->ec.slot_bytes > left)
+        if (((uint64_t)o->expert_slots + 1) * g->ec.slot_bytes > left)
             return k3_fail(err, K3_ERR_USAGE, "%d expert slots exceed the device budget",
                            o->expert_slots);
         slots = (uint64_t)o->expert_slots;
@@ -392,7 +396,7 @@ static int make_plan(k3_gpu *g, const k3_gpu_opts *o, plan *p, k3_err *err) {
                            "slots, got %d", c->num_experts_per_token, o->expert_slots);
     }
     p->n_slots = n_moe ? (int)slots : 0;
-    p->cache = (uint64_t)p->n_slots * g->ec.slot_bytes;
+    p->cache = p->n_slots ? ((uint64_t)p->n_slots + 1) * g->ec.slot_bytes : 0;
     p->all_experts = (int)all_experts;
     return K3_OK;
 }
@@ -428,7 +432,7 @@ static int alloc_cache(k3_gpu *g, int n_slots, k3_err *err) {
     int L = g->m->cfg.num_hidden_layers;
     ec->n_slots = n_slots;
     if (!n_slots) return K3_OK;
-    CK(cudaMalloc((void **)&ec->dev, (size_t)n_slots * ec->slot_bytes));
+    CK(cudaMalloc((void **)&ec->dev, ((size_t)n_slots + 1) * ec->slot_bytes));
     ec->slot_of = malloc((size_t)L * ec->n_experts * sizeof *ec->slot_of);
     ec->key = malloc((size_t)n_slots * sizeof *ec->key);
     ec->stamp = calloc((size_t)n_slots, sizeof *ec->stamp);
@@ -500,10 +504,6 @@ int k3_gpu_open(const k3_model *m, const k3_gpu_opts *o, k3_gpu **out, char *lin
     int L = c->num_hidden_layers;
     g->m = m;
     g->profile = o->profile;
-    const char *ev = getenv("K3_GPU_EXPERTS"); /* the experts kernels' schedule (kern.h) */
-    g->experts_variant = ev && !strcmp(ev, "tile") ? K3K_EXPERTS_TILE
-                         : ev && !strcmp(ev, "persistent") ? K3K_EXPERTS_PERSISTENT
-                                                           : K3K_EXPERTS_AUTO;
     g->max_blocks = (L + c->attn_res_block_size - 1) / c->attn_res_block_size + 1;
     pthread_mutex_init(&g->mu, NULL);
     g->layers = calloc((size_t)L, sizeof *g->layers);
@@ -765,17 +765,34 @@ static int victim(expert_cache *ec) {
     return best;
 }
 
+/* The kernels' slot description with every offset but no bases (n = 0). */
+static k3k_experts expert_desc(const k3_gpu *g) {
+    const k3_config *c = &g->m->cfg;
+    const expert_cache *ec = &g->ec;
+    return (k3k_experts){.inter = c->moe_intermediate_size,
+                         .latent = c->routed_expert_hidden_size,
+                         .off_w1p = ec->off[0], .off_w1s = ec->off[1], .off_w3p = ec->off[2],
+                         .off_w3s = ec->off[3], .off_w2p = ec->off[4], .off_w2s = ec->off[5],
+                         .off_flag = ec->off[6]};
+}
+
+/* Copies one expert's tensors into the staging slot and prepares them into `slot` (on the
+ * expert stream; the caller synchronizes it before the store may reuse the host bytes and
+ * before the next upload reuses the staging slot). */
 static int upload_expert(k3_gpu *g, int slot, const k3_expert *ex, k3_err *err) {
     expert_cache *ec = &g->ec;
     uint8_t *base = ec->dev + (size_t)slot * ec->slot_bytes;
+    uint8_t *stage = ec->dev + (size_t)ec->n_slots * ec->slot_bytes;
     const k3_mxfp4 *mats[3] = {&ex->w1, &ex->w3, &ex->w2};
     for (int i = 0; i < 3; i++) {
         uint64_t np = (uint64_t)mats[i]->rows * (uint64_t)mats[i]->cols / 2;
         uint64_t ns = (uint64_t)mats[i]->rows * (uint64_t)mats[i]->cols / 32;
-        CK(cudaMemcpyAsync(base + ec->off[2 * i], mats[i]->packed, np, cudaMemcpyHostToDevice, g->es));
-        CK(cudaMemcpyAsync(base + ec->off[2 * i + 1], mats[i]->scale, ns, cudaMemcpyHostToDevice, g->es));
+        CK(cudaMemcpyAsync(stage + ec->off[2 * i], mats[i]->packed, np, cudaMemcpyHostToDevice, g->es));
+        CK(cudaMemcpyAsync(stage + ec->off[2 * i + 1], mats[i]->scale, ns, cudaMemcpyHostToDevice, g->es));
         ec->bytes_up += np + ns;
     }
+    k3k_experts d = expert_desc(g);
+    CK(k3k_experts_prepare(&d, stage, base, g->es));
     return K3_OK;
 }
 
@@ -862,11 +879,9 @@ static int moe_forward(k3_gpu *g, k3_state *st, const k3_layer *L, int layer, in
     int rc = place_experts(g, st, layer, g->h_ids, K, slots, err);
     if (rc) return rc;
     CK(cudaStreamWaitEvent(g->cs, g->routed, 0)); /* the weights d->w */
-    k3k_experts ex = {.n = K, .inter = c->moe_intermediate_size, .latent = lat,
-                      .variant = g->experts_variant};
+    k3k_experts ex = expert_desc(g);
     expert_cache *ec = &g->ec;
-    ex.off_w1p = ec->off[0], ex.off_w1s = ec->off[1], ex.off_w3p = ec->off[2];
-    ex.off_w3s = ec->off[3], ex.off_w2p = ec->off[4], ex.off_w2s = ec->off[5];
+    ex.n = K;
     for (int j = 0; j < K; j++) ex.base[j] = ec->dev + (size_t)slots[j] * ec->slot_bytes;
     CK(k3k_experts_gate_up(&ex, d->lat, c->situ_beta, c->situ_linear_beta, d->h, g->cs));
     CK(k3k_experts_down(&ex, d->h, d->eo, g->cs));

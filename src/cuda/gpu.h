@@ -11,7 +11,9 @@
  *    token into two staging buffers on their own stream, each upload overlapping the
  *    previous layer's compute (double buffering, ordered by events). The rest of the budget
  *    is the GPU expert cache: equal slots, one routed expert (w1, w3, w2 with their scales)
- *    each, LRU eviction, never evicting an expert of the layer being computed.
+ *    each, LRU eviction, never evicting an expert of the layer being computed, plus one
+ *    staging slot: an upload lands there as in the checkpoint and k3k_experts_prepare re-lays
+ *    it into its slot in the experts kernels' own layout (same bytes, kern.h).
  *  - Routed experts reach the device only through the expert store (src/store): per MoE
  *    layer the router runs on the device, its top-k ids come back to the host, the experts
  *    already on the device are hits, and only the misses are asked of the store

@@ -2,9 +2,11 @@
  *
  * Invariants (the CPU contract of src/kernels/kernels.h, carried to the device):
  *  - Activations are float32. BF16 weights are widened exactly (bits << 16); MXFP4 experts
- *    are decoded exactly (E2M1 table times the group's E8M0 power of two, spec §10.4); the
- *    int8 spine (NOT exact, opt-in) is q · row scale as on the CPU. No weight is ever
- *    converted to a lower precision and no activation is quantized.
+ *    are decoded exactly (each E2M1 code is a BF16 times 2^-126, the group's E8M0 power of
+ *    two applied to the group's sum, spec §10.4) and multiplied on the tensor cores with x
+ *    split exactly into three BF16 parts (products exact, sums in f32); the int8 spine (NOT
+ *    exact, opt-in) is q · row scale as on the CPU. No weight is ever converted to a lower
+ *    precision and no activation is quantized.
  *  - Products and reductions are summed in a different (parallel) order than the CPU's
  *    ascending loop, so results differ from the scalar path by float32 rounding only.
  *    Element-wise recurrences that the CPU keeps exact on every path (the KDA delta rule,
@@ -44,20 +46,17 @@ typedef struct k3k_mat {
 #define K3K_MAX_RES 64
 
 /* One launch's routed experts: slot base addresses in device memory, the tensors at fixed
- * offsets from each base (the expert cache's slot layout, gpu.c). Passed by value. */
+ * offsets from each base (the expert cache's slot layout, gpu.c), each slot PREPARED by
+ * k3k_experts_prepare (the kernels' own layout of the same bytes). Passed by value. Offsets
+ * of every tensor and of the flag word (which has 16 bytes of room) 16-byte aligned. */
 typedef struct k3k_experts {
     int n;                                 /* experts, <= K3K_MAX_EXPERTS */
-    int inter, latent;                     /* moe_intermediate_size, routed_expert_hidden_size */
+    int inter, latent;                     /* moe_intermediate_size, routed_expert_hidden_size,
+                                            * multiples of 32 */
     uint64_t off_w1p, off_w1s, off_w3p, off_w3s, off_w2p, off_w2s; /* bytes from a base */
-    int variant;                           /* K3K_EXPERTS_*: the same sums, two schedules */
+    uint64_t off_flag;                     /* a uint32 written by k3k_experts_prepare */
     const uint8_t *base[K3K_MAX_EXPERTS];
 } k3k_experts;
-
-/* The experts kernels' schedules (bit-identical results): TILE, one block per 32 rows of one
- * expert; PERSISTENT, one block per SM slot over a contiguous range of all experts' rows with
- * the next rows' loads in flight during the arithmetic; AUTO, the faster one measured on an
- * H200 for each (gate+up: TILE, down: PERSISTENT; BENCHMARKS.md). */
-enum { K3K_EXPERTS_AUTO = 0, K3K_EXPERTS_TILE = 1, K3K_EXPERTS_PERSISTENT = 2 };
 
 /* y[rows] = W x (spec §2.3), x [cols]. */
 cudaError_t k3k_matvec(const k3k_mat *w, const float *x, float *y, cudaStream_t stream);
@@ -70,11 +69,22 @@ cudaError_t k3k_matvec(const k3k_mat *w, const float *x, float *y, cudaStream_t 
 cudaError_t k3k_matvec_multi(const k3k_mat *const *w, float *const *y, int n, const float *x,
                              cudaStream_t stream);
 
+/* Prepares one expert for the kernels below: src holds its tensors as in the checkpoint (w1,
+ * w3 [inter, latent], w2 [latent, inter]: packed nibbles, low nibble the even column, and one
+ * E8M0 byte per row and 32 columns) at ex's offsets; dst (a slot, same offsets, not src)
+ * receives the same bytes re-laid out in mma fragment order (kernels.cu, mx_prepare_k), and
+ * the flag word whether any scale byte is 0 or 255 (those experts take an exact but slower
+ * scale decode). ex->n and ex->base are not used. */
+cudaError_t k3k_experts_prepare(const k3k_experts *ex, const uint8_t *src, uint8_t *dst,
+                                cudaStream_t stream);
+
 /* The routed experts of one MoE layer, gate and up with SiTU (spec §8.1, §8.3):
  * h[j][r] = SiTU(W1_j z, W3_j z)[r] for j < ex->n, r < inter; z [latent], h [n][inter]. */
 cudaError_t k3k_experts_gate_up(const k3k_experts *ex, const float *z, float beta,
                                 float linear_beta, float *h, cudaStream_t stream);
-/* Their down projections: out[j] = W2_j h[j], h [n][inter], out [n][latent]. */
+/* Their down projections: out[j] = W2_j h[j], h [n][inter], out [n][latent].
+ * Both: slots prepared by k3k_experts_prepare, z and h 8-byte aligned; cudaErrorInvalidValue
+ * otherwise. One launch each, on the tensor cores (kernels.cu, "MXFP4 experts"). */
 cudaError_t k3k_experts_down(const k3k_experts *ex, const float *h, float *out,
                              cudaStream_t stream);
 

@@ -2,23 +2,20 @@
 //
 // Decode-shape products are memory-bound: a BF16 row is read once, 16 bytes per lane per
 // load, four loads in flight, one warp (or, for short matrices, several) per row. The MXFP4
-// experts keep the input vector in registers ("x-stationary"): each thread owns one
-// 32-column group (one 16-byte load of nibbles plus its E8M0 byte) and walks rows, so x is
-// read once per block, not once per row; each packed byte is decoded to its two E2M1 values
-// by one lookup in a conflict-free shared table, and the group's power-of-two scale is
-// applied to the group's sum, which is exact (a power of two commutes with rounding, barring
-// under/overflow). Measured speeds and what limits them: BENCHMARKS.md.
+// experts run on the tensor cores with exact BF16 operands (weights decoded in registers from
+// a layout prepared once per expert, x split into three BF16 parts; see "MXFP4 experts"
+// below), because decoding 4-bit weights for f32 FMAs costs more instructions than the memory
+// system leaves time for. Measured speeds and what limits them: BENCHMARKS.md.
 #include "kern.h"
 
+#include <cuda_bf16.h>
+#include <float.h>
 #include <cuda_runtime.h>
 #include <math.h>
 
 namespace {
 
 constexpr unsigned FULL = 0xffffffffu;
-
-__constant__ float E2M1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
-                               -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
@@ -259,259 +256,447 @@ cudaError_t launch_matvec(const k3k_mat *w, const float *x, float *y, cudaStream
 }
 
 // ---- MXFP4 experts --------------------------------------------------------------------
+//
+// The products run on the tensor cores (mma.sync m16n8k16, BF16 operands, f32 accumulators)
+// and stay exact up to the summation order:
+//  - Weights: every E2M1 code is exactly a BF16 once its bits are put in place — magnitude
+//    (e1 e0 m) at bits 8..6 (the exponent's two low bits and the mantissa's top bit) and the
+//    sign at bit 15 — which is the code's value times 2^-126 (e = 0, m = 1 lands on the BF16
+//    subnormal 2^-127 = 0.5 · 2^-126). The expert cache re-lays every expert out once, at
+//    upload (k3k_experts_prepare), so that a lane's 16-byte load holds exactly its mma
+//    fragments and three shifts and six ANDs/ORs decode 8 weights (mx_decode).
+//  - Activations: x · 2^S (S chosen per vector from max|x|, exact) is split exactly into three
+//    BF16 parts x1 + x2 + x3 (8 + 8 + 8 significant bits), the three columns of the mma's
+//    8-column B operand. Products of BF16s are exact in the tensor cores; only the sums round.
+//  - Each 32-column group's mma sum is multiplied by its E8M0 scale (a power of two) and
+//    added to the row's f32 sum; the row's total is scaled back by 2^(126 - S) (exact).
+// So a result differs from the scalar CPU sum by f32 rounding in another order, barring
+// under/overflow of the scaled partial sums (|y| / max|x| ≥ ~2^120, or x elements below
+// max|x| · 2^-109, whose products flush).
 
-constexpr int MX_THREADS = 128; // 4 warps; thread t owns column groups t, t + 128, ...
-constexpr int MX_CHUNK = 32;    // rows reduced across the warps per shared-memory round
+constexpr uint32_t MX_MAG = 0x01C001C0u, MX_SGN = 0x80008000u;
 
-// The decode table: for every packed byte e, the pair (E2M1[e & 15], E2M1[e >> 4]) = (even,
-// odd column), in 16 copies interleaved so that copy s sits in banks 2s and 2s + 1: lane l
-// reads copy l % 16, so the 16 lanes of a half-warp never share a bank whatever bytes they
-// look up (one conflict-free 8-byte load decodes two nibbles). 256 × 16 × 8 = 32 KB.
-constexpr int MX_SLOTS = 16;
-
-__device__ void mx_table_init(float2 *tab) {
-    for (int i = threadIdx.x; i < 256 * MX_SLOTS; i += blockDim.x) {
-        const int e = i / MX_SLOTS;
-        tab[i] = make_float2(E2M1[e & 15], E2M1[e >> 4]);
-    }
+// One prepared word (8 weights: per 16-bit half, magnitudes at bits 0-2, 3-5, 6-8, 9-11 and
+// their signs at 13, 12, 15, 14) into the four BF16x2 fragment registers a[0..3].
+__device__ __forceinline__ void mx_decode(uint32_t w, uint32_t (&a)[4]) {
+    a[0] = ((w << 6) & MX_MAG) | ((w << 2) & MX_SGN);
+    a[1] = (w << 3) & (MX_MAG | MX_SGN);
+    a[2] = w & (MX_MAG | MX_SGN);
+    a[3] = ((w >> 3) & MX_MAG) | ((w << 1) & MX_SGN);
 }
 
-// Σ over one 32-column group: E2M1(nibble) · x, without the group scale. p holds the 16
-// packed bytes (the low nibble is the even column), xr the 32 x values; lane8 = 8 · (lane % 16)
-// selects the lane's copy of the table. Per byte: a shift and a mask-or form the table offset
-// (128 · byte + lane8), one 8-byte shared load, two FMAs; four accumulators keep the FMA
-// chains short.
-__device__ __forceinline__ float mx_group(uint4 p, const float *xr, const float2 *tab,
-                                          uint32_t lane8) {
-    const uint32_t pw[4] = {p.x, p.y, p.z, p.w};
-    const char *t = reinterpret_cast<const char *>(tab);
-    float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-    for (int q = 0; q < 4; q++) {
-        const uint32_t v = pw[q];
-#pragma unroll
-        for (int b = 0; b < 4; b++) {
-            const uint32_t off = ((b ? v >> (8 * b - 7) : v << 7) & 0x7f80u) | lane8;
-            const float2 f = *reinterpret_cast<const float2 *>(t + off);
-            a[(b & 1) * 2] = fmaf(f.x, xr[8 * q + 2 * b], a[(b & 1) * 2]);
-            a[(b & 1) * 2 + 1] = fmaf(f.y, xr[8 * q + 2 * b + 1], a[(b & 1) * 2 + 1]);
-        }
-    }
-    return (a[0] + a[1]) + (a[2] + a[3]);
+// d = A·B + d for one 16×16 weight slice A and B = x's three BF16 parts (columns 0-2).
+__device__ __forceinline__ void mx_mma(float (&d)[4], const uint32_t (&a)[4], uint2 b) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.x), "r"(b.y));
 }
 
-// x [cols] slice of group g into registers (zeros past the last group).
-__device__ __forceinline__ void load_x32(const float *__restrict__ x, int g, int ng, float *xr) {
-    if (g >= ng) {
-#pragma unroll
-        for (int i = 0; i < 32; i++) xr[i] = 0.0f;
+// Byte b of a prepared scale word as 2^(E - 127). Fast: E << 23, right for 1 <= E <= 254;
+// an expert with a scale byte 0 or 255 is flagged at preparation and takes the exact decode.
+template <bool EXACT>
+__device__ __forceinline__ float mx_scale(uint32_t sw, int b) {
+    const uint32_t e = (sw >> (8 * b)) & 0xffu;
+    return EXACT ? e8m0f(e) : __uint_as_float(e << 23);
+}
+
+// One 32-column group of one lane's 16-row tile: words w0, w1 (its two 16-column slices), B
+// fragments b0, b1 of the same slices, the scale bytes for rows g and g + 8 at sb, sb + 1.
+template <bool EXACT>
+__device__ __forceinline__ void mx_group(uint32_t w0, uint32_t w1, uint2 b0, uint2 b1,
+                                         uint32_t sw, int sb, float (&acc)[4]) {
+    uint32_t a[4];
+    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    mx_decode(w0, a);
+    mx_mma(d, a, b0);
+    mx_decode(w1, a);
+    mx_mma(d, a, b1);
+    const float s0 = mx_scale<EXACT>(sw, sb), s1 = mx_scale<EXACT>(sw, sb + 1);
+    acc[0] = fmaf(d[0], s0, acc[0]);
+    acc[1] = fmaf(d[1], s0, acc[1]);
+    acc[2] = fmaf(d[2], s1, acc[2]);
+    acc[3] = fmaf(d[3], s1, acc[3]);
+}
+
+// The three BF16 parts of v (bits), exact for finite v (each remainder is exact in f32 and
+// the last has at most 8 significant bits). Non-finite v: v itself, then zeros.
+__device__ __forceinline__ void mx_split(float v, uint32_t (&p)[3]) {
+    p[0] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
+    if (!(fabsf(v) <= FLT_MAX)) {
+        p[1] = p[2] = 0;
         return;
     }
-    const float4 *x4 = reinterpret_cast<const float4 *>(x + (size_t)g * 32);
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        const float4 a = __ldg(x4 + i);
-        xr[4 * i] = a.x, xr[4 * i + 1] = a.y, xr[4 * i + 2] = a.z, xr[4 * i + 3] = a.w;
-    }
+    const float r = __fsub_rn(v, __uint_as_float(p[0] << 16));
+    p[1] = __bfloat16_as_ushort(__float2bfloat16_rn(r));
+    p[2] = __bfloat16_as_ushort(__float2bfloat16_rn(__fsub_rn(r, __uint_as_float(p[1] << 16))));
 }
 
-// The routed experts of a layer as one list of rows (expert j's row r is row j·rows + r of
-// the output). A persistent grid: block b takes a contiguous range of those rows, so the work
-// is even to within one row and x is (re)loaded only when the range enters another expert.
-// Each step computes two rows of the same expert (GU: their gate (w1) and up (w3) rows, then
-// SiTU) while the next step's 16-byte loads are already in flight (software pipelining:
-// without it every warp waits for memory, then computes, and the two never overlap).
-template <int G, bool GU>
-__global__ void __launch_bounds__(MX_THREADS)
-experts_k(const k3k_experts ex, const float *__restrict__ x, float beta, float lb,
-          float *__restrict__ out) {
+// Stages x [cols] as B fragments: Bs[s·12 + lane] for k-slice s and lanes 0-11 (lane 4n + c
+// holds part n of columns 16s + 2c, +1 and 16s + 2c + 8, +9; lanes 12-31 read those of lanes
+// 0-11 as B columns 3-7, which no result reads). Returns S
+// (x is taken as x · 2^S, max|x| · 2^S in [2^125, 2^126); S = 0 for zero or non-finite x).
+// Ends with a barrier; the caller guarantees that no warp still reads Bs.
+__device__ int mx_stage(const float *__restrict__ x, int cols, uint2 *Bs, float *red) {
+    // entry e = (slice e / 4, c = e % 4): x[k], x[k + 1], x[k + 8], x[k + 9], k = 16 (e / 4) + 2c;
+    // up to ME entries per thread are read once into registers (one trip to memory)
+    constexpr int ME = 4;
+    const int ne = cols / 4;
+    const bool held = ne <= ME * (int)blockDim.x;
+    float2 v[ME][2];
+    float m = 0.0f;
+    auto upd = [&](float f) { f = fabsf(f); m = f <= FLT_MAX ? fmaxf(m, f) : INFINITY; };
+    if (held) {
+#pragma unroll
+        for (int i = 0; i < ME; i++) {
+            const int e = threadIdx.x + i * blockDim.x, k = 16 * (e >> 2) + 2 * (e & 3);
+            if (e >= ne) break;
+            v[i][0] = *reinterpret_cast<const float2 *>(x + k);
+            v[i][1] = *reinterpret_cast<const float2 *>(x + k + 8);
+            upd(v[i][0].x), upd(v[i][0].y), upd(v[i][1].x), upd(v[i][1].y); // NaN: non-finite
+        }
+    } else {
+        for (int i = threadIdx.x; i < cols; i += blockDim.x) upd(x[i]);
+    }
+    m = block_max(m, red);
+    const int S = m > 0.0f && m <= FLT_MAX ? 125 - ilogbf(m) : 0; // -2 <= S <= 274
+    // 2^S as three exact factors (each product exact: |x| · 2^S < 2^126, and magnitudes grow)
+    const int a = S < 127 ? S : 127, b = S - a < 127 ? S - a : 127, c3 = S - a - b;
+    const float f1 = __uint_as_float((uint32_t)(a + 127) << 23);
+    const float f2 = __uint_as_float((uint32_t)(b + 127) << 23);
+    const float f3 = __uint_as_float((uint32_t)(c3 + 127) << 23);
+    auto sc = [&](float f) { return __fmul_rn(__fmul_rn(__fmul_rn(f, f1), f2), f3); };
+    auto put = [&](int e, float2 lo, float2 hi) {
+        uint32_t p[4][3];
+        mx_split(sc(lo.x), p[0]);
+        mx_split(sc(lo.y), p[1]);
+        mx_split(sc(hi.x), p[2]);
+        mx_split(sc(hi.y), p[3]);
+#pragma unroll
+        for (int n = 0; n < 3; n++)
+            Bs[(e >> 2) * 12 + 4 * n + (e & 3)] =
+                make_uint2(p[0][n] | p[1][n] << 16, p[2][n] | p[3][n] << 16);
+    };
+    if (held) {
+#pragma unroll
+        for (int i = 0; i < ME; i++) {
+            const int e = threadIdx.x + i * blockDim.x;
+            if (e >= ne) break;
+            put(e, v[i][0], v[i][1]);
+        }
+    } else {
+        for (int e = threadIdx.x; e < ne; e += blockDim.x) {
+            const int k = 16 * (e >> 2) + 2 * (e & 3);
+            put(e, make_float2(x[k], x[k + 1]), make_float2(x[k + 8], x[k + 9]));
+        }
+    }
+    __syncthreads();
+    return S;
+}
+
+template <bool E> struct mx_exact { static constexpr bool value = E; };
+
+// The bulk copy engine (TMA, sm_90): one lane copies a contiguous block of global memory
+// (16-byte aligned, a multiple of 16 bytes) into shared memory; the copy completes on an
+// mbarrier as a transaction count, which the warp's lanes wait for (phase parity).
+__device__ __forceinline__ uint32_t smem_u32(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void mbar_init(uint64_t *bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t *bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)),
+                 "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bulk_copy(void *dst, const void *src, uint32_t bytes,
+                                          uint64_t *bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], "
+                 "%2, [%3];\n" ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar))
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) {
+    asm volatile("{\n.reg .pred p;\nW%=:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra W%=;\n}\n" ::"r"(smem_u32(bar)), "r"(parity) : "memory");
+}
+
+// The prepared layout (k3k_experts_prepare). Unit: one 16-row tile × one 32-column group of one
+// matrix = 256 bytes of nibbles + 16 scale bytes. A chunk = two groups (the last chunk of a
+// row may hold one): its nibbles (512 bytes: lane l's 16 at 16 l, group 2c's two words then
+// 2c + 1's; a one-group chunk: lane l's 8 at 8 l) followed by its scales (32 bytes: [g][group
+// 2c: rows g, g + 8; group 2c + 1: rows g, g + 8]; one group: [g][2]). Word q of a lane holds
+// its 16-column slice q of the group in mma fragment order (rows g = l/4 and g + 8, columns
+// 2c, 2c + 1 and 2c + 8, 2c + 9 for c = l % 4; bit positions as mx_decode reads them).
+// Gate+up: w1's and w3's chunks alternate (w1 chunk c, w3 chunk c, w1 chunk c + 1, ...) in
+// the region from off_w1p (whose size is that of w1p, w1s, w3p and w3s together); tile t
+// starts at t · ng · 544. Down: w2's chunks in order from off_w2p; tile t at t · ng · 272.
+// So a warp's columns of one tile (gate+up: of both matrices) are one contiguous block.
+constexpr int MX_STEP = 1088; // bytes of one pipeline step: gate+up, one chunk of w1 and of w3;
+                              // down, two chunks of w2
+
+// The routed experts of a layer as one list of row tiles ("items": expert j's 16-row tile t is
+// item j · tiles + t; GU: its w1 and w3 tiles together, then SiTU). A persistent grid: block b
+// takes a contiguous range of items; its W warps split the columns (warp w: chunks
+// [w·np/W, (w+1)·np/W)), and each warp streams its contiguous block of each item through a
+// ring of D shared-memory stages of up to K steps (K · MX_STEP bytes), filled by the bulk copy
+// engine (lane 0 issues one copy per stage, D - 1 stages ahead; a copy never spans two items)
+// and awaited on one mbarrier per stage. The warps' sums meet in shared memory once per item
+// (a fixed order: deterministic). x is staged once (GU) or per expert (down). Few large copies
+// matter: with one copy per step the copy engine, not DRAM, limited the stream (BENCHMARKS.md).
+template <bool GU, int W, int D, int K>
+__global__ void __launch_bounds__(W * 32)
+experts_k(const __grid_constant__ k3k_experts ex, const float *__restrict__ x, float beta,
+          float lb, float *__restrict__ out) {
+    extern __shared__ __align__(128) uint8_t smem[];
     constexpr int NM = GU ? 2 : 1;
-    __shared__ float2 tab[256 * MX_SLOTS];
-    __shared__ float red[NM][MX_THREADS / 32][MX_CHUNK];
-    mx_table_init(tab);
+    constexpr int GB = GU ? 544 : 272; // bytes of one group (both matrices in GU)
+    __shared__ float part[2][NM][W][16];
+    __shared__ float red[32];
+    __shared__ uint64_t bar_all[W][D];
     const int rows = GU ? ex.inter : ex.latent, cols = GU ? ex.latent : ex.inter;
-    const int ng = cols / 32, total = ex.n * rows;
-    const int r0 = (int)((int64_t)total * blockIdx.x / gridDim.x);
-    const int r1 = (int)((int64_t)total * (blockIdx.x + 1) / gridDim.x);
-    const uint64_t offp[2] = {GU ? ex.off_w1p : ex.off_w2p, ex.off_w3p};
-    const uint64_t offs[2] = {GU ? ex.off_w1s : ex.off_w2s, ex.off_w3s};
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const uint32_t lane8 = (uint32_t)(lane % MX_SLOTS) * 8;
-    __syncthreads(); // the table
-    if (r0 >= r1) return; // uniform over the block
-    // rows [c0, chunk_end) are reduced together; a step never straddles a chunk or expert end
-    auto chunk_end = [&](int gr) { return min(r0 + ((gr - r0) / MX_CHUNK + 1) * MX_CHUNK, r1); };
-    auto step_len = [&](int gr) {
-        return gr + 1 < chunk_end(gr) && (gr % rows) + 1 < rows ? 2 : 1;
+    const int ng = cols / 32, np = (ng + 1) / 2, tiles = rows / 16, items = ex.n * tiles;
+    const int it0 = (int)((int64_t)items * blockIdx.x / gridDim.x);
+    const int it1 = (int)((int64_t)items * (blockIdx.x + 1) / gridDim.x);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
+    const int c_lo = warp * np / W, c_hi = (warp + 1) * np / W;
+    const int g_lo = 2 * c_lo, g_hi = min(2 * c_hi, ng); // the warp's groups
+    const int cpw = (np + W - 1) / W;
+    const int spi = GU ? cpw : (cpw + 1) / 2; // steps per item, the same in every warp
+    const int gpi = (spi + K - 1) / K;         // copies (of up to K steps) per item
+    const int total = (it1 - it0) * gpi;
+    const uint64_t region = GU ? ex.off_w1p : ex.off_w2p;
+    const size_t tile_b = (size_t)ng * GB;
+    const int wbytes = (g_hi - g_lo) * GB; // the warp's block of one item
+    uint2 *Bs = reinterpret_cast<uint2 *>(smem);
+    uint8_t *ring = smem + ((size_t)cols / 16 * 12 * sizeof(uint2) + 127) / 128 * 128 +
+                    (size_t)warp * D * K * MX_STEP;
+    uint64_t *bars = bar_all[warp];
+    if (it0 >= it1) return; // uniform over the block
+
+    // lane 0's load cursor: copy ls (steps K·ls ...) of the item of expert lj, tile lt, into
+    // stage lstage
+    int ls = 0, lj = it0 / tiles, lt = it0 - lj * tiles, lstage = 0;
+    const uint8_t *lsrc = nullptr;
+    auto issue = [&]() {
+        if (ls == 0) lsrc = ex.base[lj] + region + lt * tile_b + (size_t)g_lo * GB;
+        const int off = ls * K * MX_STEP, n = min(K * MX_STEP, wbytes - off);
+        mbar_expect_tx(bars + lstage, n > 0 ? n : 0);
+        if (n > 0) bulk_copy(ring + lstage * K * MX_STEP, lsrc + off, n, bars + lstage);
+        lstage = lstage + 1 == D ? 0 : lstage + 1;
+        if (++ls == gpi) {
+            ls = 0;
+            if (++lt == tiles) lt = 0, lj++;
+        }
     };
-    uint4 q[G][NM][2], qn[G][NM][2];
-    uint32_t sc[G][NM][2], scn[G][NM][2];
-    auto load = [&](int gr, int len, uint4 (&dq)[G][NM][2], uint32_t (&ds)[G][NM][2]) {
-        const int j = gr / rows, r = gr - j * rows;
-        const uint8_t *base = ex.base[j];
+    if (lane == 0) {
+        for (int i = 0; i < D; i++) mbar_init(bars + i);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        for (int i = 0; i < D - 1 && i < total; i++) issue();
+    }
+    __syncwarp();
+    // experts whose scales need the exact decode (k3k_experts_prepare's flag), one bit each
+    const uint64_t exact =
+        (uint64_t)__ballot_sync(FULL, lane < ex.n && *reinterpret_cast<const uint32_t *>(
+                                                          ex.base[lane] + ex.off_flag)) |
+        (uint64_t)__ballot_sync(FULL, lane + 32 < ex.n && *reinterpret_cast<const uint32_t *>(
+                                                               ex.base[lane + 32] + ex.off_flag))
+            << 32;
+
+    int ci = it0, cs = 0, cstage = 0; // the copy being computed: copy cs of item ci
+    int xj = GU ? 0 : ci / tiles;
+    int S = mx_stage(x + (size_t)xj * cols, cols, Bs, red);
+    float acc[NM][4] = {};
+    // Lanes 12-31 hold B's columns 3-7, which no result reads: they load lanes 0-11's.
+    const uint2 *bl = Bs + lane % 12;
+
+    // Step cs of the item at st: GU, one chunk of w1 (at st) and of w3; down, two chunks of w2.
+    // A chunk holds two groups (pair) or the row's odd last one.
+    auto compute = [&](const uint8_t *st, int cs, auto ex_tag) {
+        constexpr bool E = decltype(ex_tag)::value;
 #pragma unroll
-        for (int gi = 0; gi < G; gi++) {
-            const int g = threadIdx.x + gi * MX_THREADS;
-            const bool on = g < ng;
-#pragma unroll
-            for (int m = 0; m < NM; m++)
-#pragma unroll
-                for (int u = 0; u < 2; u++) {
-                    const size_t rr = (size_t)r + (len == 2 ? u : 0);
-                    dq[gi][m][u] = on ? __ldcs(reinterpret_cast<const uint4 *>(
-                                                base + offp[m] + rr * (cols / 2)) + g)
-                                      : make_uint4(0, 0, 0, 0);
-                    ds[gi][m][u] = on ? base[offs[m] + rr * ng + g] : 127u;
+        for (int u = 0; u < (GU ? 1 : 2); u++) {
+            const int gi = g_lo + (GU ? 2 * cs : 4 * cs + 2 * u), n = g_hi - gi;
+            const uint8_t *c0 = st + u * 544;
+            if (n >= 2) { // uniform
+                const uint4 q = *reinterpret_cast<const uint4 *>(c0 + lane * 16);
+                const uint32_t sw = *reinterpret_cast<const uint32_t *>(c0 + 512 + g * 4);
+                uint4 q3 = q;
+                uint32_t sw3 = sw;
+                if (GU) {
+                    q3 = *reinterpret_cast<const uint4 *>(c0 + 544 + lane * 16);
+                    sw3 = *reinterpret_cast<const uint32_t *>(c0 + 1056 + g * 4);
                 }
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const uint2 b0 = bl[(2 * gi + 2 * h) * 12], b1 = bl[(2 * gi + 2 * h + 1) * 12];
+                    mx_group<E>(h ? q.z : q.x, h ? q.w : q.y, b0, b1, sw, 2 * h, acc[0]);
+                    if (GU) mx_group<E>(h ? q3.z : q3.x, h ? q3.w : q3.y, b0, b1, sw3, 2 * h, acc[NM - 1]);
+                }
+            } else if (n == 1) {
+                const uint2 b0 = bl[2 * gi * 12], b1 = bl[(2 * gi + 1) * 12];
+                const uint2 q = *reinterpret_cast<const uint2 *>(c0 + lane * 8);
+                const uint32_t sw = *reinterpret_cast<const uint16_t *>(c0 + 256 + g * 2);
+                mx_group<E>(q.x, q.y, b0, b1, sw, 0, acc[0]);
+                if (GU) {
+                    const uint2 q3 = *reinterpret_cast<const uint2 *>(c0 + 272 + lane * 8);
+                    const uint32_t sw3 = *reinterpret_cast<const uint16_t *>(c0 + 528 + g * 2);
+                    mx_group<E>(q3.x, q3.y, b0, b1, sw3, 0, acc[NM - 1]);
+                }
+            }
         }
     };
-    float xr[G][32];
-    int xj = -1, gr = r0, len = step_len(r0), c0 = r0;
-    load(gr, len, q, sc);
-    for (;;) {
-        const int j = gr / rows, nxt = gr + len;
-        if ((GU ? 0 : j) != xj) {
-            xj = GU ? 0 : j;
-#pragma unroll
-            for (int gi = 0; gi < G; gi++)
-                load_x32(x + (size_t)xj * cols, threadIdx.x + gi * MX_THREADS, ng, xr[gi]);
-        }
-        const int nlen = nxt < r1 ? step_len(nxt) : 0;
-        if (nlen) load(nxt, nlen, qn, scn); /* in flight during the arithmetic below */
-        float acc[NM][2] = {};
-#pragma unroll
-        for (int gi = 0; gi < G; gi++) {
-            if (warp * 32 + gi * MX_THREADS >= ng) continue; /* whole warp past the row */
-#pragma unroll
-            for (int m = 0; m < NM; m++)
-#pragma unroll
-                for (int u = 0; u < 2; u++)
-                    acc[m][u] = fmaf(mx_group(q[gi][m][u], xr[gi], tab, lane8),
-                                     e8m0f(sc[gi][m][u]), acc[m][u]);
-        }
+
+    // The item is complete in every warp: row g's sum is lane 4g's columns 0 + 1 (x1, x2)
+    // plus lane 4g + 1's column 2 (x3); the warps' sums are added in warp order.
+    auto finish = [&]() {
+        const int pb = (ci - it0) & 1, c = lane & 3;
 #pragma unroll
         for (int m = 0; m < NM; m++) {
-            const float s0 = warp_sum(acc[m][0]), s1 = warp_sum(acc[m][1]);
-            if (lane == 0) {
-                red[m][warp][gr - c0] = s0;
-                if (len == 2) red[m][warp][gr - c0 + 1] = s1;
+            float r0 = c == 0 ? acc[m][0] + acc[m][1] : c == 1 ? acc[m][0] : 0.0f;
+            float r1 = c == 0 ? acc[m][2] + acc[m][3] : c == 1 ? acc[m][2] : 0.0f;
+            r0 += __shfl_xor_sync(FULL, r0, 1);
+            r1 += __shfl_xor_sync(FULL, r1, 1);
+            if (c == 0) part[pb][m][warp][g] = r0, part[pb][m][warp][g + 8] = r1;
+            acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.0f;
+        }
+        __syncthreads();
+        if (threadIdx.x < 16) {
+            const int j = ci / tiles, r = (ci - j * tiles) * 16 + threadIdx.x;
+            float s0 = 0.0f, s1 = 0.0f;
+            for (int w = 0; w < W; w++) {
+                s0 += part[pb][0][w][threadIdx.x];
+                if (GU) s1 += part[pb][NM - 1][w][threadIdx.x];
+            }
+            s0 = ldexpf(s0, 126 - S);
+            out[(size_t)j * rows + r] = GU ? situf(s0, ldexpf(s1, 126 - S), beta, lb) : s0;
+        }
+    };
+
+    uint32_t parity = 0; // of the stage's current use
+    bool cexact = (exact >> (ci / tiles)) & 1;
+    for (int s = 0; s < total; s++) {
+        if (lane == 0 && s + D - 1 < total) issue(); // into the stage used in s - 1
+        mbar_wait(bars + cstage, parity);            // copy s has landed
+        const uint8_t *st = ring + cstage * K * MX_STEP;
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            const int step = cs * K + k;
+            if (step >= spi) break;
+            if (cexact) { /* uniform: the expert has scale bytes 0 or 255 */
+                compute(st + k * MX_STEP, step, mx_exact<true>());
+            } else {
+                compute(st + k * MX_STEP, step, mx_exact<false>());
             }
         }
-        const int ce = chunk_end(gr);
-        if (nxt >= ce) { /* the chunk is complete: sum the warps' parts, write, start anew */
-            __syncthreads();
-            const int i = threadIdx.x;
-            if (i < ce - c0) {
-                float s0 = 0.0f, s1 = 0.0f;
-                for (int w = 0; w < MX_THREADS / 32; w++) {
-                    s0 += red[0][w][i];
-                    if (GU) s1 += red[NM - 1][w][i];
+        __syncwarp(); // every lane is done with the stage before it is refilled
+        if (++cstage == D) cstage = 0, parity ^= 1;
+        if (++cs == gpi) {
+            finish();
+            cs = 0;
+            if (++ci < it1) {
+                cexact = (exact >> (ci / tiles)) & 1;
+                if (!GU && ci / tiles != xj) { // every warp is past finish()'s barrier
+                    xj = ci / tiles;
+                    S = mx_stage(x + (size_t)xj * cols, cols, Bs, red);
                 }
-                out[c0 + i] = GU ? situf(s0, s1, beta, lb) : s0;
             }
-            __syncthreads();
-            c0 = ce;
         }
-        if (!nlen) break;
-        gr = nxt, len = nlen;
-#pragma unroll
-        for (int gi = 0; gi < G; gi++)
-#pragma unroll
-            for (int m = 0; m < NM; m++)
-#pragma unroll
-                for (int u = 0; u < 2; u++) q[gi][m][u] = qn[gi][m][u], sc[gi][m][u] = scn[gi][m][u];
     }
 }
 
-// The tile variant: block (t, j) computes rows [32 t, 32 t + 32) of expert j, x loaded once
-// per block; no software pipelining (many small blocks hide latency instead).
-template <int G, bool GU>
-__global__ void __launch_bounds__(MX_THREADS)
-experts_tile_k(const k3k_experts ex, const float *__restrict__ x, float beta, float lb,
-               float *__restrict__ out) {
-    constexpr int NM = GU ? 2 : 1;
-    __shared__ float2 tab[256 * MX_SLOTS];
-    __shared__ float red[NM][MX_THREADS / 32][MX_CHUNK];
-    mx_table_init(tab);
-    const int rows = GU ? ex.inter : ex.latent, cols = GU ? ex.latent : ex.inter, ng = cols / 32;
-    const int j = blockIdx.y, r0 = blockIdx.x * MX_CHUNK;
-    const uint8_t *base = ex.base[j];
-    const uint64_t offp[2] = {GU ? ex.off_w1p : ex.off_w2p, ex.off_w3p};
-    const uint64_t offs[2] = {GU ? ex.off_w1s : ex.off_w2s, ex.off_w3s};
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const uint32_t lane8 = (uint32_t)(lane % MX_SLOTS) * 8;
-    float xr[G][32];
+// Re-lays one matrix [rows, cols] (rows % 16 == 0, cols % 32 == 0) out for experts_k (the
+// layout above; d points at the matrix's region, stride/sub place its chunks: a chunk of
+// chunk bytes cb at d + t · tile_b + c · cb + sub, where sub is w3's offset after w1 in GU);
+// one thread per (16-row tile, group, lane). *flag |= 1 when a scale byte is 0 or 255 (not
+// decoded by the fast path).
+__global__ void mx_prepare_k(const uint8_t *__restrict__ sp, const uint8_t *__restrict__ ss,
+                             uint8_t *__restrict__ d, int rows, int cols, int gb, int cb,
+                             int m, uint32_t *flag) {
+    const int ng = cols / 32;
+    const int64_t n = (int64_t)(rows / 16) * ng * 32;
+    const int sg[4] = {13, 12, 15, 14};
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int lane = (int)(i & 31), g = lane >> 2, c = lane & 3;
+        const int64_t tg = i >> 5;
+        const int gi = (int)(tg % ng), t = (int)(tg / ng);
+        const bool pair = (gi | 1) < ng;
+        // the chunk: nibbles then scales; in GU, w3's part follows w1's
+        uint8_t *ch = d + (size_t)t * ng * gb + (size_t)(gi >> 1) * cb +
+                      (size_t)m * (pair ? 544 : 272);
 #pragma unroll
-    for (int gi = 0; gi < G; gi++)
-        load_x32(x + (GU ? 0 : (size_t)j * cols), threadIdx.x + gi * MX_THREADS, ng, xr[gi]);
-    __syncthreads();
-#pragma unroll 2
-    for (int rr = 0; rr < MX_CHUNK; rr++) {
-        const int r = r0 + rr;
-        float acc[NM] = {};
-        if (r < rows) {
+        for (int q = 0; q < 2; q++) {
+            uint32_t w = 0;
 #pragma unroll
-            for (int gi = 0; gi < G; gi++) {
-                const int g = threadIdx.x + gi * MX_THREADS;
-                if (warp * 32 + gi * MX_THREADS >= ng || g >= ng) continue;
+            for (int j = 0; j < 4; j++)
 #pragma unroll
-                for (int m = 0; m < NM; m++) {
-                    const uint4 q = __ldcs(reinterpret_cast<const uint4 *>(
-                                               base + offp[m] + (size_t)r * (cols / 2)) + g);
-                    const float sc = e8m0f(base[offs[m] + (size_t)r * ng + g]);
-                    acc[m] = fmaf(mx_group(q, xr[gi], tab, lane8), sc, acc[m]);
+                for (int h = 0; h < 2; h++) {
+                    const int64_t row = 16 * t + g + (j & 1) * 8;
+                    const int col = 32 * gi + 16 * q + 2 * c + h + (j >> 1) * 8;
+                    const uint32_t code = (sp[row * (cols / 2) + col / 2] >> ((col & 1) * 4)) & 15u;
+                    w |= (code & 7u) << (16 * h + 3 * j) | (code >> 3) << (16 * h + sg[j]);
                 }
+            *reinterpret_cast<uint32_t *>(ch + (pair ? lane * 16 + (gi & 1) * 8 : lane * 8) + 4 * q) = w;
+        }
+        if (c == 0)
+            for (int rr = 0; rr < 2; rr++) {
+                const uint8_t e = ss[(int64_t)(16 * t + g + 8 * rr) * ng + gi];
+                ch[pair ? 512 + g * 4 + (gi & 1) * 2 + rr : 256 + g * 2 + rr] = e;
+                if (e == 0 || e == 255) atomicOr(flag, 1u);
             }
-        }
-#pragma unroll
-        for (int m = 0; m < NM; m++) {
-            const float t = warp_sum(acc[m]);
-            if (lane == 0) red[m][warp][rr] = t;
-        }
     }
-    __syncthreads();
-    const int i = threadIdx.x;
-    if (i < MX_CHUNK && r0 + i < rows) {
-        float s0 = 0.0f, s1 = 0.0f;
-        for (int w = 0; w < MX_THREADS / 32; w++) {
-            s0 += red[0][w][i];
-            if (GU) s1 += red[NM - 1][w][i];
-        }
-        out[(size_t)j * rows + r0 + i] = GU ? situf(s0, s1, beta, lb) : s0;
-    }
+}
+
+// The tensors' regions in order and apart (the prepared layout fills w1p..w3s as one region),
+// every offset 16-byte aligned.
+bool experts_layout_ok(const k3k_experts *ex) {
+    if (ex->inter % 32 || ex->latent % 32 || ex->inter < 32 || ex->latent < 32) return false;
+    const uint64_t p = (uint64_t)ex->inter * ex->latent / 2, sc = p / 16;
+    const uint64_t o[7] = {ex->off_w1p, ex->off_w1s, ex->off_w3p, ex->off_w3s,
+                           ex->off_w2p, ex->off_w2s, ex->off_flag};
+    for (int i = 0; i < 7; i++)
+        if (o[i] % 16) return false;
+    return o[1] >= o[0] + p && o[2] >= o[1] + sc && o[3] >= o[2] + p && o[5] >= o[4] + p;
 }
 
 bool experts_ok(const k3k_experts *ex) {
-    if (ex->n < 1 || ex->n > K3K_MAX_EXPERTS || ex->inter % 32 || ex->latent % 32) return false;
+    if (ex->n < 1 || ex->n > K3K_MAX_EXPERTS || !experts_layout_ok(ex)) return false;
     for (int j = 0; j < ex->n; j++)
-        if ((uintptr_t)(ex->base[j] + ex->off_w1p) % 16 || (uintptr_t)(ex->base[j] + ex->off_w3p) % 16 ||
-            (uintptr_t)(ex->base[j] + ex->off_w2p) % 16)
-            return false;
+        if ((uintptr_t)ex->base[j] % 16) return false;
     return true;
 }
 
-// One block per SM slot the kernel's occupancy allows (at most one per row).
-template <int G, bool GU>
-cudaError_t launch_experts(const k3k_experts *ex, const float *x, float beta, float lb,
-                           float *out, cudaStream_t s) {
-    const int v = ex->variant != K3K_EXPERTS_AUTO ? ex->variant
-                  : GU ? K3K_EXPERTS_TILE : K3K_EXPERTS_PERSISTENT;
-    if (v == K3K_EXPERTS_TILE) {
-        const dim3 grid(blocks_for(GU ? ex->inter : ex->latent, MX_CHUNK), ex->n);
-        experts_tile_k<G, GU><<<grid, MX_THREADS, 0, s>>>(*ex, x, beta, lb, out);
-        return cudaGetLastError();
-    }
+// One block per SM slot the kernel's occupancy allows (at most one per item).
+template <bool GU, int W, int D, int K>
+cudaError_t launch_experts_v(const k3k_experts *ex, const float *x, float beta, float lb,
+                             float *out, cudaStream_t s) {
+    const int rows = GU ? ex->inter : ex->latent, cols = GU ? ex->latent : ex->inter;
+    const size_t smem = ((size_t)cols / 16 * 12 * sizeof(uint2) + 127) / 128 * 128 +
+                        (size_t)W * D * K * MX_STEP;
     int dev = 0, sms = 0, per_sm = 0;
-    cudaError_t e = cudaGetDevice(&dev);
+    cudaError_t e = cudaSuccess;
+    if (smem > 32 * 1024) /* with the static arrays, past the default 48 KB */
+        e = cudaFuncSetAttribute(experts_k<GU, W, D, K>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)smem);
+    if (e == cudaSuccess) e = cudaGetDevice(&dev);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
     if (e == cudaSuccess)
-        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, experts_k<G, GU>, MX_THREADS, 0);
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, experts_k<GU, W, D, K>, W * 32, smem);
     if (e != cudaSuccess) return e;
-    const int total = ex->n * (GU ? ex->inter : ex->latent);
+    const int items = ex->n * (rows / 16);
     int grid = sms * (per_sm > 0 ? per_sm : 1);
-    grid = grid < total ? grid : total;
-    experts_k<G, GU><<<grid, MX_THREADS, 0, s>>>(*ex, x, beta, lb, out);
+    grid = grid < items ? grid : items;
+    experts_k<GU, W, D, K><<<grid, W * 32, smem, s>>>(*ex, x, beta, lb, out);
     return cudaGetLastError();
+}
+
+// The schedule measured fastest on an H200 (BENCHMARKS.md): 8 warps a block, two stages of up
+// to three steps each per warp.
+template <bool GU>
+cudaError_t launch_experts(const k3k_experts *ex, const float *x, float beta, float lb,
+                           float *out, cudaStream_t s) {
+    return launch_experts_v<GU, 8, 2, 3>(ex, x, beta, lb, out, s);
 }
 
 // ---- element-wise and small reductions --------------------------------------------------
@@ -861,20 +1046,33 @@ extern "C" cudaError_t k3k_matvec_multi(const k3k_mat *const *w, float *const *y
 
 extern "C" cudaError_t k3k_experts_gate_up(const k3k_experts *ex, const float *z, float beta,
                                            float linear_beta, float *h, cudaStream_t s) {
-    if (!experts_ok(ex) || ((uintptr_t)z & 15)) return cudaErrorInvalidValue;
-    const int ng = ex->latent / 32;
-    if (ng <= MX_THREADS) return launch_experts<1, true>(ex, z, beta, linear_beta, h, s);
-    if (ng <= 2 * MX_THREADS) return launch_experts<2, true>(ex, z, beta, linear_beta, h, s);
-    return cudaErrorInvalidValue;
+    if (!experts_ok(ex) || ((uintptr_t)z & 7)) return cudaErrorInvalidValue;
+    return launch_experts<true>(ex, z, beta, linear_beta, h, s);
 }
 
 extern "C" cudaError_t k3k_experts_down(const k3k_experts *ex, const float *h, float *out,
                                         cudaStream_t s) {
-    if (!experts_ok(ex) || ((uintptr_t)h & 15)) return cudaErrorInvalidValue;
-    const int ng = ex->inter / 32;
-    if (ng <= MX_THREADS) return launch_experts<1, false>(ex, h, 0, 0, out, s);
-    if (ng <= 2 * MX_THREADS) return launch_experts<2, false>(ex, h, 0, 0, out, s);
-    return cudaErrorInvalidValue;
+    if (!experts_ok(ex) || ((uintptr_t)h & 7)) return cudaErrorInvalidValue;
+    return launch_experts<false>(ex, h, 0, 0, out, s);
+}
+
+extern "C" cudaError_t k3k_experts_prepare(const k3k_experts *ex, const uint8_t *src,
+                                           uint8_t *dst, cudaStream_t s) {
+    if (!experts_layout_ok(ex)) return cudaErrorInvalidValue;
+    uint32_t *flag = reinterpret_cast<uint32_t *>(dst + ex->off_flag);
+    cudaError_t e = cudaMemsetAsync(flag, 0, 4, s);
+    if (e != cudaSuccess) return e;
+    const uint64_t op[3] = {ex->off_w1p, ex->off_w3p, ex->off_w2p};
+    const uint64_t os[3] = {ex->off_w1s, ex->off_w3s, ex->off_w2s};
+    for (int i = 0; i < 3; i++) {
+        const int rows = i < 2 ? ex->inter : ex->latent, cols = i < 2 ? ex->latent : ex->inter;
+        const int64_t n = (int64_t)rows / 16 * (cols / 32) * 32;
+        const int grid = (int)((n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096);
+        mx_prepare_k<<<grid, 256, 0, s>>>(src + op[i], src + os[i],
+                                          dst + (i < 2 ? ex->off_w1p : ex->off_w2p), rows, cols,
+                                          i < 2 ? 544 : 272, i < 2 ? 1088 : 544, i == 1, flag);
+    }
+    return cudaGetLastError();
 }
 
 extern "C" cudaError_t k3k_rmsnorm(const float *x, const void *w, int wdtype, int n, float eps,

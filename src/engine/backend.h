@@ -13,8 +13,7 @@
  *    a silent fallback.
  *  - GPU knobs: opts->gpu_gb, else $K3_GPU_GB (device memory budget, GB); for tests and
  *    benchmarks $K3_GPU_LAYERS (most resident spine layers; the rest are streamed),
- *    $K3_GPU_EXPERT_SLOTS (exact expert cache size), $K3_GPU_PROFILE=1 (per-layer times) and
- *    $K3_GPU_EXPERTS=tile|persistent (the experts kernels' schedule, src/cuda/kern.h).
+ *    $K3_GPU_EXPERT_SLOTS (exact expert cache size) and $K3_GPU_PROFILE=1 (per-layer times).
  */
 #ifndef K3_BACKEND_H
 #define K3_BACKEND_H
