@@ -33,7 +33,7 @@ CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 
 .PHONY: test-setup bench-setup
-.PHONY: test-neon
+.PHONY: test-neon test-avx512-emu
 .PHONY: all test test-wide test-server bench-server asan bench clean deps FORCE
 all: k3
 
@@ -119,6 +119,19 @@ test-neon:
 	        -fno-fast-math -fopenmp '-DK3_TEST_SUITES=X(simd)' -o $(BUILD)/neon/k3_simd_tests \
 	        $(NEON_SRC) -lm && \
 	    qemu-aarch64 -L /usr/aarch64-linux-gnu $(BUILD)/neon/k3_simd_tests; \
+	fi
+
+# The AVX-512 kernels' logic on any x86-64 CPU: tests/test_simd.c with cpu_avx512.c built on
+# SIMDe's portable AVX-512F (libsimde-dev, tests/simde_avx512.h); SKIPPED without it.
+test-avx512-emu:
+	@if [ "$$(uname -m)" != x86_64 ] || [ ! -f /usr/include/simde/x86/avx512.h ]; then \
+	    echo "SKIPPED test-avx512-emu: needs x86-64 and libsimde-dev"; \
+	else \
+	    mkdir -p $(BUILD)/avx512emu && \
+	    $(CC) -O1 -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -ffp-contract=off -fno-fast-math \
+	        -Wno-psabi -fopenmp -DK3_AVX512_EMULATED '-DK3_TEST_SUITES=X(simd)' \
+	        -o $(BUILD)/avx512emu/k3_simd_tests $(NEON_SRC) -lm && \
+	    $(BUILD)/avx512emu/k3_simd_tests; \
 	fi
 
 deps:

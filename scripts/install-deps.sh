@@ -9,6 +9,8 @@ PKGS="$PKGS fio"
 if [ "${1:-}" = "--with-wide" ]; then PKGS="$PKGS python3-numpy"; fi
 # CI also cross-compiles the NEON kernels and runs their tests under qemu (make test-neon).
 if [ "${1:-}" = "--with-wide" ]; then PKGS="$PKGS gcc-aarch64-linux-gnu qemu-user"; fi
+# ... and tests the AVX-512 kernels on any x86-64 through SIMDe (make test-avx512-emu).
+if [ "${1:-}" = "--with-wide" ]; then PKGS="$PKGS libsimde-dev"; fi
 SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq

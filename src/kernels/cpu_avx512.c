@@ -2,7 +2,8 @@
  * width, compiled for AVX-512F by the pragma below and used only when the CPU (and OS) has it.
  *
  * Lane recipe as in cpu_avx2.c, with one 16-lane accumulator per (row, vector); the
- * matrix-vector and batched loops run the same sequence, so they agree bit for bit.
+ * matrix-vector, small-batch BF16 and tiled batched loops run the same sequence, so they
+ * agree bit for bit.
  *
  * MXFP4 (every batch size, its own loops; the design of cpu_avx2.c's, with AVX-512F's own
  * decode): vpmovzxbd puts a block's 16 packed bytes in 16 lanes; vpermps with the 16-entry
@@ -18,18 +19,16 @@
 #include "dispatch.h"
 
 #if defined(__x86_64__)
+#if defined(K3_AVX512_EMULATED) /* make test-avx512-emu: SIMDe's AVX-512F on any x86-64 */
+#include "../../tests/simde_avx512.h"
+#else
 #pragma GCC push_options
 #pragma GCC target("avx512f")
 #include <immintrin.h>
+#endif
 
 #define KC 256 /* batched tile: columns per tile */
 #define RG 16  /* batched tile: rows per tile; 16 × 256 f32 = 16 KB, in L1 */
-
-/* k3_e8m0_to_f32's bits, built in an integer register (no float round trip through memory:
- * this runs once per row per 32-block). */
-static inline uint32_t e8m0_bits(uint8_t s) {
-    return s == 0 ? 0x00400000u : s == 255 ? 0x7fc00000u : (uint32_t)s << 23;
-}
 
 static inline float hsum(__m512 z) {
     __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(z), 1));
@@ -322,7 +321,8 @@ static inline __attribute__((always_inline)) void mx_rows(const uint8_t *p, int6
             if (!big || s < MX_S_BIG) { /* false for NaN too */
                 UNROLL
                 for (int v = 0; v < V; v++)
-                    a[i * V + v] = _mm512_fmadd_ps(part[i * V + v], _mm512_set1_ps(s), a[i * V + v]);
+                    a[i * V + v] =
+                        _mm512_fmadd_ps(part[i * V + v], _mm512_set1_ps(s), a[i * V + v]);
             } else {
                 UNROLL
                 for (int v = 0; v < V; v++)
@@ -426,7 +426,8 @@ static inline __attribute__((always_inline)) void bf16_rows(const uint16_t *w, i
             __m512 wq = bf16_16(w + (r + q) * cols + i);
             UNROLL8
             for (int v = 0; v < V; v++)
-                acc[q * V + v] = _mm512_fmadd_ps(wq, _mm512_loadu_ps(x + v * cols + i), acc[q * V + v]);
+                acc[q * V + v] =
+                    _mm512_fmadd_ps(wq, _mm512_loadu_ps(x + v * cols + i), acc[q * V + v]);
         }
     if (tail)
         UNROLL
@@ -549,7 +550,9 @@ static void kda_delta(float *S, const float *q, const float *k, const float *v,
     }
 }
 
+#if !defined(K3_AVX512_EMULATED)
 #pragma GCC pop_options
+#endif
 
 const k3_kernels k3_kernels_avx512 = {
     .name = "avx512",

@@ -11,9 +11,13 @@
  *    separate multiply and add (-ffp-contract=off). A SIMD path sums lane-wise with FMA (lane
  *    l takes columns l, l+W, ...; a zero-padded last vector takes the tail) and then adds the
  *    lanes in a fixed order, so it differs from scalar by rounding only (tests/test_simd.c
- *    states the bound). On every path a row's result depends only on that row and its input
- *    vector: not on the thread count, not on the rows computed beside it, and not on the
- *    batch size — row b of k3_matmul equals k3_matvec of x[b] bit for bit.
+ *    states the bound). The x86 MXFP4 products instead sum each 32-block's E2M1·x into a
+ *    partial and add partial·scale once per block (exact: the scale is a power of two), except
+ *    for E8M0 253..255 where the reference's dequantized weights overflow; their lanes need not
+ *    take consecutive columns (cpu_avx2.c, cpu_avx512.c). On every path a row's result
+ *    depends only on that row and its input vector: not on the thread count, not on the rows
+ *    computed beside it, and not on the batch size — row b of k3_matmul equals k3_matvec of
+ *    x[b] bit for bit.
  *  - Threads split work by output row only (OpenMP, inside k3_matvec / k3_matmul).
  *  - The element-wise helpers (k3_axpy, k3_kda_delta_rule) use separate multiply and add on
  *    every path and keep the scalar order per element, so they are exact on every path.

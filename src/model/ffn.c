@@ -59,8 +59,11 @@ static void route(const k3_model *m, const k3_moe_weights *w, const float *x, fl
 static void expert_forward(const k3_model *m, const k3_expert *ex, k3_state *s, const float *z,
                            float *out) {
     const k3_config *c = &m->cfg;
-    k3_matvec_mxfp4(m->kr, &ex->w1, z, s->gate);
-    k3_matvec_mxfp4(m->kr, &ex->w3, z, s->up);
+    /* W1 and W3 share z: one parallel region for both (each result as its own matvec's). */
+    const k3_mxfp4 w13[2] = {ex->w1, ex->w3};
+    const float *const zz[2] = {z, z};
+    float *const gu[2] = {s->gate, s->up};
+    k3_matvec_mxfp4_many(m->kr, 2, w13, zz, gu);
     k3_situ_vec(s->gate, s->up, c->moe_intermediate_size, c->situ_beta, c->situ_linear_beta,
                 s->gate);
     k3_matvec_mxfp4(m->kr, &ex->w2, s->gate, out);
