@@ -48,7 +48,9 @@ typedef struct k3k_mat {
 /* One launch's routed experts: slot base addresses in device memory, the tensors at fixed
  * offsets from each base (the expert cache's slot layout, gpu.c), each slot PREPARED by
  * k3k_experts_prepare (the kernels' own layout of the same bytes). Passed by value. Offsets
- * of every tensor and of the flag word (which has 16 bytes of room) 16-byte aligned. */
+ * of every tensor and of the flag word (which has 16 bytes of room) 16-byte aligned, the six
+ * tensors in the order above without overlap (the prepared layout fills w1p..w3s as one
+ * region, w2p..w2s as another). */
 typedef struct k3k_experts {
     int n;                                 /* experts, <= K3K_MAX_EXPERTS */
     int inter, latent;                     /* moe_intermediate_size, routed_expert_hidden_size,
