@@ -26,12 +26,18 @@ static void clean_env(void) {
     unsetenv("K3_DEVICE");
 }
 
-static int load(const char *dir, double gb, int int8, const char *pack_dir, k3_engine **e,
-                k3_err *err) {
+static int load_io(const char *dir, double gb, int int8, const char *pack_dir, int direct,
+                   k3_engine **e, k3_err *err) {
     k3_engine_opts o = {.threads = 2, .spine_budget = gb != NO_FLAG, .spine_gb = gb < 0 ? 0 : gb,
-                        .spine = int8 ? K3_SPINE_INT8 : K3_SPINE_BF16, .pack_dir = pack_dir};
+                        .spine = int8 ? K3_SPINE_INT8 : K3_SPINE_BF16, .pack_dir = pack_dir,
+                        .direct = direct};
     clean_env();
     return k3_engine_load(dir, &o, e, err);
+}
+
+static int load(const char *dir, double gb, int int8, const char *pack_dir, k3_engine **e,
+                k3_err *err) {
+    return load_io(dir, gb, int8, pack_dir, 0, e, err);
 }
 
 /* Bytes of a layer's spine, from the checkpoint alone: every tensor of the layer but the
@@ -87,7 +93,8 @@ static float *run(k3_engine *e, int chunk, k3_err *err, int *rc) {
     return out;
 }
 
-/* Token by token and in chunks of 5 and 24, for budgets: none, 0, a part, all. The part is
+/* Token by token and in chunks of 5 and 24, for budgets: none, 0 (O_DIRECT and buffered
+ * reads), a part, all. The part is
  * 3/4 of the layers' and lm_head's bytes: at nano's sizes the two staging buffers take a
  * fifth of the spine, so half would keep lm_head alone; 3/4 keeps lm_head and a few layers. */
 static void test_identical_for_every_budget(void) {
@@ -104,10 +111,16 @@ static void test_identical_for_every_budget(void) {
     uint64_t total = tensor_bytes(ck, "language_model.lm_head.weight"), pin;
     for (int l = 0; l < 9; l++) total += layer_bytes(ck, l, &pin, NULL);
     k3_checkpoint_close(ck);
-    const double budgets[] = {NO_FLAG, 0, 0.75 * total / 1e9, 1000};
+    const double budgets[] = {NO_FLAG, 0, 0, 0.75 * total / 1e9, 1000};
+    const int direct[] = {0, 0, -1, 0, 0}; /* -1: buffered + DONTNEED (--direct 0) */
     const int chunks[] = {0, 5, 24};
     for (size_t b = 0; b < sizeof budgets / sizeof budgets[0]; b++) {
-        rc = load(NANO, budgets[b], 0, NULL, &e, &err);
+        rc = load_io(NANO, budgets[b], 0, NULL, direct[b], &e, &err);
+        k3_spine_stats st;
+        if (!rc) k3_engine_spine_stats(e, &st);
+        if (!rc && budgets[b] == 0 && st.direct != (direct[b] == 0)) k3_engine_free(e);
+        CHECK(rc || budgets[b] != 0 || st.direct == (direct[b] == 0), "budget 0: O_DIRECT %d",
+              st.direct);
         CHECK(rc == 0, "budget %g: %s", budgets[b], err.msg);
         for (size_t c = 0; c < sizeof chunks / sizeof chunks[0]; c++) {
             float *got = run(e, chunks[c], &err, &rc);

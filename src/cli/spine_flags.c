@@ -9,10 +9,11 @@
 const char k3_cli_spine_gb_help[] =
     "  --spine-gb G         RAM for the spine in GB (K3_SPINE_GB; CPU only): lm_head and the\n"
     "                       first layers that fit stay resident, the rest are read from the\n"
-    "                       shards layer by layer while the previous layer computes (two\n"
-    "                       staging buffers, counted in G); 0 streams every layer. Output is\n"
-    "                       identical for every G; the load line prints the plan. Default:\n"
-    "                       everything used in place from the mapped files\n";
+    "                       shards half a layer at a time while the previous half computes\n"
+    "                       (two staging buffers, counted in G; O_DIRECT reads, buffered ones\n"
+    "                       with --direct 0); 0 streams every layer. Output is identical for\n"
+    "                       every G; the load line prints the plan. Default: everything used\n"
+    "                       in place from the mapped files\n";
 
 int k3_cli_spine_gb_flag(const char *cmd, int argc, char **argv, int *i, k3_cli_spine_budget *b) {
     if (strcmp(argv[*i], "--spine-gb")) return 0;

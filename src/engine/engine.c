@@ -226,8 +226,8 @@ static int spine_budget(const k3_engine_opts *o, uint64_t *bytes, k3_err *err) {
 /* With a budget, plans it and starts streaming (after binding, before the store's memory
  * plan). The budget is the CPU backend's: --device auto then means the CPU, cuda is refused
  * (the GPU plans its own memory with --gpu-gb). */
-static int open_spine_budget(k3_engine *e, const k3_engine_opts *o, k3_engine_opts *dev,
-                             k3_err *err) {
+static int open_spine_budget(k3_engine *e, const k3_engine_opts *o, const k3_store_settings *ss,
+                             k3_engine_opts *dev, k3_err *err) {
     uint64_t bytes = 0;
     int on = spine_budget(o, &bytes, err);
     snprintf(e->spine_plan_line, sizeof e->spine_plan_line, "spine budget: none");
@@ -237,7 +237,10 @@ static int open_spine_budget(k3_engine *e, const k3_engine_opts *o, k3_engine_op
         return k3_fail(err, K3_ERR_USAGE, "--spine-gb (K3_SPINE_GB) is a budget of the CPU "
                        "backend; on the GPU use --gpu-gb");
     dev->device = "cpu";
-    int rc = k3_spine_open(&e->model, e->ck, e->pack, bytes, &e->model.spine, err);
+    /* --direct / K3_DIRECT as for experts, but auto means O_DIRECT: streamed layers are read
+     * once per pass and never worth the page cache */
+    int rc = k3_spine_open(&e->model, e->ck, e->pack, bytes, ss->direct != K3_IO_BUFFERED,
+                           &e->model.spine, err);
     if (!rc) k3_spine_describe(e->model.spine, e->spine_plan_line, sizeof e->spine_plan_line);
     return rc;
 }
@@ -268,7 +271,7 @@ int k3_engine_load(const char *model_dir, const k3_engine_opts *opts, k3_engine 
     if (!rc) rc = k3_model_bind_packed(&e->model, &e->cfg, e->ck, e->pack, e->approx, err);
     if (!rc) rc = k3_kernels_select(opts ? opts->kernels : NULL, &e->model.kr, err);
     k3_engine_opts dev = opts ? *opts : (k3_engine_opts){0};
-    if (!rc) rc = open_spine_budget(e, opts, &dev, err);
+    if (!rc) rc = open_spine_budget(e, opts, &ss, &dev, err);
     if (!rc) rc = open_store(e, &ss, err);
     if (!rc) rc = attach_stream(e, err);
     if (!rc) rc = k3_backend_open(&e->model, &dev, &e->backend, err);

@@ -268,41 +268,43 @@ static bool is_streamed(const k3_spine *sp, int u) {
 
 /* ---- reading --------------------------------------------------------------------------------- */
 
-static int open_fd(k3_spine *sp, int f, k3_err *err) {
-    sfile *F = &sp->files[f];
-    if (F->fd >= 0) return K3_OK;
-    F->fd = open(F->path, O_RDONLY | O_CLOEXEC | (sp->direct ? O_DIRECT : 0));
-    if (F->fd < 0 && sp->direct && errno == EINVAL) { /* the file system refused O_DIRECT */
-        sp->direct = false;
-        F->fd = open(F->path, O_RDONLY | O_CLOEXEC);
+/* Opens path for spine reads; -1 with errno on failure. With O_DIRECT it also checks that a
+ * direct read works (some file systems take the flag at open and refuse the read: EINVAL). */
+static int open_for_reads(const char *path, bool direct) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC | (direct ? O_DIRECT : 0));
+    if (fd < 0 || !direct) return fd;
+    void *buf = NULL;
+    ssize_t r = -1;
+    if (!posix_memalign(&buf, ALIGN, ALIGN)) r = pread(fd, buf, ALIGN, 0);
+    free(buf);
+    if (r < 0) {
+        close(fd);
+        errno = EINVAL;
+        return -1;
     }
-    if (F->fd < 0)
-        return k3_fail(err, K3_ERR_IO, "%s: cannot open for spine reads: %s", F->path,
-                       strerror(errno));
-    if (sp->direct) { /* some file systems take O_DIRECT at open and refuse the read */
-        void *buf = NULL;
-        ssize_t r = -1;
-        if (!posix_memalign(&buf, ALIGN, ALIGN)) r = pread(F->fd, buf, ALIGN, 0);
-        free(buf);
-        if (r < 0) return EINVAL;
-    }
-    return K3_OK;
+    return fd;
 }
 
-/* Opens every file the streamed units use: O_DIRECT for all, else buffered for all. */
-static int open_files(k3_spine *sp, k3_err *err) {
-    sp->direct = true;
-    for (int attempt = 0; attempt < 2; attempt++) {
-        int rc = K3_OK;
-        for (int u = 0; u < N_UNITS(sp) && !rc; u++)
-            for (int i = 0; is_streamed(sp, u) && i < sp->units[u].n_ext && !rc; i++)
-                rc = open_fd(sp, sp->units[u].ext[i].file, err);
-        if (rc != EINVAL && sp->direct) return rc;
-        if (rc != EINVAL && rc) return rc;
-        if (!rc && !sp->direct) return K3_OK;
-        for (int f = 0; f < sp->n_files; f++) /* retry buffered */
+/* Opens every file the streamed units read: all with O_DIRECT (unless want_direct is 0), or,
+ * when a file system refuses it, all buffered (read_extent then drops what it read from the
+ * page cache). */
+static int open_files(k3_spine *sp, bool want_direct, k3_err *err) {
+    for (int direct = want_direct; direct >= 0; direct--) {
+        bool refused = false;
+        sp->direct = direct;
+        for (int u = 0; u < N_UNITS(sp) && !refused; u++)
+            for (int i = 0; is_streamed(sp, u) && i < sp->units[u].n_ext && !refused; i++) {
+                sfile *F = &sp->files[sp->units[u].ext[i].file];
+                if (F->fd >= 0) continue;
+                if ((F->fd = open_for_reads(F->path, direct)) >= 0) continue;
+                if (direct && errno == EINVAL) refused = true;
+                else
+                    return k3_fail(err, K3_ERR_IO, "%s: cannot open for spine reads: %s",
+                                   F->path, strerror(errno));
+            }
+        if (!refused) return K3_OK;
+        for (int f = 0; f < sp->n_files; f++)
             if (sp->files[f].fd >= 0) close(sp->files[f].fd), sp->files[f].fd = -1;
-        sp->direct = false;
     }
     return K3_OK;
 }
@@ -500,7 +502,7 @@ static int start(k3_spine *sp, k3_err *err) {
 }
 
 int k3_spine_open(k3_model *m, const k3_checkpoint *ck, const k3_pack *pack,
-                  uint64_t budget_bytes, k3_spine **out, k3_err *err) {
+                  uint64_t budget_bytes, bool direct, k3_spine **out, k3_err *err) {
     k3_spine *sp = calloc(1, sizeof *sp);
     if (!sp) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
     sp->m = m;
@@ -512,7 +514,7 @@ int k3_spine_open(k3_model *m, const k3_checkpoint *ck, const k3_pack *pack,
         rc = k3_fail(err, K3_ERR_GENERIC, "out of memory");
     for (int u = 0; !rc && u < N_UNITS(sp); u++) rc = build_unit(sp, u, err);
     if (!rc) plan(sp);
-    if (!rc && sp->streaming) rc = open_files(sp, err);
+    if (!rc && sp->streaming) rc = open_files(sp, direct, err);
     if (!rc && sp->streaming) rc = open_embed(sp, ck, err);
     if (!rc && sp->streaming) rc = pin(sp, err);
     if (!rc && sp->streaming) rc = make_views(sp, err);

@@ -53,12 +53,13 @@ typedef struct k3_spine_pass {
 } k3_spine_pass;
 
 /* Plans the budget for bound model m (checkpoint ck, int8 pack or NULL) and, when anything
- * is streamed, opens the files, copies the pinned tensors, allocates the staging buffers,
- * starts the reader thread and reads the first streamed unit. budget_bytes is in bytes.
- * m must stay at the same address while the spine is open. *out is set (never NULL on success).
+ * is streamed, opens the files (O_DIRECT when direct and the file system takes it, else
+ * buffered), copies the pinned tensors, allocates the staging buffers, starts the reader
+ * thread and reads the first streamed unit. budget_bytes is in bytes. m must stay at the same
+ * address while the spine is open. *out is set (never NULL on success).
  * Errors: K3_ERR_IO (a file cannot be opened or read), K3_ERR_GENERIC (memory, thread). */
 int k3_spine_open(k3_model *m, const k3_checkpoint *ck, const k3_pack *pack,
-                  uint64_t budget_bytes, k3_spine **out, k3_err *err);
+                  uint64_t budget_bytes, bool direct, k3_spine **out, k3_err *err);
 void k3_spine_close(k3_spine *sp);
 
 enum { K3_SPINE_MIXER = 0, K3_SPINE_FFN = 1 }; /* the two halves of a layer */
