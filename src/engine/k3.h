@@ -6,6 +6,8 @@
  *  - A session holds all per-sequence state: KDA recurrent + conv state, the MLA KV cache,
  *    the position, and scratch buffers sized at creation. k3_session_step allocates nothing.
  *  - Weights are used in place from memory-mapped shards; nothing is widened to f32 at load.
+ *    With a spine budget (k3_engine_opts.spine_gb) the layers that do not fit are read per
+ *    pass with pread into staging buffers instead (src/model/spine.h): same bytes, same output.
  *  - Logits are exact float32 per spec §2 unless the engine was loaded with the int8 spine
  *    (k3_engine_opts.spine; built by `k3 pack`, docs/PACKED-SPINE.md) or, on top of it, with
  *    int8 activations (k3_engine_opts.approx): the two lossy modes, both opt-in.
@@ -155,7 +157,8 @@ void k3_session_set_trace(k3_session *s, const k3_trace *trace);
  * (prefill may pass NULL to skip lm_head).
  * Errors: K3_ERR_INPUT (token outside [0, vocab_size), context full); K3_ERR_CHECKPOINT (the
  * logits written hold a NaN or Inf: corrupt weights, int8 pack or --approx; the message names
- * the position and the vocab id). */
+ * the position and the vocab id); K3_ERR_EXPERT_IO / K3_ERR_IO (a routed expert / a streamed
+ * spine layer could not be read: reset the session before further use). */
 int k3_session_step(k3_session *s, int32_t token, float *logits, k3_err *err);
 
 /* ---- observability (issue 3) -------------------------------------------------------- */

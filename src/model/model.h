@@ -109,8 +109,9 @@ void k3_state_layer_times(const k3_state *s, const double **eload_s, const doubl
 
 /* One token through the whole model at position k3_state_pos(s) (spec §3); advances the
  * position. logits [vocab] may be NULL. trace may be NULL. Allocation-free.
- * Errors: K3_ERR_EXPERT_IO (a routed expert could not be read: logits are not written
- * and the session must be reset before further use). */
+ * Errors: K3_ERR_EXPERT_IO (a routed expert could not be read), K3_ERR_IO (a streamed spine
+ * layer could not be read, spine.h): logits are not written and the session must be reset
+ * before further use. */
 int k3_forward(const k3_model *m, k3_state *s, int32_t token, float *logits,
                const k3_trace *trace, k3_err *err);
 
@@ -124,7 +125,7 @@ enum { K3_BATCH_ALL_LOGITS = 1, K3_BATCH_REWINDABLE = 2 };
  * (state, logits, routing). logits may be NULL; trace hooks see every position (layer by
  * layer). Scratch grows to n tokens on the first pass that needs it (the only allocation).
  * Errors: K3_ERR_INPUT (n < 1 or the context is full), K3_ERR_GENERIC (out of memory),
- * K3_ERR_EXPERT_IO (as k3_forward; the session must then be reset). */
+ * K3_ERR_EXPERT_IO, K3_ERR_IO (as k3_forward; the session must then be reset). */
 int k3_forward_batch(const k3_model *m, k3_state *s, const int32_t *tokens, int n,
                      float *logits, int flags, const k3_trace *trace, k3_err *err);
 
