@@ -487,7 +487,7 @@ static void bf16_small(const uint16_t *w, int64_t rows, int64_t cols, const floa
     switch (n) {
     case 2: BF16_RUN(4, 2); break;
     case 3: BF16_RUN(4, 3); break;
-    case 4: BF16_RUN(2, 4); break;
+    case 4: BF16_RUN(3, 4); break;
     default: BF16_RUN(2, 5); break;
     }
 }
