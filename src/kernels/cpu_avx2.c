@@ -296,7 +296,7 @@ static void matmul_tiles(const wsrc *s, int64_t rows, const float *x, int n, flo
 
 #define MX_VG 4  /* input vectors per pass over the weights */
 #define MX_RB 64 /* rows per row block: with n > MX_VG its weights stay in L2 between passes */
-#define MX_PF_ROWS 4 /* prefetch distance in rows (one 4-row group ahead for a matrix-vector) */
+#define MX_PF_ROWS 4 /* prefetch distance in rows (4, 8, 16 measured alike; none: ~40% slower) */
 /* scale / 2 from E8M0 253 on: 6·scale overflows f32 (see the file comment). */
 #define MX_HS_BIG 0x1p125f
 
