@@ -158,6 +158,11 @@ void k3_session_stats(const k3_session *s, k3_run_stats *out) {
         if (src == K3_PIPE_PREV) out->recall_prev = r;
         else out->recall_lookahead = r;
     }
+    k3_spine_stats sp;
+    k3_spine_get_stats(s->e->model.spine, &sp);
+    out->spine_streams = sp.staging_bytes > 0;
+    out->spine_bytes_read = sp.bytes_read;
+    out->spine_read_s = sp.read_s, out->spine_wait_s = sp.wait_s;
     struct rusage ru;
     if (getrusage(RUSAGE_SELF, &ru) == 0) out->peak_rss_bytes = (uint64_t)ru.ru_maxrss * 1024;
 }

@@ -180,6 +180,9 @@ typedef struct k3_run_stats {
     uint64_t plan_bytes, peak_rss_bytes;    /* the startup memory plan; measured peak RSS */
     int n_layers;                           /* the last step per layer, valid until the next */
     const double *layer_eload_s, *layer_expert_s; /* step: MoE wait and expert compute */
+    int spine_streams;                      /* a spine budget streams layers (engine-wide: */
+    uint64_t spine_bytes_read;              /*  bytes read, time reading, time passes    */
+    double spine_read_s, spine_wait_s;      /*  waited for them; src/model/spine.h)      */
 } k3_run_stats;
 
 void k3_session_stats(const k3_session *s, k3_run_stats *out);

@@ -1,5 +1,6 @@
 /* stats.c — the end-of-run summary and the per-token profile line (k3.h, issue 3). */
 #include <stdio.h>
+#include <string.h>
 
 #include "k3.h"
 
@@ -26,6 +27,12 @@ void k3_run_stats_summary(const k3_run_stats *st, char *buf, size_t cap) {
              (unsigned long long)st->reads, gb, t->total_s > 0 ? gb / t->total_s : 0.0,
              (unsigned long long)st->prefetch_reads, (unsigned long long)st->prefetch_wasted,
              rp, rl, (double)st->peak_rss_bytes / 1e9, (double)st->plan_bytes / 1e9);
+    size_t len = strlen(buf);
+    double sgb = (double)st->spine_bytes_read / 1e9;
+    if (st->spine_streams && len < cap)
+        snprintf(buf + len, cap - len, "; spine budget: %.3f GB streamed (%.2f GB/s while "
+                 "reading), passes waited %.3f s", sgb,
+                 st->spine_read_s > 0 ? sgb / st->spine_read_s : 0.0, st->spine_wait_s);
 }
 
 void k3_run_stats_profile(const k3_run_stats *st, char *buf, size_t cap) {
