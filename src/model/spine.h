@@ -1,6 +1,6 @@
 /* spine.h — the resident spine budget (issue 8 item 4): with a RAM budget for the spine, the
- * first layers stay resident and the rest are streamed from the files layer by layer, each
- * read overlapping the previous layer's compute (double buffering). Internal to src/model;
+ * first layers stay resident and the rest are streamed from the files half a layer at a time,
+ * each read overlapping the previous half's compute (double buffering). Internal to src/model;
  * the engine opens it (k3_engine_opts.spine_gb / K3_SPINE_GB) and the forward passes ask it
  * for every layer's weights.
  *
@@ -11,14 +11,15 @@
  *    units, its token mixer and its FFN, so a staging buffer holds half a layer. The budget
  *    counts the resident layers in place, the pinned copies and the two staging buffers (each
  *    as large as the largest streamed unit); a budget below that floor streams everything and
- *    says so. The embedding is never resident under a budget: its
- *    row is read with pread per token (hidden_size x 2 bytes).
+ *    says so. While anything streams, the embedding is not resident either: its row is read
+ *    with pread per token (hidden_size x 2 bytes).
  *  - Resident units are used in place from the MAP_SHARED mappings, exactly as without a
  *    budget. Streamed units are never touched through the mappings (mapped pages count in
  *    RSS): their k3_mat pointers in m->layers are cleared at open, so an access that bypasses
- *    k3_spine_layer faults instead of silently growing RSS. They are read with pread, O_DIRECT
- *    when the file system takes it, else buffered with POSIX_FADV_DONTNEED (so the page cache
- *    does not keep a copy), into one of two staging buffers; each tensor lands at the same
+ *    k3_spine_layer faults instead of silently growing RSS. They are read with pread (64 MB
+ *    requests), O_DIRECT when asked and the file system takes it, else buffered with
+ *    POSIX_FADV_DONTNEED (so the page cache does not keep a copy), into one of two staging
+ *    buffers; each tensor lands at the same
  *    address modulo 4096 as in the mapping, so every kernel sees the same bytes in the same
  *    alignment and the output is bit-identical for every budget.
  *  - Pinned: the small tensors of streamed units that the passes read outside the layer's own
