@@ -123,10 +123,20 @@ static const kcase CASES[] = {
 };
 
 typedef struct bufs {
-    void *w;          /* largest weight matrix (copies included) */
+    void *w;          /* largest BF16 / F32 / int8 weight matrix */
     size_t w_bytes;
+    uint8_t *mx;      /* the MXFP4 experts (copies included), fill_mxfp4's bytes */
+    size_t mx_bytes;
     float *x, *y;
 } bufs;
+
+/* Every byte 118..134: as E8M0 scales 2^-9..2^7 (a real expert's range; the BF16 pattern's
+ * bytes would make scales down to 2^-127, whose subnormal products slow both old and new
+ * kernels alike), as packed codes any E2M1 pair. */
+static void fill_mxfp4(uint8_t *p, size_t bytes) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < bytes; i++) p[i] = (uint8_t)(118 + (i * 2654435761u >> 7) % 17);
+}
 
 static size_t case_bytes(const kcase *c) {
     if (c->dtype < 0) return (size_t)(c->rows * c->cols / 2 + c->rows * c->cols / 32);
@@ -145,7 +155,7 @@ static double time_case(const k3_kernels *k, const kcase *c, const bufs *b, doub
     for (int it = -1; reps < 2 || t < seconds; it++) {
         if (it == 0) t0 = now_s();
         for (int g = 0; g < group; g++) {
-            uint8_t *base = (uint8_t *)b->w + (size_t)which * one;
+            uint8_t *base = (c->dtype < 0 ? b->mx : (uint8_t *)b->w) + (size_t)which * one;
             which = (which + 1) % c->copies;
             ws[g] = (k3_mxfp4){base, base + c->rows * c->cols / 2, c->rows, c->cols};
             xs[g] = b->x, ys[g] = b->y + (size_t)g * (size_t)c->rows;
@@ -195,20 +205,23 @@ static int bench_kernels(int argc, char **argv) {
     bufs b = {0};
     for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
         size_t s = case_bytes(&CASES[i]) * (size_t)CASES[i].copies;
-        if (s > b.w_bytes) b.w_bytes = s;
+        size_t *need = CASES[i].dtype < 0 ? &b.mx_bytes : &b.w_bytes;
+        if (s > *need) *need = s;
     }
     size_t copy_bytes = (size_t)1 << 30;
     uint8_t *src = malloc(copy_bytes), *dst = malloc(copy_bytes);
     b.w = malloc(b.w_bytes);
+    b.mx = malloc(b.mx_bytes);
     b.x = malloc(32 * 163840 * sizeof(float));
     b.y = malloc(32 * 163840 * sizeof(float));
-    if (!src || !dst || !b.w || !b.x || !b.y) {
+    if (!src || !dst || !b.w || !b.mx || !b.x || !b.y) {
         fprintf(stderr, "k3 bench kernels: out of memory (needs about %.1f GB)\n",
-                (2.0 * copy_bytes + b.w_bytes) / 1e9);
-        free(src), free(dst), free(b.w), free(b.x), free(b.y);
+                (2.0 * copy_bytes + b.w_bytes + b.mx_bytes) / 1e9);
+        free(src), free(dst), free(b.w), free(b.mx), free(b.x), free(b.y);
         return K3_ERR_GENERIC;
     }
     fill(src, copy_bytes, 0), fill(dst, copy_bytes, 0), fill(b.w, b.w_bytes, 1);
+    fill_mxfp4(b.mx, b.mx_bytes);
     for (int64_t i = 0; i < 32 * 163840; i++) b.x[i] = (float)((i * 7919) % 2001 - 1000) / 1000.0f;
 
     const int tcounts[2] = {1, threads};
@@ -234,7 +247,7 @@ static int bench_kernels(int argc, char **argv) {
                        bytes / (double)case_bytes(c) * (double)(c->rows * c->cols * c->n) / s / 1e9);
                 fflush(stdout);
             }
-    free(src), free(dst), free(b.w), free(b.x), free(b.y);
+    free(src), free(dst), free(b.w), free(b.mx), free(b.x), free(b.y);
     return 0;
 }
 
