@@ -295,7 +295,6 @@ static void matmul_tiles(const wsrc *s, int64_t rows, const float *x, int n, flo
 /* ---- MXFP4: decoded chunk by chunk, every weight vector meets up to MX_VG input vectors ---- */
 
 #define MX_VG 4  /* input vectors per pass over the weights */
-#define MX_RB 64 /* rows per row block: with n > MX_VG its weights stay in L2 between passes */
 #define MX_PF_ROWS 4 /* prefetch distance in rows (4, 8, 16 measured alike; none: ~40% slower) */
 /* scale / 2 from E8M0 253 on: 6·scale overflows f32 (see the file comment). */
 #define MX_HS_BIG 0x1p125f
@@ -311,7 +310,7 @@ static __attribute__((noinline)) __m256 mx_block_big(__m256 acc, const int8_t *q
     return acc;
 }
 
-/* acc[i][v] += W[row i] · x[v] over the nb decoded blocks in buf[i] (columns from x on), for
+/* acc[i·lda + v] += W[row i] · x[v] over the nb decoded blocks in buf[i] (columns from x on), for
  * rows i < R and vectors v < V: per block, the partial Σ (2·E2M1)·x in column order (first a
  * multiply, then FMAs), then acc += partial·(scale/2). The operations of a (row, vector) pair
  * do not depend on R or V, so any batch gives a row the matrix-vector bits. R, V and big are
@@ -322,14 +321,14 @@ static __attribute__((noinline)) __m256 mx_block_big(__m256 acc, const int8_t *q
  * register spill around it in the hot loop. */
 static inline __attribute__((always_inline)) void mx_rows(const mx_row *buf, int64_t nb, int R,
                                                           const float *x, int64_t ldx, int V,
-                                                          int big, __m256 (*acc)[MX_VG]) {
+                                                          int big, __m256 *acc, int64_t lda) {
     const int in_regs = R * V <= 4;
     __m256 a[4]; /* [i·V + v] when in_regs; flat so that GCC keeps them in registers */
     if (in_regs)
         UNROLL
         for (int i = 0; i < R; i++)
             UNROLL
-            for (int v = 0; v < V; v++) a[i * V + v] = acc[i][v];
+            for (int v = 0; v < V; v++) a[i * V + v] = acc[i * lda + v];
     for (int64_t g = 0; g < nb; g++) {
         const float *xg = x + g * 32;
         __m256 part[8];
@@ -355,12 +354,12 @@ static inline __attribute__((always_inline)) void mx_rows(const mx_row *buf, int
                 UNROLL
                 for (int v = 0; v < V; v++) {
                     if (in_regs) a[i * V + v] = _mm256_fmadd_ps(part[i * V + v], h, a[i * V + v]);
-                    else acc[i][v] = _mm256_fmadd_ps(part[i * V + v], h, acc[i][v]);
+                    else acc[i * lda + v] = _mm256_fmadd_ps(part[i * V + v], h, acc[i * lda + v]);
                 }
             } else {
                 UNROLL
                 for (int v = 0; v < V; v++) {
-                    __m256 *t = in_regs ? &a[i * V + v] : &acc[i][v];
+                    __m256 *t = in_regs ? &a[i * V + v] : &acc[i * lda + v];
                     *t = mx_block_big(*t, buf[i].q, g, hs, xg + v * ldx);
                 }
             }
@@ -370,66 +369,57 @@ static inline __attribute__((always_inline)) void mx_rows(const mx_row *buf, int
         UNROLL
         for (int i = 0; i < R; i++)
             UNROLL
-            for (int v = 0; v < V; v++) acc[i][v] = a[i * V + v];
+            for (int v = 0; v < V; v++) acc[i * lda + v] = a[i * V + v];
 }
 
 /* mx_rows with (R, V) as constants: MX_GROUP_ROWS[V] rows at a time. big: some block of these
- * rows' chunk has an overflowing or NaN scale; then the rows go one at a time through the
- * checking loop (the same operations for every other block). */
+ * rows' chunk has an overflowing or NaN scale; then, as for any other R, the rows go one at a
+ * time (the same operations for every other block). */
 static const int MX_GROUP_ROWS[MX_VG + 1] = {0, 8, 4, 2, 2};
+#define MX_ROWS(R_, V_, big_, i_) mx_rows(&buf[i_], nb, R_, x, ldx, V_, big_, acc + (i_) * lda, lda)
 static void mx_group(const mx_row *buf, int64_t nb, int R, const float *x, int64_t ldx, int V,
-                     int big, __m256 (*acc)[MX_VG]) {
-    if (big) {
-        for (int i = 0; i < R; i++) {
-            if (V == 1) mx_rows(&buf[i], nb, 1, x, ldx, 1, 1, &acc[i]);
-            else if (V == 2) mx_rows(&buf[i], nb, 1, x, ldx, 2, 1, &acc[i]);
-            else if (V == 3) mx_rows(&buf[i], nb, 1, x, ldx, 3, 1, &acc[i]);
-            else mx_rows(&buf[i], nb, 1, x, ldx, 4, 1, &acc[i]);
-        }
-    } else if (R == MX_GROUP_ROWS[V]) {
-        if (V == 1) mx_rows(buf, nb, MX_GROUP_ROWS[1], x, ldx, 1, 0, acc);
-        else if (V == 2) mx_rows(buf, nb, MX_GROUP_ROWS[2], x, ldx, 2, 0, acc);
-        else if (V == 3) mx_rows(buf, nb, MX_GROUP_ROWS[3], x, ldx, 3, 0, acc);
-        else mx_rows(buf, nb, MX_GROUP_ROWS[4], x, ldx, 4, 0, acc);
-    } else { /* the last rows of a range, one at a time */
-        if (V == 1) mx_rows(buf, nb, 1, x, ldx, 1, 0, acc);
-        else if (V == 2) mx_rows(buf, nb, 1, x, ldx, 2, 0, acc);
-        else if (V == 3) mx_rows(buf, nb, 1, x, ldx, 3, 0, acc);
-        else mx_rows(buf, nb, 1, x, ldx, 4, 0, acc);
+                     int big, __m256 *acc, int64_t lda) {
+    if (!big && R == MX_GROUP_ROWS[V]) {
+        if (V == 1) MX_ROWS(MX_GROUP_ROWS[1], 1, 0, 0);
+        else if (V == 2) MX_ROWS(MX_GROUP_ROWS[2], 2, 0, 0);
+        else if (V == 3) MX_ROWS(MX_GROUP_ROWS[3], 3, 0, 0);
+        else MX_ROWS(MX_GROUP_ROWS[4], 4, 0, 0);
+        return;
+    }
+    for (int i = 0; i < R; i++) {
+        if (V == 1) big ? MX_ROWS(1, 1, 1, i) : MX_ROWS(1, 1, 0, i);
+        else if (V == 2) big ? MX_ROWS(1, 2, 1, i) : MX_ROWS(1, 2, 0, i);
+        else if (V == 3) big ? MX_ROWS(1, 3, 1, i) : MX_ROWS(1, 3, 0, i);
+        else big ? MX_ROWS(1, 4, 1, i) : MX_ROWS(1, 4, 0, i);
     }
 }
+#undef MX_ROWS
 
-/* Rows [r0, r1) for n vectors: row blocks of MX_RB rows; in each, groups of MX_VG vectors;
- * for each group, R rows at a time are decoded a chunk at a time (pass 1) and summed. */
+/* Rows [r0, r1) for n <= K3_MAX_BATCH vectors: R rows at a time (as many as the first group of
+ * MX_VG vectors wants), each chunk of them decoded once (pass 1) and summed against every
+ * group of vectors in turn; the accumulators of all n vectors wait on the stack. */
 static void mxfp4_rows(const uint8_t *packed, const uint8_t *scale, int64_t rows, int64_t cols,
                        const float *x, int n, float *y, int64_t r0, int64_t r1) {
     int64_t ng = cols / 32;
+    int V0 = n < MX_VG ? n : MX_VG;
     mx_row buf[8];
-    for (int64_t rb = r0; rb < r1; rb += MX_RB) {
-        int64_t rb1 = r1 - rb < MX_RB ? r1 : rb + MX_RB;
-        for (int b = 0; b < n; b += MX_VG) {
-            int V = n - b < MX_VG ? n - b : MX_VG;
-            const float *xb = x + (int64_t)b * cols;
-            for (int64_t r = rb; r < rb1;) {
-                int R = r + MX_GROUP_ROWS[V] <= rb1 ? MX_GROUP_ROWS[V] : 1;
-                __m256 acc[8][MX_VG];
-                for (int i = 0; i < R; i++)
-                    for (int v = 0; v < V; v++) acc[i][v] = _mm256_setzero_ps();
-                for (int64_t g0 = 0; g0 < ng; g0 += MX_CHUNK) {
-                    int64_t nb = ng - g0 < MX_CHUNK ? ng - g0 : MX_CHUNK;
-                    int big = 0;
-                    for (int i = 0; i < R; i++)
-                        big |= mx_decode(packed + (r + i) * (cols / 2) + g0 * 16,
-                                         scale + (r + i) * ng + g0, nb, MX_PF_ROWS * (cols / 2),
-                                         &buf[i]);
-                    mx_group(buf, nb, R, xb + g0 * 32, cols, V, big, acc);
-                }
-                for (int i = 0; i < R; i++)
-                    for (int v = 0; v < V; v++)
-                        y[(int64_t)(b + v) * rows + r + i] = hsum(acc[i][v]);
-                r += R;
-            }
+    __m256 acc[8 * K3_MAX_BATCH];
+    for (int64_t r = r0; r < r1;) {
+        int R = r + MX_GROUP_ROWS[V0] <= r1 ? MX_GROUP_ROWS[V0] : 1;
+        for (int k = 0; k < R * n; k++) acc[k] = _mm256_setzero_ps();
+        for (int64_t g0 = 0; g0 < ng; g0 += MX_CHUNK) {
+            int64_t nb = ng - g0 < MX_CHUNK ? ng - g0 : MX_CHUNK;
+            int big = 0;
+            for (int i = 0; i < R; i++)
+                big |= mx_decode(packed + (r + i) * (cols / 2) + g0 * 16, scale + (r + i) * ng + g0,
+                                 nb, MX_PF_ROWS * (cols / 2), &buf[i]);
+            for (int b = 0; b < n; b += MX_VG)
+                mx_group(buf, nb, R, x + (int64_t)b * cols + g0 * 32, cols,
+                         n - b < MX_VG ? n - b : MX_VG, big, acc + b, n);
         }
+        for (int i = 0; i < R; i++)
+            for (int v = 0; v < n; v++) y[(int64_t)v * rows + r + i] = hsum(acc[i * n + v]);
+        r += R;
     }
 }
 
