@@ -403,6 +403,11 @@ static int check_logits(const k3_engine *e, const float *logits, int rows, int f
     return K3_OK;
 }
 
+/* failed_pass: a pass that fails part-way (an expert or a streamed spine layer that cannot be
+ * read) has already folded its ids into the KDA and conv state of the layers before the
+ * failure, while the position did not move. The history would still look like a prefix of
+ * a retried prompt and k3_session_prefill would build on that state, so the session is reset:
+ * the next prefill starts again from an empty state (tests/test_spinefail.c). */
 int k3_session_step(k3_session *s, int32_t token, float *logits, k3_err *err) {
     const k3_config *c = &s->e->cfg;
     if (token < 0 || token >= c->vocab_size)
@@ -415,6 +420,7 @@ int k3_session_step(k3_session *s, int32_t token, float *logits, k3_err *err) {
     s->tokens[pos] = token;
     int rc = k3_backend_step(s->e->backend, s->dev, s->state, token, logits,
                              s->has_trace ? &s->trace : NULL, err);
+    if (rc) k3_session_reset(s); /* see failed_pass */
     return rc ? rc : check_logits(s->e, logits, 1, pos, err);
 }
 
@@ -490,6 +496,7 @@ int k3_session_forward(k3_session *s, const int32_t *ids, int n, float *logits, 
                               (all ? K3_BATCH_ALL_LOGITS : 0) |
                               (flags & K3_FWD_REWINDABLE ? K3_BATCH_REWINDABLE : 0),
                               s->has_trace ? &s->trace : NULL, err);
+    if (rc) k3_session_reset(s); /* see failed_pass */
     return rc ? rc : check_logits(s->e, logits, all ? n : 1, all ? pos : pos + n - 1, err);
 }
 

@@ -158,7 +158,7 @@ void k3_session_set_trace(k3_session *s, const k3_trace *trace);
  * Errors: K3_ERR_INPUT (token outside [0, vocab_size), context full); K3_ERR_CHECKPOINT (the
  * logits written hold a NaN or Inf: corrupt weights, int8 pack or --approx; the message names
  * the position and the vocab id); K3_ERR_EXPERT_IO / K3_ERR_IO (a routed expert / a streamed
- * spine layer could not be read: reset the session before further use). */
+ * spine layer could not be read: the session is reset, k3_session_pos 0). */
 int k3_session_step(k3_session *s, int32_t token, float *logits, k3_err *err);
 
 /* ---- observability (issue 3) -------------------------------------------------------- */
