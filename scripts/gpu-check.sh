@@ -14,8 +14,10 @@
 #
 # Environment: K3_SHARED (default ../shared), K3_SCRATCH (default /dev/shm when it has 20 GB
 # free, else /tmp), SKIP_WIDE=1, SKIP_BENCH=1, SKIP_STREAM=1 (the streamed-spine decode run,
-# last), K3_DEADLINE (seconds for the whole run, default 560), K3_PREBUILT=1 (prepare: stage
-# build-cuda as is).
+# last), KERNELS_ONLY=1 (the benchmark measures the kernels alone: no synthetic checkpoint, no
+# decode, no greedy comparison), K3_MX_SWEEP=1 (the benchmark also times every MXFP4 launch
+# schedule, kern.h), K3_DEADLINE (seconds for the whole run, default 560), K3_PREBUILT=1
+# (prepare: stage build-cuda as is), TEST_TIMEOUT (seconds for stage 1, default 240).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 
@@ -66,7 +68,7 @@ run() {
     # stages run in order of importance, each capped by the time left (K3_DEADLINE seconds)
     left() { echo $(( ${K3_DEADLINE:-560} - SECONDS )); }
     echo "== 1. GPU tests (kernels vs CPU scalar, k3-nano on the GPU, CPU vs GPU greedy)"
-    K3_BIN=$K3 timeout 240 "$T" cuda 2>&1 | tee "$OUT/tests_cuda.log" | grep -v '^ok'
+    K3_BIN=$K3 timeout "${TEST_TIMEOUT:-240}" "$T" cuda 2>&1 | tee "$OUT/tests_cuda.log" | grep -v '^ok'
     echo "== 2. CPU fixture tests with the same binary"
     K3_BIN=$K3 timeout 60 "$T" model 2>&1 | tail -1 | tee "$OUT/tests_model.log"
     local memcheck="SKIPPED"
@@ -79,7 +81,10 @@ run() {
     fi
 
     local greedy="SKIPPED"
-    if [ "${SKIP_BENCH:-0}" != 1 ] && [ "$(left)" -gt 150 ]; then
+    if [ "${KERNELS_ONLY:-0}" = 1 ] && [ "${SKIP_BENCH:-0}" != 1 ] && [ "$(left)" -gt 40 ]; then
+        echo "== 4-5. k3 bench-gpu, kernels alone"
+        timeout "$(left)" "$K3" bench-gpu 2>&1 | tee "$OUT/bench.txt"
+    elif [ "${SKIP_BENCH:-0}" != 1 ] && [ "$(left)" -gt 150 ]; then
         echo "== 4. synthetic K3-shaped checkpoint (real widths, 4 layers, 32 experts, top-16)"
         if [ ! -f "$SCR/k3-synth/config.json" ]; then
             timeout "$(left)" "$K3" synth "$SCR/k3-synth" --real --layers 4 --experts 32 --top-k 16 2>&1 | tail -1
@@ -134,7 +139,7 @@ run() {
     echo "k3-wide on the GPU:   $wide"
     echo "synthetic greedy:     CPU vs GPU $greedy"
     echo "streamed spine bench: $streamed"
-    [ -f "$OUT/bench.txt" ] && grep -E 'copy D2D|q/k/v/g|o_proj|lm_head|mxfp4|int8|KDA heads|MLA att|^KDA|^MLA|K3 extrapolated|wall clock' "$OUT/bench.txt"
+    [ -f "$OUT/bench.txt" ] && grep -E 'copy D2D|q/k/v/g|o_proj|lm_head|mxfp4|sched|int8|KDA heads|MLA att|^KDA|^MLA|K3 extrapolated|wall clock' "$OUT/bench.txt"
     [ -f "$OUT/bench_streamed.txt" ] && grep -E 'K3 extrapolated|wall clock' "$OUT/bench_streamed.txt" | sed 's/^/streamed: /'
 }
 

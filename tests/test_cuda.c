@@ -10,6 +10,7 @@
  * to 1e-5 relative to Σ|terms| (f32 accumulation error); element-wise recurrences the GPU
  * keeps in the CPU's order (conv windows, the MoE weighted sum) are checked bit for bit;
  * functions of libm (expf, tanhf) to 2e-6 relative (their ulp error on either side). */
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -301,6 +302,7 @@ static void test_matvec(void) {
 /* K experts of [inter, latent] (w1, w3) and [latent, inter] (w2), random nibbles and scales
  * around 2^0; the GPU's h against the scalar MXFP4 products + SiTU, then the GPU's down
  * projections of its own h against the scalar product of that h. */
+static int mx_schedule; /* the launch schedule under test, for messages */
 static void check_experts(int K, int inter, int latent, int special, int zexp) {
     const float beta = 4, lb = 25;
     uint64_t np = (uint64_t)inter * latent / 2, ns = (uint64_t)inter * latent / 32;
@@ -357,8 +359,8 @@ static void check_experts(int K, int inter, int latent, int special, int zexp) {
     }
     double wr = worst_rel(hg, h, bh, (size_t)K * inter);
     if (!(wr <= 1e-5)) {
-        k3_test_fail(__FILE__, __LINE__, "special %d gate/up K %d [%d, %d]: error %g", special, K,
-                     inter, latent, wr);
+        k3_test_fail(__FILE__, __LINE__, "schedule %d special %d gate/up K %d [%d, %d]: error %g",
+                     mx_schedule, special, K, inter, latent, wr);
         goto done;
     }
     e = k3k_experts_down(&ex, dh, deo, 0);
@@ -380,21 +382,34 @@ static void check_experts(int K, int inter, int latent, int special, int zexp) {
     }
     wr = worst_rel(eog, eo, bo, (size_t)K * latent);
     if (!(wr <= 1e-5))
-        k3_test_fail(__FILE__, __LINE__, "special %d down K %d [%d, %d]: error %g", special, K,
-                     latent, inter, wr);
+        k3_test_fail(__FILE__, __LINE__, "schedule %d special %d down K %d [%d, %d]: error %g",
+                     mx_schedule, special, K, latent, inter, wr);
 done:
     cudaFree(raw), cudaFree(dev), cudaFree(dz), cudaFree(dh), cudaFree(deo);
     free(host), free(z), free(h), free(hg), free(g), free(u), free(eo), free(eog), free(bh), free(bo);
 }
 
+/* Every launch schedule (K3_MX_SCHEDULE, kern.h), each with the fast and the exact scale
+ * decode; the variable is restored afterwards. */
 static void test_experts_mxfp4(void) {
     if (!have_gpu()) return;
-    for (int sp = 0; sp < 2 && !k3_test_stopped(); sp++) { /* fast and exact scale decode */
-        check_experts(16, 96, 160, sp, 0);                          /* odd group count */
-        if (!k3_test_stopped()) check_experts(3, 3072, 3584, sp, 0); /* K3's expert shape */
-        if (!k3_test_stopped()) check_experts(5, 64, 4608, sp, -30); /* long rows, small x */
-        if (!k3_test_stopped()) check_experts(2, 32, 32, sp, 20);    /* one group, large x */
+    const char *env = getenv("K3_MX_SCHEDULE");
+    char *saved = env ? strdup(env) : NULL;
+    for (int sc = 0; sc < K3K_MX_SCHEDULES && !k3_test_stopped(); sc++) {
+        char v[16];
+        snprintf(v, sizeof v, "%d", sc);
+        setenv("K3_MX_SCHEDULE", v, 1);
+        mx_schedule = sc;
+        for (int sp = 0; sp < 2 && !k3_test_stopped(); sp++) { /* fast and exact scale decode */
+            check_experts(16, 96, 160, sp, 0);                          /* odd group count */
+            if (!k3_test_stopped()) check_experts(3, 3072, 3584, sp, 0); /* K3's expert shape */
+            if (!k3_test_stopped()) check_experts(5, 64, 4608, sp, -30); /* long rows, small x */
+            if (!k3_test_stopped()) check_experts(2, 32, 32, sp, 20);    /* one group, large x */
+        }
     }
+    if (saved) setenv("K3_MX_SCHEDULE", saved, 1);
+    else unsetenv("K3_MX_SCHEDULE");
+    free(saved);
 }
 
 static void test_rmsnorm(void) {
@@ -645,13 +660,17 @@ static void test_mla_attention(void) {
 static void route_ref(const float *logit, const float *bias, int E, int K, float scaling, int *ids,
                       float *w) {
     float *s = malloc(E * 4), *b = malloc(E * 4);
-    for (int e = 0; e < E; e++) s[e] = k3_sigmoid(logit[e]), b[e] = s[e] + bias[e];
+    for (int e = 0; e < E; e++) {
+        s[e] = k3_sigmoid(logit[e]), b[e] = s[e] + bias[e];
+        if (!(b[e] > -FLT_MAX)) b[e] = -FLT_MAX; /* NaN or -Inf ranks last */
+    }
     for (int j = 0; j < K; j++) {
         int best = 0;
-        for (int e = 1; e < E; e++)
+        while (b[best] == -INFINITY) best++; /* the first not taken */
+        for (int e = best + 1; e < E; e++)
             if (b[e] > b[best]) best = e;
         ids[j] = best;
-        b[best] = -INFINITY;
+        b[best] = -INFINITY; /* taken */
     }
     float sum = 0;
     for (int j = 0; j < K; j++) sum += s[ids[j]];
@@ -660,14 +679,21 @@ static void route_ref(const float *logit, const float *bias, int E, int K, float
     free(s), free(b);
 }
 
+/* The last two cases: corrupt router scores (NaN logits, -Inf biases) rank last, as on the CPU
+ * (k3_moe_select), so the ids stay distinct and valid; K reaches into them. */
 static void test_router_topk(void) {
     if (!have_gpu()) return;
-    int cases[3][2] = {{896, 16}, {32, 4}, {3000, 64}};
-    for (int c = 0; c < 3 && !k3_test_stopped(); c++) {
-        int E = cases[c][0], K = cases[c][1], ids[64], idg[64];
+    int cases[5][3] = {{896, 16, 0}, {32, 4, 0}, {3000, 64, 0}, {32, 16, 24}, {896, 16, 890}};
+    for (int c = 0; c < 5 && !k3_test_stopped(); c++) {
+        int E = cases[c][0], K = cases[c][1], bad = cases[c][2], ids[64], idg[64];
         float *lg = malloc(E * 4), *bias = malloc(E * 4), w[64], wg[64];
         fill(lg, E, 4.0f), fill(bias, E, 0.1f);
         bias[5 % E] = bias[7 % E], lg[5 % E] = lg[7 % E]; /* a tie: the lower id first */
+        for (int i = 0; i < bad; i++) { /* spread over the ids: every third NaN, else -Inf */
+            int e = (int)(((int64_t)i * 7919) % E);
+            if (i % 3) bias[e] = -INFINITY;
+            else lg[e] = NAN;
+        }
         route_ref(lg, bias, E, K, 2.5f, ids, w);
         float *dl = dup_dev(lg, E * 4), *db = dup_dev(bias, E * 4), *dw = poisoned(K);
         int *di = (int *)poisoned(K);
@@ -677,9 +703,19 @@ static void test_router_topk(void) {
         free(lg), free(bias);
         CHECK(ok, "launch: %s", cudaGetErrorString(e));
         for (int j = 0; j < K; j++) {
-            CHECK(idg[j] == ids[j], "E %d slot %d: expert %d, want %d", E, j, idg[j], ids[j]);
-            CHECK(fabsf(wg[j] - w[j]) <= 1e-6f * fabsf(w[j]), "E %d slot %d: weight %g, want %g",
-                  E, j, wg[j], w[j]);
+            CHECK(idg[j] == ids[j], "E %d bad %d slot %d: expert %d, want %d", E, bad, j, idg[j],
+                  ids[j]);
+            CHECK(isnan(w[j]) ? isnan(wg[j]) : fabsf(wg[j] - w[j]) <= 1e-6f * fabsf(w[j]),
+                  "E %d bad %d slot %d: weight %g, want %g", E, bad, j, wg[j], w[j]);
+        }
+        if (bad) { /* the CPU reference itself: distinct ids in range, NaN experts among them */
+            int nan_ids = 0;
+            for (int j = 0; j < K; j++) {
+                CHECK(ids[j] >= 0 && ids[j] < E, "E %d slot %d: id %d", E, j, ids[j]);
+                for (int i = 0; i < j; i++) CHECK(ids[i] != ids[j], "E %d: id %d twice", E, ids[j]);
+                nan_ids += isnan(w[j]) != 0;
+            }
+            CHECK(nan_ids > 0, "E %d bad %d: no NaN weight among the top %d", E, bad, K);
         }
     }
 }

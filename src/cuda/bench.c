@@ -4,7 +4,8 @@
  * Method (/work/.library/device/METHOD.md): random finite inputs, never zeros; 3 warm-up
  * launches; then 7 batches of launches timed with events, the median batch mean reported;
  * each launch reads the next of several weight copies so that the 60 MB L2 never holds the
- * next launch's weights. Bytes count each weight byte once (inputs and outputs are KB). */
+ * next launch's weights. Bytes count each weight byte once (inputs and outputs are KB).
+ * K3_MX_SWEEP=1 (environment) adds a row per MXFP4 launch schedule (kern.h, K3_MX_SCHEDULE). */
 #include "gpu.h"
 
 #include <cuda_runtime_api.h>
@@ -149,6 +150,47 @@ static int bench_matvec(FILE *out, const char *name, int dtype, int64_t rows, in
     return rc;
 }
 
+/* Prepares the sets · K experts at raw into w (slot bytes each) for the schedule in force. */
+static int prepare_all(const k3k_experts *d, const uint8_t *raw, uint8_t *w, uint64_t slot, int n,
+                       k3_err *err) {
+    for (int k = 0; k < n; k++) CK(k3k_experts_prepare(d, raw + k * slot, w + k * slot, 0));
+    CK(cudaDeviceSynchronize());
+    return K3_OK;
+}
+
+/* K3_MX_SWEEP=1: every launch schedule of the MXFP4 kernels (kern.h; the weights prepared again
+ * for each, as its layout may differ), the default first and again last, so that the spread of
+ * one schedule's two timings is in the table. */
+static int sweep_schedules(FILE *out, job *j, const k3k_experts *d, const uint8_t *raw,
+                           uint8_t *w, uint64_t slot, int n, int reps, double b1, double b2,
+                           double copy_bps, k3_err *err) {
+    const char *env = getenv("K3_MX_SCHEDULE");
+    char *saved = env ? strdup(env) : NULL;
+    int rc = K3_OK;
+    for (int i = 0; i <= K3K_MX_SCHEDULES && !rc; i++) {
+        int sc = i % K3K_MX_SCHEDULES, cw, st, k, ld;
+        char v[16], name[64];
+        snprintf(v, sizeof v, "%d", sc);
+        setenv("K3_MX_SCHEDULE", v, 1);
+        rc = prepare_all(d, raw, w, slot, n, err);
+        k3k_mx_schedule(sc, &cw, &st, &k, &ld);
+        double t = 0;
+        for (int gu = 1; gu >= 0 && !rc; gu--) {
+            j->kind = gu ? 1 : 2;
+            rc = time_job(j, reps, &t, err);
+            snprintf(name, sizeof name, "  sched %d %s: %s %dx%d%s", sc, gu ? "gate+up" : "down",
+                     cw ? "copy warp" : "per warp", st, k, ld ? " old dec" : "");
+            if (!rc)
+                row(out, name, gu ? "16x2x3072x3584" : "16x3584x3072", gu ? b1 : b2, t, copy_bps);
+        }
+    }
+    if (saved) setenv("K3_MX_SCHEDULE", saved, 1);
+    else unsetenv("K3_MX_SCHEDULE");
+    free(saved);
+    if (!rc) rc = prepare_all(d, raw, w, slot, n, err);
+    return rc;
+}
+
 static int bench_experts(FILE *out, int reps, double copy_bps, double *gate_up_bps, k3_err *err) {
     const int K = 16, inter = 3072, latent = 3584, sets = 2;
     uint64_t packed = (uint64_t)inter * latent / 2, scale = packed / 16, off = 0, o[7];
@@ -160,7 +202,7 @@ static int bench_experts(FILE *out, int reps, double copy_bps, double *gate_up_b
     job j = {.kind = 1, .sets = sets};
     uint8_t *w = NULL, *raw = NULL;
     CK(cudaMalloc((void **)&w, slot * K * sets));
-    CK(cudaMalloc((void **)&raw, slot));
+    CK(cudaMalloc((void **)&raw, slot * K * sets)); /* kept for the sweep's re-preparation */
     k3k_experts d = {.inter = inter, .latent = latent, .off_w1p = o[0], .off_w1s = o[1],
                      .off_w3p = o[2], .off_w3s = o[3], .off_w2p = o[4], .off_w2s = o[5],
                      .off_flag = o[6]};
@@ -168,17 +210,18 @@ static int bench_experts(FILE *out, int reps, double copy_bps, double *gate_up_b
     if (!hs) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
     uint64_t z = 12345;
     for (int k = 0; k < sets * K; k++) { /* random nibbles; E8M0 scales in 100..163 (finite) */
-        CK(k3k_fill_random(raw, slot, 11 + k, 0xffffffffu, 0));
+        CK(k3k_fill_random(raw + k * slot, slot, 11 + k, 0xffffffffu, 0));
         for (int i = 1; i < 6; i += 2) {
             for (uint64_t b = 0; b < scale; b++) {
                 z = z * 6364136223846793005ull + 1442695040888963407ull;
                 hs[b] = (uint8_t)(100 + (z >> 58));
             }
-            CK(cudaMemcpy(raw + o[i], hs, scale, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(raw + k * slot + o[i], hs, scale, cudaMemcpyHostToDevice));
         }
-        CK(k3k_experts_prepare(&d, raw, w + k * slot, 0));
     }
     free(hs);
+    int rc = prepare_all(&d, raw, w, slot, sets * K, err);
+    if (rc) return rc;
     CK(cudaMalloc((void **)&j.x, latent * 4));
     CK(cudaMalloc((void **)&j.h, (size_t)K * inter * 4));
     CK(cudaMalloc((void **)&j.y, (size_t)K * latent * 4));
@@ -188,18 +231,19 @@ static int bench_experts(FILE *out, int reps, double copy_bps, double *gate_up_b
         j.ex[s].n = K;
         for (int e = 0; e < K; e++) j.ex[s].base[e] = w + (uint64_t)(s * K + e) * slot;
     }
-    int rc = K3_OK;
     CK(k3k_fill_random(j.h, (size_t)K * inter * 4, 14, 0x3fffffffu, 0));
     double t1 = 0, t2 = 0;
     rc = time_job(&j, reps, &t1, err);
     j.kind = 2;
     if (!rc) rc = time_job(&j, reps, &t2, err);
+    double b1 = 2.0 * K * (packed + scale), b2 = 1.0 * K * (packed + scale);
     if (!rc) {
-        double b1 = 2.0 * K * (packed + scale), b2 = 1.0 * K * (packed + scale);
         row(out, "mxfp4 16 experts gate+up+SiTU", "16x2x3072x3584", b1, t1, copy_bps);
         row(out, "mxfp4 16 experts down", "16x3584x3072", b2, t2, copy_bps);
         *gate_up_bps = b1 / t1;
     }
+    if (!rc && getenv("K3_MX_SWEEP"))
+        rc = sweep_schedules(out, &j, &d, raw, w, slot, sets * K, reps, b1, b2, copy_bps, err);
     cudaFree(w);
     cudaFree(raw);
     cudaFree(j.x);

@@ -89,6 +89,16 @@ cudaError_t k3k_experts_gate_up(const k3k_experts *ex, const float *z, float bet
  * otherwise. One launch each, on the tensor cores (kernels.cu, "MXFP4 experts"). */
 cudaError_t k3k_experts_down(const k3k_experts *ex, const float *h, float *out,
                              cudaStream_t stream);
+/* Both take one of K3K_MX_SCHEDULES launch schedules (ring depth; with or without a copy
+ * warp, whose layout k3k_experts_prepare picks): the fastest measured unless the environment
+ * variable K3_MX_SCHEDULE=i (0 <= i < K3K_MX_SCHEDULES) picks another — for benchmark sweeps
+ * and tests; it must be the same at preparation and launch. Results are the same function of
+ * the inputs under every schedule (only the summation order differs). */
+#define K3K_MX_SCHEDULES 6
+/* Schedule i: whether it has a copy warp, its ring's stages and steps (8 · 1088 bytes each
+ * with a copy warp, else 1088 bytes per warp) a stage, and whether it decodes the weights the
+ * earlier way (11 instead of 8 instructions per 8 weights; kept for comparison). */
+void k3k_mx_schedule(int i, int *copy_warp, int *stages, int *steps, int *legacy_decode);
 
 /* y[n] = w ⊙ (x / sqrt(mean(x²) + eps)) (spec §4); w [n] BF16 or F32 (wdtype), or NULL for
  * no weight. y may alias x. n >= 1. */
@@ -143,6 +153,8 @@ cudaError_t k3k_mla_attend(const float *Q, const float *kv, int t, int H, int no
 /* The LatentMoE router on device (spec §8.3 steps 2-5): logits [E] (router matvec output)
  * → σ, + bias [E] F32 for selection, top-k in canonical order (descending biased score, ties
  * to the lower id) into ids [k], weights [k] = renormalised unbiased scores × scaling.
+ * A NaN or -Inf biased score ranks as -FLT_MAX (last, ties to the lower id), as on the CPU
+ * (k3_moe_select): the k ids are always distinct and valid; a NaN score gives NaN weights.
  * E <= 8192, k <= K3K_MAX_EXPERTS. */
 cudaError_t k3k_router_topk(const float *logits, const float *bias, int E, int k,
                             float scaling, int *ids, float *weights, cudaStream_t stream);

@@ -12,6 +12,7 @@
 #include <float.h>
 #include <cuda_runtime.h>
 #include <math.h>
+#include <stdlib.h>
 
 namespace {
 
@@ -264,7 +265,8 @@ cudaError_t launch_matvec(const k3k_mat *w, const float *x, float *y, cudaStream
 //    sign at bit 15 — which is the code's value times 2^-126 (e = 0, m = 1 lands on the BF16
 //    subnormal 2^-127 = 0.5 · 2^-126). The expert cache re-lays every expert out once, at
 //    upload (k3k_experts_prepare), so that a lane's 16-byte load holds exactly its mma
-//    fragments and three shifts and six ANDs/ORs decode 8 weights (mx_decode).
+//    fragments, each 32-bit word 8 codes encoded so that four rotations and four AND/XORs
+//    decode them (mx_decode, mx_inv).
 //  - Activations: x · 2^S (S chosen per vector from max|x|, exact) is split exactly into three
 //    BF16 parts x1 + x2 + x3 (8 + 8 + 8 significant bits), the three columns of the mma's
 //    8-column B operand. Products of BF16s are exact in the tensor cores; only the sums round.
@@ -274,16 +276,76 @@ cudaError_t launch_matvec(const k3k_mat *w, const float *x, float *y, cudaStream
 // under/overflow of the scaled partial sums (|y| / max|x| ≥ ~2^120, or x elements below
 // max|x| · 2^-109, whose products flush).
 
-constexpr uint32_t MX_MAG = 0x01C001C0u, MX_SGN = 0x80008000u;
+// The BF16x2 bits an E2M1 code pair occupies (magnitudes at 8..6, signs at 15; both halves).
+constexpr uint32_t MX_P = 0x81C081C0u;
 
-// One prepared word (8 weights: per 16-bit half, magnitudes at bits 0-2, 3-5, 6-8, 9-11 and
-// their signs at 13, 12, 15, 14) into the four BF16x2 fragment registers a[0..3].
+// One prepared word w (8 weights) into the four BF16x2 fragment registers a[0..3]:
+//   a0 = P & w, a1 = P & rot(w, 12), a2 = P & (rot(w, 2) ^ rot(w, 6)), a3 = P & (rot(w, 2) ^
+//   rot(w, 8))   (rot: right rotation; P = MX_P)
+// — 4 SHF and 4 LOP3. No layout lets four plain rotations do it (the 8-bit pattern P does
+// not tile 32 bits by rotations, nor does any 2- or 3-rotation XOR scheme reach all 32 bits),
+// so two registers take an XOR of two rotations; this map is linear and invertible over
+// GF(2), and k3k_experts_prepare stores w = its inverse applied to the wanted bits (mx_inv).
+//
+// LD (K3_MX_SCHEDULE's legacy-decode entry, for comparison): the earlier encoding — per 16-bit
+// half, magnitudes at bits 0-2, 3-5, 6-8, 9-11 and their signs at 13, 12, 15, 14 — decoded by
+// three shifts and six ANDs/ORs (11 instructions).
+template <bool LD>
 __device__ __forceinline__ void mx_decode(uint32_t w, uint32_t (&a)[4]) {
-    a[0] = ((w << 6) & MX_MAG) | ((w << 2) & MX_SGN);
-    a[1] = (w << 3) & (MX_MAG | MX_SGN);
-    a[2] = w & (MX_MAG | MX_SGN);
-    a[3] = ((w >> 3) & MX_MAG) | ((w << 1) & MX_SGN);
+    if constexpr (LD) {
+        constexpr uint32_t MAG = 0x01C001C0u, SGN = 0x80008000u;
+        a[0] = ((w << 6) & MAG) | ((w << 2) & SGN);
+        a[1] = (w << 3) & (MAG | SGN);
+        a[2] = w & (MAG | SGN);
+        a[3] = ((w >> 3) & MAG) | ((w << 1) & SGN);
+        return;
+    }
+    const uint32_t r2 = __funnelshift_r(w, w, 2), r6 = __funnelshift_r(w, w, 6);
+    const uint32_t r8 = __funnelshift_r(w, w, 8), r12 = __funnelshift_r(w, w, 12);
+    a[0] = w & MX_P;
+    a[1] = r12 & MX_P;
+    a[2] = (r2 ^ r6) & MX_P;
+    a[3] = (r2 ^ r8) & MX_P;
 }
+
+// mx_decode's map as a 32×32 matrix over GF(2), inverted at compile time. Target bit k =
+// 8 j + i is bit MX_P's i-th set position of register a[j]; row[i] of the inverse is the mask
+// of target bits whose parity is bit i of w.
+struct mx_matrix { uint32_t row[32]; };
+constexpr int mx_pos(int i) { // the i-th set bit of MX_P
+    int n = 0;
+    for (int p = 0; p < 32; p++)
+        if ((MX_P >> p) & 1u) {
+            if (n == i) return p;
+            n++;
+        }
+    return -1;
+}
+constexpr mx_matrix mx_make_inv() {
+    const int rots[4][2] = {{0, 0}, {12, 12}, {2, 6}, {2, 8}}; // equal entries: one rotation
+    mx_matrix f{}, inv{};
+    for (int j = 0; j < 4; j++)
+        for (int i = 0; i < 8; i++) {
+            const int p = mx_pos(i);
+            uint32_t r = 1u << ((p + rots[j][0]) % 32);
+            if (rots[j][1] != rots[j][0]) r ^= 1u << ((p + rots[j][1]) % 32);
+            f.row[8 * j + i] = r;            // target bit 8j + i = parity(r & w)
+            inv.row[8 * j + i] = 1u << (8 * j + i);
+        }
+    for (int b = 0; b < 32; b++) { // Gauss-Jordan: row b ends with pivot at w bit b
+        int piv = b;
+        while (piv < 32 && !((f.row[piv] >> b) & 1u)) piv++;
+        if (piv == 32) return mx_matrix{}; // singular: caught by the static_assert below
+        uint32_t t = f.row[piv]; f.row[piv] = f.row[b]; f.row[b] = t;
+        t = inv.row[piv]; inv.row[piv] = inv.row[b]; inv.row[b] = t;
+        for (int r = 0; r < 32; r++)
+            if (r != b && ((f.row[r] >> b) & 1u)) f.row[r] ^= f.row[b], inv.row[r] ^= inv.row[b];
+    }
+    return inv;
+}
+constexpr mx_matrix MX_INV_HOST = mx_make_inv();
+static_assert(MX_INV_HOST.row[0] != 0, "mx_decode's map must be invertible");
+__constant__ mx_matrix mx_inv = mx_make_inv();
 
 // d = A·B + d for one 16×16 weight slice A and B = x's three BF16 parts (columns 0-2).
 __device__ __forceinline__ void mx_mma(float (&d)[4], const uint32_t (&a)[4], uint2 b) {
@@ -303,14 +365,14 @@ __device__ __forceinline__ float mx_scale(uint32_t sw, int b) {
 
 // One 32-column group of one lane's 16-row tile: words w0, w1 (its two 16-column slices), B
 // fragments b0, b1 of the same slices, the scale bytes for rows g and g + 8 at sb, sb + 1.
-template <bool EXACT>
+template <bool EXACT, bool LD>
 __device__ __forceinline__ void mx_group(uint32_t w0, uint32_t w1, uint2 b0, uint2 b1,
                                          uint32_t sw, int sb, float (&acc)[4]) {
     uint32_t a[4];
     float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    mx_decode(w0, a);
+    mx_decode<LD>(w0, a);
     mx_mma(d, a, b0);
-    mx_decode(w1, a);
+    mx_decode<LD>(w1, a);
     mx_mma(d, a, b1);
     const float s0 = mx_scale<EXACT>(sw, sb), s1 = mx_scale<EXACT>(sw, sb + 1);
     acc[0] = fmaf(d[0], s0, acc[0]);
@@ -332,33 +394,56 @@ __device__ __forceinline__ void mx_split(float v, uint32_t (&p)[3]) {
     p[2] = __bfloat16_as_ushort(__float2bfloat16_rn(__fsub_rn(r, __uint_as_float(p[1] << 16))));
 }
 
+// Barrier 1 over the block's first n threads (the experts kernels' compute warps; the copy
+// warp, when there is one, never waits on it).
+__device__ __forceinline__ void mx_sync(int n) {
+    asm volatile("bar.sync 1, %0;\n" ::"r"(n) : "memory");
+}
+
+// max over the first n threads (n a multiple of 32), as block_max.
+__device__ float mx_max(float v, float *red, int n) {
+    v = warp_max(v);
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = n >> 5;
+    mx_sync(n);
+    if (lane == 0) red[w] = v;
+    mx_sync(n);
+    if (w == 0) {
+        float t = lane < nw ? red[lane] : -INFINITY;
+        t = warp_max(t);
+        if (lane == 0) red[0] = t;
+    }
+    mx_sync(n);
+    return red[0];
+}
+
 // Stages x [cols] as B fragments: Bs[s·12 + lane] for k-slice s and lanes 0-11 (lane 4n + c
 // holds part n of columns 16s + 2c, +1 and 16s + 2c + 8, +9; lanes 12-31 read those of lanes
 // 0-11 as B columns 3-7, which no result reads). Returns S
 // (x is taken as x · 2^S, max|x| · 2^S in [2^125, 2^126); S = 0 for zero or non-finite x).
-// Ends with a barrier; the caller guarantees that no warp still reads Bs.
-__device__ int mx_stage(const float *__restrict__ x, int cols, uint2 *Bs, float *red) {
+// Run by the block's first nthr threads; ends with their barrier (mx_sync); the caller
+// guarantees that no warp still reads Bs.
+__device__ int mx_stage(const float *__restrict__ x, int cols, uint2 *Bs, float *red, int nthr) {
     // entry e = (slice e / 4, c = e % 4): x[k], x[k + 1], x[k + 8], x[k + 9], k = 16 (e / 4) + 2c;
     // up to ME entries per thread are read once into registers (one trip to memory)
     constexpr int ME = 4;
     const int ne = cols / 4;
-    const bool held = ne <= ME * (int)blockDim.x;
+    const bool held = ne <= ME * (int)nthr;
     float2 v[ME][2];
     float m = 0.0f;
     auto upd = [&](float f) { f = fabsf(f); m = f <= FLT_MAX ? fmaxf(m, f) : INFINITY; };
     if (held) {
 #pragma unroll
         for (int i = 0; i < ME; i++) {
-            const int e = threadIdx.x + i * blockDim.x, k = 16 * (e >> 2) + 2 * (e & 3);
+            const int e = threadIdx.x + i * nthr, k = 16 * (e >> 2) + 2 * (e & 3);
             if (e >= ne) break;
             v[i][0] = *reinterpret_cast<const float2 *>(x + k);
             v[i][1] = *reinterpret_cast<const float2 *>(x + k + 8);
             upd(v[i][0].x), upd(v[i][0].y), upd(v[i][1].x), upd(v[i][1].y); // NaN: non-finite
         }
     } else {
-        for (int i = threadIdx.x; i < cols; i += blockDim.x) upd(x[i]);
+        for (int i = threadIdx.x; i < cols; i += nthr) upd(x[i]);
     }
-    m = block_max(m, red);
+    m = mx_max(m, red, nthr);
     const int S = m > 0.0f && m <= FLT_MAX ? 125 - ilogbf(m) : 0; // -2 <= S <= 274
     // 2^S as three exact factors (each product exact: |x| · 2^S < 2^126, and magnitudes grow)
     const int a = S < 127 ? S : 127, b = S - a < 127 ? S - a : 127, c3 = S - a - b;
@@ -380,17 +465,17 @@ __device__ int mx_stage(const float *__restrict__ x, int cols, uint2 *Bs, float 
     if (held) {
 #pragma unroll
         for (int i = 0; i < ME; i++) {
-            const int e = threadIdx.x + i * blockDim.x;
+            const int e = threadIdx.x + i * nthr;
             if (e >= ne) break;
             put(e, v[i][0], v[i][1]);
         }
     } else {
-        for (int e = threadIdx.x; e < ne; e += blockDim.x) {
+        for (int e = threadIdx.x; e < ne; e += nthr) {
             const int k = 16 * (e >> 2) + 2 * (e & 3);
             put(e, make_float2(x[k], x[k + 1]), make_float2(x[k + 8], x[k + 9]));
         }
     }
-    __syncthreads();
+    mx_sync(nthr);
     return S;
 }
 
@@ -402,8 +487,12 @@ template <bool E> struct mx_exact { static constexpr bool value = E; };
 __device__ __forceinline__ uint32_t smem_u32(const void *p) {
     return (uint32_t)__cvta_generic_to_shared(p);
 }
-__device__ __forceinline__ void mbar_init(uint64_t *bar) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(bar)) : "memory");
+__device__ __forceinline__ void mbar_init(uint64_t *bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count)
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
 }
 __device__ __forceinline__ void mbar_expect_tx(uint64_t *bar, uint32_t bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)),
@@ -431,7 +520,11 @@ __device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) {
 // Gate+up: w1's and w3's chunks alternate (w1 chunk c, w3 chunk c, w1 chunk c + 1, ...) in
 // the region from off_w1p (whose size is that of w1p, w1s, w3p and w3s together); tile t
 // starts at t · ng · 544. Down: w2's chunks in order from off_w2p; tile t at t · ng · 272.
-// So a warp's columns of one tile (gate+up: of both matrices) are one contiguous block.
+// Chunk-major (chunks of a tile in column order): a warp's columns of one tile (gate+up: of
+// both matrices) are one contiguous block. Step-major (K3's shapes, mx_step_major): the
+// chunks of a tile reordered so that step k of warp 0, 1, ..., 7 (one step = 1088 bytes:
+// gate+up, w1 and w3 chunk; down, two w2 chunks) follow each other, so step k of every warp
+// is one contiguous block.
 constexpr int MX_STEP = 1088; // bytes of one pipeline step: gate+up, one chunk of w1 and of w3;
                               // down, two chunks of w2
 
@@ -444,16 +537,23 @@ constexpr int MX_STEP = 1088; // bytes of one pipeline step: gate+up, one chunk 
 // and awaited on one mbarrier per stage. The warps' sums meet in shared memory once per item
 // (a fixed order: deterministic). x is staged once (GU) or per expert (down). Few large copies
 // matter: with one copy per step the copy engine, not DRAM, limited the stream (BENCHMARKS.md).
-template <bool GU, int W, int D, int K>
-__global__ void __launch_bounds__(W * 32)
-experts_k(const __grid_constant__ k3k_experts ex, const float *__restrict__ x, float beta,
-          float lb, float *__restrict__ out) {
+//
+// WS (the copy warp): the layout is step-major (mx_step_major: a tile's step k of every warp
+// is one contiguous run of W · MX_STEP bytes), and one extra warp (warp W, lane 0) streams
+// every tile through ONE ring of D block-wide stages of K steps (K · W · MX_STEP bytes, one
+// copy each), as far ahead as the ring allows: a stage is refilled once all W compute warps
+// have released it (an "empty" mbarrier of W arrivals). So the copies are W times larger and
+// run ahead of the compute by up to D - 1 stages, independently of any one warp's progress.
+template <bool GU, bool WS, int W, int D, int K, bool LD>
+__device__ __forceinline__ void experts_body(const k3k_experts &ex, const float *__restrict__ x,
+                                             float beta, float lb, float *__restrict__ out) {
     extern __shared__ __align__(128) uint8_t smem[];
     constexpr int NM = GU ? 2 : 1;
     constexpr int GB = GU ? 544 : 272; // bytes of one group (both matrices in GU)
+    constexpr int SB = WS ? K * W * MX_STEP : K * MX_STEP; // bytes of one stage
     __shared__ float part[2][NM][W][16];
     __shared__ float red[32];
-    __shared__ uint64_t bar_all[W][D];
+    __shared__ uint64_t bar_all[WS ? 2 * D : W * D]; // WS: full [D], then empty [D]
     const int rows = GU ? ex.inter : ex.latent, cols = GU ? ex.latent : ex.inter;
     const int ng = cols / 32, np = (ng + 1) / 2, tiles = rows / 16, items = ex.n * tiles;
     const int it0 = (int)((int64_t)items * blockIdx.x / gridDim.x);
@@ -470,9 +570,35 @@ experts_k(const __grid_constant__ k3k_experts ex, const float *__restrict__ x, f
     const int wbytes = (g_hi - g_lo) * GB; // the warp's block of one item
     uint2 *Bs = reinterpret_cast<uint2 *>(smem);
     uint8_t *ring = smem + ((size_t)cols / 16 * 12 * sizeof(uint2) + 127) / 128 * 128 +
-                    (size_t)warp * D * K * MX_STEP;
-    uint64_t *bars = bar_all[warp];
+                    (WS ? 0 : (size_t)warp * D * SB);
+    uint64_t *bars = WS ? bar_all : bar_all + warp * D, *empty = bar_all + D;
     if (it0 >= it1) return; // uniform over the block
+
+    if constexpr (WS) {
+        if (threadIdx.x == 0) {
+            for (int i = 0; i < D; i++) mbar_init(bars + i, 1), mbar_init(empty + i, W);
+            asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        }
+        __syncthreads(); // the only barrier the copy warp takes part in
+        if (warp == W) { // the copy warp: copy i = stage i % D, steps [K (i % gpi), ...) of item
+            if (lane != 0) return;
+            int j = it0 / tiles, t = it0 - j * tiles, cs = 0, st = 0;
+            for (int i = 0; i < total; i++) {
+                if (i >= D) mbar_wait(empty + st, ((i / D) - 1) & 1); // its last use is done
+                const int n = min(K, spi - cs * K) * W * MX_STEP;
+                mbar_expect_tx(bars + st, n);
+                bulk_copy(ring + st * SB,
+                          ex.base[j] + region + t * tile_b + (size_t)cs * K * W * MX_STEP, n,
+                          bars + st);
+                st = st + 1 == D ? 0 : st + 1;
+                if (++cs == gpi) {
+                    cs = 0;
+                    if (++t == tiles) t = 0, j++;
+                }
+            }
+            return;
+        }
+    }
 
     // lane 0's load cursor: copy ls (steps K·ls ...) of the item of expert lj, tile lt, into
     // stage lstage
@@ -482,15 +608,15 @@ experts_k(const __grid_constant__ k3k_experts ex, const float *__restrict__ x, f
         if (ls == 0) lsrc = ex.base[lj] + region + lt * tile_b + (size_t)g_lo * GB;
         const int off = ls * K * MX_STEP, n = min(K * MX_STEP, wbytes - off);
         mbar_expect_tx(bars + lstage, n > 0 ? n : 0);
-        if (n > 0) bulk_copy(ring + lstage * K * MX_STEP, lsrc + off, n, bars + lstage);
+        if (n > 0) bulk_copy(ring + lstage * SB, lsrc + off, n, bars + lstage);
         lstage = lstage + 1 == D ? 0 : lstage + 1;
         if (++ls == gpi) {
             ls = 0;
             if (++lt == tiles) lt = 0, lj++;
         }
     };
-    if (lane == 0) {
-        for (int i = 0; i < D; i++) mbar_init(bars + i);
+    if (!WS && lane == 0) {
+        for (int i = 0; i < D; i++) mbar_init(bars + i, 1);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         for (int i = 0; i < D - 1 && i < total; i++) issue();
     }
@@ -505,7 +631,7 @@ experts_k(const __grid_constant__ k3k_experts ex, const float *__restrict__ x, f
 
     int ci = it0, cs = 0, cstage = 0; // the copy being computed: copy cs of item ci
     int xj = GU ? 0 : ci / tiles;
-    int S = mx_stage(x + (size_t)xj * cols, cols, Bs, red);
+    int S = mx_stage(x + (size_t)xj * cols, cols, Bs, red, W * 32);
     float acc[NM][4] = {};
     // Lanes 12-31 hold B's columns 3-7, which no result reads: they load lanes 0-11's.
     const uint2 *bl = Bs + lane % 12;
@@ -530,18 +656,20 @@ experts_k(const __grid_constant__ k3k_experts ex, const float *__restrict__ x, f
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     const uint2 b0 = bl[(2 * gi + 2 * h) * 12], b1 = bl[(2 * gi + 2 * h + 1) * 12];
-                    mx_group<E>(h ? q.z : q.x, h ? q.w : q.y, b0, b1, sw, 2 * h, acc[0]);
-                    if (GU) mx_group<E>(h ? q3.z : q3.x, h ? q3.w : q3.y, b0, b1, sw3, 2 * h, acc[NM - 1]);
+                    mx_group<E, LD>(h ? q.z : q.x, h ? q.w : q.y, b0, b1, sw, 2 * h, acc[0]);
+                    if (GU)
+                        mx_group<E, LD>(h ? q3.z : q3.x, h ? q3.w : q3.y, b0, b1, sw3, 2 * h,
+                                        acc[NM - 1]);
                 }
             } else if (n == 1) {
                 const uint2 b0 = bl[2 * gi * 12], b1 = bl[(2 * gi + 1) * 12];
                 const uint2 q = *reinterpret_cast<const uint2 *>(c0 + lane * 8);
                 const uint32_t sw = *reinterpret_cast<const uint16_t *>(c0 + 256 + g * 2);
-                mx_group<E>(q.x, q.y, b0, b1, sw, 0, acc[0]);
+                mx_group<E, LD>(q.x, q.y, b0, b1, sw, 0, acc[0]);
                 if (GU) {
                     const uint2 q3 = *reinterpret_cast<const uint2 *>(c0 + 272 + lane * 8);
                     const uint32_t sw3 = *reinterpret_cast<const uint16_t *>(c0 + 528 + g * 2);
-                    mx_group<E>(q3.x, q3.y, b0, b1, sw3, 0, acc[NM - 1]);
+                    mx_group<E, LD>(q3.x, q3.y, b0, b1, sw3, 0, acc[NM - 1]);
                 }
             }
         }
@@ -560,7 +688,7 @@ experts_k(const __grid_constant__ k3k_experts ex, const float *__restrict__ x, f
             if (c == 0) part[pb][m][warp][g] = r0, part[pb][m][warp][g + 8] = r1;
             acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.0f;
         }
-        __syncthreads();
+        mx_sync(W * 32); // the compute warps only
         if (threadIdx.x < 16) {
             const int j = ci / tiles, r = (ci - j * tiles) * 16 + threadIdx.x;
             float s0 = 0.0f, s1 = 0.0f;
@@ -576,20 +704,23 @@ experts_k(const __grid_constant__ k3k_experts ex, const float *__restrict__ x, f
     uint32_t parity = 0; // of the stage's current use
     bool cexact = (exact >> (ci / tiles)) & 1;
     for (int s = 0; s < total; s++) {
-        if (lane == 0 && s + D - 1 < total) issue(); // into the stage used in s - 1
-        mbar_wait(bars + cstage, parity);            // copy s has landed
-        const uint8_t *st = ring + cstage * K * MX_STEP;
+        if (!WS && lane == 0 && s + D - 1 < total) issue(); // into the stage used in s - 1
+        mbar_wait(bars + cstage, parity);                   // copy s has landed
+        // this warp's step k of the stage (WS: the stage holds step k of every warp in turn)
+        const uint8_t *st = ring + cstage * SB + (WS ? warp * MX_STEP : 0);
+        constexpr int KS = WS ? W * MX_STEP : MX_STEP;
 #pragma unroll
         for (int k = 0; k < K; k++) {
             const int step = cs * K + k;
             if (step >= spi) break;
             if (cexact) { /* uniform: the expert has scale bytes 0 or 255 */
-                compute(st + k * MX_STEP, step, mx_exact<true>());
+                compute(st + k * KS, step, mx_exact<true>());
             } else {
-                compute(st + k * MX_STEP, step, mx_exact<false>());
+                compute(st + k * KS, step, mx_exact<false>());
             }
         }
         __syncwarp(); // every lane is done with the stage before it is refilled
+        if (WS && lane == 0) mbar_arrive(empty + cstage);
         if (++cstage == D) cstage = 0, parity ^= 1;
         if (++cs == gpi) {
             finish();
@@ -598,24 +729,50 @@ experts_k(const __grid_constant__ k3k_experts ex, const float *__restrict__ x, f
                 cexact = (exact >> (ci / tiles)) & 1;
                 if (!GU && ci / tiles != xj) { // every warp is past finish()'s barrier
                     xj = ci / tiles;
-                    S = mx_stage(x + (size_t)xj * cols, cols, Bs, red);
+                    S = mx_stage(x + (size_t)xj * cols, cols, Bs, red, W * 32);
                 }
             }
         }
     }
 }
 
+// The kernel: W compute warps, plus the copy warp when WS (its registers capped so that three
+// blocks fit an SM, as the compute warps' shared memory allows).
+template <bool GU, bool WS, int W, int D, int K, bool LD>
+__global__ void __launch_bounds__((W + WS) * 32, WS ? 3 : 0)
+experts_k(const __grid_constant__ k3k_experts ex, const float *__restrict__ x, float beta,
+          float lb, float *__restrict__ out) {
+    experts_body<GU, WS, W, D, K, LD>(ex, x, beta, lb, out);
+}
+
+// The copy-warp kernels' warps and the step-major layout's: a matrix [rows, cols] is laid out
+// step-major (for them) when its chunks split evenly into whole steps over MX_WS_W warps
+// (K3's shapes do) and the schedule is not MX_CHUNK_MAJOR.
+constexpr int MX_WS_W = 8;
+constexpr int MX_CHUNK_MAJOR = K3K_MX_SCHEDULES - 1; // the schedule without a copy warp
+constexpr int MX_LEGACY_DECODE = K3K_MX_SCHEDULES - 2; // schedule 0 with mx_decode<true>
+int mx_schedule() {
+    const char *env = getenv("K3_MX_SCHEDULE");
+    const int i = env ? atoi(env) : 0;
+    return i >= 0 && i < K3K_MX_SCHEDULES ? i : 0;
+}
+bool mx_step_major(int cols, bool gu) {
+    const int ng = cols / 32, cps = gu ? 1 : 2; // chunks a step
+    return ng % 2 == 0 && (ng / 2) % (MX_WS_W * cps) == 0 && mx_schedule() != MX_CHUNK_MAJOR;
+}
+
 // Re-lays one matrix [rows, cols] (rows % 16 == 0, cols % 32 == 0) out for experts_k (the
 // layout above; d points at the matrix's region, stride/sub place its chunks: a chunk of
-// chunk bytes cb at d + t · tile_b + c · cb + sub, where sub is w3's offset after w1 in GU);
+// chunk bytes cb at d + t · tile_b + c · cb + sub, where sub is w3's offset after w1 in GU;
+// cps > 0: step-major, chunk c at position ((j / cps) · MX_WS_W + w) · cps + j % cps for
+// w = c / cpw, j = c % cpw, cps chunks a step);
 // one thread per (16-row tile, group, lane). *flag |= 1 when a scale byte is 0 or 255 (not
 // decoded by the fast path).
 __global__ void mx_prepare_k(const uint8_t *__restrict__ sp, const uint8_t *__restrict__ ss,
                              uint8_t *__restrict__ d, int rows, int cols, int gb, int cb,
-                             int m, uint32_t *flag) {
-    const int ng = cols / 32;
+                             int m, int cps, bool legacy, uint32_t *flag) {
+    const int ng = cols / 32, cpw = ng / 2 / MX_WS_W;
     const int64_t n = (int64_t)(rows / 16) * ng * 32;
-    const int sg[4] = {13, 12, 15, 14};
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
         const int lane = (int)(i & 31), g = lane >> 2, c = lane & 3;
@@ -623,11 +780,13 @@ __global__ void mx_prepare_k(const uint8_t *__restrict__ sp, const uint8_t *__re
         const int gi = (int)(tg % ng), t = (int)(tg / ng);
         const bool pair = (gi | 1) < ng;
         // the chunk: nibbles then scales; in GU, w3's part follows w1's
-        uint8_t *ch = d + (size_t)t * ng * gb + (size_t)(gi >> 1) * cb +
-                      (size_t)m * (pair ? 544 : 272);
+        // step-major (cps > 0): warp w's chunk j (j < cpw) goes to step j / cps of warp w
+        const int cc = gi >> 1, w = cps ? cc / cpw : 0, jj = cps ? cc % cpw : 0;
+        const int at = cps ? ((jj / cps) * MX_WS_W + w) * cps + jj % cps : cc;
+        uint8_t *ch = d + (size_t)t * ng * gb + (size_t)at * cb + (size_t)m * (pair ? 544 : 272);
 #pragma unroll
         for (int q = 0; q < 2; q++) {
-            uint32_t w = 0;
+            uint32_t tk = 0; // mx_decode's target bits: 8 j + 4 h + (m, e0, e1, sign)
 #pragma unroll
             for (int j = 0; j < 4; j++)
 #pragma unroll
@@ -635,8 +794,22 @@ __global__ void mx_prepare_k(const uint8_t *__restrict__ sp, const uint8_t *__re
                     const int64_t row = 16 * t + g + (j & 1) * 8;
                     const int col = 32 * gi + 16 * q + 2 * c + h + (j >> 1) * 8;
                     const uint32_t code = (sp[row * (cols / 2) + col / 2] >> ((col & 1) * 4)) & 15u;
-                    w |= (code & 7u) << (16 * h + 3 * j) | (code >> 3) << (16 * h + sg[j]);
+                    tk |= code << (8 * j + 4 * h); // MX_P's bits in order: 6, 7, 8, 15 (+16 h)
                 }
+            uint32_t w = 0;
+            if (legacy) { // mx_decode<true>'s encoding
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const uint32_t code = (tk >> (8 * j + 4 * h)) & 15u;
+                        const uint32_t sign_at = (0xefcdu >> (4 * j)) & 15u; // 13, 12, 15, 14
+                        w |= (code & 7u) << (16 * h + 3 * j) | (code >> 3) << (16 * h + sign_at);
+                    }
+            } else {
+#pragma unroll
+                for (int b = 0; b < 32; b++) w |= (uint32_t)(__popc(mx_inv.row[b] & tk) & 1) << b;
+            }
             *reinterpret_cast<uint32_t *>(ch + (pair ? lane * 16 + (gi & 1) * 8 : lane * 8) + 4 * q) = w;
         }
         if (c == 0)
@@ -668,35 +841,61 @@ bool experts_ok(const k3k_experts *ex) {
 }
 
 // One block per SM slot the kernel's occupancy allows (at most one per item).
-template <bool GU, int W, int D, int K>
+template <bool GU, bool WS, int W, int D, int K, bool LD = false>
 cudaError_t launch_experts_v(const k3k_experts *ex, const float *x, float beta, float lb,
                              float *out, cudaStream_t s) {
     const int rows = GU ? ex->inter : ex->latent, cols = GU ? ex->latent : ex->inter;
     const size_t smem = ((size_t)cols / 16 * 12 * sizeof(uint2) + 127) / 128 * 128 +
                         (size_t)W * D * K * MX_STEP;
+    constexpr int threads = (W + WS) * 32;
     int dev = 0, sms = 0, per_sm = 0;
     cudaError_t e = cudaSuccess;
     if (smem > 32 * 1024) /* with the static arrays, past the default 48 KB */
-        e = cudaFuncSetAttribute(experts_k<GU, W, D, K>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)smem);
+        e = cudaFuncSetAttribute(experts_k<GU, WS, W, D, K, LD>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e == cudaSuccess) e = cudaGetDevice(&dev);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
     if (e == cudaSuccess)
-        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, experts_k<GU, W, D, K>, W * 32, smem);
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, experts_k<GU, WS, W, D, K, LD>,
+                                                          threads, smem);
     if (e != cudaSuccess) return e;
     const int items = ex->n * (rows / 16);
     int grid = sms * (per_sm > 0 ? per_sm : 1);
     grid = grid < items ? grid : items;
-    experts_k<GU, W, D, K><<<grid, W * 32, smem, s>>>(*ex, x, beta, lb, out);
+    experts_k<GU, WS, W, D, K, LD><<<grid, threads, smem, s>>>(*ex, x, beta, lb, out);
     return cudaGetLastError();
 }
 
-// The schedule measured fastest on an H200 (BENCHMARKS.md): 8 warps a block, two stages of up
-// to three steps each per warp.
+// Schedules (ring stages, steps a stage) of the copy-warp kernels (8 compute warps + the copy
+// warp, step-major layout); entry 0 is the default. MX_LEGACY_DECODE is entry 0 with the
+// earlier 11-instruction decode (mx_decode<true>), kept to measure the decode's share. The
+// last schedule (MX_CHUNK_MAJOR) is the kernel without a copy warp (8 warps, each streaming
+// its own columns through its own 2 stages of 3 steps) on the chunk-major layout, which also
+// serves every shape the step-major layout does not fit. K3_MX_SCHEDULE=i picks entry i, for
+// `k3 bench-gpu`'s sweep and the kernel tests, which run every entry (preparation and launch
+// must see the same value). Measured on an H200 (BENCHMARKS.md, 2026-11-30 11:44 UTC).
+constexpr int MX_SCHED[K3K_MX_SCHEDULES - 1][2] = {{3, 2}, {2, 3}, {4, 2}, {3, 3}, {3, 2}};
+
+template <bool GU, int I>
+cudaError_t launch_ws(const k3k_experts *ex, const float *x, float beta, float lb, float *out,
+                      cudaStream_t s) {
+    return launch_experts_v<GU, true, MX_WS_W, MX_SCHED[I][0], MX_SCHED[I][1],
+                            I == MX_LEGACY_DECODE>(ex, x, beta, lb, out, s);
+}
+
 template <bool GU>
 cudaError_t launch_experts(const k3k_experts *ex, const float *x, float beta, float lb,
                            float *out, cudaStream_t s) {
-    return launch_experts_v<GU, 8, 2, 3>(ex, x, beta, lb, out, s);
+    static_assert(K3K_MX_SCHEDULES == 6 && MX_LEGACY_DECODE == 4, "one case per schedule");
+    if (!mx_step_major(GU ? ex->latent : ex->inter, GU))
+        return launch_experts_v<GU, false, 8, 2, 3>(ex, x, beta, lb, out, s);
+    switch (mx_schedule()) {
+    case 1: return launch_ws<GU, 1>(ex, x, beta, lb, out, s);
+    case 2: return launch_ws<GU, 2>(ex, x, beta, lb, out, s);
+    case 3: return launch_ws<GU, 3>(ex, x, beta, lb, out, s);
+    case 4: return launch_ws<GU, 4>(ex, x, beta, lb, out, s);
+    default: return launch_ws<GU, 0>(ex, x, beta, lb, out, s);
+    }
 }
 
 // ---- element-wise and small reductions --------------------------------------------------
@@ -940,18 +1139,20 @@ __global__ void mla_attend_merge(const float *part, int NS, int vd, float *o) {
 constexpr int ROUTER_THREADS = 1024;
 
 // Each expert's rank in canonical order = how many experts beat it (higher biased score,
-// or equal and a lower id); the first k ranks are the choice.
+// or equal and a lower id); the first k ranks are the choice. A NaN or -Inf biased score
+// (corrupt weights) counts as -FLT_MAX, as in src/model/ffn.c k3_moe_select: it ranks last
+// and every rank is taken once, so the k ids are distinct; its NaN weight reaches the
+// logits, where the engine reports it.
 __global__ void __launch_bounds__(ROUTER_THREADS)
 router_topk_k(const float *logits, const float *bias, int E, int k, float scaling, int *ids,
               float *weights) {
     extern __shared__ float rs[]; // scores [E], biased [E]
     __shared__ int chosen[K3K_MAX_EXPERTS];
     float *score = rs, *biased = rs + E;
-    if (threadIdx.x < K3K_MAX_EXPERTS) chosen[threadIdx.x] = -1; // stays -1 only for NaN scores
     for (int e = threadIdx.x; e < E; e += blockDim.x) {
-        const float s = sigmoidf_(logits[e]);
+        const float s = sigmoidf_(logits[e]), b = __fadd_rn(s, bias[e]);
         score[e] = s;
-        biased[e] = __fadd_rn(s, bias[e]);
+        biased[e] = b > -FLT_MAX ? b : -FLT_MAX;
     }
     __syncthreads();
     for (int e = threadIdx.x; e < E; e += blockDim.x) {
@@ -966,11 +1167,11 @@ router_topk_k(const float *logits, const float *bias, int E, int k, float scalin
     __syncthreads();
     if (threadIdx.x == 0) {
         float sum = 0.0f;
-        for (int j = 0; j < k; j++) sum = __fadd_rn(sum, chosen[j] < 0 ? NAN : score[chosen[j]]);
+        for (int j = 0; j < k; j++) sum = __fadd_rn(sum, score[chosen[j]]);
         sum = __fadd_rn(sum, 1e-20f);
         for (int j = 0; j < k; j++) {
             ids[j] = chosen[j];
-            weights[j] = chosen[j] < 0 ? NAN : __fmul_rn(__fdiv_rn(score[chosen[j]], sum), scaling);
+            weights[j] = __fmul_rn(__fdiv_rn(score[chosen[j]], sum), scaling);
         }
     }
 }
@@ -1056,6 +1257,15 @@ extern "C" cudaError_t k3k_experts_down(const k3k_experts *ex, const float *h, f
     return launch_experts<false>(ex, h, 0, 0, out, s);
 }
 
+extern "C" void k3k_mx_schedule(int i, int *copy_warp, int *stages, int *steps,
+                                int *legacy_decode) {
+    i = i >= 0 && i < K3K_MX_SCHEDULES ? i : 0;
+    *copy_warp = i != MX_CHUNK_MAJOR;
+    *legacy_decode = i == MX_LEGACY_DECODE;
+    *stages = i == MX_CHUNK_MAJOR ? 2 : MX_SCHED[i][0];
+    *steps = i == MX_CHUNK_MAJOR ? 3 : MX_SCHED[i][1];
+}
+
 extern "C" cudaError_t k3k_experts_prepare(const k3k_experts *ex, const uint8_t *src,
                                            uint8_t *dst, cudaStream_t s) {
     if (!experts_layout_ok(ex)) return cudaErrorInvalidValue;
@@ -1068,9 +1278,11 @@ extern "C" cudaError_t k3k_experts_prepare(const k3k_experts *ex, const uint8_t 
         const int rows = i < 2 ? ex->inter : ex->latent, cols = i < 2 ? ex->latent : ex->inter;
         const int64_t n = (int64_t)rows / 16 * (cols / 32) * 32;
         const int grid = (int)((n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096);
+        const int cps = mx_step_major(cols, i < 2) ? (i < 2 ? 1 : 2) : 0;
         mx_prepare_k<<<grid, 256, 0, s>>>(src + op[i], src + os[i],
                                           dst + (i < 2 ? ex->off_w1p : ex->off_w2p), rows, cols,
-                                          i < 2 ? 544 : 272, i < 2 ? 1088 : 544, i == 1, flag);
+                                          i < 2 ? 544 : 272, i < 2 ? 1088 : 544, i == 1, cps,
+                                          cps > 0 && mx_schedule() == MX_LEGACY_DECODE, flag);
     }
     return cudaGetLastError();
 }
