@@ -270,7 +270,11 @@ static int turn(chat *c, const char *text, k3_err *err) {
     c->prefilled += n_new;
     c->reused += reused;
     c->prefill_s += prefill_s;
-    if (rc) return rc; /* interrupted: the message stays; the next turn continues from it */
+    if (rc == K3_ERR_INTERRUPTED) return rc; /* the message stays; the next turn continues */
+    if (rc) { /* a failed turn leaves no trace: no two user messages in a row next time */
+        k3_conv_pop(&c->conv);
+        return rc;
+    }
 
     k3_reply_parser p;
     k3_reply_parser_init(&p, c->tok, &c->stops, c->conv.thinking);
@@ -287,6 +291,8 @@ static int turn(chat *c, const char *text, k3_err *err) {
         c->decode_s += g.decode_s;
         c->last_new = n_new, c->last_reused = reused, c->last_gen = g.n_sampled;
         c->last_prefill_s = prefill_s, c->last_decode_s = g.decode_s;
+    } else {
+        k3_conv_pop(&c->conv); /* as for a failed prefill */
     }
     k3_reply_parser_free(&p);
     free(g.ids);
