@@ -27,7 +27,27 @@ static void test_bench_names_every_benchmark(void) {
     }
 }
 
+
+static void test_trailing_comma_line(void) {
+    char *dir = k3t_tmpdir(), path[512], args[700];
+    if (!dir) return;
+    snprintf(path, sizeof path, "%s/ids.txt", dir);
+    FILE *f = fopen(path, "w");
+    if (f) fputs("5,6\n7,\n\n", f), fclose(f);
+    snprintf(args, sizeof args, "detokenize " NANO " --file '%s'", path);
+    k3t_cli r = {0};
+    if (f && !k3t_cli_run(args, &r)) {
+        char want[600];
+        snprintf(want, sizeof want, "%s:2: an empty item", path);
+        CHECK(r.status == K3_ERR_USAGE && strstr(r.err, want), "exit %d, stderr: %s (want %s)",
+              r.status, r.err, want);
+    }
+    k3t_cli_free(&r);
+    k3t_rm_dir(dir);
+}
+
 const k3_test k3_suite_clihints[] = {
     {"bench_names_every_benchmark", test_bench_names_every_benchmark},
+    {"trailing_comma_line", test_trailing_comma_line},
     {0},
 };

@@ -24,6 +24,7 @@ int k3_cli_parse_ids(const char *text, size_t len, const char *src, int is_file,
     size_t cap = 0, cnt = 0, i = 0;
     int32_t *v = NULL;
     int line = 1, rc = K3_OK;
+    int comma_line = 1; /* the last comma's line: a trailing comma is reported there */
     bool after_comma = true; /* at the start, a comma would begin with an empty item */
     char at[160];
     while (i < len && !rc) {
@@ -36,6 +37,7 @@ int k3_cli_parse_ids(const char *text, size_t len, const char *src, int is_file,
         if (c == ',') {
             if (after_comma) break; /* an empty item: reported below */
             after_comma = true;
+            comma_line = line;
             i++;
             continue;
         }
@@ -64,7 +66,7 @@ int k3_cli_parse_ids(const char *text, size_t len, const char *src, int is_file,
         after_comma = false;
     }
     if (!rc && after_comma && (cnt > 0 || i < len)) { /* ",,", a leading or trailing comma */
-        where(at, sizeof at, text, len, src, is_file, line);
+        where(at, sizeof at, text, len, src, is_file, i < len ? line : comma_line);
         rc = k3_fail(err, K3_ERR_USAGE, "%s: an empty item (a comma with no id before or after "
                      "it)", at);
     }
