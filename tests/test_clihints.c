@@ -27,7 +27,6 @@ static void test_bench_names_every_benchmark(void) {
     }
 }
 
-
 static void test_trailing_comma_line(void) {
     char *dir = k3t_tmpdir(), path[512], args[700];
     if (!dir) return;
@@ -46,8 +45,38 @@ static void test_trailing_comma_line(void) {
     k3t_rm_dir(dir);
 }
 
+/* serve, quality and bench decode take no --direct: their help must not point there alone. */
+static void test_spine_gb_help_direct(void) {
+    static const char *cmds[] = {"serve", "quality", "bench decode", "run", "chat"};
+    for (int i = 0; i < 5; i++) {
+        char args[64];
+        snprintf(args, sizeof args, "%s --help", cmds[i]);
+        k3t_cli r = {0};
+        if (k3t_cli_run(args, &r)) continue;
+        const char *h = strstr(r.out, "--spine-gb G");
+        CHECK(h, "k3 %s --help has no --spine-gb", cmds[i]);
+        if (h && i < 3)
+            CHECK(strstr(h, "K3_DIRECT=0") || !strstr(h, "--direct"),
+                  "k3 %s --help sends the user to --direct, which it refuses", cmds[i]);
+        k3t_cli_free(&r);
+    }
+}
+
+static void test_env_value_named(void) {
+    k3t_cli r = {0};
+    setenv("K3_SPINE_GB", "lots", 1);
+    int ran = !k3t_cli_run("run " NANO " --prompt hi --max-new 1", &r);
+    unsetenv("K3_SPINE_GB");
+    if (ran)
+        CHECK(r.status == K3_ERR_USAGE && strstr(r.err, "K3_SPINE_GB='lots'"),
+              "exit %d, stderr: %s", r.status, r.err);
+    k3t_cli_free(&r);
+}
+
 const k3_test k3_suite_clihints[] = {
     {"bench_names_every_benchmark", test_bench_names_every_benchmark},
     {"trailing_comma_line", test_trailing_comma_line},
+    {"spine_gb_help_direct", test_spine_gb_help_direct},
+    {"env_value_named", test_env_value_named},
     {0},
 };

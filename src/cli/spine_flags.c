@@ -7,13 +7,14 @@
 #include <string.h>
 
 const char k3_cli_spine_gb_help[] =
-    "  --spine-gb G         RAM for the spine in GB (K3_SPINE_GB; CPU only): lm_head and the\n"
-    "                       first layers that fit stay resident, the rest are read from the\n"
-    "                       shards half a layer at a time while the previous half computes\n"
-    "                       (two staging buffers, counted in G; O_DIRECT reads, buffered ones\n"
-    "                       with --direct 0); 0 streams every layer. Output is identical for\n"
-    "                       every G; the load line prints the plan. Default: everything used\n"
-    "                       in place from the mapped files\n";
+    "  --spine-gb G         RAM for the spine in GB (K3_SPINE_GB; CPU only; 0 <= G < 1e9):\n"
+    "                       lm_head and the first layers that fit stay resident, the rest are\n"
+    "                       read from the shards half a layer at a time while the previous\n"
+    "                       half computes (two staging buffers, counted in G; O_DIRECT reads,\n"
+    "                       buffered ones with K3_DIRECT=0, or --direct 0 in k3 run and chat);\n"
+    "                       0 streams every layer. Output is identical for every G; the load\n"
+    "                       line prints the plan. Default: everything used in place from the\n"
+    "                       mapped files\n";
 
 int k3_cli_spine_gb_flag(const char *cmd, int argc, char **argv, int *i, k3_cli_spine_budget *b) {
     if (strcmp(argv[*i], "--spine-gb")) return 0;
@@ -26,7 +27,8 @@ int k3_cli_spine_gb_flag(const char *cmd, int argc, char **argv, int *i, k3_cli_
     errno = 0;
     double x = strtod(v, &end);
     if (errno || *end || end == v || !(x >= 0 && x < 1e9)) {
-        fprintf(stderr, "k3 %s: --spine-gb needs a number of GB >= 0, got '%s'\n", cmd, v);
+        fprintf(stderr, "k3 %s: --spine-gb needs a number of GB >= 0 (and below 1e9), got "
+                "'%s'\n", cmd, v);
         return K3_ERR_USAGE;
     }
     b->set = 1;

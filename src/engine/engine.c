@@ -214,16 +214,18 @@ static int attach_stream(k3_engine *e, k3_err *err) {
  * -K3_ERR_USAGE. */
 static int spine_budget(const k3_engine_opts *o, uint64_t *bytes, k3_err *err) {
     double gb = o ? o->spine_gb : 0;
+    const char *v = NULL;
     if (!o || !o->spine_budget) {
-        const char *v = getenv("K3_SPINE_GB");
+        v = getenv("K3_SPINE_GB");
         if (!v || !*v) return 0;
         char *end;
         gb = strtod(v, &end);
         if (*end || end == v) gb = -1;
     }
     if (!(gb >= 0 && gb < 1e9))
-        return -k3_fail(err, K3_ERR_USAGE, "spine budget (--spine-gb / K3_SPINE_GB): expected a "
-                        "number of GB >= 0");
+        return -k3_fail(err, K3_ERR_USAGE, "spine budget (%s%s%s): expected a number of GB >= 0 "
+                        "(and below 1e9)", v ? "K3_SPINE_GB='" : "--spine-gb", v ? v : "",
+                        v ? "'" : "");
     *bytes = (uint64_t)(gb * 1e9);
     return 1;
 }
