@@ -4,7 +4,8 @@
  * failed ids into their KDA and conv state while the position did not move, so a retry of
  * the same prompt (a client retrying after a 500, the next turn of k3 chat) would reuse that
  * history and produce different logits. After the shard is restored, the retry must give
- * the logits of a clean session, bit for bit. */
+ * the logits of a clean session, bit for bit. An embedding row that cannot be read names the
+ * shard. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -91,7 +92,39 @@ static void test_retry_after_failed_pass(void) {
     free(dir);
 }
 
+/* With a budget that streams, embedding rows are read with pread: a shard cut short inside
+ * the embedding after load fails the step with K3_ERR_IO naming the shard. */
+static void test_embed_read_names_file(void) {
+    char *dir = ph_tmpdir();
+    if (!dir) return;
+    k3_err err = {0};
+    k3_checkpoint *ck = NULL;
+    int rc = ph_copy_dir(NANO, dir) ? -1 : k3_checkpoint_open(dir, &ck, &err);
+    const k3_tensor *t = rc ? NULL : k3_checkpoint_find(
+        ck, "language_model.model.embed_tokens.weight");
+    char *shard = t ? strdup(ck->shards[t->shard].path) : NULL;
+    uint64_t cut = t ? t->file_offset + 1000 * 64 * 2 : 0; /* rows 0..999 stay */
+    k3_checkpoint_close(ck);
+    k3_engine *e = NULL;
+    k3_session *s = NULL;
+    if (!rc && shard) rc = load(dir, 1, &e, &err);
+    if (!rc && shard) rc = k3_session_new(e, 64, &s, &err);
+    int step = -1;
+    if (!rc && shard && !truncate(shard, (off_t)cut))
+        step = k3_session_step(s, 1792, NULL, &err);
+    CHECK(rc == 0, "setup failed: %s", err.msg);
+    CHECK(step == K3_ERR_IO, "status %d, want K3_ERR_IO: %s", step, err.msg);
+    CHECK(step != K3_ERR_IO || (strstr(err.msg, shard) && strstr(err.msg, "1792")),
+          "the message does not name the shard %s and the token: %s", shard, err.msg);
+    k3_session_free(s);
+    k3_engine_free(e);
+    free(shard);
+    ph_rmdir(dir);
+    free(dir);
+}
+
 const k3_test k3_suite_spinefail[] = {
     {"retry_after_failed_pass", test_retry_after_failed_pass},
+    {"embed_read_names_file", test_embed_read_names_file},
     {0},
 };

@@ -96,6 +96,7 @@ struct k3_spine {
     k3_mat head_view[2];
     int embed_fd;
     uint64_t embed_off;
+    const char *embed_path; /* the shard holding the embedding, for messages */
     /* reader state, under mu */
     pthread_mutex_t section, mu;
     pthread_cond_t cv;
@@ -475,6 +476,7 @@ static int open_embed(k3_spine *sp, const k3_checkpoint *ck, k3_err *err) {
     const k3_tensor *t = k3_checkpoint_find(ck, "language_model.model.embed_tokens.weight");
     if (!t) return k3_fail(err, K3_ERR_CHECKPOINT, "%s: no embedding", ck->dir);
     sp->embed_off = t->file_offset;
+    sp->embed_path = ck->shards[t->shard].path;
     sp->embed_fd = open(ck->shards[t->shard].path, O_RDONLY | O_CLOEXEC);
     if (sp->embed_fd < 0)
         return k3_fail(err, K3_ERR_IO, "%s: cannot open: %s", ck->shards[t->shard].path,
@@ -669,8 +671,9 @@ int k3_spine_embed(const k3_model *m, int32_t token, float *out, k3_err *err) {
         ssize_t r = pread(sp->embed_fd, (uint8_t *)row + got, bytes - got, at + (off_t)got);
         if (r < 0 && errno == EINTR) continue;
         if (r <= 0)
-            return k3_fail(err, K3_ERR_IO, "reading the embedding row of token %d failed: %s",
-                           token, r < 0 ? strerror(errno) : "the shard is truncated");
+            return k3_fail(err, K3_ERR_IO, "%s: reading the embedding row of token %d failed: "
+                           "%s", sp->embed_path, token, r < 0 ? strerror(errno)
+                           : "the file is shorter than at load (truncated or replaced since)");
         got += (size_t)r;
     }
     for (int64_t i = 0; i < hd; i++) out[i] = k3_bf16_to_f32(row[i]);
