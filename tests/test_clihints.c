@@ -2,7 +2,7 @@
  * names every benchmark (it said "the only benchmark is 'io'"); a trailing comma in an id
  * file is reported on its own line (not the line after it); the --spine-gb help of commands
  * that have no --direct flag does not send the user to --direct; a bad K3_SPINE_GB is quoted
- * back by name. */
+ * back by name; k3 bench prefill / spec explain every flag with its default. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,10 +73,39 @@ static void test_env_value_named(void) {
     k3t_cli_free(&r);
 }
 
+/* k3 bench prefill / spec: every flag explained with its default; the other one's flags
+ * refused (they were accepted and ignored). */
+static void test_bench_batch_help(void) {
+    static const struct { const char *args, *need[4]; } h[] = {
+        {"bench prefill --help", {"--chunks LIST", "default 1,8,32", "--tokens N", "--threads N"}},
+        {"bench spec --help", {"--spec N", "(default 4)", "--max-new N", "(default 32)"}},
+    };
+    for (int i = 0; i < 2; i++) {
+        k3t_cli r = {0};
+        if (k3t_cli_run(h[i].args, &r)) continue;
+        for (int k = 0; k < 4; k++)
+            CHECK(strstr(r.out, h[i].need[k]), "k3 %s: no '%s' in: %s", h[i].args, h[i].need[k],
+                  r.out);
+        CHECK(r.status == 0 && strstr(r.out, "OMP_NUM_THREADS"), "k3 %s: exit %d, %s",
+              h[i].args, r.status, r.out);
+        k3t_cli_free(&r);
+    }
+    static const char *wrong[] = {"bench prefill " NANO " --spec 2", "bench spec " NANO
+                                  " --chunks 4"};
+    for (int i = 0; i < 2; i++) {
+        k3t_cli r = {0};
+        if (k3t_cli_run(wrong[i], &r)) continue;
+        CHECK(r.status == K3_ERR_USAGE && strstr(r.err, "belongs to k3 bench"),
+              "k3 %s: exit %d, stderr %s", wrong[i], r.status, r.err);
+        k3t_cli_free(&r);
+    }
+}
+
 const k3_test k3_suite_clihints[] = {
     {"bench_names_every_benchmark", test_bench_names_every_benchmark},
     {"trailing_comma_line", test_trailing_comma_line},
     {"spine_gb_help_direct", test_spine_gb_help_direct},
     {"env_value_named", test_env_value_named},
+    {"bench_batch_help", test_bench_batch_help},
     {0},
 };

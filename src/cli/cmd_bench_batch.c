@@ -27,7 +27,11 @@ static void usage(FILE *f, const char *what) {
                 "after a warm-up pass, and prints prompt tokens/s, the weight bytes each pass reads\n"
                 "(spine + the routed experts the store was asked for) and the time those bytes take\n"
                 "at the bandwidth of a 1 GB memcpy measured in the same run. Output is\n"
-                "bit-identical for every chunk size (tests/test_prefill.c).\n");
+                "bit-identical for every chunk size (tests/test_prefill.c).\n\n"
+                "  --chunks LIST  comma-separated ids per pass, each 1..%d (default 1,8,32)\n"
+                "  --tokens N     prompt ids to prefill (default 64)\n"
+                "  --threads N    compute threads (default: OMP_NUM_THREADS, else physical cores)\n"
+                "  -h, --help     this help\n", K3_MAX_CHUNK);
     else
         fprintf(f, "usage: k3 bench spec [MODEL_DIR] [--spec N] [--max-new N] [--threads N]\n"
                 "First the cost of one verification pass of 1..N+1 ids (rewound each time) against\n"
@@ -36,7 +40,12 @@ static void usage(FILE *f, const char *what) {
                 "Then greedy generation of --max-new ids (default 32) from a repetitive prompt (a\n"
                 "phrase, the model's own continuation of it, the phrase again) and from a\n"
                 "non-repetitive one, without and with --spec N (default 4): forward passes per\n"
-                "generated token, s/token, and whether the outputs are identical (they must be).\n");
+                "generated token, s/token, and whether the outputs are identical (they must be).\n"
+                "\n"
+                "  --spec N       most drafted ids verified per pass, 1..%d (default 4)\n"
+                "  --max-new N    ids generated per run (default 32)\n"
+                "  --threads N    compute threads (default: OMP_NUM_THREADS, else physical cores)\n"
+                "  -h, --help     this help\n", K3_MAX_CHUNK - 1);
 }
 
 static int parse(int argc, char **argv, const char *what, bopts *o) {
@@ -48,6 +57,11 @@ static int parse(int argc, char **argv, const char *what, bopts *o) {
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout, what);
             return -1;
+        } else if (!strcmp(what, "prefill") ? !strcmp(a, "--spec") || !strcmp(a, "--max-new")
+                   : !strcmp(a, "--chunks") || !strcmp(a, "--tokens")) {
+            fprintf(stderr, "k3 bench %s: %s belongs to k3 bench %s (see --help)\n", what, a,
+                    !strcmp(what, "prefill") ? "spec" : "prefill");
+            return K3_ERR_USAGE;
         } else if (!strcmp(a, "--chunks") && v) {
             o->n_chunks = 0;
             for (const char *p = argv[++i]; *p && o->n_chunks < 16; p = *end ? end + 1 : end) {
