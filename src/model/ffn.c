@@ -55,18 +55,31 @@ static void route(const k3_model *m, const k3_moe_weights *w, const float *x, fl
     k3_moe_select(m, w, scores, biased, ids, weights);
 }
 
-/* E(z) = W2 · SiTU(W1 z, W3 z) for one MXFP4 expert in the latent space. */
-static void expert_forward(const k3_model *m, const k3_expert *ex, k3_state *s, const float *z,
-                           float *out) {
+/* E(z) = W2 · SiTU(W1 z, W3 z) for the n ready MXFP4 experts in the latent space, each into
+ * its row of s->exp_outs. All n experts' W1 and W3 (they share z) run in one parallel region,
+ * then all their W2: a MoE layer's experts are short products (6 MB each), so one fork/join
+ * for all of them is what lets the threads stream long runs. Each product equals its own
+ * k3_matvec_mxfp4 bit for bit, so how many were ready cannot change the result. */
+static void experts_forward(const k3_model *m, k3_state *s, const float *z, int n) {
     const k3_config *c = &m->cfg;
-    /* W1 and W3 share z: one parallel region for both (each result as its own matvec's). */
-    const k3_mxfp4 w13[2] = {ex->w1, ex->w3};
-    const float *const zz[2] = {z, z};
-    float *const gu[2] = {s->gate, s->up};
-    k3_matvec_mxfp4_many(m->kr, 2, w13, zz, gu);
-    k3_situ_vec(s->gate, s->up, c->moe_intermediate_size, c->situ_beta, c->situ_linear_beta,
-                s->gate);
-    k3_matvec_mxfp4(m->kr, &ex->w2, s->gate, out);
+    size_t inter = (size_t)c->moe_intermediate_size, lat = (size_t)c->routed_expert_hidden_size;
+    k3_mxfp4 *w = s->mx_w;
+    const float **xs = s->mx_x;
+    float **ys = s->mx_y;
+    for (int e = 0; e < n; e++) {
+        w[2 * e] = s->ready[e].w1, w[2 * e + 1] = s->ready[e].w3;
+        xs[2 * e] = xs[2 * e + 1] = z;
+        ys[2 * e] = s->exp_gate + e * inter, ys[2 * e + 1] = s->exp_up + e * inter;
+    }
+    k3_matvec_mxfp4_many(m->kr, 2 * n, w, xs, ys);
+    for (int e = 0; e < n; e++) {
+        float *g = s->exp_gate + e * inter;
+        k3_situ_vec(g, s->exp_up + e * inter, (int)inter, c->situ_beta, c->situ_linear_beta, g);
+        w[e] = s->ready[e].w2;
+        xs[e] = g;
+        ys[e] = s->exp_outs + (size_t)s->ready_j[e] * lat;
+    }
+    k3_matvec_mxfp4_many(m->kr, n, w, xs, ys);
 }
 
 /* K3_PIPE: while this layer computes, fetch what the next MoE layer will probably choose —
@@ -84,22 +97,22 @@ void k3_moe_prefetch_next(const k3_model *m, int layer, k3_state *s, const float
     if (prev) k3_store_prefetch(s->store, next, prev, K, K3_PIPE_PREV);
 }
 
-/* The routed experts of the layer, each computed as soon as the store has it, into its own
- * row of s->exp_outs (so arrival order cannot change the result). */
+/* The routed experts of the layer, computed in groups as the store has them ready (all at
+ * once when cached), each into its own row of s->exp_outs (so arrival order cannot change the
+ * result). */
 static int routed_experts(const k3_model *m, int layer, k3_state *s, k3_err *err) {
-    const k3_config *c = &m->cfg;
-    int K = c->num_experts_per_token, lat = c->routed_expert_hidden_size;
-    for (int n = 0; n < K; n++) {
-        int j;
-        k3_expert ex;
+    int K = m->cfg.num_experts_per_token;
+    for (int done = 0; done < K;) {
+        int n;
         double t0 = now_s();
-        int rc = k3_store_next(s->store, &j, &ex, err);
+        int rc = k3_store_next_many(s->store, K - done, s->ready_j, s->ready, &n, err);
         double t1 = now_s();
         s->tok.eload_s += t1 - t0;
         s->layer_eload_s[layer] += t1 - t0;
         if (rc) return rc;
-        expert_forward(m, &ex, s, s->lat, s->exp_outs + (size_t)j * lat);
-        k3_store_done(s->store, j);
+        experts_forward(m, s, s->lat, n);
+        for (int e = 0; e < n; e++) k3_store_done(s->store, s->ready_j[e]);
+        done += n;
         double dt = now_s() - t1;
         s->tok.expert_s += dt;
         s->layer_expert_s[layer] += dt;

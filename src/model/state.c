@@ -37,6 +37,13 @@ static int alloc_all(k3_state *s, const k3_model *m) {
     ALLOC(s->ffn_tmp, hd);
     ALLOC(s->lat, lat); ALLOC(s->lat_acc, lat); ALLOC(s->exp_out, lat);
     ALLOC(s->exp_outs, lat * (size_t)c->num_experts_per_token);
+    ALLOC(s->exp_gate, (size_t)c->moe_intermediate_size * c->num_experts_per_token);
+    ALLOC(s->exp_up, (size_t)c->moe_intermediate_size * c->num_experts_per_token);
+    ALLOC(s->ready, (size_t)c->num_experts_per_token);
+    ALLOC(s->ready_j, (size_t)c->num_experts_per_token);
+    ALLOC(s->mx_w, 2 * (size_t)c->num_experts_per_token);
+    ALLOC(s->mx_x, 2 * (size_t)c->num_experts_per_token);
+    ALLOC(s->mx_y, 2 * (size_t)c->num_experts_per_token);
     ALLOC(s->la_router, (size_t)c->num_experts); ALLOC(s->la_biased, (size_t)c->num_experts);
     ALLOC(s->la_topk, (size_t)c->num_experts_per_token);
     ALLOC(s->la_topk_w, (size_t)c->num_experts_per_token);
@@ -100,10 +107,15 @@ void k3_state_free(k3_state *s) {
                      s->ffn_out, s->logit_in, s->biased, s->ffn_tmp, s->q, s->k, s->v, s->g, s->f, s->fa, s->beta,
                      s->o, s->cq, s->Q, s->ckv, s->KV, s->scores, s->gate, s->up, s->router,
                      s->lat, s->lat_acc, s->exp_out, s->topk_w, s->exp_outs, s->la_router,
-                     s->la_biased, s->la_topk_w};
+                     s->la_biased, s->la_topk_w, s->exp_gate, s->exp_up};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(s->topk);
     free(s->la_topk);
+    free(s->ready);
+    free(s->ready_j);
+    free(s->mx_w);
+    free(s->mx_x);
+    free(s->mx_y);
     free(s->layer_eload_s);
     free(s->layer_expert_s);
     k3_store_client_free(s->store);
@@ -123,7 +135,8 @@ size_t k3_state_plan_bytes(const k3_model *m, int max_ctx) {
     size_t scores = (size_t)c->num_attention_heads * (size_t)max_ctx;
     size_t scratch = 32 * (size_t)c->hidden_size + 16 * P + 4 * (size_t)c->num_experts +
                      2 * (size_t)c->intermediate_size +
-                     (size_t)c->routed_expert_hidden_size * (c->num_experts_per_token + 3);
+                     (size_t)c->routed_expert_hidden_size * (c->num_experts_per_token + 3) +
+                     2 * (size_t)c->moe_intermediate_size * c->num_experts_per_token;
     int max_blocks = (c->num_hidden_layers + c->attn_res_block_size - 1) / c->attn_res_block_size + 1;
     /* + the batched pass's scratch at the default prefill chunk (forward_batch.c) */
     return (kda + kv + scores + scratch) * sizeof(float) +

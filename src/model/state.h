@@ -42,6 +42,13 @@ struct k3_state {
     /* routed experts (src/store) */
     k3_store_client *store;                            /* this session's pins and history */
     float *exp_outs;                                   /* [k][latent] one row per expert */
+    float *exp_gate, *exp_up;                          /* [k][expert inter]: the ready experts
+                                                        * of one k3_store_next_many, together */
+    k3_expert *ready;                                  /* [k] their weights */
+    int *ready_j;                                      /* [k] their indices in topk */
+    k3_mxfp4 *mx_w;                                    /* [2k] the products of one */
+    const float **mx_x;                                /* k3_matvec_mxfp4_many call */
+    float **mx_y;
     float *la_router, *la_biased, *la_topk_w;          /* lookahead router scratch [E] [E] [k] */
     int *la_topk;                                      /* [k] */
     k3_phase_times tok, sum;                           /* this token's phases; all tokens */

@@ -635,36 +635,40 @@ static int read_error(const k3_store *st, const k3_slot *sl, k3_err *err) {
                    path, layer, e, (unsigned long long)sl->err_at, strerror(sl->err));
 }
 
-int k3_store_next(k3_store_client *c, int *j, k3_expert *ex, k3_err *err) {
+int k3_store_next_many(k3_store_client *c, int max, int *js, k3_expert *exs, int *n,
+                       k3_err *err) {
     k3_store *st = c->st;
+    *n = 0;
     if (st->in_place) {
-        for (int i = 0; i < c->k; i++)
+        for (int i = 0; i < c->k && *n < max; i++)
             if (c->stage[i] == ST_WAITING) {
                 c->stage[i] = ST_HANDED;
-                *j = i;
-                expert_in_place(st, c->layer * st->n_experts + c->ids[i], ex);
-                return K3_OK;
+                js[*n] = i;
+                expert_in_place(st, c->layer * st->n_experts + c->ids[i], &exs[(*n)++]);
             }
-        return k3_fail(err, K3_ERR_GENERIC, "internal: no expert left in this layer");
+        return *n ? K3_OK : k3_fail(err, K3_ERR_GENERIC, "internal: no expert left in this layer");
     }
     pthread_mutex_lock(&st->mu);
     for (;;) {
         int waiting = 0, deferred = 0;
         for (int i = 0; i < c->k; i++) deferred += c->stage[i] == ST_DEFERRED;
         if (deferred) assign_deferred(st, c);
-        for (int i = 0; i < c->k; i++) {
+        for (int i = 0; i < c->k && *n < max; i++) {
             if (c->stage[i] != ST_WAITING) continue;
             const k3_slot *sl = &st->slots[c->slot[i]];
             waiting++;
-            if (sl->state == SLOT_FAILED) {
+            if (sl->state == SLOT_FAILED) { /* those already handed out stay pinned until
+                                             * k3_store_end, and nothing is computed */
                 int rc = read_error(st, sl, err);
                 pthread_mutex_unlock(&st->mu);
                 return rc;
             }
             if (sl->state != SLOT_READY) continue;
             c->stage[i] = ST_HANDED;
-            *j = i;
-            expert_in_slot(st, c->slot[i], ex);
+            js[*n] = i;
+            expert_in_slot(st, c->slot[i], &exs[(*n)++]);
+        }
+        if (*n) {
             pthread_mutex_unlock(&st->mu);
             return K3_OK;
         }
@@ -674,6 +678,11 @@ int k3_store_next(k3_store_client *c, int *j, k3_expert *ex, k3_err *err) {
         }
         pthread_cond_wait(&st->done, &st->mu);
     }
+}
+
+int k3_store_next(k3_store_client *c, int *j, k3_expert *ex, k3_err *err) {
+    int n;
+    return k3_store_next_many(c, 1, j, ex, &n, err);
 }
 
 void k3_store_done(k3_store_client *c, int j) {

@@ -126,6 +126,14 @@ void k3_store_set_choice(k3_store_client *c, int layer, const int *ids, int k);
  * their reads complete. Errors: K3_ERR_EXPERT_IO (message names shard, layer, expert). */
 int k3_store_next(k3_store_client *c, int *j, k3_expert *ex, k3_err *err);
 
+/* As k3_store_next, but hands out every expert of the layer that is ready now, up to max
+ * (at least one; waits only while none is): js[*n] their indices in ids, exs[*n] their
+ * weights, each valid until its k3_store_done. Taking only ready experts means nothing is
+ * waited for while these stay pinned, so a cache of top-k + 1 slots cannot deadlock. Lets the
+ * MoE run all cached experts of a layer in one parallel region. Errors: as k3_store_next. */
+int k3_store_next_many(k3_store_client *c, int max, int *js, k3_expert *exs, int *n,
+                       k3_err *err);
+
 /* Hands expert j back (unpins it). */
 void k3_store_done(k3_store_client *c, int j);
 
