@@ -40,6 +40,9 @@ static void chat_usage(FILE *f) {
         "The conversation's model state is kept between turns: each turn prefills only its\n"
         "new tokens. Ctrl-C during a reply stops it after the current token (the partial reply\n"
         "stays in the conversation); at the prompt Ctrl-C or Ctrl-D exits.\n"
+        "A turn that fails prints its error and is dropped; the chat goes on, and its exit\n"
+        "status is then that of the last failed turn (5 non-finite logits, 3 or 9 a spine\n"
+        "layer or an expert that could not be read; k3 --help lists them), else 0.\n"
         "\n"
         "commands:\n"
         "  /reset               start a new conversation (state cleared)\n"
@@ -397,6 +400,8 @@ static int repl(chat *c, k3_err *err) {
     printf("k3 chat: Enter sends; end a line with \\ to continue it, or wrap a block in \"\"\" "
            "lines. /help lists commands; Ctrl-D exits.\n");
     input in = {0};
+    int failed = 0; /* the last failed turn's status: the exit status (scripts see it) */
+    k3_err last = {0};
     for (;;) {
         k3_cli_clear_sigint();
         char *msg = read_message(&in);
@@ -404,7 +409,8 @@ static int repl(chat *c, k3_err *err) {
             putchar('\n');
             fflush(stdout);
             k3_strbuf_free(&in.pending);
-            return K3_OK; /* Ctrl-D, or Ctrl-C at the prompt */
+            if (failed) *err = last;
+            return failed; /* Ctrl-D, or Ctrl-C at the prompt */
         }
         int quit = 0;
         if (msg[0] == '/') {
@@ -414,13 +420,16 @@ static int repl(chat *c, k3_err *err) {
             int trc = turn(c, msg, &terr);
             if (trc == K3_ERR_INTERRUPTED)
                 dim(c, "(%s; the message is kept)\n", terr.msg);
-            else if (trc)
+            else if (trc) {
                 printf("error: %s\n", terr.msg);
+                failed = trc, last = terr;
+            }
         }
         free(msg);
         if (quit) {
             k3_strbuf_free(&in.pending);
-            return K3_OK;
+            if (failed) *err = last;
+            return failed;
         }
     }
 }
