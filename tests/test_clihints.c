@@ -2,7 +2,8 @@
  * names every benchmark (it said "the only benchmark is 'io'"); a trailing comma in an id
  * file is reported on its own line (not the line after it); the --spine-gb help of commands
  * that have no --direct flag does not send the user to --direct; a bad K3_SPINE_GB is quoted
- * back by name; k3 bench prefill / spec explain every flag with its default. */
+ * back by name; k3 bench prefill / spec explain every flag with its default; tokenize and
+ * detokenize --file - read stdin. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,11 +102,29 @@ static void test_bench_batch_help(void) {
     }
 }
 
+/* --file - reads stdin: k3 tokenize ... | k3 detokenize --file - round-trips, and the
+ * messages call it stdin (a pipe or /dev/stdin was refused as "not a regular file"). */
+static void test_file_from_stdin(void) {
+    char cmd[1024], out[512] = "";
+    const char *bin = k3t_bin();
+    snprintf(cmd, sizeof cmd, "printf 'Hello, world!' | '%s' tokenize " NANO " --file - | "
+             "'%s' detokenize " NANO " --file - 2>&1; printf ' rc=%%d' $?", bin, bin);
+    FILE *p = popen(cmd, "r");
+    if (p) out[fread(out, 1, sizeof out - 1, p)] = 0, pclose(p);
+    CHECK(!strcmp(out, "Hello, world!\n rc=0"), "round trip through stdin: '%s'", out);
+    snprintf(cmd, sizeof cmd, "printf '5,\\nx' | '%s' detokenize " NANO " --file - 2>&1; "
+             "printf ' rc=%%d' $?", bin);
+    out[0] = 0;
+    if ((p = popen(cmd, "r"))) out[fread(out, 1, sizeof out - 1, p)] = 0, pclose(p);
+    CHECK(strstr(out, "stdin:2: 'x' is not a token id") && strstr(out, " rc=2"), "'%s'", out);
+}
+
 const k3_test k3_suite_clihints[] = {
     {"bench_names_every_benchmark", test_bench_names_every_benchmark},
     {"trailing_comma_line", test_trailing_comma_line},
     {"spine_gb_help_direct", test_spine_gb_help_direct},
     {"env_value_named", test_env_value_named},
     {"bench_batch_help", test_bench_batch_help},
+    {"file_from_stdin", test_file_from_stdin},
     {0},
 };

@@ -26,7 +26,7 @@ static void tokenize_usage(FILE *f) {
         "\n"
         "  --special      special-token spellings such as <|open|> or [BOS] become their ids\n"
         "                 (default: they are ordinary text, as in user content)\n"
-        "  --file PATH    tokenize the exact bytes of PATH instead of TEXT\n"
+        "  --file PATH    tokenize the exact bytes of PATH instead of TEXT (- reads stdin)\n"
         "  --             end of options (for a TEXT that starts with '-')\n"
         "  -h, --help     this help\n");
 }
@@ -40,7 +40,8 @@ static void detokenize_usage(FILE *f) {
         "special ids print as their spelling. DIR holds tiktoken.model and\n"
         "tokenizer_config.json (default: the bundled fixture model).\n"
         "\n"
-        "  --file PATH    read the ids from PATH (commas, spaces or newlines between them)\n"
+        "  --file PATH    read the ids from PATH (commas, spaces or newlines between them;\n"
+        "                 - reads stdin, e.g. k3 tokenize TEXT | k3 detokenize --file -)\n"
         "  -h, --help     this help\n"
         "\n"
         "Exit status 2 for an item that is not an id, 7 for an id outside the vocabulary\n"
@@ -115,6 +116,34 @@ static int fail(const k3_err *err) {
     return err->code;
 }
 
+/* --file PATH: the whole file, or stdin for "-" (k3_read_file takes regular files only, so
+ * that a FIFO cannot hang it; stdin is read to its end). *name is what messages call it. */
+static int read_input(const char *path, char **out, size_t *len, const char **name,
+                      k3_err *err) {
+    *name = path;
+    if (strcmp(path, "-")) return k3_read_file(path, MAX_FILE_BYTES, out, len, err);
+    *name = "stdin";
+    size_t cap = 1 << 16, n = 0;
+    char *p = malloc(cap);
+    while (p && n < MAX_FILE_BYTES) {
+        n += fread(p + n, 1, cap - n - 1, stdin);
+        if (n < cap - 1) break;
+        char *q = realloc(p, cap *= 2);
+        if (!q) free(p);
+        p = q;
+    }
+    if (!p) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
+    if (ferror(stdin) || n >= MAX_FILE_BYTES) {
+        free(p);
+        return k3_fail(err, K3_ERR_IO, "stdin: %s", n >= MAX_FILE_BYTES ? "more than 1 GiB"
+                       : "read failed");
+    }
+    p[n] = 0;
+    *out = p;
+    *len = n;
+    return K3_OK;
+}
+
 int k3_cmd_tokenize(int argc, char **argv) {
     tok_args a;
     int rc = parse_args(argc, argv, true, &a);
@@ -122,7 +151,8 @@ int k3_cmd_tokenize(int argc, char **argv) {
     k3_err err = {0};
     char *file_text = NULL;
     size_t len = a.arg ? strlen(a.arg) : 0, n;
-    if (a.file && k3_read_file(a.file, MAX_FILE_BYTES, &file_text, &len, &err) != K3_OK)
+    const char *name;
+    if (a.file && read_input(a.file, &file_text, &len, &name, &err) != K3_OK)
         return fail(&err);
     k3_tokenizer *t = NULL;
     int32_t *ids = NULL;
@@ -147,10 +177,11 @@ int k3_cmd_detokenize(int argc, char **argv) {
     k3_err err = {0};
     k3_tokenizer *t = NULL;
     char *text = NULL, *file_text = NULL;
-    if (a.file && k3_read_file(a.file, MAX_FILE_BYTES, &file_text, &len, &err) != K3_OK)
+    const char *name = "IDS";
+    if (a.file && read_input(a.file, &file_text, &len, &name, &err) != K3_OK)
         return fail(&err);
     if (k3_tokenizer_load(a.dir, &t, &err) == K3_OK &&
-        k3_cli_parse_ids(a.file ? file_text : a.arg, len, a.file ? a.file : "IDS", a.file != NULL,
+        k3_cli_parse_ids(a.file ? file_text : a.arg, len, name, a.file != NULL,
                          k3_tokenizer_vocab_size(t), &ids, &n, &err) == K3_OK &&
         k3_tokenizer_decode(t, ids, n, &text, &len, &err) == K3_OK) {
         fwrite(text, 1, len, stdout);
