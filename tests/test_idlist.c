@@ -1,7 +1,7 @@
-/* test_idlist.c — the one token-id list parser (src/cli/idlist.h) and its two users:
- * `k3 run --prompt-ids` and `k3 detokenize IDS | --file PATH` accept the same text and fail
- * with the same messages (exit 2 for a non-number, 7 for an id outside the vocabulary naming
- * the id and the vocabulary size). The k3-nano fixture's vocabulary has 2048 ids; its
+/* test_idlist.c — the one token-id list parser (src/cli/idlist.h) and its users:
+ * `k3 run --prompt-ids`, `k3 quality --ids` and `k3 detokenize IDS | --file PATH` accept the
+ * same text and fail with the same messages (exit 2 for a non-number, 7 for an id outside
+ * the vocabulary naming the id and the vocabulary size). The k3-nano fixture's vocabulary has 2048 ids; its
  * tokenizer test case "Hello, world!" is ids 39,596,78,11,286,1733,0 (test_tokenizer.c). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -125,10 +125,31 @@ static void test_run_and_detokenize_agree(void) {
     expect_cli("run " NANO " -q --max-new 1 --ids --prompt-ids '" HELLO "'", 0, NULL, NULL);
 }
 
+/* k3 quality --ids reads the same lists (space-separated too) and fails the same way. */
+static void test_quality_ids(void) {
+    if (k3_test_stopped()) return;
+    k3t_cli a, b;
+    if (k3t_cli_run("quality " NANO " -q --modes bf16 --ids 39,596,78,11", &a)) return;
+    if (!k3t_cli_run("quality " NANO " -q --modes bf16 --ids '39 596\n78, 11'", &b)) {
+        CHECK(a.status == 0 && b.status == 0, "exit %d / %d; stderr: %s / %s", a.status,
+              b.status, a.err, b.err);
+        CHECK(strstr(a.out, "bf16             3") && !strcmp(a.out, b.out),
+              "comma- and space-separated lists differ:\n%s\n%s", a.out, b.out);
+        k3t_cli_free(&b);
+    }
+    k3t_cli_free(&a);
+    expect_cli("quality " NANO " -q --ids 1,x", K3_ERR_USAGE, "", "--ids '1,x': 'x' is not a "
+               "token id");
+    expect_cli("quality " NANO " -q --ids 5,2048", K3_ERR_INPUT, "",
+               "token id 2048 is outside the vocabulary [0, 2048)");
+    expect_cli("quality " NANO " -q --ids 1,,2", K3_ERR_USAGE, "", "empty item");
+}
+
 const k3_test k3_suite_idlist[] = {
     {"parse_accepts", test_parse_accepts},
     {"parse_refuses", test_parse_refuses},
     {"detokenize_file", test_detokenize_file},
     {"run_and_detokenize_agree", test_run_and_detokenize_agree},
+    {"quality_ids", test_quality_ids},
     {0},
 };

@@ -13,6 +13,7 @@
 #include "../tok/tokenizer.h"
 #include "../util/fileio.h"
 #include "cli.h"
+#include "idlist.h"
 #include "quality.h"
 #include "spine_flags.h"
 
@@ -149,28 +150,6 @@ static int parse_int(const char *s, const char *flag, int lo, int *out) {
     return 0;
 }
 
-/* "12,7,9" into a malloc'd array of ids in [0, vocab). */
-static int parse_ids(const char *s, int vocab, int32_t **ids, size_t *n, k3_err *err) {
-    size_t cap = strlen(s) / 2 + 1, cnt = 0;
-    int32_t *v = malloc(cap * sizeof *v);
-    if (!v) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
-    for (const char *p = s; *p;) {
-        char *end;
-        errno = 0;
-        long x = strtol(p, &end, 10);
-        if (end == p || errno || x < 0 || x >= vocab || (*end && *end != ',') || cnt == cap) {
-            free(v);
-            return k3_fail(err, K3_ERR_USAGE, "--ids: '%s' is not a comma-separated list of ids "
-                           "in [0, %d)", s, vocab);
-        }
-        v[cnt++] = (int32_t)x;
-        p = *end ? end + 1 : end;
-    }
-    *ids = v;
-    *n = cnt;
-    return K3_OK;
-}
-
 typedef struct quality_args {
     const char *model_dir, *pack_dir, *text_file, *ids, *json, *modes;
     bool builtin, bos, verbose;
@@ -188,7 +167,8 @@ static void quality_usage(FILE *f) {
         "agreement and max |logit difference|. Without MODEL_DIR the bundled fixture is used.\n"
         "\n"
         "  --text FILE        evaluate the text of FILE (UTF-8, tokenized as ordinary text)\n"
-        "  --ids IDS          evaluate comma-separated token ids\n"
+        "  --ids IDS          evaluate these token ids, separated by commas and/or spaces\n"
+        "                     (k3 tokenize output reads back as it is)\n"
         "  --builtin          evaluate the short built-in text k3 pack uses\n"
         "  --bos              put [BOS] (config bos_token_id) before the tokens\n"
         "  --max-tokens N     use at most the first N tokens (default 512)\n"
@@ -271,7 +251,8 @@ static int load_ids(const quality_args *a, int32_t **ids, size_t *n, k3_err *err
     char *text = NULL;
     size_t len = 0;
     int rc = k3_config_load(a->model_dir, &cfg, err);
-    if (!rc && a->ids) rc = parse_ids(a->ids, cfg.vocab_size, ids, n, err);
+    if (!rc && a->ids)
+        rc = k3_cli_parse_ids(a->ids, strlen(a->ids), "--ids", 0, cfg.vocab_size, ids, n, err);
     if (!rc && !a->ids) {
         rc = k3_tokenizer_load(a->model_dir, &tok, err);
         if (!rc && a->text_file) rc = k3_read_file(a->text_file, 256u << 20, &text, &len, err);

@@ -1,5 +1,6 @@
-/* idlist.h — the token-id lists the CLI reads (k3 run --prompt-ids, k3 detokenize IDS or
- * --file): one parser, so both accept the same text and fail with the same messages.
+/* idlist.h — the token-id lists the CLI reads (k3 run --prompt-ids, k3 quality --ids,
+ * k3 detokenize IDS or --file): one parser, so all accept the same text and fail with the
+ * same messages.
  *
  * Syntax: decimal ids separated by one comma and/or whitespace (spaces, tabs, newlines), so
  * `k3 tokenize` output and files of one id per line both read back; no empty item (",,", a
