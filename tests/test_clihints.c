@@ -2,8 +2,8 @@
  * names every benchmark (it said "the only benchmark is 'io'"); a trailing comma in an id
  * file is reported on its own line (not the line after it); the --spine-gb help of commands
  * that have no --direct flag does not send the user to --direct; a bad K3_SPINE_GB is quoted
- * back by name; k3 bench prefill / spec explain every flag with its default; tokenize and
- * detokenize --file - read stdin. */
+ * back by name (by k3 bench decode before it reads the disk); k3 bench prefill / spec explain
+ * every flag with its default; tokenize and detokenize --file - read stdin. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,6 +74,20 @@ static void test_env_value_named(void) {
     k3t_cli_free(&r);
 }
 
+/* k3 bench decode checks K3_SPINE_GB before it measures the disk (up to 2 GB) or loads the
+ * model: with a missing model folder the bad value is still what is reported (exit 2, not the
+ * missing config.json's 3). */
+static void test_bench_decode_env_first(void) {
+    k3t_cli r = {0};
+    setenv("K3_SPINE_GB", "lots", 1);
+    int ran = !k3t_cli_run("bench decode /nonexistent/k3-model --tokens 1", &r);
+    unsetenv("K3_SPINE_GB");
+    if (ran)
+        CHECK(r.status == K3_ERR_USAGE && strstr(r.err, "K3_SPINE_GB='lots'"),
+              "exit %d, stderr: %s", r.status, r.err);
+    k3t_cli_free(&r);
+}
+
 /* k3 bench prefill / spec: every flag explained with its default; the other one's flags
  * refused (they were accepted and ignored). */
 static void test_bench_batch_help(void) {
@@ -124,6 +138,7 @@ const k3_test k3_suite_clihints[] = {
     {"trailing_comma_line", test_trailing_comma_line},
     {"spine_gb_help_direct", test_spine_gb_help_direct},
     {"env_value_named", test_env_value_named},
+    {"bench_decode_env_first", test_bench_decode_env_first},
     {"bench_batch_help", test_bench_batch_help},
     {"file_from_stdin", test_file_from_stdin},
     {0},

@@ -389,6 +389,15 @@ static int bench_decode(int argc, char **argv) {
     k3_cli_spine_gb_apply(&budget, &eo);
     k3_spine_stats st0 = {0};
     const char *env = getenv("K3_SPINE_GB");
+    if (!budget.set && env && *env) { /* refuse a bad value before measuring the disk (2 GB) */
+        char *end;
+        double gb = strtod(env, &end);
+        if (*end || end == env || !(gb >= 0 && gb < 1e9)) {
+            fprintf(stderr, "k3 bench decode: spine budget (K3_SPINE_GB='%s'): expected a "
+                    "number of GB >= 0 (and below 1e9)\n", env);
+            return K3_ERR_USAGE;
+        }
+    }
     double bw0 = budget.set || (env && *env) ? disk_read_bw(dir) : 0;
     if ((rc = k3_engine_load(dir, &eo, &e, &err))) goto done;
     const k3_config *c = k3_engine_config(e);
