@@ -53,7 +53,7 @@ test('a second request while one generates gets 429 with Retry-After; models/hea
   long.abort();
   await long.drain;
   const idleMs = await waitIdle(srv, 5000);
-  const ok = await api.chat.completions.create({ model: MODEL_ID, messages: [{ role: 'user', content: 'hi' }], max_tokens: 2 });
+  const ok = await api.chat.completions.create({ model: MODEL_ID, messages: [{ role: 'user', content: 'hi' }], max_tokens: 2, temperature: 0 });
   assert.equal(ok.choices[0].finish_reason, 'length');
   assert.ok(idleMs < 5000);
 });
@@ -72,7 +72,7 @@ test('a client abort mid-stream stops the generation and frees the server at onc
     assert.ok(idleMs < 5000, `busy ${idleMs} ms after the abort`);
     const spent = (await health(srv)).completion_tokens - before;
     assert.ok(spent < LONG.max_tokens, `the abandoned generation ran on: ${spent} tokens`);
-    const r = await api.completions.create({ model: MODEL_ID, prompt: 'next', max_tokens: 3 });
+    const r = await api.completions.create({ model: MODEL_ID, prompt: 'next', max_tokens: 3, temperature: 0 });
     assert.equal(r.usage.completion_tokens, 3);
     before = (await health(srv)).completion_tokens;
   }
@@ -98,7 +98,7 @@ test('with --queue 1 a second request waits and succeeds; a third gets 429', asy
   assert.match(srv.banner(), /up to 1 more wait in a FIFO/);
   const api = client(srv);
   const long = await startLong(api);
-  const second = api.chat.completions.create({ model: MODEL_ID, messages: [{ role: 'user', content: 'queued' }], max_tokens: 4 });
+  const second = api.chat.completions.create({ model: MODEL_ID, messages: [{ role: 'user', content: 'queued' }], max_tokens: 4, temperature: 0 });
   for (let i = 0; i < 500 && (await raw(srv, 'GET', '/health')).json.queued !== 1; i++)
     await new Promise((r) => setTimeout(r, 10));
   assert.equal((await raw(srv, 'GET', '/health')).json.queued, 1);

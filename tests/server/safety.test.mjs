@@ -61,7 +61,7 @@ test('413 for a body over --max-body, with or without Content-Length', async () 
   isError(await raw(srv, 'POST', '/v1/chat/completions', chunked, AUTH), 413);
   await assert.rejects(api.chat.completions.create({ model: MODEL_ID, messages: [{ role: 'user', content: 'y'.repeat(5000) }] }),
     (e) => e.status === 413);
-  const ok = await api.chat.completions.create({ model: MODEL_ID, messages: msgs, max_tokens: 1 });
+  const ok = await api.chat.completions.create({ model: MODEL_ID, messages: msgs, max_tokens: 1, temperature: 0 });
   assert.equal(ok.usage.completion_tokens, 1);
 });
 
@@ -129,12 +129,12 @@ test('400 naming each field k3 cannot honour; never silently ignored', async () 
 });
 
 test('the token ceiling (K3_SERVER_MAX_TOKENS=20): default replies stop there, larger asks are 400', async () => {
-  const r = await api.chat.completions.create({ model: MODEL_ID, messages: msgs });
+  const r = await api.chat.completions.create({ model: MODEL_ID, messages: msgs, temperature: 0 });
   assert.equal(r.usage.completion_tokens, 20);
   assert.equal(r.choices[0].finish_reason, 'length');
   await assert.rejects(api.chat.completions.create({ model: MODEL_ID, messages: msgs, max_tokens: 21 }),
     (e) => e.status === 400 && e.param === 'max_tokens');
-  const c = await api.completions.create({ model: MODEL_ID, prompt: 'a' });
+  const c = await api.completions.create({ model: MODEL_ID, prompt: 'a', temperature: 0 });
   assert.equal(c.usage.completion_tokens, 20);
 });
 
@@ -198,7 +198,7 @@ test('no input brings it down: garbage, broken HTTP, odd JSON, invalid UTF-8', a
   const h = await raw(srv, 'GET', '/health');
   assert.equal(h.status, 200);
   assert.equal(srv.proc.exitCode, null);
-  const r = await api.chat.completions.create({ model: MODEL_ID, messages: msgs, max_tokens: 2 });
+  const r = await api.chat.completions.create({ model: MODEL_ID, messages: msgs, max_tokens: 2, temperature: 0 });
   assert.equal(r.usage.completion_tokens, 2);
 });
 
