@@ -5,11 +5,16 @@
  * the same prompt (a client retrying after a 500, the next turn of k3 chat) would reuse that
  * history and produce different logits. After the shard is restored, the retry must give
  * the logits of a clean session, bit for bit. An embedding row that cannot be read names the
- * shard. */
+ * shard. The O_DIRECT probe at load falls back to buffered reads only when the file system
+ * refuses O_DIRECT (EINVAL); a disk error there fails the load naming the file. */
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "../src/engine/k3.h"
@@ -123,8 +128,56 @@ static void test_embed_read_names_file(void) {
     free(dir);
 }
 
+/* pread for this whole test binary (it takes the place of libc's, libk3.a included): the
+ * system call itself, except that while fail_direct is set, reads from O_DIRECT descriptors
+ * fail with that errno. This is how a disk error reaches the spine's O_DIRECT probe. */
+static _Atomic int fail_direct, direct_fails;
+
+ssize_t pread(int fd, void *buf, size_t count, off_t offset) {
+    int e = atomic_load(&fail_direct);
+    if (e && (fcntl(fd, F_GETFL) & O_DIRECT)) {
+        atomic_fetch_add(&direct_fails, 1);
+        errno = e;
+        return -1;
+    }
+    return (ssize_t)syscall(SYS_pread64, fd, buf, count, offset);
+}
+
+/* Loads the fixture with a budget of 0 (every layer streamed, O_DIRECT) while O_DIRECT reads
+ * fail with errno e; *direct is the spine's O_DIRECT flag after a successful load. */
+static int load_failing_direct(int e, int *direct, k3_err *err) {
+    k3_engine *eng = NULL;
+    unsetenv("K3_DIRECT");
+    atomic_store(&direct_fails, 0);
+    atomic_store(&fail_direct, e);
+    int rc = load(NANO, 1, &eng, err);
+    atomic_store(&fail_direct, 0);
+    k3_spine_stats st = {0};
+    if (!rc) k3_engine_spine_stats(eng, &st);
+    *direct = st.direct;
+    k3_engine_free(eng);
+    return rc;
+}
+
+static void test_direct_probe_error(void) {
+    int direct = -1;
+    k3_err err = {0};
+    int rc = load_failing_direct(EIO, &direct, &err);
+    CHECK(atomic_load(&direct_fails) > 0, "no O_DIRECT read went through the test's pread");
+    CHECK(rc == K3_ERR_IO, "a disk error in the O_DIRECT probe: status %d (O_DIRECT %d), want "
+          "K3_ERR_IO: %s", rc, direct, err.msg);
+    CHECK(rc != K3_ERR_IO || (strstr(err.msg, ".safetensors") && strstr(err.msg, strerror(EIO))),
+          "the message does not name the file and the error: %s", err.msg);
+    /* a file system that refuses O_DIRECT reads: buffered reads, as before */
+    err = (k3_err){0};
+    rc = load_failing_direct(EINVAL, &direct, &err);
+    CHECK(rc == 0 && direct == 0, "O_DIRECT refused (EINVAL): status %d, O_DIRECT %d: %s", rc,
+          direct, err.msg);
+}
+
 const k3_test k3_suite_spinefail[] = {
     {"retry_after_failed_pass", test_retry_after_failed_pass},
     {"embed_read_names_file", test_embed_read_names_file},
+    {"direct_probe_error", test_direct_probe_error},
     {0},
 };

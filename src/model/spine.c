@@ -269,18 +269,28 @@ static bool is_streamed(const k3_spine *sp, int u) {
 
 /* ---- reading --------------------------------------------------------------------------------- */
 
-/* Opens path for spine reads; -1 with errno on failure. With O_DIRECT it also checks that a
- * direct read works (some file systems take the flag at open and refuse the read: EINVAL). */
-static int open_for_reads(const char *path, bool direct) {
+/* Whether a failed O_DIRECT read is the file system refusing O_DIRECT (then buffered reads
+ * are used instead) rather than a real error. */
+static bool direct_refused(int e) {
+    return e == EINVAL || e == EOPNOTSUPP; /* ENOTSUP is EOPNOTSUPP on Linux */
+}
+
+/* Opens path for spine reads; -1 with errno on failure (*probe: the failure is the read below,
+ * not the open). With O_DIRECT it also checks that a direct read works: some file systems take
+ * the flag at open and refuse the read (EINVAL). */
+static int open_for_reads(const char *path, bool direct, bool *probe) {
+    *probe = false;
     int fd = open(path, O_RDONLY | O_CLOEXEC | (direct ? O_DIRECT : 0));
     if (fd < 0 || !direct) return fd;
     void *buf = NULL;
     ssize_t r = -1;
-    if (!posix_memalign(&buf, ALIGN, ALIGN)) r = pread(fd, buf, ALIGN, 0);
+    int e = posix_memalign(&buf, ALIGN, ALIGN);
+    if (!e) r = pread(fd, buf, ALIGN, 0), e = r < 0 ? errno : 0;
     free(buf);
     if (r < 0) {
         close(fd);
-        errno = EINVAL;
+        errno = e;
+        *probe = true;
         return -1;
     }
     return fd;
@@ -288,20 +298,22 @@ static int open_for_reads(const char *path, bool direct) {
 
 /* Opens every file the streamed units read: all with O_DIRECT (unless want_direct is 0), or,
  * when a file system refuses it, all buffered (read_extent then drops what it read from the
- * page cache). */
+ * page cache). Any other failure, of the open or of the O_DIRECT probe read, is K3_ERR_IO
+ * naming the file. */
 static int open_files(k3_spine *sp, bool want_direct, k3_err *err) {
     for (int direct = want_direct; direct >= 0; direct--) {
-        bool refused = false;
+        bool refused = false, probe;
         sp->direct = direct;
         for (int u = 0; u < N_UNITS(sp) && !refused; u++)
             for (int i = 0; is_streamed(sp, u) && i < sp->units[u].n_ext && !refused; i++) {
                 sfile *F = &sp->files[sp->units[u].ext[i].file];
                 if (F->fd >= 0) continue;
-                if ((F->fd = open_for_reads(F->path, direct)) >= 0) continue;
-                if (direct && errno == EINVAL) refused = true;
+                if ((F->fd = open_for_reads(F->path, direct, &probe)) >= 0) continue;
+                if (direct && direct_refused(errno)) refused = true;
                 else
-                    return k3_fail(err, K3_ERR_IO, "%s: cannot open for spine reads: %s",
-                                   F->path, strerror(errno));
+                    return k3_fail(err, K3_ERR_IO, "%s: %s: %s", F->path,
+                                   probe ? "a direct (O_DIRECT) read failed"
+                                         : "cannot open for spine reads", strerror(errno));
             }
         if (!refused) return K3_OK;
         for (int f = 0; f < sp->n_files; f++)
