@@ -1,8 +1,9 @@
 /* test_idlist.c — the one token-id list parser (src/cli/idlist.h) and its users:
  * `k3 run --prompt-ids`, `k3 quality --ids` and `k3 detokenize IDS | --file PATH` accept the
  * same text and fail with the same messages (exit 2 for a non-number, 7 for an id outside
- * the vocabulary naming the id and the vocabulary size). The k3-nano fixture's vocabulary has 2048 ids; its
- * tokenizer test case "Hello, world!" is ids 39,596,78,11,286,1733,0 (test_tokenizer.c). */
+ * the vocabulary naming the id and the vocabulary size). The k3-nano fixture's vocabulary has
+ * 2048 ids; its tokenizer test case "Hello, world!" is ids 39,596,78,11,286,1733,0
+ * (test_tokenizer.c). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,6 +64,31 @@ static void test_parse_refuses(void) {
     CHECK(rc == K3_ERR_USAGE && strstr(err.msg, "ids.txt:3: 'x'"), "file: %s", err.msg);
 }
 
+/* An id file may start with a UTF-8 byte order mark (Windows editors write one): skipped. A
+ * NUL byte means the file is not text: refused at its line, not quoted as a broken id. */
+static void test_parse_file_bom_nul(void) {
+    int32_t *ids = NULL;
+    size_t n = 0;
+    k3_err err = {0};
+    static const char bom[] = "\xEF\xBB\xBF" "39\n596\n";
+    int rc = k3_cli_parse_ids(bom, sizeof bom - 1, "ids.txt", 1, 2048, &ids, &n, &err);
+    CHECK(rc == 0 && n == 2 && ids && ids[0] == 39 && ids[1] == 596, "BOM: rc %d, n %zu: %s",
+          rc, n, err.msg);
+    free(ids), ids = NULL;
+    static const char nul[] = "1\n2\0\n3\n";
+    err = (k3_err){0};
+    rc = k3_cli_parse_ids(nul, sizeof nul - 1, "ids.txt", 1, 2048, &ids, &n, &err);
+    free(ids), ids = NULL;
+    CHECK(rc == K3_ERR_USAGE && strstr(err.msg, "ids.txt:2") &&
+          strstr(err.msg, "not a text file"), "NUL byte: rc %d: %s", rc, err.msg);
+    static const char bin[] = "\0\0\0";
+    err = (k3_err){0};
+    rc = k3_cli_parse_ids(bin, sizeof bin - 1, "ids.txt", 1, 2048, &ids, &n, &err);
+    free(ids);
+    CHECK(rc == K3_ERR_USAGE && strstr(err.msg, "ids.txt:1") &&
+          strstr(err.msg, "not a text file"), "NUL bytes: rc %d: %s", rc, err.msg);
+}
+
 /* Writes text to a new file in dir; returns its path (static). */
 static const char *write_ids(const char *dir, const char *text) {
     static char path[512];
@@ -103,6 +129,9 @@ static void test_detokenize_file(void) {
         path = write_ids(dir, "39\n5x\n");
         snprintf(args, sizeof args, "detokenize " NANO " --file %s", path);
         expect_cli(args, K3_ERR_USAGE, "", ":2: '5x' is not a token id");
+        path = write_ids(dir, "\xEF\xBB\xBF" "39 596 78 11 286 1733 0\n");
+        snprintf(args, sizeof args, "detokenize " NANO " --file %s", path);
+        expect_cli(args, 0, "Hello, world!\n", NULL);
         expect_cli("detokenize " NANO " --file /nonexistent/ids.txt", K3_ERR_IO, "",
                    "/nonexistent/ids.txt");
     }
@@ -148,6 +177,7 @@ static void test_quality_ids(void) {
 const k3_test k3_suite_idlist[] = {
     {"parse_accepts", test_parse_accepts},
     {"parse_refuses", test_parse_refuses},
+    {"parse_file_bom_nul", test_parse_file_bom_nul},
     {"detokenize_file", test_detokenize_file},
     {"run_and_detokenize_agree", test_run_and_detokenize_agree},
     {"quality_ids", test_quality_ids},

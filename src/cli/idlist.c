@@ -4,6 +4,7 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 static bool is_space(char c) {
     return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
@@ -27,6 +28,14 @@ int k3_cli_parse_ids(const char *text, size_t len, const char *src, int is_file,
     int comma_line = 1; /* the last comma's line: a trailing comma is reported there */
     bool after_comma = true; /* at the start, a comma would begin with an empty item */
     char at[160];
+    if (is_file && len >= 3 && !memcmp(text, "\xEF\xBB\xBF", 3))
+        i = 3; /* a UTF-8 byte order mark, as some editors write at the start */
+    const char *nul = memchr(text, '\0', len);
+    if (nul) { /* a binary file: say so rather than quote a "token id" cut at the NUL */
+        for (const char *p = text; p < nul; p++) line += *p == '\n';
+        where(at, sizeof at, text, (size_t)(nul - text), src, is_file, line);
+        return k3_fail(err, K3_ERR_USAGE, "%s: a NUL byte: not a text file of token ids", at);
+    }
     while (i < len && !rc) {
         char c = text[i];
         if (is_space(c)) {
