@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "../src/format/safetensors.h"
+#include "pack_helpers.h"
 #include "test.h"
 
 const char *k3t_bin(void) {
@@ -18,21 +19,11 @@ const char *k3t_bin(void) {
     return b && *b ? b : "./k3";
 }
 
+/* The whole file as a NUL-terminated string (ph_read), the test failed when missing. */
 static char *slurp(const char *path) {
-    FILE *f = fopen(path, "rb");
-    CHECK_OR(NULL, f, "%s: %s", path, strerror(errno));
-    size_t cap = 4096, n = 0, got;
-    char *buf = malloc(cap + 1);
-    while (buf && (got = fread(buf + n, 1, cap - n, f)) > 0) {
-        n += got;
-        char *nb = n == cap ? realloc(buf, (cap *= 2) + 1) : buf;
-        if (!nb) free(buf);
-        buf = nb;
-    }
-    fclose(f);
-    CHECK_OR(NULL, buf, "out of memory reading %s", path);
-    buf[n] = 0;
-    return buf;
+    char *s = (char *)ph_read(path, NULL);
+    CHECK_OR(NULL, s, "%s: cannot read", path);
+    return s;
 }
 
 char *k3t_tmpdir(void) {

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "../src/format/safetensors.h"
 #include "test.h"
 
 char *ph_join(const char *dir, const char *name) {
@@ -82,6 +83,24 @@ int ph_copy_dir(const char *src, const char *dst) {
     }
     closedir(d);
     return rc;
+}
+
+int ph_nano_tensor(const char *name, char **dir, char **shard, uint64_t *offset) {
+    *dir = ph_tmpdir();
+    *shard = NULL;
+    if (!*dir) return -1;
+    k3_checkpoint *ck = NULL;
+    k3_err err = {0};
+    int rc = ph_copy_dir(NANO, *dir) ? -1 : k3_checkpoint_open(*dir, &ck, &err);
+    const k3_tensor *t = rc ? NULL : k3_checkpoint_find(ck, name);
+    if (t) *shard = strdup(ck->shards[t->shard].path), *offset = t->file_offset;
+    k3_checkpoint_close(ck);
+    if (*shard) return 0;
+    ph_rmdir(*dir);
+    free(*dir), *dir = NULL;
+    k3_test_fail(__FILE__, __LINE__, "a copy of %s with tensor %s: %s", NANO, name,
+                 err.msg[0] ? err.msg : "copy failed or tensor missing");
+    return -1;
 }
 
 int ph_k3(const char *args, char **out, char **err) {

@@ -27,6 +27,12 @@ int ph_write(const char *path, const uint8_t *b, size_t len);
 /* Copies every plain file of src into dst (existing folder); returns 0 on success. */
 int ph_copy_dir(const char *src, const char *dst);
 
+/* Copies k3-nano into a fresh folder (*dir) and finds tensor `name` in the copy: *shard its
+ * shard's path, *offset its first byte in that file (all malloc'd / set on success). Returns 0,
+ * or -1 with the test failed and nothing left to free or remove. For tests that cut or patch a
+ * shard at a known tensor. */
+int ph_nano_tensor(const char *name, char **dir, char **shard, uint64_t *offset);
+
 /* A folder holding a complete pack of k3-nano with its quality file, built on first use by
  * `k3 pack` and removed at exit; NULL (and the calling test skipped/failed) if unavailable. */
 const char *ph_nano_pack(void);
