@@ -301,17 +301,16 @@ static void test_truncated_shard(void) {
         return;
     cut += 10;
     k3_err err = {0};
-    int rc = 0;
     size_t len = 0;
-    uint8_t *orig = shard ? ph_read(shard, &len) : NULL;
+    uint8_t *orig = ph_read(shard, &len);
     k3_engine *e = NULL;
     k3_session *s = NULL;
-    if (!rc && orig) rc = load(dir, 0, 0, NULL, &e, &err);
-    if (!rc && orig) rc = k3_session_new(e, 64, &s, &err);
+    int rc = orig ? load(dir, 0, 0, NULL, &e, &err) : -1;
+    if (!rc) rc = k3_session_new(e, 64, &s, &err);
     int V = e ? k3_engine_config(e)->vocab_size : 0;
     float *logits = malloc((size_t)V * sizeof *logits + 1);
     for (int i = 0; i < V; i++) logits[i] = NAN;
-    int trunc = !rc && orig ? truncate(shard, (off_t)cut) : -1, step = -1, untouched = 1;
+    int trunc = !rc ? truncate(shard, (off_t)cut) : -1, step = -1, untouched = 1;
     for (int i = 0; !trunc && i < 3 && (step = k3_session_step(s, prompt[i], logits, &err)) == 0;)
         i++;
     for (int i = 0; i < V && step; i++) untouched &= isnan(logits[i]);

@@ -56,17 +56,16 @@ static void test_retry_after_failed_pass(void) {
         return;
     cut += 10;
     k3_err err = {0};
-    int rc = 0;
     size_t len = 0;
-    uint8_t *orig = shard ? ph_read(shard, &len) : NULL;
+    uint8_t *orig = ph_read(shard, &len);
     k3_engine *e = NULL;
     k3_session *s = NULL;
-    if (!rc && orig) rc = load(dir, 1, &e, &err);
-    if (!rc && orig) rc = k3_session_new(e, 64, &s, &err);
+    int rc = orig ? load(dir, 1, &e, &err) : -1;
+    if (!rc) rc = k3_session_new(e, 64, &s, &err);
     int V = e ? k3_engine_config(e)->vocab_size : 0;
     float *got = malloc((size_t)(V ? V : 1) * sizeof *got);
     int first = -1, failed = -1, retry = -1;
-    if (!rc && orig) {
+    if (!rc) {
         k3_session_set_chunk(s, 4);
         first = k3_session_prefill(s, prompt, 4, got, NULL, &err); /* a good first part */
         if (!first && !truncate(shard, (off_t)cut)) {
