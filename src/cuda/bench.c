@@ -11,6 +11,7 @@
 #include <cuda_runtime_api.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "kern.h"
 
@@ -29,8 +30,9 @@ typedef struct job {
     int kind;            /* 0 BF16/I8 matvec, 1 experts gate+up, 2 experts down, 3 KDA heads,
                           * 4 MLA attention */
     k3k_mat mat[8];      /* matvec: one per weight copy */
-    k3k_experts ex[4];
+    k3k_experts ex[16];
     int sets;
+    double host_s;       /* time_job: host seconds per launch (the enqueue alone) */
     float *x, *y, *h, *aux;
     int H, D, t;         /* KDA / MLA */
 } job;
@@ -57,16 +59,24 @@ static cudaError_t launch(job *j, int i, cudaStream_t s) {
     }
 }
 
+static double wall_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 /* Median over BATCHES of the mean seconds per launch, n launches per batch. */
 static int time_job(job *j, int n, double *out, k3_err *err) {
     cudaEvent_t a, b;
     CK(cudaEventCreate(&a));
     CK(cudaEventCreate(&b));
     for (int i = 0; i < 3; i++) CK(launch(j, i, 0));
-    double t[BATCHES];
+    double t[BATCHES], host[BATCHES];
     for (int r = 0; r < BATCHES; r++) {
         CK(cudaEventRecord(a, 0));
+        double h0 = wall_s();
         for (int i = 0; i < n; i++) CK(launch(j, i, 0));
+        host[r] = (wall_s() - h0) / n;
         CK(cudaEventRecord(b, 0));
         CK(cudaEventSynchronize(b));
         float ms = 0;
@@ -74,7 +84,9 @@ static int time_job(job *j, int n, double *out, k3_err *err) {
         t[r] = ms * 1e-3 / n;
     }
     qsort(t, BATCHES, sizeof *t, cmp_d);
+    qsort(host, BATCHES, sizeof *host, cmp_d);
     *out = t[BATCHES / 2];
+    j->host_s = host[BATCHES / 2];
     cudaEventDestroy(a);
     cudaEventDestroy(b);
     return K3_OK;
@@ -143,6 +155,7 @@ static int bench_matvec(FILE *out, const char *name, int dtype, int64_t rows, in
         snprintf(shape, sizeof shape, "%lldx%lld %s", (long long)rows, (long long)cols,
                  dtype == K3K_BF16 ? "bf16" : "int8");
         row(out, name, shape, (double)(wb + sb), *sec, copy_bps);
+        if (getenv("K3_MX_SCAN")) fprintf(out, "    (host enqueue %.1f us per launch)\n", j.host_s * 1e6);
     }
     cudaFree(w);
     cudaFree(j.x);
@@ -191,6 +204,43 @@ static int sweep_schedules(FILE *out, job *j, const k3k_experts *d, const uint8_
     return rc;
 }
 
+/* K3_MX_SCAN=1: n routed experts per launch for n = 1..32 (the 32 prepared experts rotated in
+ * sets of n), so that a launch's fixed cost and its streaming rate can be told apart:
+ * µs = fixed + bytes / rate. Also the host's enqueue time per launch. */
+static int scan_counts(FILE *out, job *j, uint8_t *w, uint64_t slot, int reps, double per_ex,
+                       double copy_bps, k3_err *err) {
+    static const int ns[] = {1, 2, 4, 8, 16, 32};
+    const k3k_experts d = j->ex[0];
+    const int saved = j->sets;
+    int rc = K3_OK;
+    for (size_t a = 0; a < sizeof ns / sizeof *ns && !rc; a++) {
+        const int n = ns[a];
+        j->sets = 32 / n > 16 ? 16 : 32 / n;
+        for (int s = 0; s < j->sets; s++) {
+            j->ex[s] = d;
+            j->ex[s].n = n;
+            for (int e = 0; e < n; e++) j->ex[s].base[e] = w + (uint64_t)(s * n + e) * slot;
+        }
+        for (int gu = 1; gu >= 0 && !rc; gu--) {
+            double t = 0;
+            char name[64], shape[32];
+            j->kind = gu ? 1 : 2;
+            rc = time_job(j, reps, &t, err);
+            snprintf(name, sizeof name, "  scan %s n=%d (host %.1f us)", gu ? "gate+up" : "down",
+                     n, j->host_s * 1e6);
+            snprintf(shape, sizeof shape, "%dx%s", n, gu ? "2x3072x3584" : "3584x3072");
+            if (!rc) row(out, name, shape, per_ex * n * (gu ? 2 : 1), t, copy_bps);
+        }
+    }
+    for (int s = 0; s < saved; s++) {
+        j->ex[s] = d;
+        j->ex[s].n = 16;
+        for (int e = 0; e < 16; e++) j->ex[s].base[e] = w + (uint64_t)(s * 16 + e) * slot;
+    }
+    j->sets = saved;
+    return rc;
+}
+
 static int bench_experts(FILE *out, int reps, double copy_bps, double *gate_up_bps, k3_err *err) {
     const int K = 16, inter = 3072, latent = 3584, sets = 2;
     uint64_t packed = (uint64_t)inter * latent / 2, scale = packed / 16, off = 0, o[7];
@@ -223,15 +273,15 @@ static int bench_experts(FILE *out, int reps, double copy_bps, double *gate_up_b
     int rc = prepare_all(&d, raw, w, slot, sets * K, err);
     if (rc) return rc;
     CK(cudaMalloc((void **)&j.x, latent * 4));
-    CK(cudaMalloc((void **)&j.h, (size_t)K * inter * 4));
-    CK(cudaMalloc((void **)&j.y, (size_t)K * latent * 4));
+    CK(cudaMalloc((void **)&j.h, (size_t)sets * K * inter * 4)); /* K3_MX_SCAN: up to 32 */
+    CK(cudaMalloc((void **)&j.y, (size_t)sets * K * latent * 4));
     CK(k3k_fill_random(j.x, latent * 4, 13, 0x3fffffffu, 0));
     for (int s = 0; s < sets; s++) {
         j.ex[s] = d;
         j.ex[s].n = K;
         for (int e = 0; e < K; e++) j.ex[s].base[e] = w + (uint64_t)(s * K + e) * slot;
     }
-    CK(k3k_fill_random(j.h, (size_t)K * inter * 4, 14, 0x3fffffffu, 0));
+    CK(k3k_fill_random(j.h, (size_t)sets * K * inter * 4, 14, 0x3fffffffu, 0));
     double t1 = 0, t2 = 0;
     rc = time_job(&j, reps, &t1, err);
     j.kind = 2;
@@ -242,6 +292,8 @@ static int bench_experts(FILE *out, int reps, double copy_bps, double *gate_up_b
         row(out, "mxfp4 16 experts down", "16x3584x3072", b2, t2, copy_bps);
         *gate_up_bps = b1 / t1;
     }
+    if (!rc && getenv("K3_MX_SCAN"))
+        rc = scan_counts(out, &j, w, slot, reps, (double)(packed + scale), copy_bps, err);
     if (!rc && getenv("K3_MX_SWEEP"))
         rc = sweep_schedules(out, &j, &d, raw, w, slot, sets * K, reps, b1, b2, copy_bps, err);
     cudaFree(w);
@@ -309,7 +361,8 @@ int k3_gpu_bench_kernels(FILE *out, int reps, k3_gpu_bench *res, k3_err *err) {
         {"MLA kv_a_proj", 576, 7168}, {"MLA kv_b_proj", 24576, 512},
         {"KDA f_a_proj", 128, 7168}, {"KDA f_b_proj", 12288, 128}, {"KDA b_proj", 96, 7168},
         {"lm_head (vocab 163840)", 163840, 7168}};
-    for (size_t i = 0; !rc && i < sizeof shapes / sizeof *shapes; i++) {
+    const int experts_only = getenv("K3_ONLY_EXPERTS") != NULL; /* profiling runs */
+    for (size_t i = 0; !rc && !experts_only && i < sizeof shapes / sizeof *shapes; i++) {
         double s = 0;
         rc = bench_matvec(out, shapes[i].name, K3K_BF16, shapes[i].rows, shapes[i].cols, reps,
                           res->copy_bps, &s, err);
@@ -317,9 +370,9 @@ int k3_gpu_bench_kernels(FILE *out, int reps, k3_gpu_bench *res, k3_err *err) {
         if (i + 1 == sizeof shapes / sizeof *shapes) res->lm_head_s = s;
     }
     double s = 0;
-    if (!rc) rc = bench_matvec(out, "int8 spine (not exact) q_proj", K3K_I8, 12288, 7168, reps,
+    if (!rc && !experts_only) rc = bench_matvec(out, "int8 spine (not exact) q_proj", K3K_I8, 12288, 7168, reps,
                                res->copy_bps, &s, err);
     if (!rc) rc = bench_experts(out, reps, res->copy_bps, &res->mxfp4_bps, err);
-    if (!rc) rc = bench_mixers(out, reps, res->copy_bps, err);
+    if (!rc && !experts_only) rc = bench_mixers(out, reps, res->copy_bps, err);
     return rc;
 }

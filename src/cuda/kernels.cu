@@ -76,6 +76,40 @@ __device__ __forceinline__ float e8m0f(uint32_t s) {
 
 inline int blocks_for(int64_t n, int threads) { return (int)((n + threads - 1) / threads); }
 
+// ---- programmatic dependent launch (sm_90) ----------------------------------------------
+//
+// Decode is a chain of short kernels on one stream; each would otherwise pay its launch, its
+// first loads' latency and the previous kernel's tail in series. So every kernel lets the next
+// one launch early (pdl_trigger, at its start: the next grid's blocks still take SM room only
+// as this grid's blocks leave it), and the products (matvec*, experts) are launched with
+// programmatic stream serialization (launch_pdl): they start streaming their WEIGHTS (never
+// written by the kernels before them) while the previous kernel finishes, and pdl_wait — which
+// returns once every earlier grid has completed and its writes are visible — before they read
+// an activation or write anything. A kernel launched this way without a pdl_wait would race
+// with its predecessor, so only the products are. K3_PDL=0 (environment) launches them plainly
+// (for comparison in benchmarks).
+__device__ __forceinline__ void pdl_trigger() {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+bool pdl_on() {
+    const char *e = getenv("K3_PDL");
+    return !(e && e[0] == '0');
+}
+
+template <typename... P, typename... A>
+cudaError_t launch_pdl(void (*k)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                       A &&...args) {
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = pdl_on() ? 1 : 0;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = s;
+    cfg.attrs = at, cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, k, static_cast<A &&>(args)...);
+}
+
 // ---- dense products -------------------------------------------------------------------
 
 constexpr int MV_THREADS = 256; // 8 warps, one row each
@@ -133,11 +167,26 @@ matvec_vec(const uint8_t *__restrict__ W, const float *__restrict__ scale, int64
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, part = warp % S;
     const int64_t r = (int64_t)blockIdx.x * RPB + warp / S;
     float acc0 = 0.0f, acc1 = 0.0f;
+    pdl_trigger();
+    const int64_t nv = cols / EPV;
+    const uint4 *row = reinterpret_cast<const uint4 *>(W + (r < rows ? r : 0) * cols * ES);
+    const float4 *x4 = reinterpret_cast<const float4 *>(x);
+    int64_t c = part * 32 + lane;
+    // the first four loads are issued before x may be read (programmatic dependent launch)
+    const bool pre = r < rows && c + 96 * S < nv;
+    uint4 p0 = {}, p1 = {}, p2 = {}, p3 = {};
+    if (pre)
+        p0 = __ldcs(row + c), p1 = __ldcs(row + c + 32 * S), p2 = __ldcs(row + c + 64 * S),
+        p3 = __ldcs(row + c + 96 * S);
+    pdl_wait();
+    if (pre) {
+        acc0 = dot16<DT>(p0, x4 + c * XPV, acc0);
+        acc1 = dot16<DT>(p1, x4 + (c + 32 * S) * XPV, acc1);
+        acc0 = dot16<DT>(p2, x4 + (c + 64 * S) * XPV, acc0);
+        acc1 = dot16<DT>(p3, x4 + (c + 96 * S) * XPV, acc1);
+        c += 128 * S;
+    }
     if (r < rows) {
-        const int64_t nv = cols / EPV;
-        const uint4 *row = reinterpret_cast<const uint4 *>(W + r * cols * ES);
-        const float4 *x4 = reinterpret_cast<const float4 *>(x);
-        int64_t c = part * 32 + lane;
         for (; c + 96 * S < nv; c += 128 * S) { // four independent 16-byte loads in flight
             const uint4 w0 = __ldcs(row + c), w1 = __ldcs(row + c + 32 * S);
             const uint4 w2 = __ldcs(row + c + 64 * S), w3 = __ldcs(row + c + 96 * S);
@@ -180,6 +229,8 @@ matvec_any(const uint8_t *__restrict__ W, const float *__restrict__ scale, int64
            int64_t cols, const float *__restrict__ x, float *__restrict__ y) {
     const int lane = threadIdx.x & 31;
     const int64_t r = (int64_t)blockIdx.x * (MV_THREADS / 32) + (threadIdx.x >> 5);
+    pdl_trigger();
+    pdl_wait();
     if (r >= rows) return;
     float acc = 0.0f;
     for (int64_t i = lane; i < cols; i += 32) acc = fmaf(weight_at<DT>(W, r * cols + i), x[i], acc);
@@ -203,7 +254,11 @@ matvec_multi_k(const mv_multi mm, const float *__restrict__ x) {
     constexpr int EPV = DT == K3K_BF16 ? 8 : 16, ES = DT == K3K_BF16 ? 2 : 1, XPV = EPV / 4;
     const int lane = threadIdx.x & 31;
     const int64_t gr = (int64_t)blockIdx.x * (MV_THREADS / 32) + (threadIdx.x >> 5);
-    if (gr >= mm.start[mm.n]) return;
+    pdl_trigger();
+    if (gr >= mm.start[mm.n]) {
+        pdl_wait();
+        return;
+    }
     int i = 0;
     while (gr >= mm.start[i + 1]) i++;
     const int64_t r = gr - mm.start[i], nv = mm.cols / EPV;
@@ -211,6 +266,20 @@ matvec_multi_k(const mv_multi mm, const float *__restrict__ x) {
     const float4 *x4 = reinterpret_cast<const float4 *>(x);
     float acc0 = 0.0f, acc1 = 0.0f;
     int64_t c = lane;
+    // the first four loads are issued before x may be read (programmatic dependent launch)
+    const bool pre = c + 96 < nv;
+    uint4 p0 = {}, p1 = {}, p2 = {}, p3 = {};
+    if (pre)
+        p0 = __ldcs(row + c), p1 = __ldcs(row + c + 32), p2 = __ldcs(row + c + 64),
+        p3 = __ldcs(row + c + 96);
+    pdl_wait();
+    if (pre) {
+        acc0 = dot16<DT>(p0, x4 + c * XPV, acc0);
+        acc1 = dot16<DT>(p1, x4 + (c + 32) * XPV, acc1);
+        acc0 = dot16<DT>(p2, x4 + (c + 64) * XPV, acc0);
+        acc1 = dot16<DT>(p3, x4 + (c + 96) * XPV, acc1);
+        c += 128;
+    }
     for (; c + 96 < nv; c += 128) {
         const uint4 w0 = __ldcs(row + c), w1 = __ldcs(row + c + 32);
         const uint4 w2 = __ldcs(row + c + 64), w3 = __ldcs(row + c + 96);
@@ -225,10 +294,10 @@ matvec_multi_k(const mv_multi mm, const float *__restrict__ x) {
 }
 
 template <int DT, int S>
-void launch_vec(const k3k_mat *w, const float *x, float *y, cudaStream_t s) {
+cudaError_t launch_vec(const k3k_mat *w, const float *x, float *y, cudaStream_t s) {
     const int grid = blocks_for(w->rows, MV_THREADS / 32 / S);
-    matvec_vec<DT, S><<<grid, MV_THREADS, 0, s>>>(static_cast<const uint8_t *>(w->data), w->scale,
-                                                   w->rows, w->cols, x, y);
+    return launch_pdl(matvec_vec<DT, S>, grid, MV_THREADS, 0, s, static_cast<const uint8_t *>(w->data),
+               w->scale, w->rows, w->cols, x, y);
 }
 
 template <int DT>
@@ -239,8 +308,8 @@ cudaError_t launch_matvec(const k3k_mat *w, const float *x, float *y, cudaStream
                          ((uintptr_t)x & 15) == 0;
     if (!aligned) {
         const int grid = blocks_for(w->rows, MV_THREADS / 32);
-        matvec_any<DT><<<grid, MV_THREADS, 0, s>>>(W, w->scale, w->rows, w->cols, x, y);
-        return cudaGetLastError();
+        return launch_pdl(matvec_any<DT>, grid, MV_THREADS, 0, s, W, w->scale, w->rows, w->cols,
+                          x, y);
     }
     // Warps per row: enough warps for ~3 waves of the chip (16384), while every lane keeps at
     // least two 16-byte loads of the row.
@@ -248,12 +317,11 @@ cudaError_t launch_matvec(const k3k_mat *w, const float *x, float *y, cudaStream
     int S = 1;
     while (S < 8 && w->rows < 12288 && w->rows * S < 16384 && nv >= 64 * 2 * S) S *= 2;
     switch (S) {
-    case 1: launch_vec<DT, 1>(w, x, y, s); break;
-    case 2: launch_vec<DT, 2>(w, x, y, s); break;
-    case 4: launch_vec<DT, 4>(w, x, y, s); break;
-    default: launch_vec<DT, 8>(w, x, y, s); break;
+    case 1: return launch_vec<DT, 1>(w, x, y, s);
+    case 2: return launch_vec<DT, 2>(w, x, y, s);
+    case 4: return launch_vec<DT, 4>(w, x, y, s);
+    default: return launch_vec<DT, 8>(w, x, y, s);
     }
-    return cudaGetLastError();
 }
 
 // ---- MXFP4 experts --------------------------------------------------------------------
@@ -572,6 +640,7 @@ __device__ __forceinline__ void experts_body(const k3k_experts &ex, const float 
     uint8_t *ring = smem + ((size_t)cols / 16 * 12 * sizeof(uint2) + 127) / 128 * 128 +
                     (WS ? 0 : (size_t)warp * D * SB);
     uint64_t *bars = WS ? bar_all : bar_all + warp * D, *empty = bar_all + D;
+    pdl_trigger();
     if (it0 >= it1) return; // uniform over the block
 
     if constexpr (WS) {
@@ -629,6 +698,9 @@ __device__ __forceinline__ void experts_body(const k3k_experts &ex, const float 
                                                                ex.base[lane + 32] + ex.off_flag))
             << 32;
 
+    // Weights and flags are ready before the previous kernel ends (they come from uploads the
+    // host has waited for); x (its output) and out (which it may still read) are not.
+    pdl_wait();
     int ci = it0, cs = 0, cstage = 0; // the copy being computed: copy cs of item ci
     int xj = GU ? 0 : ci / tiles;
     int S = mx_stage(x + (size_t)xj * cols, cols, Bs, red, W * 32);
@@ -862,8 +934,8 @@ cudaError_t launch_experts_v(const k3k_experts *ex, const float *x, float beta, 
     const int items = ex->n * (rows / 16);
     int grid = sms * (per_sm > 0 ? per_sm : 1);
     grid = grid < items ? grid : items;
-    experts_k<GU, WS, W, D, K, LD><<<grid, threads, smem, s>>>(*ex, x, beta, lb, out);
-    return cudaGetLastError();
+    return launch_pdl(experts_k<GU, WS, W, D, K, LD>, grid, threads, smem, s, *ex, x, beta, lb,
+                      out);
 }
 
 // Schedules (ring stages, steps a stage) of the copy-warp kernels (8 compute warps + the copy
@@ -901,6 +973,7 @@ cudaError_t launch_experts(const k3k_experts *ex, const float *x, float beta, fl
 // ---- element-wise and small reductions --------------------------------------------------
 
 __global__ void rmsnorm_k(const float *x, const void *w, int wdt, int n, float eps, float *y) {
+    pdl_trigger(); // the next kernel may launch (its pdl_wait waits for us)
     __shared__ float red[32];
     float ss = 0.0f;
     for (int i = threadIdx.x; i < n; i += blockDim.x) ss = fmaf(x[i], x[i], ss);
@@ -923,6 +996,7 @@ struct res_values {
 // One block per value: score_j (spec §5 step 2).
 __global__ void attn_res_scores(const res_values vals, const float *sw, int hidden, float eps,
                                 float *scores) {
+    pdl_trigger(); // the next kernel may launch (its pdl_wait waits for us)
     __shared__ float red[32];
     const float *v = vals.v[blockIdx.x];
     float ss = 0.0f;
@@ -938,6 +1012,7 @@ __global__ void attn_res_scores(const res_values vals, const float *sw, int hidd
 // Softmax of the scores (sequential, the CPU's order) and the mix, element-wise in j order.
 __global__ void attn_res_mix(const res_values vals, int n, const float *scores, int hidden,
                              float *out) {
+    pdl_trigger(); // the next kernel may launch (its pdl_wait waits for us)
     __shared__ float p[K3K_MAX_RES];
     if (threadIdx.x == 0) {
         float mx = scores[0], sum = 0.0f;
@@ -954,17 +1029,20 @@ __global__ void attn_res_mix(const res_values vals, int n, const float *scores, 
 }
 
 __global__ void add_k(const float *a, const float *b, float *y, int n) {
+    pdl_trigger(); // the next kernel may launch (its pdl_wait waits for us)
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = __fadd_rn(a[i], b[i]);
 }
 
 __global__ void situ_k(const float *gate, const float *up, int n, float beta, float lb,
                        float *out) {
+    pdl_trigger(); // the next kernel may launch (its pdl_wait waits for us)
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = situf(gate[i], up[i], beta, lb);
 }
 
 __global__ void sigmoid_gate_k(float *x, const float *g, int n) {
+    pdl_trigger(); // the next kernel may launch (its pdl_wait waits for us)
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] = __fmul_rn(x[i], sigmoidf_(g[i]));
 }
@@ -972,6 +1050,7 @@ __global__ void sigmoid_gate_k(float *x, const float *g, int n) {
 // ---- KDA --------------------------------------------------------------------------------
 
 __global__ void short_conv_k(float *x, const float *taps, float *hist, int P, int conv) {
+    pdl_trigger(); // the next kernel may launch (its pdl_wait waits for us)
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= P) return;
     const int nh = conv - 1;
@@ -992,6 +1071,7 @@ __global__ void kda_heads_k(float *q, float *k, const float *v, const float *f, 
                             const float *g, const float *a_log, const float *dt_bias,
                             const float *o_norm, float *S, int D, float q_scale, float lb,
                             float eps, float *o) {
+    pdl_trigger(); // the next kernel may launch (its pdl_wait waits for us)
     extern __shared__ float sm[]; // q [D], k [D], alpha [D]
     __shared__ float red[32];
     float *qs = sm, *ks = sm + D, *al = sm + 2 * D;
@@ -1043,6 +1123,7 @@ __global__ void kda_heads_k(float *q, float *k, const float *v, const float *f, 
 
 __global__ void mla_append_k(float *kv, int t, const float *KV, const float *ckv, int H,
                              int nope, int rope, int vd, int lora) {
+    pdl_trigger(); // the next kernel may launch (its pdl_wait waits for us)
     const int kvf = H * nope + rope + H * vd;
     const int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= kvf) return;
@@ -1121,6 +1202,7 @@ mla_attend_part(const float *Q, const float *kv, int n, int H, int nope, int rop
 
 // o[h][d] = Σ_s o_s[d] · e^(m_s - M) / Σ_s l_s · e^(m_s - M), M = max_s m_s.
 __global__ void mla_attend_merge(const float *part, int NS, int vd, float *o) {
+    pdl_trigger(); // the next kernel may launch (its pdl_wait waits for us)
     const int h = blockIdx.x;
     const float *p = part + (size_t)h * NS * (vd + 2);
     float M = -INFINITY, L = 0.0f;
@@ -1177,6 +1259,7 @@ router_topk_k(const float *logits, const float *bias, int E, int k, float scalin
 }
 
 __global__ void moe_sum_k(const float *eo, const float *w, int k, int n, float *acc) {
+    pdl_trigger(); // the next kernel may launch (its pdl_wait waits for us)
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float a = 0.0f;
@@ -1239,10 +1322,8 @@ extern "C" cudaError_t k3k_matvec_multi(const k3k_mat *const *w, float *const *y
     }
     const int grid = blocks_for(mm.start[n], MV_THREADS / 32);
     if (w[0]->dtype == K3K_BF16)
-        matvec_multi_k<K3K_BF16><<<grid, MV_THREADS, 0, s>>>(mm, x);
-    else
-        matvec_multi_k<K3K_I8><<<grid, MV_THREADS, 0, s>>>(mm, x);
-    return cudaGetLastError();
+        return launch_pdl(matvec_multi_k<K3K_BF16>, grid, MV_THREADS, 0, s, mm, x);
+    return launch_pdl(matvec_multi_k<K3K_I8>, grid, MV_THREADS, 0, s, mm, x);
 }
 
 extern "C" cudaError_t k3k_experts_gate_up(const k3k_experts *ex, const float *z, float beta,
