@@ -186,9 +186,9 @@ static int sweep_schedules(FILE *out, job *j, const k3k_experts *d, const uint8_
         snprintf(v, sizeof v, "%d", sc);
         setenv("K3_MX_SCHEDULE", v, 1);
         rc = prepare_all(d, raw, w, slot, n, err);
-        k3k_mx_schedule(sc, &cw, &st, &k, &ld);
         double t = 0;
         for (int gu = 1; gu >= 0 && !rc; gu--) {
+            k3k_mx_schedule(sc, gu, &cw, &st, &k, &ld);
             j->kind = gu ? 1 : 2;
             rc = time_job(j, reps, &t, err);
             snprintf(name, sizeof name, "  sched %d %s: %s %dx%d%s", sc, gu ? "gate+up" : "down",

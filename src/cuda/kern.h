@@ -95,10 +95,12 @@ cudaError_t k3k_experts_down(const k3k_experts *ex, const float *h, float *out,
  * and tests; it must be the same at preparation and launch. Results are the same function of
  * the inputs under every schedule (only the summation order differs). */
 #define K3K_MX_SCHEDULES 6
-/* Schedule i: whether it has a copy warp, its ring's stages and steps (8 · 1088 bytes each
- * with a copy warp, else 1088 bytes per warp) a stage, and whether it decodes the weights the
- * earlier way (11 instead of 8 instructions per 8 weights; kept for comparison). */
-void k3k_mx_schedule(int i, int *copy_warp, int *stages, int *steps, int *legacy_decode);
+/* Schedule i of the gate+up (gate_up != 0) or the down kernel: whether it has a copy warp, its
+ * ring's stages and steps (8 · 1088 bytes each with a copy warp, else 1088 bytes per warp) a
+ * stage, and whether it decodes the weights the earlier way (11 instead of 8 instructions per
+ * 8 weights, but plain shifts instead of funnel shifts). */
+void k3k_mx_schedule(int i, int gate_up, int *copy_warp, int *stages, int *steps,
+                     int *legacy_decode);
 
 /* y[n] = w ⊙ (x / sqrt(mean(x²) + eps)) (spec §4); w [n] BF16 or F32 (wdtype), or NULL for
  * no weight. y may alias x. n >= 1. */

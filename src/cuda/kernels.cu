@@ -585,19 +585,19 @@ __device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) {
 // 2c: rows g, g + 8; group 2c + 1: rows g, g + 8]; one group: [g][2]). Word q of a lane holds
 // its 16-column slice q of the group in mma fragment order (rows g = l/4 and g + 8, columns
 // 2c, 2c + 1 and 2c + 8, 2c + 9 for c = l % 4; bit positions as mx_decode reads them).
-// Gate+up: w1's and w3's chunks alternate (w1 chunk c, w3 chunk c, w1 chunk c + 1, ...) in
-// the region from off_w1p (whose size is that of w1p, w1s, w3p and w3s together); tile t
-// starts at t · ng · 544. Down: w2's chunks in order from off_w2p; tile t at t · ng · 272.
-// Chunk-major (chunks of a tile in column order): a warp's columns of one tile (gate+up: of
-// both matrices) are one contiguous block. Step-major (K3's shapes, mx_step_major): the
-// chunks of a tile reordered so that step k of warp 0, 1, ..., 7 (one step = 1088 bytes:
-// gate+up, w1 and w3 chunk; down, two w2 chunks) follow each other, so step k of every warp
-// is one contiguous block.
-constexpr int MX_STEP = 1088; // bytes of one pipeline step: gate+up, one chunk of w1 and of w3;
-                              // down, two chunks of w2
+// An item (the unit a block computes) is two 16-row tiles read against the same x: gate+up,
+// tile t of w1 and of w3 (then SiTU); down, tiles 2t and 2t + 1 of w2 (rows 32t..32t + 31),
+// so that every B fragment loaded serves two mmas. The two tiles' chunks alternate (first
+// tile's chunk c, second's chunk c, first's chunk c + 1, ...) in the region from off_w1p
+// (whose size is that of w1p, w1s, w3p and w3s together) or off_w2p (w2p and w2s); item t
+// starts at t · ng · 544. Chunk-major (chunks of an item in column order): a warp's columns of
+// one item are one contiguous block. Step-major (K3's shapes, mx_step_major): the chunk pairs
+// of an item reordered so that step k of warp 0, 1, ..., 7 (one step = 1088 bytes, chunk k of
+// the warp in both tiles) follow each other, so step k of every warp is one contiguous block.
+constexpr int MX_STEP = 1088; // bytes of one pipeline step: one chunk of each of two tiles
 
-// The routed experts of a layer as one list of row tiles ("items": expert j's 16-row tile t is
-// item j · tiles + t; GU: its w1 and w3 tiles together, then SiTU). A persistent grid: block b
+// The routed experts of a layer as one list of items (expert j's item t is j · tiles + t,
+// tiles = items per expert: inter / 16 for GU, latent / 32 for down). A persistent grid: block b
 // takes a contiguous range of items; its W warps split the columns (warp w: chunks
 // [w·np/W, (w+1)·np/W)), and each warp streams its contiguous block of each item through a
 // ring of D shared-memory stages of up to K steps (K · MX_STEP bytes), filled by the bulk copy
@@ -616,21 +616,22 @@ template <bool GU, bool WS, int W, int D, int K, bool LD>
 __device__ __forceinline__ void experts_body(const k3k_experts &ex, const float *__restrict__ x,
                                              float beta, float lb, float *__restrict__ out) {
     extern __shared__ __align__(128) uint8_t smem[];
-    constexpr int NM = GU ? 2 : 1;
-    constexpr int GB = GU ? 544 : 272; // bytes of one group (both matrices in GU)
+    constexpr int NM = 2;   // tiles an item
+    constexpr int GB = 544; // bytes of one group in both tiles
     constexpr int SB = WS ? K * W * MX_STEP : K * MX_STEP; // bytes of one stage
     __shared__ float part[2][NM][W][16];
     __shared__ float red[32];
     __shared__ uint64_t bar_all[WS ? 2 * D : W * D]; // WS: full [D], then empty [D]
     const int rows = GU ? ex.inter : ex.latent, cols = GU ? ex.latent : ex.inter;
-    const int ng = cols / 32, np = (ng + 1) / 2, tiles = rows / 16, items = ex.n * tiles;
+    const int ng = cols / 32, np = (ng + 1) / 2, tiles = rows / (GU ? 16 : 32);
+    const int items = ex.n * tiles;
     const int it0 = (int)((int64_t)items * blockIdx.x / gridDim.x);
     const int it1 = (int)((int64_t)items * (blockIdx.x + 1) / gridDim.x);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
     const int c_lo = warp * np / W, c_hi = (warp + 1) * np / W;
     const int g_lo = 2 * c_lo, g_hi = min(2 * c_hi, ng); // the warp's groups
     const int cpw = (np + W - 1) / W;
-    const int spi = GU ? cpw : (cpw + 1) / 2; // steps per item, the same in every warp
+    const int spi = cpw; // steps per item, the same in every warp
     const int gpi = (spi + K - 1) / K;         // copies (of up to K steps) per item
     const int total = (it1 - it0) * gpi;
     const uint64_t region = GU ? ex.off_w1p : ex.off_w2p;
@@ -708,42 +709,30 @@ __device__ __forceinline__ void experts_body(const k3k_experts &ex, const float 
     // Lanes 12-31 hold B's columns 3-7, which no result reads: they load lanes 0-11's.
     const uint2 *bl = Bs + lane % 12;
 
-    // Step cs of the item at st: GU, one chunk of w1 (at st) and of w3; down, two chunks of w2.
-    // A chunk holds two groups (pair) or the row's odd last one.
+    // Step cs of the item at st: one chunk of each of its two tiles. A chunk holds two groups
+    // (pair) or the row's odd last one.
     auto compute = [&](const uint8_t *st, int cs, auto ex_tag) {
         constexpr bool E = decltype(ex_tag)::value;
+        const int gi = g_lo + 2 * cs, n = g_hi - gi;
+        if (n >= 2) { // uniform
+            const uint4 q = *reinterpret_cast<const uint4 *>(st + lane * 16);
+            const uint32_t sw = *reinterpret_cast<const uint32_t *>(st + 512 + g * 4);
+            const uint4 q3 = *reinterpret_cast<const uint4 *>(st + 544 + lane * 16);
+            const uint32_t sw3 = *reinterpret_cast<const uint32_t *>(st + 1056 + g * 4);
 #pragma unroll
-        for (int u = 0; u < (GU ? 1 : 2); u++) {
-            const int gi = g_lo + (GU ? 2 * cs : 4 * cs + 2 * u), n = g_hi - gi;
-            const uint8_t *c0 = st + u * 544;
-            if (n >= 2) { // uniform
-                const uint4 q = *reinterpret_cast<const uint4 *>(c0 + lane * 16);
-                const uint32_t sw = *reinterpret_cast<const uint32_t *>(c0 + 512 + g * 4);
-                uint4 q3 = q;
-                uint32_t sw3 = sw;
-                if (GU) {
-                    q3 = *reinterpret_cast<const uint4 *>(c0 + 544 + lane * 16);
-                    sw3 = *reinterpret_cast<const uint32_t *>(c0 + 1056 + g * 4);
-                }
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const uint2 b0 = bl[(2 * gi + 2 * h) * 12], b1 = bl[(2 * gi + 2 * h + 1) * 12];
-                    mx_group<E, LD>(h ? q.z : q.x, h ? q.w : q.y, b0, b1, sw, 2 * h, acc[0]);
-                    if (GU)
-                        mx_group<E, LD>(h ? q3.z : q3.x, h ? q3.w : q3.y, b0, b1, sw3, 2 * h,
-                                        acc[NM - 1]);
-                }
-            } else if (n == 1) {
-                const uint2 b0 = bl[2 * gi * 12], b1 = bl[(2 * gi + 1) * 12];
-                const uint2 q = *reinterpret_cast<const uint2 *>(c0 + lane * 8);
-                const uint32_t sw = *reinterpret_cast<const uint16_t *>(c0 + 256 + g * 2);
-                mx_group<E, LD>(q.x, q.y, b0, b1, sw, 0, acc[0]);
-                if (GU) {
-                    const uint2 q3 = *reinterpret_cast<const uint2 *>(c0 + 272 + lane * 8);
-                    const uint32_t sw3 = *reinterpret_cast<const uint16_t *>(c0 + 528 + g * 2);
-                    mx_group<E, LD>(q3.x, q3.y, b0, b1, sw3, 0, acc[NM - 1]);
-                }
+            for (int h = 0; h < 2; h++) {
+                const uint2 b0 = bl[(2 * gi + 2 * h) * 12], b1 = bl[(2 * gi + 2 * h + 1) * 12];
+                mx_group<E, LD>(h ? q.z : q.x, h ? q.w : q.y, b0, b1, sw, 2 * h, acc[0]);
+                mx_group<E, LD>(h ? q3.z : q3.x, h ? q3.w : q3.y, b0, b1, sw3, 2 * h, acc[1]);
             }
+        } else if (n == 1) {
+            const uint2 b0 = bl[2 * gi * 12], b1 = bl[(2 * gi + 1) * 12];
+            const uint2 q = *reinterpret_cast<const uint2 *>(st + lane * 8);
+            const uint32_t sw = *reinterpret_cast<const uint16_t *>(st + 256 + g * 2);
+            const uint2 q3 = *reinterpret_cast<const uint2 *>(st + 272 + lane * 8);
+            const uint32_t sw3 = *reinterpret_cast<const uint16_t *>(st + 528 + g * 2);
+            mx_group<E, LD>(q.x, q.y, b0, b1, sw, 0, acc[0]);
+            mx_group<E, LD>(q3.x, q3.y, b0, b1, sw3, 0, acc[1]);
         }
     };
 
@@ -762,14 +751,16 @@ __device__ __forceinline__ void experts_body(const k3k_experts &ex, const float 
         }
         mx_sync(W * 32); // the compute warps only
         if (threadIdx.x < 16) {
-            const int j = ci / tiles, r = (ci - j * tiles) * 16 + threadIdx.x;
+            const int j = ci / tiles, r = (ci - j * tiles) * (GU ? 16 : 32) + threadIdx.x;
             float s0 = 0.0f, s1 = 0.0f;
             for (int w = 0; w < W; w++) {
                 s0 += part[pb][0][w][threadIdx.x];
-                if (GU) s1 += part[pb][NM - 1][w][threadIdx.x];
+                s1 += part[pb][1][w][threadIdx.x];
             }
-            s0 = ldexpf(s0, 126 - S);
-            out[(size_t)j * rows + r] = GU ? situf(s0, ldexpf(s1, 126 - S), beta, lb) : s0;
+            s0 = ldexpf(s0, 126 - S), s1 = ldexpf(s1, 126 - S);
+            float *o = out + (size_t)j * rows + r;
+            if (GU) o[0] = situf(s0, s1, beta, lb);
+            else o[0] = s0, o[16] = s1;
         }
     };
 
@@ -822,27 +813,27 @@ experts_k(const __grid_constant__ k3k_experts ex, const float *__restrict__ x, f
 // (K3's shapes do) and the schedule is not MX_CHUNK_MAJOR.
 constexpr int MX_WS_W = 8;
 constexpr int MX_CHUNK_MAJOR = K3K_MX_SCHEDULES - 1; // the schedule without a copy warp
-constexpr int MX_LEGACY_DECODE = K3K_MX_SCHEDULES - 2; // schedule 0 with mx_decode<true>
 int mx_schedule() {
     const char *env = getenv("K3_MX_SCHEDULE");
     const int i = env ? atoi(env) : 0;
     return i >= 0 && i < K3K_MX_SCHEDULES ? i : 0;
 }
-bool mx_step_major(int cols, bool gu) {
-    const int ng = cols / 32, cps = gu ? 1 : 2; // chunks a step
-    return ng % 2 == 0 && (ng / 2) % (MX_WS_W * cps) == 0 && mx_schedule() != MX_CHUNK_MAJOR;
+bool mx_step_major(int cols) {
+    const int ng = cols / 32;
+    return ng % 2 == 0 && (ng / 2) % MX_WS_W == 0 && mx_schedule() != MX_CHUNK_MAJOR;
 }
 
-// Re-lays one matrix [rows, cols] (rows % 16 == 0, cols % 32 == 0) out for experts_k (the
-// layout above; d points at the matrix's region, stride/sub place its chunks: a chunk of
-// chunk bytes cb at d + t · tile_b + c · cb + sub, where sub is w3's offset after w1 in GU;
-// cps > 0: step-major, chunk c at position ((j / cps) · MX_WS_W + w) · cps + j % cps for
-// w = c / cpw, j = c % cpw, cps chunks a step);
-// one thread per (16-row tile, group, lane). *flag |= 1 when a scale byte is 0 or 255 (not
+// Re-lays one matrix [rows, cols] (rows % 16 == 0, or % 32 with pairs; cols % 32 == 0) out for
+// experts_k (the layout above; d points at the region): tile t's chunk c goes to
+// d + it · ng · 544 + at · 1088 + mt · (544, or 272 for a one-group chunk), where it is the
+// item and mt the tile's place in it — pairs (down): it = t / 2, mt = t % 2; else (gate+up,
+// called for w1 with m = 0 and w3 with m = 1): it = t, mt = m — and at = c (chunk-major) or,
+// step-major, j · MX_WS_W + w for warp w = c / cpw and its step j = c % cpw.
+// One thread per (16-row tile, group, lane). *flag |= 1 when a scale byte is 0 or 255 (not
 // decoded by the fast path).
 __global__ void mx_prepare_k(const uint8_t *__restrict__ sp, const uint8_t *__restrict__ ss,
-                             uint8_t *__restrict__ d, int rows, int cols, int gb, int cb,
-                             int m, int cps, bool legacy, uint32_t *flag) {
+                             uint8_t *__restrict__ d, int rows, int cols, int m, bool pairs,
+                             bool step_major, bool legacy, uint32_t *flag) {
     const int ng = cols / 32, cpw = ng / 2 / MX_WS_W;
     const int64_t n = (int64_t)(rows / 16) * ng * 32;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
@@ -851,11 +842,10 @@ __global__ void mx_prepare_k(const uint8_t *__restrict__ sp, const uint8_t *__re
         const int64_t tg = i >> 5;
         const int gi = (int)(tg % ng), t = (int)(tg / ng);
         const bool pair = (gi | 1) < ng;
-        // the chunk: nibbles then scales; in GU, w3's part follows w1's
-        // step-major (cps > 0): warp w's chunk j (j < cpw) goes to step j / cps of warp w
-        const int cc = gi >> 1, w = cps ? cc / cpw : 0, jj = cps ? cc % cpw : 0;
-        const int at = cps ? ((jj / cps) * MX_WS_W + w) * cps + jj % cps : cc;
-        uint8_t *ch = d + (size_t)t * ng * gb + (size_t)at * cb + (size_t)m * (pair ? 544 : 272);
+        // the chunk: nibbles then scales, the item's second tile's after its first's
+        const int cc = gi >> 1, at = step_major ? (cc % cpw) * MX_WS_W + cc / cpw : cc;
+        const int it = pairs ? t >> 1 : t, mt = pairs ? t & 1 : m;
+        uint8_t *ch = d + (size_t)it * ng * 544 + (size_t)at * 1088 + (size_t)mt * (pair ? 544 : 272);
 #pragma unroll
         for (int q = 0; q < 2; q++) {
             uint32_t tk = 0; // mx_decode's target bits: 8 j + 4 h + (m, e0, e1, sign)
@@ -931,35 +921,53 @@ cudaError_t launch_experts_v(const k3k_experts *ex, const float *x, float beta, 
         e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, experts_k<GU, WS, W, D, K, LD>,
                                                           threads, smem);
     if (e != cudaSuccess) return e;
-    const int items = ex->n * (rows / 16);
+    const int items = ex->n * (rows / (GU ? 16 : 32));
     int grid = sms * (per_sm > 0 ? per_sm : 1);
     grid = grid < items ? grid : items;
+    // as few blocks as keep the busiest one's item count: when that count is what the launch
+    // waits for, the others then share the bandwidth among fewer blocks (down at 16 experts:
+    // 1792 items take 359 blocks of <= 5, not 396 blocks of 4 or 5)
+    const int per = (items + grid - 1) / grid;
+    grid = (items + per - 1) / per;
     return launch_pdl(experts_k<GU, WS, W, D, K, LD>, grid, threads, smem, s, *ex, x, beta, lb,
                       out);
 }
 
-// Schedules (ring stages, steps a stage) of the copy-warp kernels (8 compute warps + the copy
-// warp, step-major layout); entry 0 is the default. MX_LEGACY_DECODE is entry 0 with the
-// earlier 11-instruction decode (mx_decode<true>), kept to measure the decode's share. The
-// last schedule (MX_CHUNK_MAJOR) is the kernel without a copy warp (8 warps, each streaming
-// its own columns through its own 2 stages of 3 steps) on the chunk-major layout, which also
-// serves every shape the step-major layout does not fit. K3_MX_SCHEDULE=i picks entry i, for
-// `k3 bench-gpu`'s sweep and the kernel tests, which run every entry (preparation and launch
-// must see the same value). Measured on an H200 (BENCHMARKS.md, 2026-11-30 11:44 UTC).
-constexpr int MX_SCHED[K3K_MX_SCHEDULES - 1][2] = {{3, 2}, {2, 3}, {4, 2}, {3, 3}, {3, 2}};
+// Schedules of the copy-warp kernels (8 compute warps + the copy warp, step-major layout): ring
+// stages, steps a stage, and whether the weights use the earlier 11-instruction decode
+// (mx_decode<true>: plain shifts, measured faster than the 8-instruction funnel-shift decode in
+// gate+up but not in down), one table per kernel; entry 0 is the default, the fastest
+// measured. The last schedule (MX_CHUNK_MAJOR) is the kernel without a copy warp (8 warps,
+// each streaming its own columns through its own 2 stages of 3 steps) on the chunk-major
+// layout, which also serves every shape the step-major layout does not fit. K3_MX_SCHEDULE=i
+// picks entry i of both tables, for `k3 bench-gpu`'s sweep and the kernel tests, which run
+// every entry (preparation and launch must see the same value). Measured on an H200
+// (BENCHMARKS.md, 2026-11-30 14:00 UTC).
+struct mx_sched {
+    int stages, steps;
+    bool legacy;
+};
+constexpr mx_sched MX_SCHED_GU[MX_CHUNK_MAJOR] = {
+    {3, 2, true}, {3, 2, false}, {2, 3, false}, {3, 3, false}, {4, 2, false}};
+constexpr mx_sched MX_SCHED_DOWN[MX_CHUNK_MAJOR] = {
+    {3, 3, false}, {3, 2, false}, {2, 3, false}, {3, 3, true}, {4, 2, false}};
+constexpr const mx_sched &mx_sched_of(bool gu, int i) {
+    return gu ? MX_SCHED_GU[i] : MX_SCHED_DOWN[i];
+}
 
 template <bool GU, int I>
 cudaError_t launch_ws(const k3k_experts *ex, const float *x, float beta, float lb, float *out,
                       cudaStream_t s) {
-    return launch_experts_v<GU, true, MX_WS_W, MX_SCHED[I][0], MX_SCHED[I][1],
-                            I == MX_LEGACY_DECODE>(ex, x, beta, lb, out, s);
+    constexpr mx_sched sc = mx_sched_of(GU, I);
+    return launch_experts_v<GU, true, MX_WS_W, sc.stages, sc.steps, sc.legacy>(ex, x, beta, lb,
+                                                                                 out, s);
 }
 
 template <bool GU>
 cudaError_t launch_experts(const k3k_experts *ex, const float *x, float beta, float lb,
                            float *out, cudaStream_t s) {
-    static_assert(K3K_MX_SCHEDULES == 6 && MX_LEGACY_DECODE == 4, "one case per schedule");
-    if (!mx_step_major(GU ? ex->latent : ex->inter, GU))
+    static_assert(MX_CHUNK_MAJOR == 5, "one case per schedule");
+    if (!mx_step_major(GU ? ex->latent : ex->inter))
         return launch_experts_v<GU, false, 8, 2, 3>(ex, x, beta, lb, out, s);
     switch (mx_schedule()) {
     case 1: return launch_ws<GU, 1>(ex, x, beta, lb, out, s);
@@ -1338,13 +1346,12 @@ extern "C" cudaError_t k3k_experts_down(const k3k_experts *ex, const float *h, f
     return launch_experts<false>(ex, h, 0, 0, out, s);
 }
 
-extern "C" void k3k_mx_schedule(int i, int *copy_warp, int *stages, int *steps,
+extern "C" void k3k_mx_schedule(int i, int gate_up, int *copy_warp, int *stages, int *steps,
                                 int *legacy_decode) {
     i = i >= 0 && i < K3K_MX_SCHEDULES ? i : 0;
     *copy_warp = i != MX_CHUNK_MAJOR;
-    *legacy_decode = i == MX_LEGACY_DECODE;
-    *stages = i == MX_CHUNK_MAJOR ? 2 : MX_SCHED[i][0];
-    *steps = i == MX_CHUNK_MAJOR ? 3 : MX_SCHED[i][1];
+    const mx_sched sc = i == MX_CHUNK_MAJOR ? mx_sched{2, 3, false} : mx_sched_of(gate_up, i);
+    *stages = sc.stages, *steps = sc.steps, *legacy_decode = sc.legacy;
 }
 
 extern "C" cudaError_t k3k_experts_prepare(const k3k_experts *ex, const uint8_t *src,
@@ -1359,11 +1366,11 @@ extern "C" cudaError_t k3k_experts_prepare(const k3k_experts *ex, const uint8_t 
         const int rows = i < 2 ? ex->inter : ex->latent, cols = i < 2 ? ex->latent : ex->inter;
         const int64_t n = (int64_t)rows / 16 * (cols / 32) * 32;
         const int grid = (int)((n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096);
-        const int cps = mx_step_major(cols, i < 2) ? (i < 2 ? 1 : 2) : 0;
+        const bool sm = mx_step_major(cols);
         mx_prepare_k<<<grid, 256, 0, s>>>(src + op[i], src + os[i],
                                           dst + (i < 2 ? ex->off_w1p : ex->off_w2p), rows, cols,
-                                          i < 2 ? 544 : 272, i < 2 ? 1088 : 544, i == 1, cps,
-                                          cps > 0 && mx_schedule() == MX_LEGACY_DECODE, flag);
+                                          i == 1, i == 2, sm,
+                                          sm && mx_sched_of(i < 2, mx_schedule()).legacy, flag);
     }
     return cudaGetLastError();
 }
