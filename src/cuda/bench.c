@@ -27,14 +27,13 @@
 #define ROTATE_BYTES (512ull << 20) /* weight copies per shape: at least this much in total */
 
 typedef struct job {
-    int kind;            /* 0 BF16/I8 matvec, 1 experts (gate+up, SiTU, down), 3 KDA heads,
+    int kind;            /* 0 BF16/I8 matvec, 1 experts gate+up, 2 experts down, 3 KDA heads,
                           * 4 MLA attention */
     k3k_mat mat[8];      /* matvec: one per weight copy */
     k3k_experts ex[16];
     int sets;
     double host_s;       /* time_job: host seconds per launch (the enqueue alone) */
     float *x, *y, *h, *aux;
-    uint32_t *sync;      /* experts: k3k_experts_ffn's counters */
     int H, D, t;         /* KDA / MLA */
 } job;
 
@@ -47,7 +46,8 @@ static cudaError_t launch(job *j, int i, cudaStream_t s) {
     int k = i % j->sets;
     switch (j->kind) {
     case 0: return k3k_matvec(&j->mat[k], j->x, j->y, s);
-    case 1: return k3k_experts_ffn(&j->ex[k], j->x, 4.0f, 25.0f, j->h, j->y, j->sync, s);
+    case 1: return k3k_experts_gate_up(&j->ex[k], j->x, 4.0f, 25.0f, j->h, s);
+    case 2: return k3k_experts_down(&j->ex[k], j->h, j->y, s);
     case 3: {
         int P = j->H * j->D;
         float *q = j->x, *kk = q + P, *v = kk + P, *f = v + P, *g = f + P, *o = g + P;
@@ -175,7 +175,7 @@ static int prepare_all(const k3k_experts *d, const uint8_t *raw, uint8_t *w, uin
  * for each, as its layout may differ), the default first and again last, so that the spread of
  * one schedule's two timings is in the table. */
 static int sweep_schedules(FILE *out, job *j, const k3k_experts *d, const uint8_t *raw,
-                           uint8_t *w, uint64_t slot, int n, int reps, double bytes,
+                           uint8_t *w, uint64_t slot, int n, int reps, double b1, double b2,
                            double copy_bps, k3_err *err) {
     const char *env = getenv("K3_MX_SCHEDULE");
     char *saved = env ? strdup(env) : NULL;
@@ -187,11 +187,15 @@ static int sweep_schedules(FILE *out, job *j, const k3k_experts *d, const uint8_
         setenv("K3_MX_SCHEDULE", v, 1);
         rc = prepare_all(d, raw, w, slot, n, err);
         double t = 0;
-        k3k_mx_schedule(sc, &cw, &st, &k, &ld);
-        if (!rc) rc = time_job(j, reps, &t, err);
-        snprintf(name, sizeof name, "  sched %d: %s %dx%d%s", sc, cw ? "copy warp" : "per warp", st,
-                 k, ld ? " shift decode" : "");
-        if (!rc) row(out, name, "16x3x3072x3584", bytes, t, copy_bps);
+        for (int gu = 1; gu >= 0 && !rc; gu--) {
+            k3k_mx_schedule(sc, gu, &cw, &st, &k, &ld);
+            j->kind = gu ? 1 : 2;
+            rc = time_job(j, reps, &t, err);
+            snprintf(name, sizeof name, "  sched %d %s: %s %dx%d%s", sc, gu ? "gate+up" : "down",
+                     cw ? "copy warp" : "per warp", st, k, ld ? " old dec" : "");
+            if (!rc)
+                row(out, name, gu ? "16x2x3072x3584" : "16x3584x3072", gu ? b1 : b2, t, copy_bps);
+        }
     }
     if (saved) setenv("K3_MX_SCHEDULE", saved, 1);
     else unsetenv("K3_MX_SCHEDULE");
@@ -202,8 +206,7 @@ static int sweep_schedules(FILE *out, job *j, const k3k_experts *d, const uint8_
 
 /* K3_MX_SCAN=1: n routed experts per launch for n = 1..32 (the 32 prepared experts rotated in
  * sets of n), so that a launch's fixed cost and its streaming rate can be told apart:
- * µs = fixed + bytes / rate. Also the host's enqueue time per launch. per_ex: bytes of one
- * expert (its three matrices). */
+ * µs = fixed + bytes / rate. Also the host's enqueue time per launch. */
 static int scan_counts(FILE *out, job *j, uint8_t *w, uint64_t slot, int reps, double per_ex,
                        double copy_bps, k3_err *err) {
     static const int ns[] = {1, 2, 4, 8, 16, 32};
@@ -218,12 +221,16 @@ static int scan_counts(FILE *out, job *j, uint8_t *w, uint64_t slot, int reps, d
             j->ex[s].n = n;
             for (int e = 0; e < n; e++) j->ex[s].base[e] = w + (uint64_t)(s * n + e) * slot;
         }
-        double t = 0;
-        char name[64], shape[32];
-        rc = time_job(j, reps, &t, err);
-        snprintf(name, sizeof name, "  scan n=%d (host %.1f us)", n, j->host_s * 1e6);
-        snprintf(shape, sizeof shape, "%dx3x3072x3584", n);
-        if (!rc) row(out, name, shape, per_ex * n, t, copy_bps);
+        for (int gu = 1; gu >= 0 && !rc; gu--) {
+            double t = 0;
+            char name[64], shape[32];
+            j->kind = gu ? 1 : 2;
+            rc = time_job(j, reps, &t, err);
+            snprintf(name, sizeof name, "  scan %s n=%d (host %.1f us)", gu ? "gate+up" : "down",
+                     n, j->host_s * 1e6);
+            snprintf(shape, sizeof shape, "%dx%s", n, gu ? "2x3072x3584" : "3584x3072");
+            if (!rc) row(out, name, shape, per_ex * n * (gu ? 2 : 1), t, copy_bps);
+        }
     }
     for (int s = 0; s < saved; s++) {
         j->ex[s] = d;
@@ -234,7 +241,7 @@ static int scan_counts(FILE *out, job *j, uint8_t *w, uint64_t slot, int reps, d
     return rc;
 }
 
-static int bench_experts(FILE *out, int reps, double copy_bps, double *experts_bps, k3_err *err) {
+static int bench_experts(FILE *out, int reps, double copy_bps, double *gate_up_bps, k3_err *err) {
     const int K = 16, inter = 3072, latent = 3584, sets = 2;
     uint64_t packed = (uint64_t)inter * latent / 2, scale = packed / 16, off = 0, o[7];
     for (int i = 0; i < 7; i++) {
@@ -275,49 +282,25 @@ static int bench_experts(FILE *out, int reps, double copy_bps, double *experts_b
         for (int e = 0; e < K; e++) j.ex[s].base[e] = w + (uint64_t)(s * K + e) * slot;
     }
     CK(k3k_fill_random(j.h, (size_t)sets * K * inter * 4, 14, 0x3fffffffu, 0));
-    CK(cudaMalloc((void **)&j.sync, K3K_EXPERTS_SYNC_WORDS * 4));
-    CK(cudaMemset(j.sync, 0, K3K_EXPERTS_SYNC_WORDS * 4));
-    double t = 0, bytes = 3.0 * K * (packed + scale);
-    rc = time_job(&j, reps, &t, err);
+    double t1 = 0, t2 = 0;
+    rc = time_job(&j, reps, &t1, err);
+    j.kind = 2;
+    if (!rc) rc = time_job(&j, reps, &t2, err);
+    double b1 = 2.0 * K * (packed + scale), b2 = 1.0 * K * (packed + scale);
     if (!rc) {
-        row(out, "mxfp4 16 experts gate+up+SiTU+down", "16x3x3072x3584", bytes, t, copy_bps);
-        *experts_bps = bytes / t;
-    }
-    if (!rc && getenv("K3_MX_TRACE")) { /* DIAG */
-        unsigned long long *tr = NULL, *ht = malloc(4096 * 32);
-        CK(cudaMalloc((void **)&tr, 4096 * 32));
-        for (int s = 0; s < sets; s++) j.ex[s].trace = tr;
-        for (int rep = 0; rep < 3 && !rc; rep++) {
-            CK(cudaMemset(tr, 0, 4096 * 32));
-            CK(launch(&j, rep, 0));
-            CK(cudaDeviceSynchronize());
-            CK(cudaMemcpy(ht, tr, 4096 * 32, cudaMemcpyDeviceToHost));
-            unsigned long long t0 = ~0ull;
-            int nb = 0;
-            for (int b = 0; b < 4096 && ht[b * 4]; b++) nb = b + 1, t0 = ht[b * 4] < t0 ? ht[b * 4] : t0;
-            for (int k = 0; k < 4; k++) {
-                static double v[4096];
-                int m = 0;
-                for (int b = 0; b < nb; b++) if (ht[b * 4 + k]) v[m++] = (ht[b * 4 + k] - t0) * 1e-3;
-                qsort(v, m, sizeof *v, cmp_d);
-                if (m) fprintf(out, "  trace %d stamp %d (%d blocks): min %.1f p10 %.1f med %.1f p90 %.1f max %.1f us\n",
-                               rep, k, m, v[0], v[m / 10], v[m / 2], v[m * 9 / 10], v[m - 1]);
-            }
-        }
-        for (int s = 0; s < sets; s++) j.ex[s].trace = NULL;
-        cudaFree(tr);
-        free(ht);
+        row(out, "mxfp4 16 experts gate+up+SiTU", "16x2x3072x3584", b1, t1, copy_bps);
+        row(out, "mxfp4 16 experts down", "16x3584x3072", b2, t2, copy_bps);
+        *gate_up_bps = b1 / t1;
     }
     if (!rc && getenv("K3_MX_SCAN"))
-        rc = scan_counts(out, &j, w, slot, reps, 3.0 * (packed + scale), copy_bps, err);
+        rc = scan_counts(out, &j, w, slot, reps, (double)(packed + scale), copy_bps, err);
     if (!rc && getenv("K3_MX_SWEEP"))
-        rc = sweep_schedules(out, &j, &d, raw, w, slot, sets * K, reps, bytes, copy_bps, err);
+        rc = sweep_schedules(out, &j, &d, raw, w, slot, sets * K, reps, b1, b2, copy_bps, err);
     cudaFree(w);
     cudaFree(raw);
     cudaFree(j.x);
     cudaFree(j.h);
     cudaFree(j.y);
-    cudaFree(j.sync);
     return rc;
 }
 

@@ -56,7 +56,6 @@ typedef struct scratch {
     float *q, *k, *v, *g, *fv, *o, *fa, *beta;
     float *cq, *Q, *ckv, *KV;
     float *gate, *up, *router, *w, *lat, *lat_acc, *h, *eo, *logits, *res_scores;
-    uint32_t *moe_sync; /* k3k_experts_ffn's counters, zero between launches */
     int *ids;
 } scratch;
 
@@ -245,7 +244,7 @@ static uint64_t scratch_floats(const k3_model *m, int max_blocks) {
            (uint64_t)c->num_experts + pad + 2 * (K + pad) +
            2 * ((uint64_t)c->routed_expert_hidden_size + pad) +
            K * (uint64_t)c->moe_intermediate_size + pad + K * (uint64_t)c->routed_expert_hidden_size +
-           pad + (uint64_t)c->vocab_size + pad + K3K_MAX_RES + pad + K3K_EXPERTS_SYNC_WORDS + pad;
+           pad + (uint64_t)c->vocab_size + pad + K3K_MAX_RES + pad;
 }
 
 static void *carve(char **p, uint64_t count, size_t es) {
@@ -282,8 +281,6 @@ static int alloc_scratch(k3_gpu *g, k3_err *err) {
     d->lat = carve(&p, lat, 4), d->lat_acc = carve(&p, lat, 4);
     d->h = carve(&p, K * c->moe_intermediate_size, 4), d->eo = carve(&p, K * lat, 4);
     d->logits = carve(&p, c->vocab_size, 4), d->res_scores = carve(&p, K3K_MAX_RES, 4);
-    d->moe_sync = carve(&p, K3K_EXPERTS_SYNC_WORDS, 4);
-    CK(cudaMemset(d->moe_sync, 0, K3K_EXPERTS_SYNC_WORDS * 4));
     return K3_OK;
 }
 
@@ -886,8 +883,8 @@ static int moe_forward(k3_gpu *g, k3_state *st, const k3_layer *L, int layer, in
     expert_cache *ec = &g->ec;
     ex.n = K;
     for (int j = 0; j < K; j++) ex.base[j] = ec->dev + (size_t)slots[j] * ec->slot_bytes;
-    CK(k3k_experts_ffn(&ex, d->lat, c->situ_beta, c->situ_linear_beta, d->h, d->eo, d->moe_sync,
-                       g->cs));
+    CK(k3k_experts_gate_up(&ex, d->lat, c->situ_beta, c->situ_linear_beta, d->h, g->cs));
+    CK(k3k_experts_down(&ex, d->h, d->eo, g->cs));
     CK(k3k_moe_sum(d->eo, d->w, K, lat, d->lat_acc, g->cs));
     CK(k3k_rmsnorm(d->lat_acc, w->norm.data, w->norm.dtype, lat, c->rms_norm_eps, d->lat_acc,
                    g->cs)); /* on the sum (spec §8.3) */

@@ -97,7 +97,7 @@ typedef struct k3_gpu_bench {
     double copy_bps;     /* device-to-device copy, bytes read + written per second */
     double lm_head_s;    /* K3's lm_head product [163840, 7168] BF16, seconds */
     double bf16_bps;     /* the BF16 product at [12288, 7168], weight bytes per second */
-    double mxfp4_bps;    /* 16 experts gate+up+down (one launch), weight bytes per second */
+    double mxfp4_bps;    /* 16 experts gate+up (one launch), weight bytes per second */
 } k3_gpu_bench;
 
 /* Measures the card's copy bandwidth and every product kernel at K3's decode shapes (median

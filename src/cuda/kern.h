@@ -57,7 +57,6 @@ typedef struct k3k_experts {
                                             * multiples of 32 */
     uint64_t off_w1p, off_w1s, off_w3p, off_w3s, off_w2p, off_w2s; /* bytes from a base */
     uint64_t off_flag;                     /* a uint32 written by k3k_experts_prepare */
-    unsigned long long *trace;             /* DIAG: per-block timestamps [grid][4] or NULL */
     const uint8_t *base[K3K_MAX_EXPERTS];
 } k3k_experts;
 
@@ -81,29 +80,27 @@ cudaError_t k3k_matvec_multi(const k3k_mat *const *w, float *const *y, int n, co
 cudaError_t k3k_experts_prepare(const k3k_experts *ex, const uint8_t *src, uint8_t *dst,
                                 cudaStream_t stream);
 
-/* The routed experts of one MoE layer in one launch (spec §8.1, §8.3): for j < ex->n,
- * h[j][r] = SiTU(W1_j z, W3_j z)[r] (r < inter) and out[j] = W2_j h[j] (latent values).
- * z [latent]; h [n][inter] is written and read back; out [n][latent]. Slots prepared by
- * k3k_experts_prepare, z and h 8-byte aligned; cudaErrorInvalidValue otherwise. On the tensor
- * cores (kernels.cu, "MXFP4 experts"). sync: K3K_EXPERTS_SYNC_WORDS uint32 of device memory,
- * zero before its first launch; every launch that completes leaves it zero. The down
- * projections of expert j start once every block has written its rows of h[j], counted in
- * sync; so launches that share a sync buffer must be on one stream (one at a time), and the
- * grid is never larger than what the GPU runs at once. */
-#define K3K_EXPERTS_SYNC_WORDS (K3K_MAX_EXPERTS + 1)
-cudaError_t k3k_experts_ffn(const k3k_experts *ex, const float *z, float beta, float linear_beta,
-                            float *h, float *out, uint32_t *sync, cudaStream_t stream);
-/* It takes one of K3K_MX_SCHEDULES launch schedules (ring depth; with or without a copy
+/* The routed experts of one MoE layer, gate and up with SiTU (spec §8.1, §8.3):
+ * h[j][r] = SiTU(W1_j z, W3_j z)[r] for j < ex->n, r < inter; z [latent], h [n][inter]. */
+cudaError_t k3k_experts_gate_up(const k3k_experts *ex, const float *z, float beta,
+                                float linear_beta, float *h, cudaStream_t stream);
+/* Their down projections: out[j] = W2_j h[j], h [n][inter], out [n][latent].
+ * Both: slots prepared by k3k_experts_prepare, z and h 8-byte aligned; cudaErrorInvalidValue
+ * otherwise. One launch each, on the tensor cores (kernels.cu, "MXFP4 experts"). */
+cudaError_t k3k_experts_down(const k3k_experts *ex, const float *h, float *out,
+                             cudaStream_t stream);
+/* Both take one of K3K_MX_SCHEDULES launch schedules (ring depth; with or without a copy
  * warp, whose layout k3k_experts_prepare picks): the fastest measured unless the environment
  * variable K3_MX_SCHEDULE=i (0 <= i < K3K_MX_SCHEDULES) picks another — for benchmark sweeps
  * and tests; it must be the same at preparation and launch. Results are the same function of
  * the inputs under every schedule (only the summation order differs). */
 #define K3K_MX_SCHEDULES 6
-/* Schedule i: whether it has a copy warp, its ring's stages and steps (8 · 1088 bytes each
- * with a copy warp, else 1088 bytes per warp) a stage, and whether it decodes the weights the
- * earlier way (11 instead of 8 instructions per 8 weights, but plain shifts instead of funnel
- * shifts). */
-void k3k_mx_schedule(int i, int *copy_warp, int *stages, int *steps, int *legacy_decode);
+/* Schedule i of the gate+up (gate_up != 0) or the down kernel: whether it has a copy warp, its
+ * ring's stages and steps (8 · 1088 bytes each with a copy warp, else 1088 bytes per warp) a
+ * stage, and whether it decodes the weights the earlier way (11 instead of 8 instructions per
+ * 8 weights, but plain shifts instead of funnel shifts). */
+void k3k_mx_schedule(int i, int gate_up, int *copy_warp, int *stages, int *steps,
+                     int *legacy_decode);
 
 /* y[n] = w ⊙ (x / sqrt(mean(x²) + eps)) (spec §4); w [n] BF16 or F32 (wdtype), or NULL for
  * no weight. y may alias x. n >= 1. */

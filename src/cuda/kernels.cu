@@ -490,8 +490,7 @@ __device__ float mx_max(float v, float *red, int n) {
 // (x is taken as x · 2^S, max|x| · 2^S in [2^125, 2^126); S = 0 for zero or non-finite x).
 // Run by the block's first nthr threads; ends with their barrier (mx_sync); the caller
 // guarantees that no warp still reads Bs.
-// x is read through L2 (ld.global.cg): in the down phase other blocks wrote it in this launch.
-__device__ int mx_stage(const float *x, int cols, uint2 *Bs, float *red, int nthr) {
+__device__ int mx_stage(const float *__restrict__ x, int cols, uint2 *Bs, float *red, int nthr) {
     // entry e = (slice e / 4, c = e % 4): x[k], x[k + 1], x[k + 8], x[k + 9], k = 16 (e / 4) + 2c;
     // up to ME entries per thread are read once into registers (one trip to memory)
     constexpr int ME = 4;
@@ -505,12 +504,12 @@ __device__ int mx_stage(const float *x, int cols, uint2 *Bs, float *red, int nth
         for (int i = 0; i < ME; i++) {
             const int e = threadIdx.x + i * nthr, k = 16 * (e >> 2) + 2 * (e & 3);
             if (e >= ne) break;
-            v[i][0] = __ldcg(reinterpret_cast<const float2 *>(x + k));
-            v[i][1] = __ldcg(reinterpret_cast<const float2 *>(x + k + 8));
+            v[i][0] = *reinterpret_cast<const float2 *>(x + k);
+            v[i][1] = *reinterpret_cast<const float2 *>(x + k + 8);
             upd(v[i][0].x), upd(v[i][0].y), upd(v[i][1].x), upd(v[i][1].y); // NaN: non-finite
         }
     } else {
-        for (int i = threadIdx.x; i < cols; i += nthr) upd(__ldcg(x + i));
+        for (int i = threadIdx.x; i < cols; i += nthr) upd(x[i]);
     }
     m = mx_max(m, red, nthr);
     const int S = m > 0.0f && m <= FLT_MAX ? 125 - ilogbf(m) : 0; // -2 <= S <= 274
@@ -541,8 +540,7 @@ __device__ int mx_stage(const float *x, int cols, uint2 *Bs, float *red, int nth
     } else {
         for (int e = threadIdx.x; e < ne; e += nthr) {
             const int k = 16 * (e >> 2) + 2 * (e & 3);
-            put(e, __ldcg(reinterpret_cast<const float2 *>(x + k)),
-                __ldcg(reinterpret_cast<const float2 *>(x + k + 8)));
+            put(e, make_float2(x[k], x[k + 1]), make_float2(x[k + 8], x[k + 9]));
         }
     }
     mx_sync(nthr);
@@ -598,100 +596,53 @@ __device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) {
 // the warp in both tiles) follow each other, so step k of every warp is one contiguous block.
 constexpr int MX_STEP = 1088; // bytes of one pipeline step: one chunk of each of two tiles
 
-// The routed experts of a layer in one launch, as two lists of items: gate+up items (expert
-// j's item t = 16 rows of w1 and of w3, then SiTU into h[j]; j · inter / 16 + t) and down
-// items (rows 32t..32t + 31 of w2 against h[j]; j · latent / 32 + t). A persistent grid:
-// block b takes a contiguous range of each list (the same share b / grid of both, so its down
-// items are mostly of the experts whose gate+up it computed) and computes its gate+up range,
-// then its down range. Its W warps split an item's columns (warp w: chunks
-// [w·np/W, (w+1)·np/W) of the item's np), and each warp streams its contiguous block of each
-// item through a ring of D shared-memory stages of up to K steps (K · MX_STEP bytes), filled by
-// the bulk copy engine (lane 0 issues one copy per stage, D - 1 stages ahead; a copy never
-// spans two items) and awaited on one mbarrier per stage. The warps' sums meet in shared
-// memory once per item (a fixed order: deterministic). Few large copies matter: with one copy
-// per step the copy engine, not DRAM, limited the stream (BENCHMARKS.md).
+// The routed experts of a layer as one list of items (expert j's item t is j · tiles + t,
+// tiles = items per expert: inter / 16 for GU, latent / 32 for down). A persistent grid: block b
+// takes a contiguous range of items; its W warps split the columns (warp w: chunks
+// [w·np/W, (w+1)·np/W)), and each warp streams its contiguous block of each item through a
+// ring of D shared-memory stages of up to K steps (K · MX_STEP bytes), filled by the bulk copy
+// engine (lane 0 issues one copy per stage, D - 1 stages ahead; a copy never spans two items)
+// and awaited on one mbarrier per stage. The warps' sums meet in shared memory once per item
+// (a fixed order: deterministic). x is staged once (GU) or per expert (down). Few large copies
+// matter: with one copy per step the copy engine, not DRAM, limited the stream (BENCHMARKS.md).
 //
-// WS (the copy warp): the layout is step-major (mx_step_major: an item's step k of every warp
+// WS (the copy warp): the layout is step-major (mx_step_major: a tile's step k of every warp
 // is one contiguous run of W · MX_STEP bytes), and one extra warp (warp W, lane 0) streams
-// every item through ONE ring of D block-wide stages of K steps (K · W · MX_STEP bytes, one
+// every tile through ONE ring of D block-wide stages of K steps (K · W · MX_STEP bytes, one
 // copy each), as far ahead as the ring allows: a stage is refilled once all W compute warps
 // have released it (an "empty" mbarrier of W arrivals). So the copies are W times larger and
-// run ahead of the compute by up to D - 1 stages — across the switch from gate+up to down too.
-//
-// Down needs all of h[j], which ~grid/n blocks write: each gate+up item adds 1 to sync[j]
-// after its rows of h are written (release), and a block stages h[j] once sync[j] counts all
-// inter / 16 items of expert j (acquire). The grid never exceeds what fits the GPU at once,
-// so every block it waits for is running or will be. The last block to finish zeroes sync[]
-// for the next launch (its blocks read sync only after pdl_wait, i.e. after this one ended).
-// One phase's item shape as warp `warp` sees it (all the hot loop keeps in registers).
-struct mx_shape {
-    int spi, gpi;   // steps and copies per item, the same in every warp
-    int g_lo, g_hi; // this warp's groups
-};
-
-template <int W, int K>
-__device__ __forceinline__ mx_shape mx_shape_of(const k3k_experts &ex, bool gu, int warp) {
-    const int ng = (gu ? ex.latent : ex.inter) / 32, np = (ng + 1) / 2, spi = (np + W - 1) / W;
-    return {spi, (spi + K - 1) / K, 2 * (warp * np / W), min(2 * ((warp + 1) * np / W), ng)};
-}
-
-// Items per expert: gate+up 16-row tiles of inter, down 32-row pairs of latent.
-__device__ __forceinline__ int mx_tiles(const k3k_experts &ex, bool gu) {
-    return gu ? ex.inter / 16 : ex.latent / 32;
-}
-
-// The prepared bytes of item `it` (of expert j) of one list.
-__device__ __forceinline__ const uint8_t *mx_item(const k3k_experts &ex, bool gu, int it, int j) {
-    const int ng = (gu ? ex.latent : ex.inter) / 32;
-    return ex.base[j] + (gu ? ex.off_w1p : ex.off_w2p) +
-           (size_t)(it - j * mx_tiles(ex, gu)) * ng * 544;
-}
-
-// Release / acquire at GPU scope (lighter than __threadfence's sequential consistency).
-__device__ __forceinline__ void fence_acq_rel_gpu() {
-    asm volatile("fence.acq_rel.gpu;" ::: "memory");
-}
-
-template <bool WS, int W, int D, int K, bool LD>
-__device__ __forceinline__ void experts_body(const k3k_experts &ex, const float *z, float beta,
-                                             float lb, float *h, float *out, uint32_t *sync) {
+// run ahead of the compute by up to D - 1 stages, independently of any one warp's progress.
+template <bool GU, bool WS, int W, int D, int K, bool LD>
+__device__ __forceinline__ void experts_body(const k3k_experts &ex, const float *__restrict__ x,
+                                             float beta, float lb, float *__restrict__ out) {
     extern __shared__ __align__(128) uint8_t smem[];
+    constexpr int NM = 2;   // tiles an item
+    constexpr int GB = 544; // bytes of one group in both tiles
     constexpr int SB = WS ? K * W * MX_STEP : K * MX_STEP; // bytes of one stage
-    __shared__ float part[2][2][W][16];
+    __shared__ float part[2][NM][W][16];
     __shared__ float red[32];
     __shared__ uint64_t bar_all[WS ? 2 * D : W * D]; // WS: full [D], then empty [D]
+    const int rows = GU ? ex.inter : ex.latent, cols = GU ? ex.latent : ex.inter;
+    const int ng = cols / 32, np = (ng + 1) / 2, tiles = rows / (GU ? 16 : 32);
+    const int items = ex.n * tiles;
+    const int it0 = (int)((int64_t)items * blockIdx.x / gridDim.x);
+    const int it1 = (int)((int64_t)items * (blockIdx.x + 1) / gridDim.x);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
-    // the current phase's shape, recomputed at the switch (a struct selected by reference at
-    // run time would live in local memory, on the hot path)
-    mx_shape P = mx_shape_of<W, K>(ex, true, warp);
-    const int gpi0 = P.gpi, gpi1 = mx_shape_of<W, K>(ex, false, warp).gpi;
-    const int t0 = ex.inter / 16, t1 = ex.latent / 32; // items per expert
-    const int G = gridDim.x, b = blockIdx.x;
-    const int a0 = (int)((int64_t)ex.n * t0 * b / G), na = (int)((int64_t)ex.n * t0 * (b + 1) / G) - a0;
-    const int d0 = (int)((int64_t)ex.n * t1 * b / G), nd = (int)((int64_t)ex.n * t1 * (b + 1) / G) - d0;
-    const int total = na * gpi0 + nd * gpi1; // copies
+    const int c_lo = warp * np / W, c_hi = (warp + 1) * np / W;
+    const int g_lo = 2 * c_lo, g_hi = min(2 * c_hi, ng); // the warp's groups
+    const int cpw = (np + W - 1) / W;
+    const int spi = cpw; // steps per item, the same in every warp
+    const int gpi = (spi + K - 1) / K;         // copies (of up to K steps) per item
+    const int total = (it1 - it0) * gpi;
+    const uint64_t region = GU ? ex.off_w1p : ex.off_w2p;
+    const size_t tile_b = (size_t)ng * GB;
+    const int wbytes = (g_hi - g_lo) * GB; // the warp's block of one item
     uint2 *Bs = reinterpret_cast<uint2 *>(smem);
-    const int xcols = max(ex.inter, ex.latent);
-    uint8_t *ring = smem + ((size_t)xcols / 16 * 12 * sizeof(uint2) + 127) / 128 * 128 +
+    uint8_t *ring = smem + ((size_t)cols / 16 * 12 * sizeof(uint2) + 127) / 128 * 128 +
                     (WS ? 0 : (size_t)warp * D * SB);
     uint64_t *bars = WS ? bar_all : bar_all + warp * D, *empty = bar_all + D;
     pdl_trigger();
-
-    // A cursor over the block's items: the gate+up range, then the down range.
-    struct cursor {
-        int k, it, j; // items done, the item's index in its list, its expert
-        bool gu;
-    };
-    auto first = [&]() {
-        return na > 0 ? cursor{0, a0, a0 / t0, true} : cursor{0, d0, d0 / t1, false};
-    };
-    auto next = [&](cursor c) {
-        c.k++;
-        if (c.gu && c.k == na) c.gu = false, c.it = d0;
-        else c.it++;
-        c.j = c.it / (c.gu ? t0 : t1);
-        return c;
-    };
+    if (it0 >= it1) return; // uniform over the block
 
     if constexpr (WS) {
         if (threadIdx.x == 0) {
@@ -699,46 +650,39 @@ __device__ __forceinline__ void experts_body(const k3k_experts &ex, const float 
             asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         }
         __syncthreads(); // the only barrier the copy warp takes part in
-        if (warp == W) { // the copy warp: copy i = stage i % D, steps [K cs, ...) of the item
+        if (warp == W) { // the copy warp: copy i = stage i % D, steps [K (i % gpi), ...) of item
             if (lane != 0) return;
-            cursor c = first();
-            if (!c.gu) P = mx_shape_of<W, K>(ex, false, warp);
-            for (int i = 0, cs = 0, st = 0; i < total; i++) {
+            int j = it0 / tiles, t = it0 - j * tiles, cs = 0, st = 0;
+            for (int i = 0; i < total; i++) {
                 if (i >= D) mbar_wait(empty + st, ((i / D) - 1) & 1); // its last use is done
-                const int n = min(K, P.spi - cs * K) * W * MX_STEP;
+                const int n = min(K, spi - cs * K) * W * MX_STEP;
                 mbar_expect_tx(bars + st, n);
-                bulk_copy(ring + st * SB, mx_item(ex, c.gu, c.it, c.j) + (size_t)cs * K * W * MX_STEP,
-                          n, bars + st);
+                bulk_copy(ring + st * SB,
+                          ex.base[j] + region + t * tile_b + (size_t)cs * K * W * MX_STEP, n,
+                          bars + st);
                 st = st + 1 == D ? 0 : st + 1;
-                if (++cs == P.gpi) {
+                if (++cs == gpi) {
                     cs = 0;
-                    const bool gu = c.gu;
-                    c = next(c);
-                    if (gu && !c.gu) P = mx_shape_of<W, K>(ex, false, warp);
+                    if (++t == tiles) t = 0, j++;
                 }
             }
             return;
         }
     }
 
-    // lane 0's load cursor (no copy warp): copy ls of item lc, into stage lstage
-    cursor lc = first();
-    mx_shape LP = mx_shape_of<W, K>(ex, lc.gu, warp);
-    int ls = 0, lstage = 0;
+    // lane 0's load cursor: copy ls (steps K·ls ...) of the item of expert lj, tile lt, into
+    // stage lstage
+    int ls = 0, lj = it0 / tiles, lt = it0 - lj * tiles, lstage = 0;
+    const uint8_t *lsrc = nullptr;
     auto issue = [&]() {
-        const mx_shape &P = LP;
-        const int wbytes = (P.g_hi - P.g_lo) * 544, off = ls * K * MX_STEP;
-        const int n = min(K * MX_STEP, wbytes - off);
+        if (ls == 0) lsrc = ex.base[lj] + region + lt * tile_b + (size_t)g_lo * GB;
+        const int off = ls * K * MX_STEP, n = min(K * MX_STEP, wbytes - off);
         mbar_expect_tx(bars + lstage, n > 0 ? n : 0);
-        if (n > 0)
-            bulk_copy(ring + lstage * SB, mx_item(ex, lc.gu, lc.it, lc.j) + (size_t)P.g_lo * 544 + off,
-                      n, bars + lstage);
+        if (n > 0) bulk_copy(ring + lstage * SB, lsrc + off, n, bars + lstage);
         lstage = lstage + 1 == D ? 0 : lstage + 1;
-        if (++ls == P.gpi) {
+        if (++ls == gpi) {
             ls = 0;
-            const bool gu = lc.gu;
-            lc = next(lc);
-            if (gu && !lc.gu) LP = mx_shape_of<W, K>(ex, false, warp);
+            if (++lt == tiles) lt = 0, lj++;
         }
     };
     if (!WS && lane == 0) {
@@ -756,64 +700,30 @@ __device__ __forceinline__ void experts_body(const k3k_experts &ex, const float 
             << 32;
 
     // Weights and flags are ready before the previous kernel ends (they come from uploads the
-    // host has waited for); z (its output), h, out and sync are not.
+    // host has waited for); x (its output) and out (which it may still read) are not.
     pdl_wait();
-    auto stamp = [&](int k) {
-        if (ex.trace && threadIdx.x == 0) {
-            unsigned long long t;
-            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-            ex.trace[blockIdx.x * 4 + k] = t;
-        }
-    };
-    stamp(0);
-    // Once its gate+up range is done, the block counts its items in sync[j], one add per
-    // expert the range touches, after a fence (release: every row of h it wrote — all by warp
-    // 0's lanes 0-15, each finish() ending with __syncwarp — is visible GPU-wide first). One
-    // fence per block, not per item: a fence per item stalled warp 0, and with it every
-    // warp at the next barrier, for ~1 µs each time (measured), and the down phase cannot
-    // start before the last block of an expert is done anyway.
-    auto count_gate_up = [&]() {
-        if (threadIdx.x != 0 || na == 0) return;
-        fence_acq_rel_gpu();
-        for (int j = a0 / t0; j <= (a0 + na - 1) / t0; j++)
-            atomicAdd(sync + j, (uint32_t)(min(a0 + na, (j + 1) * t0) - max(a0, j * t0)));
-    };
-    // x of the item at c: z, or h[c.j] once every gate+up item of expert c.j is in (every
-    // compute warp is past its last read of Bs: at the start, or after finish()'s barrier)
-    auto stage_x = [&](const cursor &c) {
-        if (c.gu) return mx_stage(z, ex.latent, Bs, red, W * 32);
-        stamp(1);
-        if (threadIdx.x == 0) {
-            const volatile uint32_t *n = sync + c.j;
-            while (*n < (uint32_t)t0) __nanosleep(64);
-            fence_acq_rel_gpu(); // acquire: h[c.j] after the count
-        }
-        stamp(2);
-        mx_sync(W * 32);
-        return mx_stage(h + (size_t)c.j * ex.inter, ex.inter, Bs, red, W * 32);
-    };
-    cursor c = first();
-    if (!c.gu) P = mx_shape_of<W, K>(ex, false, warp);
-    int S = total ? stage_x(c) : 0, cs = 0, cstage = 0;
-    float acc[2][4] = {};
+    int ci = it0, cs = 0, cstage = 0; // the copy being computed: copy cs of item ci
+    int xj = GU ? 0 : ci / tiles;
+    int S = mx_stage(x + (size_t)xj * cols, cols, Bs, red, W * 32);
+    float acc[NM][4] = {};
     // Lanes 12-31 hold B's columns 3-7, which no result reads: they load lanes 0-11's.
     const uint2 *bl = Bs + lane % 12;
 
     // Step cs of the item at st: one chunk of each of its two tiles. A chunk holds two groups
     // (pair) or the row's odd last one.
-    auto compute = [&](const uint8_t *st, int gi, int g_hi, auto ex_tag) {
+    auto compute = [&](const uint8_t *st, int cs, auto ex_tag) {
         constexpr bool E = decltype(ex_tag)::value;
-        const int n = g_hi - gi;
+        const int gi = g_lo + 2 * cs, n = g_hi - gi;
         if (n >= 2) { // uniform
             const uint4 q = *reinterpret_cast<const uint4 *>(st + lane * 16);
             const uint32_t sw = *reinterpret_cast<const uint32_t *>(st + 512 + g * 4);
             const uint4 q3 = *reinterpret_cast<const uint4 *>(st + 544 + lane * 16);
             const uint32_t sw3 = *reinterpret_cast<const uint32_t *>(st + 1056 + g * 4);
 #pragma unroll
-            for (int hh = 0; hh < 2; hh++) {
-                const uint2 b0 = bl[(2 * gi + 2 * hh) * 12], b1 = bl[(2 * gi + 2 * hh + 1) * 12];
-                mx_group<E, LD>(hh ? q.z : q.x, hh ? q.w : q.y, b0, b1, sw, 2 * hh, acc[0]);
-                mx_group<E, LD>(hh ? q3.z : q3.x, hh ? q3.w : q3.y, b0, b1, sw3, 2 * hh, acc[1]);
+            for (int h = 0; h < 2; h++) {
+                const uint2 b0 = bl[(2 * gi + 2 * h) * 12], b1 = bl[(2 * gi + 2 * h + 1) * 12];
+                mx_group<E, LD>(h ? q.z : q.x, h ? q.w : q.y, b0, b1, sw, 2 * h, acc[0]);
+                mx_group<E, LD>(h ? q3.z : q3.x, h ? q3.w : q3.y, b0, b1, sw3, 2 * h, acc[1]);
             }
         } else if (n == 1) {
             const uint2 b0 = bl[2 * gi * 12], b1 = bl[(2 * gi + 1) * 12];
@@ -829,35 +739,33 @@ __device__ __forceinline__ void experts_body(const k3k_experts &ex, const float 
     // The item is complete in every warp: row g's sum is lane 4g's columns 0 + 1 (x1, x2)
     // plus lane 4g + 1's column 2 (x3); the warps' sums are added in warp order.
     auto finish = [&]() {
-        const int pb = c.k & 1, cc = lane & 3;
+        const int pb = (ci - it0) & 1, c = lane & 3;
 #pragma unroll
-        for (int m = 0; m < 2; m++) {
-            float r0 = cc == 0 ? acc[m][0] + acc[m][1] : cc == 1 ? acc[m][0] : 0.0f;
-            float r1 = cc == 0 ? acc[m][2] + acc[m][3] : cc == 1 ? acc[m][2] : 0.0f;
+        for (int m = 0; m < NM; m++) {
+            float r0 = c == 0 ? acc[m][0] + acc[m][1] : c == 1 ? acc[m][0] : 0.0f;
+            float r1 = c == 0 ? acc[m][2] + acc[m][3] : c == 1 ? acc[m][2] : 0.0f;
             r0 += __shfl_xor_sync(FULL, r0, 1);
             r1 += __shfl_xor_sync(FULL, r1, 1);
-            if (cc == 0) part[pb][m][warp][g] = r0, part[pb][m][warp][g + 8] = r1;
+            if (c == 0) part[pb][m][warp][g] = r0, part[pb][m][warp][g + 8] = r1;
             acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.0f;
         }
         mx_sync(W * 32); // the compute warps only
-        if (threadIdx.x < 32) {
-            const int t = threadIdx.x, r = (c.it - c.j * mx_tiles(ex, c.gu)) * (c.gu ? 16 : 32) + t;
+        if (threadIdx.x < 16) {
+            const int j = ci / tiles, r = (ci - j * tiles) * (GU ? 16 : 32) + threadIdx.x;
             float s0 = 0.0f, s1 = 0.0f;
-            if (t < 16)
-                for (int w = 0; w < W; w++) s0 += part[pb][0][w][t], s1 += part[pb][1][w][t];
-            s0 = ldexpf(s0, 126 - S), s1 = ldexpf(s1, 126 - S);
-            if (c.gu) {
-                if (t < 16) h[(size_t)c.j * ex.inter + r] = situf(s0, s1, beta, lb);
-                __syncwarp(); // lane 0's fence (count_gate_up) orders these writes
-            } else if (t < 16) {
-                float *o = out + (size_t)c.j * ex.latent + r;
-                o[0] = s0, o[16] = s1;
+            for (int w = 0; w < W; w++) {
+                s0 += part[pb][0][w][threadIdx.x];
+                s1 += part[pb][1][w][threadIdx.x];
             }
+            s0 = ldexpf(s0, 126 - S), s1 = ldexpf(s1, 126 - S);
+            float *o = out + (size_t)j * rows + r;
+            if (GU) o[0] = situf(s0, s1, beta, lb);
+            else o[0] = s0, o[16] = s1;
         }
     };
 
     uint32_t parity = 0; // of the stage's current use
-    bool cexact = (exact >> c.j) & 1;
+    bool cexact = (exact >> (ci / tiles)) & 1;
     for (int s = 0; s < total; s++) {
         if (!WS && lane == 0 && s + D - 1 < total) issue(); // into the stage used in s - 1
         mbar_wait(bars + cstage, parity);                   // copy s has landed
@@ -867,47 +775,37 @@ __device__ __forceinline__ void experts_body(const k3k_experts &ex, const float 
 #pragma unroll
         for (int k = 0; k < K; k++) {
             const int step = cs * K + k;
-            if (step >= P.spi) break;
+            if (step >= spi) break;
             if (cexact) { /* uniform: the expert has scale bytes 0 or 255 */
-                compute(st + k * KS, P.g_lo + 2 * step, P.g_hi, mx_exact<true>());
+                compute(st + k * KS, step, mx_exact<true>());
             } else {
-                compute(st + k * KS, P.g_lo + 2 * step, P.g_hi, mx_exact<false>());
+                compute(st + k * KS, step, mx_exact<false>());
             }
         }
         __syncwarp(); // every lane is done with the stage before it is refilled
         if (WS && lane == 0) mbar_arrive(empty + cstage);
         if (++cstage == D) cstage = 0, parity ^= 1;
-        if (++cs == P.gpi) {
+        if (++cs == gpi) {
             finish();
             cs = 0;
-            const cursor n = next(c);
-            if (n.k < na + nd) {
-                cexact = (exact >> n.j) & 1;
-                const bool restage = !n.gu && (c.gu || n.j != c.j);
-                if (c.gu && !n.gu) P = mx_shape_of<W, K>(ex, false, warp), count_gate_up();
-                c = n;
-                if (restage) S = stage_x(c);
+            if (++ci < it1) {
+                cexact = (exact >> (ci / tiles)) & 1;
+                if (!GU && ci / tiles != xj) { // every warp is past finish()'s barrier
+                    xj = ci / tiles;
+                    S = mx_stage(x + (size_t)xj * cols, cols, Bs, red, W * 32);
+                }
             }
         }
     }
-    stamp(3);
-    // the last block out zeroes sync for the next launch (every block is past its last use)
-    if (nd == 0) count_gate_up();
-    mx_sync(W * 32);
-    if (threadIdx.x == 0) {
-        __threadfence();
-        if (atomicAdd(sync + K3K_MAX_EXPERTS, 1u) == (uint32_t)G - 1)
-            for (int j = 0; j <= K3K_MAX_EXPERTS; j++) sync[j] = 0;
-    }
 }
 
-// The kernel: W compute warps, plus the copy warp when WS (its registers capped so that three
-// blocks fit an SM, as the compute warps' shared memory allows).
-template <bool WS, int W, int D, int K, bool LD>
+// The kernel: W compute warps, plus the copy warp when WS (its registers capped so that as
+// many blocks fit an SM as the shared memory allows: three of 3 × 2 stages, two of more).
+template <bool GU, bool WS, int W, int D, int K, bool LD>
 __global__ void __launch_bounds__((W + WS) * 32, WS ? (D * K <= 6 ? 3 : 2) : 0)
-experts_k(const __grid_constant__ k3k_experts ex, const float *z, float beta, float lb, float *h,
-          float *out, uint32_t *sync) {
-    experts_body<WS, W, D, K, LD>(ex, z, beta, lb, h, out, sync);
+experts_k(const __grid_constant__ k3k_experts ex, const float *__restrict__ x, float beta,
+          float lb, float *__restrict__ out) {
+    experts_body<GU, WS, W, D, K, LD>(ex, x, beta, lb, out);
 }
 
 // The copy-warp kernels' warps and the step-major layout's: a matrix [rows, cols] is laid out
@@ -920,9 +818,9 @@ int mx_schedule() {
     const int i = env ? atoi(env) : 0;
     return i >= 0 && i < K3K_MX_SCHEDULES ? i : 0;
 }
-bool mx_step_major(const k3k_experts *ex) {
-    const int g1 = ex->latent / 32, g2 = ex->inter / 32;
-    return g1 % (2 * MX_WS_W) == 0 && g2 % (2 * MX_WS_W) == 0 && mx_schedule() != MX_CHUNK_MAJOR;
+bool mx_step_major(int cols) {
+    const int ng = cols / 32;
+    return ng % 2 == 0 && (ng / 2) % MX_WS_W == 0 && mx_schedule() != MX_CHUNK_MAJOR;
 }
 
 // Re-lays one matrix [rows, cols] (rows % 16 == 0, or % 32 with pairs; cols % 32 == 0) out for
@@ -1004,74 +902,79 @@ bool experts_ok(const k3k_experts *ex) {
     return true;
 }
 
-// As many blocks as fit the GPU at once (the down phase waits for other blocks' gate+up
-// items, so every block must be able to run), then as few as keep the busiest block's item
-// counts: when those are what the launch waits for, the others share the bandwidth among
-// fewer blocks (16 experts at 3 blocks an SM: 384 blocks of 8 + 5 items, not 396).
-template <bool WS, int W, int D, int K, bool LD = false>
-cudaError_t launch_experts_v(const k3k_experts *ex, const float *z, float beta, float lb, float *h,
-                             float *out, uint32_t *sync, cudaStream_t s) {
-    const int xcols = ex->inter > ex->latent ? ex->inter : ex->latent;
-    const size_t smem = ((size_t)xcols / 16 * 12 * sizeof(uint2) + 127) / 128 * 128 +
+// One block per SM slot the kernel's occupancy allows (at most one per item).
+template <bool GU, bool WS, int W, int D, int K, bool LD = false>
+cudaError_t launch_experts_v(const k3k_experts *ex, const float *x, float beta, float lb,
+                             float *out, cudaStream_t s) {
+    const int rows = GU ? ex->inter : ex->latent, cols = GU ? ex->latent : ex->inter;
+    const size_t smem = ((size_t)cols / 16 * 12 * sizeof(uint2) + 127) / 128 * 128 +
                         (size_t)W * D * K * MX_STEP;
     constexpr int threads = (W + WS) * 32;
     int dev = 0, sms = 0, per_sm = 0;
     cudaError_t e = cudaSuccess;
     if (smem > 32 * 1024) /* with the static arrays, past the default 48 KB */
-        e = cudaFuncSetAttribute(experts_k<WS, W, D, K, LD>,
+        e = cudaFuncSetAttribute(experts_k<GU, WS, W, D, K, LD>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e == cudaSuccess) e = cudaGetDevice(&dev);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
     if (e == cudaSuccess)
-        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, experts_k<WS, W, D, K, LD>,
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, experts_k<GU, WS, W, D, K, LD>,
                                                           threads, smem);
     if (e != cudaSuccess) return e;
-    if (per_sm < 1) return cudaErrorInvalidConfiguration;
-    const int gu = ex->n * (ex->inter / 16), dn = ex->n * (ex->latent / 32);
-    const int most = gu > dn ? gu : dn;
-    int grid = sms * per_sm < most ? sms * per_sm : most;
-    const int pg = (gu + grid - 1) / grid, pd = (dn + grid - 1) / grid;
-    const int g1 = (gu + pg - 1) / pg, g2 = (dn + pd - 1) / pd;
-    grid = g1 > g2 ? g1 : g2;
-    return launch_pdl(experts_k<WS, W, D, K, LD>, grid, threads, smem, s, *ex, z, beta, lb, h,
-                      out, sync);
+    const int items = ex->n * (rows / (GU ? 16 : 32));
+    int grid = sms * (per_sm > 0 ? per_sm : 1);
+    grid = grid < items ? grid : items;
+    // as few blocks as keep the busiest one's item count: when that count is what the launch
+    // waits for, the others then share the bandwidth among fewer blocks (down at 16 experts:
+    // 1792 items take 359 blocks of <= 5, not 396 blocks of 4 or 5)
+    const int per = (items + grid - 1) / grid;
+    grid = (items + per - 1) / per;
+    return launch_pdl(experts_k<GU, WS, W, D, K, LD>, grid, threads, smem, s, *ex, x, beta, lb,
+                      out);
 }
 
-// Schedules of the copy-warp kernel (8 compute warps + the copy warp, step-major layout): ring
+// Schedules of the copy-warp kernels (8 compute warps + the copy warp, step-major layout): ring
 // stages, steps a stage, and whether the weights use the earlier 11-instruction decode
-// (mx_decode<true>: plain shifts, measured faster than the 8-instruction funnel-shift decode);
-// entry 0 is the default, the fastest measured. The last schedule (MX_CHUNK_MAJOR) is the
-// kernel without a copy warp (8 warps, each streaming its own columns through its own 2 stages
-// of 3 steps) on the chunk-major layout, which also serves every shape the step-major layout
-// does not fit. K3_MX_SCHEDULE=i picks entry i, for `k3 bench-gpu`'s sweep and the kernel
-// tests, which run every entry (preparation and launch must see the same value). Measured on
-// an H200 (BENCHMARKS.md, 2026-11-30).
+// (mx_decode<true>: plain shifts, measured faster than the 8-instruction funnel-shift decode in
+// gate+up but not in down), one table per kernel; entry 0 is the default, the fastest
+// measured. The last schedule (MX_CHUNK_MAJOR) is the kernel without a copy warp (8 warps,
+// each streaming its own columns through its own 2 stages of 3 steps) on the chunk-major
+// layout, which also serves every shape the step-major layout does not fit. K3_MX_SCHEDULE=i
+// picks entry i of both tables, for `k3 bench-gpu`'s sweep and the kernel tests, which run
+// every entry (preparation and launch must see the same value). Measured on an H200
+// (BENCHMARKS.md, 2026-11-30 14:00 UTC).
 struct mx_sched {
     int stages, steps;
     bool legacy;
 };
-constexpr mx_sched MX_SCHED[MX_CHUNK_MAJOR] = {
-    {3, 2, true}, {3, 3, true}, {3, 2, false}, {2, 3, true}, {4, 2, true}};
-
-template <int I>
-cudaError_t launch_ws(const k3k_experts *ex, const float *z, float beta, float lb, float *h,
-                      float *out, uint32_t *sync, cudaStream_t s) {
-    constexpr mx_sched sc = MX_SCHED[I];
-    return launch_experts_v<true, MX_WS_W, sc.stages, sc.steps, sc.legacy>(ex, z, beta, lb, h,
-                                                                           out, sync, s);
+constexpr mx_sched MX_SCHED_GU[MX_CHUNK_MAJOR] = {
+    {3, 2, true}, {3, 2, false}, {2, 3, false}, {3, 3, false}, {4, 2, false}};
+constexpr mx_sched MX_SCHED_DOWN[MX_CHUNK_MAJOR] = {
+    {3, 3, true}, {3, 2, false}, {2, 3, false}, {3, 3, false}, {4, 2, false}};
+constexpr const mx_sched &mx_sched_of(bool gu, int i) {
+    return gu ? MX_SCHED_GU[i] : MX_SCHED_DOWN[i];
 }
 
-cudaError_t launch_experts(const k3k_experts *ex, const float *z, float beta, float lb, float *h,
-                           float *out, uint32_t *sync, cudaStream_t s) {
+template <bool GU, int I>
+cudaError_t launch_ws(const k3k_experts *ex, const float *x, float beta, float lb, float *out,
+                      cudaStream_t s) {
+    constexpr mx_sched sc = mx_sched_of(GU, I);
+    return launch_experts_v<GU, true, MX_WS_W, sc.stages, sc.steps, sc.legacy>(ex, x, beta, lb,
+                                                                                 out, s);
+}
+
+template <bool GU>
+cudaError_t launch_experts(const k3k_experts *ex, const float *x, float beta, float lb,
+                           float *out, cudaStream_t s) {
     static_assert(MX_CHUNK_MAJOR == 5, "one case per schedule");
-    if (!mx_step_major(ex))
-        return launch_experts_v<false, 8, 2, 3>(ex, z, beta, lb, h, out, sync, s);
+    if (!mx_step_major(GU ? ex->latent : ex->inter))
+        return launch_experts_v<GU, false, 8, 2, 3>(ex, x, beta, lb, out, s);
     switch (mx_schedule()) {
-    case 1: return launch_ws<1>(ex, z, beta, lb, h, out, sync, s);
-    case 2: return launch_ws<2>(ex, z, beta, lb, h, out, sync, s);
-    case 3: return launch_ws<3>(ex, z, beta, lb, h, out, sync, s);
-    case 4: return launch_ws<4>(ex, z, beta, lb, h, out, sync, s);
-    default: return launch_ws<0>(ex, z, beta, lb, h, out, sync, s);
+    case 1: return launch_ws<GU, 1>(ex, x, beta, lb, out, s);
+    case 2: return launch_ws<GU, 2>(ex, x, beta, lb, out, s);
+    case 3: return launch_ws<GU, 3>(ex, x, beta, lb, out, s);
+    case 4: return launch_ws<GU, 4>(ex, x, beta, lb, out, s);
+    default: return launch_ws<GU, 0>(ex, x, beta, lb, out, s);
     }
 }
 
@@ -1431,19 +1334,23 @@ extern "C" cudaError_t k3k_matvec_multi(const k3k_mat *const *w, float *const *y
     return launch_pdl(matvec_multi_k<K3K_I8>, grid, MV_THREADS, 0, s, mm, x);
 }
 
-extern "C" cudaError_t k3k_experts_ffn(const k3k_experts *ex, const float *z, float beta,
-                                       float linear_beta, float *h, float *out, uint32_t *sync,
-                                       cudaStream_t s) {
-    if (!experts_ok(ex) || ((uintptr_t)z & 7) || ((uintptr_t)h & 7) || !sync)
-        return cudaErrorInvalidValue;
-    return launch_experts(ex, z, beta, linear_beta, h, out, sync, s);
+extern "C" cudaError_t k3k_experts_gate_up(const k3k_experts *ex, const float *z, float beta,
+                                           float linear_beta, float *h, cudaStream_t s) {
+    if (!experts_ok(ex) || ((uintptr_t)z & 7)) return cudaErrorInvalidValue;
+    return launch_experts<true>(ex, z, beta, linear_beta, h, s);
 }
 
-extern "C" void k3k_mx_schedule(int i, int *copy_warp, int *stages, int *steps,
+extern "C" cudaError_t k3k_experts_down(const k3k_experts *ex, const float *h, float *out,
+                                        cudaStream_t s) {
+    if (!experts_ok(ex) || ((uintptr_t)h & 7)) return cudaErrorInvalidValue;
+    return launch_experts<false>(ex, h, 0, 0, out, s);
+}
+
+extern "C" void k3k_mx_schedule(int i, int gate_up, int *copy_warp, int *stages, int *steps,
                                 int *legacy_decode) {
     i = i >= 0 && i < K3K_MX_SCHEDULES ? i : 0;
     *copy_warp = i != MX_CHUNK_MAJOR;
-    const mx_sched sc = i == MX_CHUNK_MAJOR ? mx_sched{2, 3, false} : MX_SCHED[i];
+    const mx_sched sc = i == MX_CHUNK_MAJOR ? mx_sched{2, 3, false} : mx_sched_of(gate_up, i);
     *stages = sc.stages, *steps = sc.steps, *legacy_decode = sc.legacy;
 }
 
@@ -1455,15 +1362,15 @@ extern "C" cudaError_t k3k_experts_prepare(const k3k_experts *ex, const uint8_t 
     if (e != cudaSuccess) return e;
     const uint64_t op[3] = {ex->off_w1p, ex->off_w3p, ex->off_w2p};
     const uint64_t os[3] = {ex->off_w1s, ex->off_w3s, ex->off_w2s};
-    const bool sm = mx_step_major(ex);
     for (int i = 0; i < 3; i++) {
         const int rows = i < 2 ? ex->inter : ex->latent, cols = i < 2 ? ex->latent : ex->inter;
         const int64_t n = (int64_t)rows / 16 * (cols / 32) * 32;
         const int grid = (int)((n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096);
+        const bool sm = mx_step_major(cols);
         mx_prepare_k<<<grid, 256, 0, s>>>(src + op[i], src + os[i],
                                           dst + (i < 2 ? ex->off_w1p : ex->off_w2p), rows, cols,
-                                          i == 1, i == 2, sm, sm && MX_SCHED[mx_schedule()].legacy,
-                                          flag);
+                                          i == 1, i == 2, sm,
+                                          sm && mx_sched_of(i < 2, mx_schedule()).legacy, flag);
     }
     return cudaGetLastError();
 }
