@@ -5,7 +5,11 @@
  * launches; then 7 batches of launches timed with events, the median batch mean reported;
  * each launch reads the next of several weight copies so that the 60 MB L2 never holds the
  * next launch's weights. Bytes count each weight byte once (inputs and outputs are KB).
- * K3_MX_SWEEP=1 (environment) adds a row per MXFP4 launch schedule (kern.h, K3_MX_SCHEDULE). */
+ * Environment, for kernel work: K3_MX_SWEEP=1 adds a row per MXFP4 launch schedule (kern.h,
+ * K3_MX_SCHEDULE); K3_MX_SCAN=1 times the MXFP4 launches at 1..32 experts (a launch's fixed
+ * cost against its streaming rate) and prints the host's enqueue time per launch;
+ * K3_ONLY_EXPERTS=1 skips every other kernel (for profilers); K3_PDL=0 launches without
+ * programmatic dependent launch (kernels.cu), for comparison. */
 #include "gpu.h"
 
 #include <cuda_runtime_api.h>

@@ -981,7 +981,7 @@ cudaError_t launch_experts(const k3k_experts *ex, const float *x, float beta, fl
 // ---- element-wise and small reductions --------------------------------------------------
 
 __global__ void rmsnorm_k(const float *x, const void *w, int wdt, int n, float eps, float *y) {
-    pdl_trigger(); // the next kernel may launch (its pdl_wait waits for us)
+    pdl_trigger();
     __shared__ float red[32];
     float ss = 0.0f;
     for (int i = threadIdx.x; i < n; i += blockDim.x) ss = fmaf(x[i], x[i], ss);
@@ -1004,7 +1004,7 @@ struct res_values {
 // One block per value: score_j (spec §5 step 2).
 __global__ void attn_res_scores(const res_values vals, const float *sw, int hidden, float eps,
                                 float *scores) {
-    pdl_trigger(); // the next kernel may launch (its pdl_wait waits for us)
+    pdl_trigger();
     __shared__ float red[32];
     const float *v = vals.v[blockIdx.x];
     float ss = 0.0f;
@@ -1020,7 +1020,7 @@ __global__ void attn_res_scores(const res_values vals, const float *sw, int hidd
 // Softmax of the scores (sequential, the CPU's order) and the mix, element-wise in j order.
 __global__ void attn_res_mix(const res_values vals, int n, const float *scores, int hidden,
                              float *out) {
-    pdl_trigger(); // the next kernel may launch (its pdl_wait waits for us)
+    pdl_trigger();
     __shared__ float p[K3K_MAX_RES];
     if (threadIdx.x == 0) {
         float mx = scores[0], sum = 0.0f;
@@ -1037,20 +1037,20 @@ __global__ void attn_res_mix(const res_values vals, int n, const float *scores, 
 }
 
 __global__ void add_k(const float *a, const float *b, float *y, int n) {
-    pdl_trigger(); // the next kernel may launch (its pdl_wait waits for us)
+    pdl_trigger();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = __fadd_rn(a[i], b[i]);
 }
 
 __global__ void situ_k(const float *gate, const float *up, int n, float beta, float lb,
                        float *out) {
-    pdl_trigger(); // the next kernel may launch (its pdl_wait waits for us)
+    pdl_trigger();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = situf(gate[i], up[i], beta, lb);
 }
 
 __global__ void sigmoid_gate_k(float *x, const float *g, int n) {
-    pdl_trigger(); // the next kernel may launch (its pdl_wait waits for us)
+    pdl_trigger();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] = __fmul_rn(x[i], sigmoidf_(g[i]));
 }
@@ -1058,7 +1058,7 @@ __global__ void sigmoid_gate_k(float *x, const float *g, int n) {
 // ---- KDA --------------------------------------------------------------------------------
 
 __global__ void short_conv_k(float *x, const float *taps, float *hist, int P, int conv) {
-    pdl_trigger(); // the next kernel may launch (its pdl_wait waits for us)
+    pdl_trigger();
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= P) return;
     const int nh = conv - 1;
@@ -1079,7 +1079,7 @@ __global__ void kda_heads_k(float *q, float *k, const float *v, const float *f, 
                             const float *g, const float *a_log, const float *dt_bias,
                             const float *o_norm, float *S, int D, float q_scale, float lb,
                             float eps, float *o) {
-    pdl_trigger(); // the next kernel may launch (its pdl_wait waits for us)
+    pdl_trigger();
     extern __shared__ float sm[]; // q [D], k [D], alpha [D]
     __shared__ float red[32];
     float *qs = sm, *ks = sm + D, *al = sm + 2 * D;
@@ -1131,7 +1131,7 @@ __global__ void kda_heads_k(float *q, float *k, const float *v, const float *f, 
 
 __global__ void mla_append_k(float *kv, int t, const float *KV, const float *ckv, int H,
                              int nope, int rope, int vd, int lora) {
-    pdl_trigger(); // the next kernel may launch (its pdl_wait waits for us)
+    pdl_trigger();
     const int kvf = H * nope + rope + H * vd;
     const int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= kvf) return;
@@ -1210,7 +1210,7 @@ mla_attend_part(const float *Q, const float *kv, int n, int H, int nope, int rop
 
 // o[h][d] = Σ_s o_s[d] · e^(m_s - M) / Σ_s l_s · e^(m_s - M), M = max_s m_s.
 __global__ void mla_attend_merge(const float *part, int NS, int vd, float *o) {
-    pdl_trigger(); // the next kernel may launch (its pdl_wait waits for us)
+    pdl_trigger();
     const int h = blockIdx.x;
     const float *p = part + (size_t)h * NS * (vd + 2);
     float M = -INFINITY, L = 0.0f;
@@ -1267,7 +1267,7 @@ router_topk_k(const float *logits, const float *bias, int E, int k, float scalin
 }
 
 __global__ void moe_sum_k(const float *eo, const float *w, int k, int n, float *acc) {
-    pdl_trigger(); // the next kernel may launch (its pdl_wait waits for us)
+    pdl_trigger();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float a = 0.0f;
