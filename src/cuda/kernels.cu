@@ -12,6 +12,7 @@
 #include <float.h>
 #include <cuda_runtime.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 
 namespace {
@@ -93,9 +94,12 @@ __device__ __forceinline__ void pdl_trigger() {
 }
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
-bool pdl_on() {
-    const char *e = getenv("K3_PDL");
-    return !(e && e[0] == '0');
+bool pdl_on() { // read once: the environment is scanned on every launch otherwise
+    static const bool on = [] {
+        const char *e = getenv("K3_PDL");
+        return !(e && e[0] == '0');
+    }();
+    return on;
 }
 
 template <typename... P, typename... A>
@@ -910,19 +914,29 @@ cudaError_t launch_experts_v(const k3k_experts *ex, const float *x, float beta, 
     const size_t smem = ((size_t)cols / 16 * 12 * sizeof(uint2) + 127) / 128 * 128 +
                         (size_t)W * D * K * MX_STEP;
     constexpr int threads = (W + WS) * 32;
-    int dev = 0, sms = 0, per_sm = 0;
+    // blocks the GPU holds at once, per shape: queried on the first launch of each (k3 uses one
+    // device per process; the queries cost more host time than the launch itself)
+    static int cap_memo = 0, cap_rows = 0, cap_cols = 0;
+    static pthread_mutex_t cap_lock = PTHREAD_MUTEX_INITIALIZER;
+    pthread_mutex_lock(&cap_lock);
     cudaError_t e = cudaSuccess;
-    if (smem > 32 * 1024) /* with the static arrays, past the default 48 KB */
-        e = cudaFuncSetAttribute(experts_k<GU, WS, W, D, K, LD>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e == cudaSuccess) e = cudaGetDevice(&dev);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    if (e == cudaSuccess)
-        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, experts_k<GU, WS, W, D, K, LD>,
-                                                          threads, smem);
+    if (cap_memo == 0 || cap_rows != rows || cap_cols != cols) {
+        int dev = 0, sms = 0, per_sm = 0;
+        if (smem > 32 * 1024) /* with the static arrays, past the default 48 KB */
+            e = cudaFuncSetAttribute(experts_k<GU, WS, W, D, K, LD>,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e == cudaSuccess) e = cudaGetDevice(&dev);
+        if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+        if (e == cudaSuccess)
+            e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                &per_sm, experts_k<GU, WS, W, D, K, LD>, threads, smem);
+        if (e == cudaSuccess) cap_memo = sms * (per_sm > 0 ? per_sm : 1), cap_rows = rows, cap_cols = cols;
+    }
+    const int cap = cap_memo;
+    pthread_mutex_unlock(&cap_lock);
     if (e != cudaSuccess) return e;
     const int items = ex->n * (rows / (GU ? 16 : 32));
-    int grid = sms * (per_sm > 0 ? per_sm : 1);
+    int grid = cap;
     grid = grid < items ? grid : items;
     // as few blocks as keep the busiest one's item count: when that count is what the launch
     // waits for, the others then share the bandwidth among fewer blocks (down at 16 experts:
