@@ -139,7 +139,7 @@ run() {
     echo "k3-wide on the GPU:   $wide"
     echo "synthetic greedy:     CPU vs GPU $greedy"
     echo "streamed spine bench: $streamed"
-    [ -f "$OUT/bench.txt" ] && grep -E 'copy D2D|q/k/v/g|o_proj|lm_head|mxfp4|sched|int8|KDA heads|MLA att|^KDA|^MLA|K3 extrapolated|wall clock' "$OUT/bench.txt"
+    [ -f "$OUT/bench.txt" ] && grep -E 'copy D2D|q/k/v/g|o_proj|lm_head|mxfp4|sched|int8|KDA heads|MLA att|^KDA|^MLA|^MoE|K3 extrapolated|wall clock' "$OUT/bench.txt"
     [ -f "$OUT/bench_streamed.txt" ] && grep -E 'K3 extrapolated|wall clock' "$OUT/bench_streamed.txt" | sed 's/^/streamed: /'
 }
 

@@ -32,8 +32,11 @@
 
 typedef struct job {
     int kind;            /* 0 BF16/I8 matvec, 1 experts gate+up, 2 experts down, 3 KDA heads,
-                          * 4 MLA attention */
+                          * 4 MLA attention, 5 several matrices of one input (one launch) */
     k3k_mat mat[8];      /* matvec: one per weight copy */
+    k3k_mat multi[4][K3K_MAX_MULTI]; /* kind 5: per weight copy, n_multi matrices */
+    int n_multi;
+    float *ys[K3K_MAX_MULTI];
     k3k_experts ex[16];
     int sets;
     double host_s;       /* time_job: host seconds per launch (the enqueue alone) */
@@ -52,6 +55,11 @@ static cudaError_t launch(job *j, int i, cudaStream_t s) {
     case 0: return k3k_matvec(&j->mat[k], j->x, j->y, s);
     case 1: return k3k_experts_gate_up(&j->ex[k], j->x, 4.0f, 25.0f, j->h, s);
     case 2: return k3k_experts_down(&j->ex[k], j->h, j->y, s);
+    case 5: {
+        const k3k_mat *m[K3K_MAX_MULTI];
+        for (int i = 0; i < j->n_multi; i++) m[i] = &j->multi[k][i];
+        return k3k_matvec_multi(m, j->ys, j->n_multi, j->x, s);
+    }
     case 3: {
         int P = j->H * j->D;
         float *q = j->x, *kk = q + P, *v = kk + P, *f = v + P, *g = f + P, *o = g + P;
@@ -164,6 +172,41 @@ static int bench_matvec(FILE *out, const char *name, int dtype, int64_t rows, in
     cudaFree(w);
     cudaFree(j.x);
     cudaFree(j.y);
+    return rc;
+}
+
+/* n BF16 matrices [rows[i], cols] of one input in one launch (k3k_matvec_multi), as the decode
+ * runs a layer's input projections; seconds per launch. */
+static int bench_multi(FILE *out, const char *name, const int64_t *rows, int n, int64_t cols,
+                       int reps, double copy_bps, k3_err *err) {
+    job j = {.kind = 5, .n_multi = n};
+    size_t off[K3K_MAX_MULTI + 1] = {0};
+    for (int i = 0; i < n; i++) off[i + 1] = off[i] + ((size_t)rows[i] * cols * 2 + 255) / 256 * 256;
+    const size_t wb = off[n]; /* one copy of the n matrices, each 256-byte aligned */
+    j.sets = (int)((ROTATE_BYTES + wb - 1) / wb);
+    j.sets = j.sets < 2 ? 2 : j.sets > 4 ? 4 : j.sets;
+    char *w = NULL;
+    CK(cudaMalloc((void **)&w, wb * j.sets));
+    CK(k3k_fill_random(w, wb * j.sets, 7, 0xbfffbfffu, 0));
+    CK(cudaMalloc((void **)&j.x, cols * 4));
+    CK(k3k_fill_random(j.x, cols * 4, 8, 0x3fffffffu, 0));
+    for (int i = 0; i < n; i++) {
+        CK(cudaMalloc((void **)&j.ys[i], rows[i] * 4));
+        for (int k = 0; k < j.sets; k++)
+            j.multi[k][i] = (k3k_mat){w + wb * k + off[i], NULL, K3K_BF16, rows[i], cols};
+    }
+    double t = 0;
+    int rc = time_job(&j, reps, &t, err);
+    if (!rc) {
+        char shape[64];
+        int64_t r = 0;
+        for (int i = 0; i < n; i++) r += rows[i];
+        snprintf(shape, sizeof shape, "%d: %lldx%lld bf16", n, (long long)r, (long long)cols);
+        row(out, name, shape, 2.0 * (double)r * (double)cols, t, copy_bps);
+    }
+    cudaFree(w);
+    cudaFree(j.x);
+    for (int i = 0; i < n; i++) cudaFree(j.ys[i]);
     return rc;
 }
 
@@ -373,6 +416,18 @@ int k3_gpu_bench_kernels(FILE *out, int reps, k3_gpu_bench *res, k3_err *err) {
         if (i == 0) res->bf16_bps = 2.0 * 12288 * 7168 / s;
         if (i + 1 == sizeof shapes / sizeof *shapes) res->lm_head_s = s;
     }
+    /* the layers' input projections as the decode launches them: one launch each */
+    static const int64_t kda_in[6] = {12288, 12288, 12288, 12288, 128, 96},
+                         mla_in[3] = {1536, 576, 12288}, moe_in[3] = {3584, 6144, 6144};
+    if (!rc && !experts_only)
+        rc = bench_multi(out, "KDA q,k,v,g,f_a,b_proj (one launch)", kda_in, 6, 7168, reps,
+                         res->copy_bps, err);
+    if (!rc && !experts_only)
+        rc = bench_multi(out, "MLA q_a,kv_a,g_proj (one launch)", mla_in, 3, 7168, reps,
+                         res->copy_bps, err);
+    if (!rc && !experts_only)
+        rc = bench_multi(out, "MoE latent down, shared gate,up (one)", moe_in, 3, 7168, reps,
+                         res->copy_bps, err);
     double s = 0;
     if (!rc && !experts_only) rc = bench_matvec(out, "int8 spine (not exact) q_proj", K3K_I8, 12288, 7168, reps,
                                res->copy_bps, &s, err);
