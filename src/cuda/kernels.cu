@@ -82,13 +82,13 @@ inline int blocks_for(int64_t n, int threads) { return (int)((n + threads - 1) /
 // Decode is a chain of short kernels on one stream; each would otherwise pay its launch, its
 // first loads' latency and the previous kernel's tail in series. So every kernel lets the next
 // one launch early (pdl_trigger, at its start: the next grid's blocks still take SM room only
-// as this grid's blocks leave it), and the products (matvec*, experts) are launched with
-// programmatic stream serialization (launch_pdl): they start streaming their WEIGHTS (never
-// written by the kernels before them) while the previous kernel finishes, and pdl_wait — which
-// returns once every earlier grid has completed and its writes are visible — before they read
-// an activation or write anything. A kernel launched this way without a pdl_wait would race
-// with its predecessor, so only the products are. K3_PDL=0 (environment) launches them plainly
-// (for comparison in benchmarks).
+// as this grid's blocks leave it), and every kernel of the decode is launched with
+// programmatic stream serialization (launch_pdl) and calls pdl_wait — which returns once every
+// earlier grid has completed and its writes are visible — before it reads an activation or
+// writes anything. The products (matvec*, experts) first start streaming their WEIGHTS (never
+// written by the kernels before them); the small kernels wait at once, which still hides their
+// launch. A kernel launched this way without a pdl_wait would race with its predecessor.
+// K3_PDL=0 (environment) launches them plainly (for comparison in benchmarks).
 __device__ __forceinline__ void pdl_trigger() {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
@@ -996,6 +996,7 @@ cudaError_t launch_experts(const k3k_experts *ex, const float *x, float beta, fl
 
 __global__ void rmsnorm_k(const float *x, const void *w, int wdt, int n, float eps, float *y) {
     pdl_trigger();
+    pdl_wait(); // launched early (launch_pdl); nothing read or written before
     __shared__ float red[32];
     float ss = 0.0f;
     for (int i = threadIdx.x; i < n; i += blockDim.x) ss = fmaf(x[i], x[i], ss);
@@ -1019,6 +1020,7 @@ struct res_values {
 __global__ void attn_res_scores(const res_values vals, const float *sw, int hidden, float eps,
                                 float *scores) {
     pdl_trigger();
+    pdl_wait(); // launched early (launch_pdl); nothing read or written before
     __shared__ float red[32];
     const float *v = vals.v[blockIdx.x];
     float ss = 0.0f;
@@ -1035,6 +1037,7 @@ __global__ void attn_res_scores(const res_values vals, const float *sw, int hidd
 __global__ void attn_res_mix(const res_values vals, int n, const float *scores, int hidden,
                              float *out) {
     pdl_trigger();
+    pdl_wait(); // launched early (launch_pdl); nothing read or written before
     __shared__ float p[K3K_MAX_RES];
     if (threadIdx.x == 0) {
         float mx = scores[0], sum = 0.0f;
@@ -1052,6 +1055,7 @@ __global__ void attn_res_mix(const res_values vals, int n, const float *scores, 
 
 __global__ void add_k(const float *a, const float *b, float *y, int n) {
     pdl_trigger();
+    pdl_wait(); // launched early (launch_pdl); nothing read or written before
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = __fadd_rn(a[i], b[i]);
 }
@@ -1059,12 +1063,14 @@ __global__ void add_k(const float *a, const float *b, float *y, int n) {
 __global__ void situ_k(const float *gate, const float *up, int n, float beta, float lb,
                        float *out) {
     pdl_trigger();
+    pdl_wait(); // launched early (launch_pdl); nothing read or written before
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = situf(gate[i], up[i], beta, lb);
 }
 
 __global__ void sigmoid_gate_k(float *x, const float *g, int n) {
     pdl_trigger();
+    pdl_wait(); // launched early (launch_pdl); nothing read or written before
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] = __fmul_rn(x[i], sigmoidf_(g[i]));
 }
@@ -1073,6 +1079,7 @@ __global__ void sigmoid_gate_k(float *x, const float *g, int n) {
 
 __global__ void short_conv_k(float *x, const float *taps, float *hist, int P, int conv) {
     pdl_trigger();
+    pdl_wait(); // launched early (launch_pdl); nothing read or written before
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= P) return;
     const int nh = conv - 1;
@@ -1094,6 +1101,7 @@ __global__ void kda_heads_k(float *q, float *k, const float *v, const float *f, 
                             const float *o_norm, float *S, int D, float q_scale, float lb,
                             float eps, float *o) {
     pdl_trigger();
+    pdl_wait(); // launched early (launch_pdl); nothing read or written before
     extern __shared__ float sm[]; // q [D], k [D], alpha [D]
     __shared__ float red[32];
     float *qs = sm, *ks = sm + D, *al = sm + 2 * D;
@@ -1146,6 +1154,7 @@ __global__ void kda_heads_k(float *q, float *k, const float *v, const float *f, 
 __global__ void mla_append_k(float *kv, int t, const float *KV, const float *ckv, int H,
                              int nope, int rope, int vd, int lora) {
     pdl_trigger();
+    pdl_wait(); // launched early (launch_pdl); nothing read or written before
     const int kvf = H * nope + rope + H * vd;
     const int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= kvf) return;
@@ -1169,6 +1178,8 @@ constexpr int ATT_THREADS = 256;
 __global__ void __launch_bounds__(ATT_THREADS)
 mla_attend_part(const float *Q, const float *kv, int n, int H, int nope, int rope, int vd,
                 float scale, float *part) {
+    pdl_trigger();
+    pdl_wait(); // launched early (launch_pdl); nothing read or written before
     __shared__ float sc[K3K_ATT_CHUNK], red[32], osum[ATT_THREADS];
     const int h = blockIdx.x, s = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int qk = nope + rope, kvf = H * nope + rope + H * vd;
@@ -1225,6 +1236,7 @@ mla_attend_part(const float *Q, const float *kv, int n, int H, int nope, int rop
 // o[h][d] = Σ_s o_s[d] · e^(m_s - M) / Σ_s l_s · e^(m_s - M), M = max_s m_s.
 __global__ void mla_attend_merge(const float *part, int NS, int vd, float *o) {
     pdl_trigger();
+    pdl_wait(); // launched early (launch_pdl); nothing read or written before
     const int h = blockIdx.x;
     const float *p = part + (size_t)h * NS * (vd + 2);
     float M = -INFINITY, L = 0.0f;
@@ -1250,6 +1262,8 @@ constexpr int ROUTER_THREADS = 1024;
 __global__ void __launch_bounds__(ROUTER_THREADS)
 router_topk_k(const float *logits, const float *bias, int E, int k, float scaling, int *ids,
               float *weights) {
+    pdl_trigger();
+    pdl_wait(); // launched early (launch_pdl); nothing read or written before
     extern __shared__ float rs[]; // scores [E], biased [E]
     __shared__ int chosen[K3K_MAX_EXPERTS];
     float *score = rs, *biased = rs + E;
@@ -1282,6 +1296,7 @@ router_topk_k(const float *logits, const float *bias, int E, int k, float scalin
 
 __global__ void moe_sum_k(const float *eo, const float *w, int k, int n, float *acc) {
     pdl_trigger();
+    pdl_wait(); // launched early (launch_pdl); nothing read or written before
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float a = 0.0f;
@@ -1391,8 +1406,7 @@ extern "C" cudaError_t k3k_experts_prepare(const k3k_experts *ex, const uint8_t 
 
 extern "C" cudaError_t k3k_rmsnorm(const float *x, const void *w, int wdtype, int n, float eps,
                                    float *y, cudaStream_t s) {
-    rmsnorm_k<<<1, 1024, 0, s>>>(x, w, wdtype, n, eps, y);
-    return cudaGetLastError();
+    return launch_pdl(rmsnorm_k, 1, 1024, 0, s, x, w, wdtype, n, eps, y);
 }
 
 extern "C" cudaError_t k3k_attn_res(const float *const *values, int n, const float *sw,
@@ -1401,31 +1415,27 @@ extern "C" cudaError_t k3k_attn_res(const float *const *values, int n, const flo
     if (n < 1 || n > K3K_MAX_RES) return cudaErrorInvalidValue;
     res_values v;
     for (int j = 0; j < n; j++) v.v[j] = values[j];
-    attn_res_scores<<<n, 1024, 0, s>>>(v, sw, hidden, eps, scores);
-    attn_res_mix<<<blocks_for(hidden, 256), 256, 0, s>>>(v, n, scores, hidden, out);
-    return cudaGetLastError();
+    cudaError_t e = launch_pdl(attn_res_scores, n, 1024, 0, s, v, sw, hidden, eps, scores);
+    if (e != cudaSuccess) return e;
+    return launch_pdl(attn_res_mix, blocks_for(hidden, 256), 256, 0, s, v, n, scores, hidden, out);
 }
 
 extern "C" cudaError_t k3k_add(const float *a, const float *b, float *y, int n, cudaStream_t s) {
-    add_k<<<blocks_for(n, 256), 256, 0, s>>>(a, b, y, n);
-    return cudaGetLastError();
+    return launch_pdl(add_k, blocks_for(n, 256), 256, 0, s, a, b, y, n);
 }
 
 extern "C" cudaError_t k3k_situ(const float *gate, const float *up, int n, float beta,
                                 float linear_beta, float *out, cudaStream_t s) {
-    situ_k<<<blocks_for(n, 256), 256, 0, s>>>(gate, up, n, beta, linear_beta, out);
-    return cudaGetLastError();
+    return launch_pdl(situ_k, blocks_for(n, 256), 256, 0, s, gate, up, n, beta, linear_beta, out);
 }
 
 extern "C" cudaError_t k3k_sigmoid_gate(float *x, const float *g, int n, cudaStream_t s) {
-    sigmoid_gate_k<<<blocks_for(n, 256), 256, 0, s>>>(x, g, n);
-    return cudaGetLastError();
+    return launch_pdl(sigmoid_gate_k, blocks_for(n, 256), 256, 0, s, x, g, n);
 }
 
 extern "C" cudaError_t k3k_short_conv(float *x, const float *taps, float *hist, int P, int conv,
                                       cudaStream_t s) {
-    short_conv_k<<<blocks_for(P, 256), 256, 0, s>>>(x, taps, hist, P, conv);
-    return cudaGetLastError();
+    return launch_pdl(short_conv_k, blocks_for(P, 256), 256, 0, s, x, taps, hist, P, conv);
 }
 
 extern "C" cudaError_t k3k_kda_heads(float *q, float *k, const float *v, const float *f,
@@ -1436,16 +1446,15 @@ extern "C" cudaError_t k3k_kda_heads(float *q, float *k, const float *v, const f
     if (D < 1 || D > 1024) return cudaErrorInvalidValue;
     const float q_scale = (float)(1.0 / sqrt((double)D));
     const int threads = (D + 31) / 32 * 32;
-    kda_heads_k<<<H, threads, 3 * (size_t)D * sizeof(float), s>>>(
-        q, k, v, f, b, g, a_log, dt_bias, o_norm, S, D, q_scale, lower_bound, eps, o);
-    return cudaGetLastError();
+    return launch_pdl(kda_heads_k, H, threads, 3 * (size_t)D * sizeof(float), s, q, k, v, f, b,
+                      g, a_log, dt_bias, o_norm, S, D, q_scale, lower_bound, eps, o);
 }
 
 extern "C" cudaError_t k3k_mla_append(float *kv, int t, const float *KV, const float *ckv, int H,
                                       int nope, int rope, int vd, int lora, cudaStream_t s) {
     const int kvf = H * nope + rope + H * vd;
-    mla_append_k<<<blocks_for(kvf, 256), 256, 0, s>>>(kv, t, KV, ckv, H, nope, rope, vd, lora);
-    return cudaGetLastError();
+    return launch_pdl(mla_append_k, blocks_for(kvf, 256), 256, 0, s, kv, t, KV, ckv, H, nope, rope, vd,
+                      lora);
 }
 
 extern "C" cudaError_t k3k_mla_attend(const float *Q, const float *kv, int t, int H, int nope,
@@ -1454,9 +1463,10 @@ extern "C" cudaError_t k3k_mla_attend(const float *Q, const float *kv, int t, in
     if (vd < 1 || vd > ATT_THREADS) return cudaErrorInvalidValue;
     const float scale = (float)(1.0 / sqrt((double)(nope + rope)));
     const int n = t + 1, NS = (n + K3K_ATT_CHUNK - 1) / K3K_ATT_CHUNK;
-    mla_attend_part<<<dim3(H, NS), ATT_THREADS, 0, s>>>(Q, kv, n, H, nope, rope, vd, scale, scratch);
-    mla_attend_merge<<<H, vd < 128 ? 32 : 128, 0, s>>>(scratch, NS, vd, o);
-    return cudaGetLastError();
+    cudaError_t e = launch_pdl(mla_attend_part, dim3(H, NS), ATT_THREADS, 0, s, Q, kv, n, H, nope,
+                               rope, vd, scale, scratch);
+    if (e != cudaSuccess) return e;
+    return launch_pdl(mla_attend_merge, H, vd < 128 ? 32 : 128, 0, s, scratch, NS, vd, o);
 }
 
 extern "C" cudaError_t k3k_router_topk(const float *logits, const float *bias, int E, int k,
@@ -1469,12 +1479,11 @@ extern "C" cudaError_t k3k_router_topk(const float *logits, const float *bias, i
                                               (int)smem);
         if (rc != cudaSuccess) return rc;
     }
-    router_topk_k<<<1, ROUTER_THREADS, smem, s>>>(logits, bias, E, k, scaling, ids, weights);
-    return cudaGetLastError();
+    return launch_pdl(router_topk_k, 1, ROUTER_THREADS, smem, s, logits, bias, E, k, scaling, ids,
+                      weights);
 }
 
 extern "C" cudaError_t k3k_moe_sum(const float *eo, const float *w, int k, int n, float *acc,
                                    cudaStream_t s) {
-    moe_sum_k<<<blocks_for(n, 256), 256, 0, s>>>(eo, w, k, n, acc);
-    return cudaGetLastError();
+    return launch_pdl(moe_sum_k, blocks_for(n, 256), 256, 0, s, eo, w, k, n, acc);
 }
