@@ -15,7 +15,9 @@
  *    bit-identical to the scalar path given identical inputs. The MLA attention value sum
  *    is the exception: it is split over position chunks (k3k_mla_attend).
  *  - Every launcher enqueues on `stream`, never synchronizes, and returns the launch status
- *    (cudaGetLastError); a kernel never allocates.
+ *    (cudaGetLastError); a kernel never allocates. A kernel may start while the previous one
+ *    on the stream finishes (programmatic dependent launch) but reads no activation and
+ *    writes nothing before that one has completed (kernels.cu).
  *  - Device pointers only, except where a parameter says "host".
  */
 #ifndef K3_CUDA_KERN_H

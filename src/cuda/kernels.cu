@@ -300,8 +300,8 @@ matvec_multi_k(const mv_multi mm, const float *__restrict__ x) {
 template <int DT, int S>
 cudaError_t launch_vec(const k3k_mat *w, const float *x, float *y, cudaStream_t s) {
     const int grid = blocks_for(w->rows, MV_THREADS / 32 / S);
-    return launch_pdl(matvec_vec<DT, S>, grid, MV_THREADS, 0, s, static_cast<const uint8_t *>(w->data),
-               w->scale, w->rows, w->cols, x, y);
+    return launch_pdl(matvec_vec<DT, S>, grid, MV_THREADS, 0, s,
+                      static_cast<const uint8_t *>(w->data), w->scale, w->rows, w->cols, x, y);
 }
 
 template <int DT>
