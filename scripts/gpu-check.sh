@@ -18,6 +18,10 @@
 # decode, no greedy comparison), K3_MX_SWEEP=1 (the benchmark also times every MXFP4 launch
 # schedule, kern.h), K3_DEADLINE (seconds for the whole run, default 560), K3_PREBUILT=1
 # (prepare: stage build-cuda as is), TEST_TIMEOUT (seconds for stage 1, default 240).
+#
+# Exit status (run): 0 when every GPU test ran and passed and the CPU and GPU greedy tokens
+# agree (when compared), 1 otherwise, 12 when no CUDA device answers (checked first, with
+# k3's own message: driver missing, no GPU visible, or a k3 built without CUDA).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 
@@ -49,6 +53,19 @@ run() {
     else
         make -j"$(nproc)" CUDA=1 build-cuda/k3 build-cuda/k3_tests 2>&1 | tail -5
         K3=build-cuda/k3 T=build-cuda/k3_tests SHARED=${K3_SHARED:-../shared}
+    fi
+    if [ "$K3" = .gpu/bin/k3 ] && [ build-cuda/k3 -nt .gpu/bin/k3 ]; then
+        echo "note: .gpu/bin/k3 (staged by prepare) is older than build-cuda/k3; it is the one" \
+            "tested: run $0 prepare again to test the newer build"
+    fi
+    # a device must answer before anything else: without one every stage would skip or fail
+    "$K3" run --device cuda --prompt-ids 1792 --max-new 1 -q > /dev/null 2> "$OUT/device.err"
+    local st=$?
+    if [ "$st" != 0 ]; then
+        cat "$OUT/device.err" >&2
+        echo "gpu-check: no usable CUDA device for $K3 (exit $st): this check needs an NVIDIA" \
+            "GPU that nvidia-smi lists, and a k3 built with make CUDA=1" >&2
+        exit 12
     fi
     local SCR=${K3_SCRATCH:-}
     if [ -z "$SCR" ]; then
@@ -141,10 +158,18 @@ run() {
     echo "streamed spine bench: $streamed"
     [ -f "$OUT/bench.txt" ] && grep -E 'copy D2D|q/k/v/g|o_proj|lm_head|mxfp4|sched|int8|KDA heads|MLA att|^KDA|^MLA|^MoE|K3 extrapolated|wall clock' "$OUT/bench.txt"
     [ -f "$OUT/bench_streamed.txt" ] && grep -E 'K3 extrapolated|wall clock' "$OUT/bench_streamed.txt" | sed 's/^/streamed: /'
+    # the verdict: GPU tests all ran (none skipped) and passed, greedy tokens not different
+    if grep -qE '^(FAIL|SKIPPED)' "$OUT/tests_cuda.log" || ! grep -qE '^[1-9][0-9]* passed, 0 failed$' "$OUT/tests_cuda.log" ||
+        [[ $greedy == DIFFERENT* ]]; then
+        echo "gpu-check: FAILED (see above and $OUT)"
+        return 1
+    fi
+    echo "gpu-check: ok"
 }
 
 case "${1:-run}" in
 prepare) prepare ;;
 run) run ;;
-*) echo "usage: $0 [prepare|run]" >&2; exit 2 ;;
+-h|--help|help) sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//' ;;
+*) echo "usage: $0 [prepare|run] (default run; $0 --help explains both)" >&2; exit 2 ;;
 esac

@@ -14,6 +14,7 @@
 #include "../engine/k3.h"
 #include "../util/fileio.h"
 #include "cli.h"
+#include "device_flags.h"
 #include "gen.h"
 #include "store_flags.h"
 #include "spine_flags.h"
@@ -72,6 +73,7 @@ static void chat_usage(FILE *f) {
         "sampling:\n%s", k3_cli_spine_gb_help, k3_cli_chat_help, k3_cli_sampling_help);
     fprintf(f, "\nspeed (exact):\n%s\n", k3_cli_speed_help);
     k3_cli_store_usage(f);
+    fprintf(f, "\n%s", k3_cli_device_env_help);
 }
 
 static int parse_int(const char *s, const char *flag, int lo, int *out) {

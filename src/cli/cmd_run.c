@@ -357,10 +357,10 @@ static int run(const run_opts *o, k3_err *err) {
     k3_engine_opts eo = {.threads = o->threads, .verbose = o->verbose, .spine = o->spine,
                          .pack_dir = o->pack_dir, .approx = o->approx};
     k3_cli_store_engine_opts(&o->so, &eo);
-    k3_cli_device_engine_opts(&o->dev, &eo);
     k3_cli_spine_gb_apply(&o->spine_gb, &eo);
     k3_cli_store_run sr = {0};
-    int rc = k3_engine_load(o->model_dir, &eo, &e, err);
+    int rc = k3_cli_device_engine_opts(&o->dev, &eo, err);
+    if (!rc) rc = k3_engine_load(o->model_dir, &eo, &e, err);
     if (rc) goto done;
     r.e = e;
     r.tok = k3_engine_tokenizer(e);

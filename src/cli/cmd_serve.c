@@ -11,6 +11,7 @@
 #include "../engine/k3.h"
 #include "../server/server.h"
 #include "cli.h"
+#include "device_flags.h"
 #include "spine_flags.h"
 
 static volatile sig_atomic_t stop_requested; /* CLI-level signal flag */
@@ -56,6 +57,7 @@ static void serve_usage(FILE *f) {
         "                       k3 run (greedy output unchanged; default 0 = off)\n"
         "  -q, --quiet          no load line and no per-request log on stderr\n"
         "  -h, --help           this help\n", k3_cli_spine_gb_help);
+    fprintf(f, "\n%s", k3_cli_device_env_help);
 }
 
 typedef struct serve_args {

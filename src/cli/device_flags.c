@@ -24,8 +24,9 @@ int k3_cli_device_flag(const char *cmd, int argc, char **argv, int *i, k3_cli_de
     char *end;
     errno = 0;
     double x = strtod(v, &end);
-    if (errno || *end || end == v || !(x > 0)) {
-        fprintf(stderr, "k3 %s: --gpu-gb needs a number of GB > 0, got '%s'\n", cmd, v);
+    if (errno || *end || end == v || !(x > 0 && x < 1e9)) { /* inf too: a budget is finite */
+        fprintf(stderr, "k3 %s: --gpu-gb needs a number of GB > 0 (and below 1e9), got '%s'\n",
+                cmd, v);
         return K3_ERR_USAGE;
     }
     o->gpu_gb = x;
@@ -45,8 +46,19 @@ void k3_cli_device_usage(FILE *f) {
         "                       host memory) and the remainder caches routed experts\n");
 }
 
-void k3_cli_device_engine_opts(const k3_cli_device_opts *o, k3_engine_opts *eo) {
+int k3_cli_device_engine_opts(const k3_cli_device_opts *o, k3_engine_opts *eo, k3_err *err) {
     const char *env = getenv("K3_DEVICE");
+    /* checked here so that the message names the variable: a stale export is easy to forget */
+    if (!o->device && env && *env && strcmp(env, "cpu") && strcmp(env, "cuda") &&
+        strcmp(env, "auto"))
+        return k3_fail(err, K3_ERR_USAGE, "K3_DEVICE='%s': expected cpu, cuda or auto (or "
+                       "unset it: the default is auto)", env);
     eo->device = o->device ? o->device : env && *env ? NULL : "auto";
     eo->gpu_gb = o->gpu_gb;
+    return K3_OK;
 }
+
+const char *const k3_cli_device_env_help =
+    "device: this command runs on the CPU unless K3_DEVICE=cuda (an error without a GPU) or\n"
+    "  K3_DEVICE=auto (the GPU when one answers) says otherwise, in a k3 built with make\n"
+    "  CUDA=1; K3_GPU_GB caps the device memory it uses (as --device and --gpu-gb of k3 run)\n";

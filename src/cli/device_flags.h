@@ -17,7 +17,10 @@ typedef struct k3_cli_device_opts {
 int k3_cli_device_flag(const char *cmd, int argc, char **argv, int *i, k3_cli_device_opts *o);
 /* The flags' help lines. */
 void k3_cli_device_usage(FILE *f);
-/* Copies the flags into engine options. */
-void k3_cli_device_engine_opts(const k3_cli_device_opts *o, k3_engine_opts *eo);
+/* Copies the flags into engine options. Errors: K3_ERR_USAGE when K3_DEVICE (read when
+ * --device was not given) is not cpu, cuda or auto. */
+int k3_cli_device_engine_opts(const k3_cli_device_opts *o, k3_engine_opts *eo, k3_err *err);
+/* Help lines for the commands without device flags (chat, serve): K3_DEVICE and K3_GPU_GB. */
+extern const char *const k3_cli_device_env_help;
 
 #endif
