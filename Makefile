@@ -37,8 +37,9 @@ TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 .PHONY: all test test-wide test-server bench-server asan bench clean deps FORCE
 all: k3
 
-k3: $(BUILD)/k3
-	cp $< $@
+# copied whenever it differs, so that ./k3 follows the last build's flavour (CUDA=1 or not)
+k3: $(BUILD)/k3 FORCE
+	@cmp -s $< $@ || cp $< $@
 
 $(BUILD)/k3: $(CLI_OBJ) $(BUILD)/libk3.a
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)

@@ -21,6 +21,8 @@
 #include "../src/engine/k3.h"
 #include "../src/format/safetensors.h"
 #include "../src/kernels/kernels.h"
+#include "../src/util/err.h"
+#include "cli_run.h"
 #include "../src/model/layers.h"
 #include "fixture_check.h"
 #include "test.h"
@@ -748,6 +750,28 @@ static void test_kernels_skipped(void) { have_gpu(); }
 #define KERNEL_TESTS {"cuda_kernels", test_kernels_skipped},
 #endif
 
+/* K3_GPU_GB must be a finite budget: inf was taken as one (it is now refused as --gpu-gb inf
+ * is). */
+static void test_gpu_gb_env_finite(void) {
+    if (!have_gpu()) return;
+    const char *d = getenv("K3_DEVICE"), *b = getenv("K3_GPU_GB");
+    char kd[64] = "", kb[64] = "";
+    if (d) snprintf(kd, sizeof kd, "%s", d);
+    if (b) snprintf(kb, sizeof kb, "%s", b);
+    setenv("K3_DEVICE", "cuda", 1);
+    setenv("K3_GPU_GB", "inf", 1);
+    k3t_cli r = {0};
+    int ran = k3t_cli_run("run --prompt-ids 1792 --max-new 1 -q", &r);
+    if (d) setenv("K3_DEVICE", kd, 1);
+    else unsetenv("K3_DEVICE");
+    if (b) setenv("K3_GPU_GB", kb, 1);
+    else unsetenv("K3_GPU_GB");
+    if (!ran)
+        CHECK(r.status == K3_ERR_USAGE && strstr(r.err, "K3_GPU_GB='inf'"), "exit %d: %s",
+              r.status, r.err);
+    k3t_cli_free(&r);
+}
+
 const k3_test k3_suite_cuda[] = {
     KERNEL_TESTS
     {"cuda_nano_trace_len7", test_nano_trace},
@@ -756,5 +780,6 @@ const k3_test k3_suite_cuda[] = {
     {"cuda_nano_streamed_spine_small_expert_cache", test_nano_streamed_small_cache},
     {"cuda_greedy_matches_cpu", test_greedy_matches_cpu},
     {"cuda_state_file_roundtrip", test_state_file_roundtrip},
+    {"cuda_gpu_gb_env_finite", test_gpu_gb_env_finite},
     {0},
 };

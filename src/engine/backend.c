@@ -27,8 +27,9 @@ static int env_num(const char *name, double lo, double *out, k3_err *err) {
     char *end;
     errno = 0;
     double x = strtod(v, &end);
-    if (errno || *end || x < lo)
-        return -k3_fail(err, K3_ERR_USAGE, "%s='%s': expected a number >= %g", name, v, lo);
+    if (errno || *end || x < lo || !(x < 1e9)) /* also refuses inf and nan */
+        return -k3_fail(err, K3_ERR_USAGE, "%s='%s': expected a number from %g to 1e9", name, v,
+                        lo);
     *out = x;
     return 1;
 }
