@@ -132,6 +132,29 @@ static void test_gpu_check_no_device(void) {
     k3t_rm_dir(dir);
 }
 
+/* A CUDA build on a machine with no NVIDIA driver says so (CUDA's own message, "driver version
+ * is insufficient", sent users to upgrade a driver they do not have). Skipped where it cannot
+ * apply: a build without CUDA, or a machine with a driver. */
+static void test_no_driver_message(void) {
+    struct stat st;
+    k3t_cli v = {0}, r = {0};
+    if (k3t_cli_run("--version", &v)) return;
+    const int cuda = strstr(v.out, "cuda: compiled in") != NULL;
+    k3t_cli_free(&v);
+    if (!cuda) {
+        k3_test_skip("this k3 was built without CUDA");
+        return;
+    }
+    if (stat("/proc/driver/nvidia", &st) == 0) {
+        k3_test_skip("an NVIDIA driver is installed here");
+        return;
+    }
+    if (k3t_cli_run("run --device cuda --prompt-ids 1792 --max-new 1 -q", &r)) return;
+    CHECK(r.status == K3_ERR_DEVICE && strstr(r.err, "no NVIDIA driver is installed"),
+          "exit %d, stderr: %s", r.status, r.err);
+    k3t_cli_free(&r);
+}
+
 /* Exit status from the GPU tests' summary: all passed 0; any skipped or failed 1. */
 static void test_gpu_check_verdict(void) {
     static const char *logs[] = {"ok a/b\\n16 passed, 0 failed\\n",
@@ -161,5 +184,6 @@ const k3_test k3_suite_gpucli[] = {
     {"gpu_check_help", test_gpu_check_help},
     {"gpu_check_no_device", test_gpu_check_no_device},
     {"gpu_check_verdict", test_gpu_check_verdict},
+    {"no_driver_message", test_no_driver_message},
     {0},
 };

@@ -100,9 +100,15 @@ static double now_s(void) {
 
 int k3_gpu_device_count(char *reason, size_t cap) {
     int n = 0;
+    int drv = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess) {
-        if (reason) snprintf(reason, cap, "%s", cudaGetErrorString(e));
+        /* with no driver at all CUDA says "driver version is insufficient", which sends the
+         * user to upgrade a driver they do not have */
+        if (reason && cudaDriverGetVersion(&drv) == cudaSuccess && drv == 0)
+            snprintf(reason, cap, "no NVIDIA driver is installed (nvidia-smi should list the GPU)");
+        else if (reason)
+            snprintf(reason, cap, "%s", cudaGetErrorString(e));
         cudaGetLastError(); /* clear it so that later calls start clean */
         return 0;
     }
