@@ -85,6 +85,23 @@ int ph_copy_dir(const char *src, const char *dst) {
     return rc;
 }
 
+int ph_wide(const char **model, const char **ref) {
+    struct stat st;
+    *model = getenv("K3_WIDE_DIR");
+    if (!*model || stat(*model, &st) != 0) {
+        k3_test_skip("K3_WIDE_DIR is not set to a generated k3-wide model");
+        return 0;
+    }
+    if (!ref) return 1;
+    *ref = getenv("K3_WIDE_REF");
+    if (!*ref) *ref = "../shared/fixtures/k3-wide/reference";
+    if (stat(*ref, &st) != 0) {
+        k3_test_skip("no k3-wide reference folder at %s", *ref);
+        return 0;
+    }
+    return 1;
+}
+
 int ph_nano_tensor(const char *name, char **dir, char **shard, uint64_t *offset) {
     *dir = ph_tmpdir();
     *shard = NULL;

@@ -33,6 +33,11 @@ int ph_copy_dir(const char *src, const char *dst);
  * shard at a known tensor. */
 int ph_nano_tensor(const char *name, char **dir, char **shard, uint64_t *offset);
 
+/* The generated real-width model: *model = K3_WIDE_DIR and, when ref is not NULL, *ref =
+ * K3_WIDE_REF (default ../shared/fixtures/k3-wide/reference). Returns 1 when they exist, else
+ * 0 with the calling test skipped and the reason given. */
+int ph_wide(const char **model, const char **ref);
+
 /* A folder holding a complete pack of k3-nano with its quality file, built on first use by
  * `k3 pack` and removed at exit; NULL (and the calling test skipped/failed) if unavailable. */
 const char *ph_nano_pack(void);

@@ -7,20 +7,12 @@
 #include <sys/stat.h>
 
 #include "batch_check.h"
+#include "pack_helpers.h"
 #include "test.h"
 
 static void test_wide_chunked_bit_identical(void) {
-    const char *dir = getenv("K3_WIDE_DIR"), *ref = getenv("K3_WIDE_REF");
-    struct stat sb;
-    if (!ref) ref = "../shared/fixtures/k3-wide/reference";
-    if (!dir || stat(dir, &sb) != 0) {
-        k3_test_skip("K3_WIDE_DIR is not set to a generated k3-wide model");
-        return;
-    }
-    if (stat(ref, &sb) != 0) {
-        k3_test_skip("no k3-wide reference folder at %s", ref);
-        return;
-    }
+    const char *dir, *ref;
+    if (!ph_wide(&dir, &ref)) return;
     /* 4 layers, blocks of 2 (AttnRes boundary at layer 2), KDA 1-2 and MLA 3-4 (one-based);
      * prompts of 1, 5 and 12 ids: chunks of 5 split the 12 as 5 + 5 + 2 */
     static const int chunks[] = {5, 12};

@@ -11,26 +11,12 @@
 #include "../src/kernels/kernels.h"
 
 #include "fixture_check.h"
+#include "pack_helpers.h"
 #include "test.h"
 
 /* Tolerances from the k3-wide section of tests/fixtures/README.md. */
 static const fixture_tol wide_tol = {2e-4, 2e-4, 1e-5, 2e-4};
 
-static int paths(const char **model, const char **ref) {
-    struct stat st;
-    *model = getenv("K3_WIDE_DIR");
-    *ref = getenv("K3_WIDE_REF");
-    if (!*ref) *ref = "../shared/fixtures/k3-wide/reference";
-    if (!*model || stat(*model, &st) != 0) {
-        k3_test_skip("K3_WIDE_DIR is not set to a generated k3-wide model");
-        return 0;
-    }
-    if (stat(*ref, &st) != 0) {
-        k3_test_skip("no k3-wide reference folder at %s", *ref);
-        return 0;
-    }
-    return 1;
-}
 
 static const char *model_dir, *ref_dir;
 static void trace(void) { fixture_check_trace(model_dir, ref_dir, "trace_len5.json", &wide_tol); }
@@ -41,7 +27,7 @@ static void decode(void) { fixture_check_decode(model_dir, ref_dir, &wide_tol); 
  * fastest path runs as configured; the others check the kernels only, so they use the experts
  * in place from the mapping (K3_MMAP_EXPERTS=1) and skip the expert store's reads. */
 static void on_every_path(void (*check)(void)) {
-    if (!paths(&model_dir, &ref_dir)) return;
+    if (!ph_wide(&model_dir, &ref_dir)) return;
     const k3_kernels *all[8];
     int n = k3_kernels_available(all, 8);
     char *saved = getenv("K3_KERNELS") ? strdup(getenv("K3_KERNELS")) : NULL;

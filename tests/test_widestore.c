@@ -8,6 +8,7 @@
 
 #include "../src/engine/k3.h"
 #include "../src/store/store.h"
+#include "pack_helpers.h"
 #include "test.h"
 
 #define N_TOK 3
@@ -28,12 +29,8 @@ static int run(const char *dir, k3_engine_opts o, float *logits, int *vocab, k3_
 }
 
 static void test_wide_store_bit_identical(void) {
-    const char *dir = getenv("K3_WIDE_DIR");
-    struct stat sb;
-    if (!dir || stat(dir, &sb) != 0) {
-        k3_test_skip("K3_WIDE_DIR is not set to a generated k3-wide model");
-        return;
-    }
+    const char *dir;
+    if (!ph_wide(&dir, NULL)) return;
     const size_t max_vocab = 1 << 18;
     float *ref = malloc(N_TOK * max_vocab * sizeof *ref), *got = malloc(N_TOK * max_vocab * sizeof *got);
     CHECK(ref && got, "out of memory");
