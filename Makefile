@@ -124,14 +124,17 @@ test-neon:
 
 # The AVX-512 kernels' logic on any x86-64 CPU: tests/test_simd.c with cpu_avx512.c built on
 # SIMDe's portable AVX-512F (libsimde-dev, tests/simde_avx512.h); SKIPPED without it.
+EMU_FLAGS := -O1 -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -ffp-contract=off -fno-fast-math \
+             -Wno-psabi -fopenmp -DK3_AVX512_EMULATED '-DK3_TEST_SUITES=X(simd)'
 test-avx512-emu:
 	@if [ "$$(uname -m)" != x86_64 ] || [ ! -f /usr/include/simde/x86/avx512.h ]; then \
 	    echo "SKIPPED test-avx512-emu: needs x86-64 and libsimde-dev"; \
 	else \
 	    mkdir -p $(BUILD)/avx512emu && \
-	    $(CC) -O1 -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -ffp-contract=off -fno-fast-math \
-	        -Wno-psabi -fopenmp -DK3_AVX512_EMULATED '-DK3_TEST_SUITES=X(simd)' \
-	        -o $(BUILD)/avx512emu/k3_simd_tests $(NEON_SRC) -lm && \
+	    $(CC) $(EMU_FLAGS) -include tests/simde_avx512.h -c -o $(BUILD)/avx512emu/cpu_avx512.o \
+	        src/kernels/cpu_avx512.c && \
+	    $(CC) $(EMU_FLAGS) -o $(BUILD)/avx512emu/k3_simd_tests \
+	        $(filter-out src/kernels/cpu_avx512.c,$(NEON_SRC)) $(BUILD)/avx512emu/cpu_avx512.o -lm && \
 	    $(BUILD)/avx512emu/k3_simd_tests; \
 	fi
 

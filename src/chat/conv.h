@@ -25,7 +25,7 @@
 #include <stdint.h>
 #include <cjson/cJSON.h>
 
-#include "../engine/sampler.h"
+#include "../tok/stops.h"
 #include "../tok/tokenizer.h"
 #include "parse.h"
 

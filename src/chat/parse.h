@@ -27,7 +27,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../engine/sampler.h"
+#include "../tok/stops.h"
 #include "../tok/tokenizer.h"
 #include "pyjson.h"
 

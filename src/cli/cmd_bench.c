@@ -13,6 +13,7 @@
 #include "../format/safetensors.h"
 #include "../store/store.h"
 #include "cli.h"
+#include "../util/clock.h"
 
 typedef struct bench_opts {
     const char *dir;
@@ -36,12 +37,6 @@ static void bench_usage(FILE *f) {
         "  --decode N       also decode N tokens with K3_PIPE off and on, cache of 2 x top-k\n"
         "  --no-fio         skip fio\n"
         "  -h, --help       this help\n");
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -89,7 +84,7 @@ static int store_io(const bench_opts *o, const k3_config *c, const k3_checkpoint
     if (!rc) rc = k3_store_client_new(st, &cl, err);
     int K = c->num_experts_per_token, E = c->num_experts, *ids = malloc(2 * (size_t)K * sizeof *ids);
     size_t cap = 1 << 16;
-    double *lat = malloc(cap * sizeof *lat), t0 = now_s(), t1 = t0;
+    double *lat = malloc(cap * sizeof *lat), t0 = k3_now_s(), t1 = t0;
     uint64_t rng = 12345;
     long n = 0;
     int moe[K3_MAX_LAYERS], n_moe = 0;
@@ -98,11 +93,11 @@ static int store_io(const bench_opts *o, const k3_config *c, const k3_checkpoint
     if (!rc && (!ids || !lat || !n_moe)) rc = k3_fail(err, K3_ERR_GENERIC, "out of memory");
     int layer = 0, next_layer = 0;
     if (!rc) random_request(&rng, moe, n_moe, E, K, &next_layer, ids + K);
-    while (!rc && (t1 = now_s()) - t0 < o->seconds && (size_t)n < cap) {
+    while (!rc && (t1 = k3_now_s()) - t0 < o->seconds && (size_t)n < cap) {
         layer = next_layer;
         memcpy(ids, ids + K, (size_t)K * sizeof *ids);
         random_request(&rng, moe, n_moe, E, K, &next_layer, ids + K);
-        double a = now_s();
+        double a = k3_now_s();
         k3_store_begin(cl, layer, ids, K);
         if (pipelined) k3_store_prefetch(cl, next_layer, ids + K, K, K3_PIPE_PREV);
         for (int j = 0; j < K && !rc; j++) {
@@ -112,7 +107,7 @@ static int store_io(const bench_opts *o, const k3_config *c, const k3_checkpoint
             if (!rc) k3_store_done(cl, at);
         }
         k3_store_end(cl);
-        lat[n++] = now_s() - a;
+        lat[n++] = k3_now_s() - a;
     }
     if (!rc) {
         k3_store_stats s;

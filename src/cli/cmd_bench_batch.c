@@ -13,6 +13,7 @@
 #include "../engine/spec.h"
 #include "cli.h"
 #include "gen.h"
+#include "../util/clock.h"
 
 typedef struct bopts {
     const char *model_dir;
@@ -105,14 +106,14 @@ static double copy_bw(void) {
     }
     memset(src, 1, bytes), memset(dst, 2, bytes);
     for (int it = 0; it < 3; it++) {
-        double t = k3_cli_now_s();
+        double t = k3_now_s();
 #pragma omp parallel
         {
             size_t nt = (size_t)omp_get_num_threads(), i = (size_t)omp_get_thread_num();
             size_t c = bytes / nt / 64 * 64, off = i * c, n = i + 1 == nt ? bytes - off : c;
             memcpy(dst + off, src + off, n);
         }
-        t = k3_cli_now_s() - t;
+        t = k3_now_s() - t;
         if (t < best) best = t;
     }
     free(src), free(dst);
@@ -166,9 +167,9 @@ static int bench_prefill(const bopts *o, k3_err *err) {
         rc = k3_session_forward(s, ids, chunk < n ? chunk : n, NULL, 0, err);
         k3_session_reset(s);
         uint64_t r0 = requests(s);
-        double t = k3_cli_now_s();
+        double t = k3_now_s();
         if (!rc) rc = k3_session_prefill(s, ids, (size_t)n, NULL, NULL, err);
-        t = k3_cli_now_s() - t;
+        t = k3_now_s() - t;
         uint64_t nreq = requests(s) - r0;
         int passes = (n + chunk - 1) / chunk;
         double bytes = spine * passes + expert * (double)nreq, tps = n / t;
@@ -191,10 +192,10 @@ static int pass_time(k3_session *s, const int32_t *ids, int n, int reps, float *
     int pos = k3_session_pos(s), rc = K3_OK;
     *best = 1e30;
     for (int r = 0; r < reps && !rc; r++) {
-        double t = k3_cli_now_s();
+        double t = k3_now_s();
         rc = k3_session_forward(s, ids, n, rows, K3_FWD_ALL_LOGITS | K3_FWD_REWINDABLE, err);
         if (!rc) rc = k3_session_rewind(s, pos, err);
-        t = k3_cli_now_s() - t;
+        t = k3_now_s() - t;
         if (t < *best) *best = t;
     }
     return rc;

@@ -12,6 +12,7 @@
 #include "cli.h"
 #ifdef K3_WITH_CUDA
 #include "../cuda/gpu.h"
+#include "../util/clock.h"
 #endif
 
 static void usage(FILE *f) {
@@ -38,12 +39,6 @@ static void usage(FILE *f) {
 }
 
 #ifdef K3_WITH_CUDA
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static int argmax(const float *x, int n) {
     int b = 0;
     for (int i = 1; i < n; i++)
@@ -73,12 +68,12 @@ static int decode(k3_engine *e, int warmup, int tokens, double *ms, uint64_t *by
     for (int st = 0; !rc && st < warmup + tokens; st++) {
         if (st == warmup) {
             n0 = k3_engine_layer_profile(e, ms0, NULL);
-            t0 = now_s();
+            t0 = k3_now_s();
         }
         rc = k3_session_step(s, tok, logits, err);
         tok = argmax(logits, c->vocab_size);
     }
-    *wall = (now_s() - t0) / tokens;
+    *wall = (k3_now_s() - t0) / tokens;
     int n = rc ? 0 : k3_engine_layer_profile(e, ms, bytes);
     for (int l = 0; l <= L && n; l++) ms[l] = (ms[l] * n - ms0[l] * n0) / (n - n0);
     if (!rc && n - n0 != tokens) rc = k3_fail(err, K3_ERR_DEVICE, "no per-layer profile");

@@ -19,12 +19,7 @@
 #include "../kernels/kernels.h"
 #include "cli.h"
 #include "spine_flags.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+#include "../util/clock.h"
 
 static int parse_pos_int(const char *s, const char *flag, int *out) {
     char *end;
@@ -78,14 +73,14 @@ static void fill(void *p, size_t bytes, int bf16) {
 static double copy_bw(uint8_t *dst, const uint8_t *src, size_t bytes) {
     double best = 1e30;
     for (int it = 0; it < 3; it++) {
-        double t = now_s();
+        double t = k3_now_s();
 #pragma omp parallel
         {
             size_t nt = (size_t)omp_get_num_threads(), i = (size_t)omp_get_thread_num();
             size_t c = bytes / nt / 64 * 64, off = i * c, n = i + 1 == nt ? bytes - off : c;
             memcpy(dst + off, src + off, n);
         }
-        t = now_s() - t;
+        t = k3_now_s() - t;
         if (t < best) best = t;
     }
     return 2.0 * (double)bytes / best;
@@ -153,7 +148,7 @@ static double time_case(const k3_kernels *k, const kcase *c, const bufs *b, doub
     const float *xs[16];
     float *ys[16];
     for (int it = -1; reps < 2 || t < seconds; it++) {
-        if (it == 0) t0 = now_s();
+        if (it == 0) t0 = k3_now_s();
         for (int g = 0; g < group; g++) {
             uint8_t *base = (c->dtype < 0 ? b->mx : (uint8_t *)b->w) + (size_t)which * one;
             which = (which + 1) % c->copies;
@@ -169,7 +164,7 @@ static double time_case(const k3_kernels *k, const kcase *c, const bufs *b, doub
                         .scale = b->x}; /* int8: any finite per-row scales do for timing */
             k3_matmul(k, &w, b->x, c->n, b->y);
         }
-        if (it >= 0) reps++, t = now_s() - t0;
+        if (it >= 0) reps++, t = k3_now_s() - t0;
     }
     return t / reps;
 }
@@ -291,7 +286,7 @@ static void on_vector(void *user, int pos, int layer, enum k3_trace_point pt, co
                       int n) {
     (void)pos, (void)x, (void)n;
     layer_clock *c = user;
-    double t = now_s();
+    double t = k3_now_s();
     if (layer >= MAX_BENCH_LAYERS) return;
     if (pt == K3_TRACE_ATTN_IN) c->t_mix = t;
     if (pt == K3_TRACE_ATTN_OUT && c->counting) c->mixer_s[layer] += t - c->t_mix;
@@ -324,10 +319,10 @@ static double disk_read_bw(const char *dir) {
         return 0;
     }
     uint64_t got = 0, limit = (uint64_t)2 << 30;
-    double t = now_s();
+    double t = k3_now_s();
     ssize_t r;
     while (got < limit && (r = pread(fd, buf, chunk, (off_t)got)) > 0) got += (uint64_t)r;
-    t = now_s() - t;
+    t = k3_now_s() - t;
     close(fd);
     free(buf);
     return t > 0 ? (double)got / t : 0;
@@ -416,9 +411,9 @@ static int bench_decode(int argc, char **argv) {
     for (int i = 0; i < tokens + 2 && !rc; i++) {
         clk.counting = i >= 2;
         if (i == 2) k3_engine_spine_stats(e, &st0);
-        double t0 = now_s();
+        double t0 = k3_now_s();
         rc = k3_session_step(s, (int32_t)((i * 7919 + 11) % c->vocab_size), logits, &err);
-        double t1 = now_s();
+        double t1 = k3_now_s();
         if (clk.counting) total += t1 - t0, head += t1 - clk.head_start;
     }
     if (rc) goto done;

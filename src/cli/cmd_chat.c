@@ -18,6 +18,7 @@
 #include "gen.h"
 #include "store_flags.h"
 #include "spine_flags.h"
+#include "../util/clock.h"
 
 #define PROMPT ">>> "
 #define MORE "... "
@@ -268,9 +269,9 @@ static int turn(chat *c, const char *text, k3_err *err) {
                        "larger --ctx", n, c->max_new, k3_session_max_ctx(c->s));
     }
     int reused = 0;
-    double t0 = k3_cli_now_s();
+    double t0 = k3_now_s();
     rc = k3_session_prefill(c->s, c->conv.prompt.v, n, c->logits, &reused, err);
-    double prefill_s = k3_cli_now_s() - t0;
+    double prefill_s = k3_now_s() - t0;
     int n_new = k3_session_pos(c->s) - reused;
     c->prefilled += n_new;
     c->reused += reused;

@@ -20,6 +20,7 @@
 #include "../util/fileio.h"
 #include "cli.h"
 #include "quality.h"
+#include "../util/clock.h"
 
 /* Set by SIGINT: the packer stops after the tensor in progress (the file stays resumable). */
 static volatile sig_atomic_t g_interrupted;
@@ -330,14 +331,8 @@ static k3_pack *existing(const char *final, const k3_checkpoint *ck, bool verbos
     return NULL;
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static int pack(const pack_args *a, k3_err *err) {
-    double t0 = now_s();
+    double t0 = k3_now_s();
     k3_checkpoint *ck = NULL;
     k3_pack plan = {0}, *done = NULL;
     char final[PATH_MAX];
@@ -359,7 +354,7 @@ static int pack(const pack_args *a, k3_err *err) {
         if (!rc) rc = k3_pack_open(final, &done, err);
         if (!rc && a->verbose)
             fprintf(stderr, "k3 pack: wrote %s: %u tensors, %.3f GB in %.1f s\n", final,
-                    done->n_tensors, (double)done->file_bytes / 1e9, now_s() - t0);
+                    done->n_tensors, (double)done->file_bytes / 1e9, k3_now_s() - t0);
     } else if (!rc && a->verbose) {
         fprintf(stderr, "k3 pack: %s is already complete for this model\n", final);
     }

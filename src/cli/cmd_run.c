@@ -18,6 +18,7 @@
 #include "store_flags.h"
 #include "device_flags.h"
 #include "spine_flags.h"
+#include "../util/clock.h"
 
 typedef struct run_opts {
     const char *model_dir, *prompt, *prompt_ids, *dump_logits, *pack_dir;
@@ -314,9 +315,9 @@ static int generate(run_ctx *r, const int32_t *prompt, size_t n_prompt, k3_err *
     if (rc) return rc;
     k3_stops_init(&stops, r->tok, k3_engine_config(r->e)->eos_token_id);
     if (r->has_conv) k3_reply_parser_init(&parser, r->tok, &stops, !o->co.no_think);
-    double t0 = k3_cli_now_s();
+    double t0 = k3_now_s();
     rc = prefill(r, prompt, reused, n_prompt, err);
-    double prefill_s = k3_cli_now_s() - t0;
+    double prefill_s = k3_now_s() - t0;
     size_t fed = (size_t)k3_session_pos(r->s) - reused;
     const char *end_note = rc == K3_ERR_INTERRUPTED ? "interrupted (Ctrl-C) in the prompt" : NULL;
     k3_spec spec = {0};

@@ -1,5 +1,6 @@
 /* gen.c — the decode loop shared by `k3 run` and `k3 chat`, and Ctrl-C (see gen.h). */
 #include "gen.h"
+#include "../util/clock.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -38,12 +39,6 @@ void k3_cli_clear_sigint(void) {
     char drain[64];
     while (sigint_pipe[0] >= 0 && read(sigint_pipe[0], drain, sizeof drain) > 0) {}
     k3_cli_interrupted = 0;
-}
-
-double k3_cli_now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 const char *k3_gen_end_name(enum k3_gen_end end) {
@@ -244,7 +239,7 @@ int k3_cli_generate(k3_session *s, k3_sampler *sm, const k3_stops *stops, float 
     }
     if (o->spec) k3_spec_restart(o->spec);
     k3_spec_io io = {&g, spec_fed, spec_accepted};
-    double t0 = k3_cli_now_s();
+    double t0 = k3_now_s();
     int rc = K3_OK, len;
     for (;;) {
         if (r->n_sampled >= o->max_new) {
@@ -264,7 +259,7 @@ int k3_cli_generate(k3_session *s, k3_sampler *sm, const k3_stops *stops, float 
         if ((rc = k3_session_step(s, id, logits, err))) break;
         if (o->on_logits && (rc = o->on_logits(o->user, logits, err))) break;
     }
-    r->decode_s = k3_cli_now_s() - t0;
+    r->decode_s = k3_now_s() - t0;
     if (parser) {
         len = k3_reply_parser_finish(parser, g.text, g.cap, &g.ch);
         if (!o->print_ids) print_chunk(&g.pr, g.ch, g.text, len);

@@ -95,7 +95,4 @@ void k3_cli_pick_seed(k3_cli_chat_opts *o);
 /* "end of message", "--max-new reached", ... for summary lines. */
 const char *k3_gen_end_name(enum k3_gen_end end);
 
-/* Monotonic seconds. */
-double k3_cli_now_s(void);
-
 #endif

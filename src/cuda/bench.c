@@ -18,6 +18,7 @@
 #include <time.h>
 
 #include "kern.h"
+#include "../util/clock.h"
 
 #define CK(call)                                                                            \
     do {                                                                                    \
@@ -71,12 +72,6 @@ static cudaError_t launch(job *j, int i, cudaStream_t s) {
     }
 }
 
-static double wall_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* Median over BATCHES of the mean seconds per launch, n launches per batch. */
 static int time_job(job *j, int n, double *out, k3_err *err) {
     cudaEvent_t a, b;
@@ -86,9 +81,9 @@ static int time_job(job *j, int n, double *out, k3_err *err) {
     double t[BATCHES], host[BATCHES];
     for (int r = 0; r < BATCHES; r++) {
         CK(cudaEventRecord(a, 0));
-        double h0 = wall_s();
+        double h0 = k3_now_s();
         for (int i = 0; i < n; i++) CK(launch(j, i, 0));
-        host[r] = (wall_s() - h0) / n;
+        host[r] = (k3_now_s() - h0) / n;
         CK(cudaEventRecord(b, 0));
         CK(cudaEventSynchronize(b));
         float ms = 0;

@@ -9,8 +9,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "../model/state.h"
 #include "kern.h"
+#include "../util/clock.h"
 
 #define ALIGN 256u
 #define MLA_LORA_EPS 1e-6f /* spec §4, as src/model/mla.c */
@@ -91,12 +91,6 @@ struct k3_gpu_session {
     void *mem;
     size_t kda_bytes;                        /* kda_S + kda_conv, zeroed on reset */
 };
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 int k3_gpu_device_count(char *reason, size_t cap) {
     int n = 0;
@@ -646,16 +640,18 @@ int k3_gpu_sync_state(k3_gpu_session *s, k3_state *st, int to_host, k3_err *err)
     const k3_model *m = s->g->m;
     enum cudaMemcpyKind dir = to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
     size_t nS = (size_t)m->n_kda * s->S_floats * 4, nC = (size_t)m->n_kda * s->conv_floats * 4;
-    if (st->max_ctx != s->max_ctx || st->kv_floats != s->kv_floats)
+    k3_state_buffers h;
+    k3_state_buffers_of(st, &h);
+    if (h.max_ctx != s->max_ctx || h.kv_floats != s->kv_floats)
         return k3_fail(err, K3_ERR_DEVICE, "host and device session states differ in shape");
-    CK(to_host ? cudaMemcpy(st->kda_S, s->kda_S, nS, dir) : cudaMemcpy(s->kda_S, st->kda_S, nS, dir));
-    CK(to_host ? cudaMemcpy(st->kda_conv, s->kda_conv, nC, dir)
-               : cudaMemcpy(s->kda_conv, st->kda_conv, nC, dir));
-    size_t used = (size_t)st->pos * s->kv_floats * 4;
+    CK(to_host ? cudaMemcpy(h.kda_S, s->kda_S, nS, dir) : cudaMemcpy(s->kda_S, h.kda_S, nS, dir));
+    CK(to_host ? cudaMemcpy(h.kda_conv, s->kda_conv, nC, dir)
+               : cudaMemcpy(s->kda_conv, h.kda_conv, nC, dir));
+    size_t used = (size_t)h.pos * s->kv_floats * 4;
     for (int i = 0; i < m->n_mla && used; i++) {
         size_t off = (size_t)i * s->max_ctx * s->kv_floats;
-        CK(to_host ? cudaMemcpy(st->kv + off, s->kv + off, used, dir)
-                   : cudaMemcpy(s->kv + off, st->kv + off, used, dir));
+        CK(to_host ? cudaMemcpy(h.kv + off, s->kv + off, used, dir)
+                   : cudaMemcpy(s->kv + off, h.kv + off, used, dir));
     }
     CK(cudaDeviceSynchronize()); /* see k3_gpu_open */
     return K3_OK;
@@ -831,18 +827,18 @@ static int place_experts(k3_gpu *g, k3_state *st, int layer, const int *ids, int
         miss_j[n_miss++] = j;
     }
     if (!n_miss) return K3_OK;
-    k3_store_begin(st->store, layer, miss_ids, n_miss);
+    k3_store_begin(k3_state_store(st), layer, miss_ids, n_miss);
     int rc = K3_OK;
     for (int n = 0; n < n_miss && !rc; n++) {
         int i;
         k3_expert ex;
-        rc = k3_store_next(st->store, &i, &ex, err);
+        rc = k3_store_next(k3_state_store(st), &i, &ex, err);
         if (!rc) rc = upload_expert(g, slots[miss_j[i]], &ex, err);
         cudaError_t e = cudaStreamSynchronize(g->es); /* before the store may reuse the bytes */
         if (!rc && e != cudaSuccess) rc = cuda_fail(err, e, "expert upload");
-        if (!rc) k3_store_done(st->store, i);
+        if (!rc) k3_store_done(k3_state_store(st), i);
     }
-    k3_store_end(st->store);
+    k3_store_end(k3_state_store(st));
     if (rc) /* forget every slot of this layer's misses: none may be trusted */
         for (int n = 0; n < n_miss; n++) {
             int s = slots[miss_j[n]];
@@ -915,7 +911,7 @@ static int layer_forward(k3_gpu *g, k3_gpu_session *s, k3_state *st, int l, int 
     const gpu_layer *gl = &g->layers[l];
     const k3_layer *L = &gl->w;
     scratch *d = &g->d;
-    int hd = c->hidden_size, pos = st->pos, rc;
+    int hd = c->hidden_size, pos = k3_state_pos(st), rc;
     size_t vec = (size_t)hd * 4;
     if (!gl->resident) CK(cudaStreamWaitEvent(g->cs, g->ready[gl->slot], 0));
     if (*n_blocks > 0) {
@@ -949,7 +945,7 @@ static int layer_forward(k3_gpu *g, k3_gpu_session *s, k3_state *st, int l, int 
 }
 
 static int step_locked(k3_gpu_session *s, k3_state *st, int32_t token, float *logits,
-                       const k3_trace *tr, k3_err *err) {
+                       const k3_trace *tr, double *head_s, k3_err *err) {
     k3_gpu *g = s->g;
     const k3_model *m = g->m;
     const k3_config *c = &m->cfg;
@@ -968,10 +964,10 @@ static int step_locked(k3_gpu_session *s, k3_state *st, int32_t token, float *lo
     }
     if (g->profile) CK(cudaEventRecord(g->ev[L], g->cs));
     if ((rc = mix(g, n_blocks, g->d.P, g->out_res_sw, g->d.x, err))) return rc;
-    if ((rc = trace_vec(g, tr, st->pos, -1, K3_TRACE_FINAL_HIDDEN, g->d.x, err))) return rc;
+    if ((rc = trace_vec(g, tr, k3_state_pos(st), -1, K3_TRACE_FINAL_HIDDEN, g->d.x, err))) return rc;
     CK(k3k_rmsnorm(g->d.x, g->norm.data, g->norm.dtype, hd, c->rms_norm_eps, g->d.xn, g->cs));
-    if ((rc = trace_vec(g, tr, st->pos, -1, K3_TRACE_FINAL_NORMED, g->d.xn, err))) return rc;
-    double t_head = now_s();
+    if ((rc = trace_vec(g, tr, k3_state_pos(st), -1, K3_TRACE_FINAL_NORMED, g->d.xn, err))) return rc;
+    double t_head = k3_now_s();
     if (logits) {
         CK(mv(g, &g->lm_head, g->d.xn, g->d.logits));
         CK(cudaMemcpyAsync(logits, g->d.logits, (size_t)c->vocab_size * 4, cudaMemcpyDeviceToHost,
@@ -979,7 +975,7 @@ static int step_locked(k3_gpu_session *s, k3_state *st, int32_t token, float *lo
     }
     if (g->profile) CK(cudaEventRecord(g->ev[L + 1], g->cs));
     CK(cudaStreamSynchronize(g->cs));
-    st->tok.head_s = now_s() - t_head;
+    *head_s = k3_now_s() - t_head;
     if (g->profile) {
         for (int l = 0; l <= L; l++) {
             float ms = 0;
@@ -993,16 +989,14 @@ static int step_locked(k3_gpu_session *s, k3_state *st, int32_t token, float *lo
 
 int k3_gpu_step(k3_gpu_session *s, k3_state *st, int32_t token, float *logits,
                 const k3_trace *tr, k3_err *err) {
-    double t0 = now_s();
-    st->tok = (k3_phase_times){.tokens = 1};
+    double t0 = k3_now_s();
+    k3_phase_times t = {.tokens = 1};
     pthread_mutex_lock(&s->g->mu);
-    int rc = step_locked(s, st, token, logits, tr, err);
+    int rc = step_locked(s, st, token, logits, tr, &t.head_s, err);
     pthread_mutex_unlock(&s->g->mu);
     if (rc) return rc;
-    st->pos++;
-    st->tok.total_s = now_s() - t0;
-    k3_phase_times *sum = &st->sum, *t = &st->tok;
-    sum->total_s += t->total_s, sum->head_s += t->head_s, sum->tokens += t->tokens;
+    t.total_s = k3_now_s() - t0;
+    k3_state_advance(st, &t);
     return K3_OK;
 }
 

@@ -66,16 +66,16 @@ void k3_gpu_session_free(k3_gpu_session *s);
 /* Zeroes the KDA and conv state (the KV cache is written before it is read). */
 void k3_gpu_session_reset(k3_gpu_session *s);
 
-/* One token at position st->pos (spec §3) on the device; writes vocab_size logits to the
- * host buffer `logits` when non-NULL; calls trace hooks (copying vectors back) when tr is
- * non-NULL; advances st->pos and records the step's time in st's phase times. st is the
- * session's host state: only its position, store client and times are used.
+/* One token at position k3_state_pos(st) (spec §3) on the device; writes vocab_size logits to
+ * the host buffer `logits` when non-NULL; calls trace hooks (copying vectors back) when tr is
+ * non-NULL; then k3_state_advance(st) with the step's times. st is the session's host state,
+ * used only through model.h's host-state functions (position, store client, times).
  * Errors: K3_ERR_DEVICE, K3_ERR_EXPERT_IO (from the store). */
 int k3_gpu_step(k3_gpu_session *s, k3_state *st, int32_t token, float *logits,
                 const k3_trace *tr, k3_err *err);
 
 /* Copies the recurrent state between the device and st's host buffers (KDA state, conv
- * windows, KV cache positions [0, st->pos)): to_host 1 before a state file is written, 0
+ * windows, KV cache positions [0, k3_state_pos(st))): to_host 1 before a state file is written, 0
  * after one was read. Errors: K3_ERR_DEVICE. */
 int k3_gpu_sync_state(k3_gpu_session *s, k3_state *st, int to_host, k3_err *err);
 

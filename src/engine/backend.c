@@ -7,7 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../model/state.h"
 #ifdef K3_WITH_CUDA
 #include "../cuda/gpu.h"
 #endif
@@ -110,7 +109,8 @@ const char *k3_backend_line(const k3_backend *b) { return b->line; }
 int k3_backend_session_new(k3_backend *b, const k3_state *st, void **sess, k3_err *err) {
     *sess = NULL;
 #ifdef K3_WITH_CUDA
-    if (b->cuda) return k3_gpu_session_new(b->gpu, st->max_ctx, (k3_gpu_session **)sess, err);
+    if (b->cuda)
+        return k3_gpu_session_new(b->gpu, k3_state_max_ctx(st), (k3_gpu_session **)sess, err);
 #endif
     (void)b, (void)st, (void)err;
     return K3_OK;
@@ -137,6 +137,35 @@ int k3_backend_step(k3_backend *b, void *sess, k3_state *st, int32_t token, floa
 #endif
     (void)sess;
     return k3_forward(b->m, st, token, logits, trace, err);
+}
+
+int k3_backend_forward(k3_backend *b, void *sess, k3_state *st, const int32_t *ids, int n,
+                       float *logits, int flags, const k3_trace *trace, k3_err *err) {
+#ifdef K3_WITH_CUDA
+    if (b->cuda) { /* one token at a time */
+        if (flags & K3_BATCH_REWINDABLE)
+            return k3_fail(err, K3_ERR_USAGE, "this backend cannot rewind a pass");
+        size_t vocab = (size_t)b->m->cfg.vocab_size;
+        for (int i = 0; i < n; i++) {
+            float *row = !logits ? NULL : flags & K3_BATCH_ALL_LOGITS ? logits + i * vocab
+                       : i + 1 == n ? logits : NULL;
+            int rc = k3_gpu_step(sess, st, ids[i], row, trace, err);
+            if (rc) return rc;
+        }
+        return K3_OK;
+    }
+#endif
+    (void)sess;
+    return k3_forward_batch(b->m, st, ids, n, logits, flags, trace, err);
+}
+
+int k3_backend_can_rewind(const k3_backend *b) { return !b->cuda; }
+
+int k3_backend_rewind(k3_backend *b, void *sess, k3_state *st, int pos, k3_err *err) {
+    (void)sess;
+    if (!k3_backend_can_rewind(b))
+        return k3_fail(err, K3_ERR_USAGE, "this backend cannot rewind a pass");
+    return k3_state_rewind(b->m, st, pos, err);
 }
 
 int k3_backend_sync(k3_backend *b, void *sess, k3_state *st, int to_host, k3_err *err) {

@@ -43,6 +43,19 @@ void k3_backend_session_reset(k3_backend *b, void *sess);
 int k3_backend_step(k3_backend *b, void *sess, k3_state *st, int32_t token, float *logits,
                     const k3_trace *trace, k3_err *err);
 
+/* ids[0, n) at positions k3_state_pos(st).. (1 <= n <= K3_MAX_CHUNK, checked by the caller);
+ * flags are K3_BATCH_* (model.h); logits as k3_forward_batch. The CPU runs one batched pass
+ * (k3_forward_batch); a device backend steps the ids one by one (the same result) and refuses
+ * K3_BATCH_REWINDABLE. Errors: those of k3_backend_step; K3_ERR_USAGE (rewindable on a
+ * device backend). */
+int k3_backend_forward(k3_backend *b, void *sess, k3_state *st, const int32_t *ids, int n,
+                       float *logits, int flags, const k3_trace *trace, k3_err *err);
+/* 1 when this backend runs batched passes that can be rewound (the CPU), else 0. */
+int k3_backend_can_rewind(const k3_backend *b);
+/* Goes back to position pos inside the last rewindable pass (k3_state_rewind).
+ * Errors: K3_ERR_INPUT (pos outside that pass), K3_ERR_USAGE (a device backend). */
+int k3_backend_rewind(k3_backend *b, void *sess, k3_state *st, int pos, k3_err *err);
+
 /* Copies the recurrent state to st (to_host 1, before a state file is written) or from st
  * (0, after one was read); a no-op for the CPU. Errors: K3_ERR_DEVICE. */
 int k3_backend_sync(k3_backend *b, void *sess, k3_state *st, int to_host, k3_err *err);

@@ -466,7 +466,7 @@ void k3_session_set_chunk(k3_session *s, int chunk) {
 int k3_session_chunk(const k3_session *s) { return s->chunk; }
 
 /* Batched passes and rewinds run on the CPU backend (a device backend steps token by token). */
-int k3_session_can_rewind(const k3_session *s) { return s->dev == NULL; }
+int k3_session_can_rewind(const k3_session *s) { return k3_backend_can_rewind(s->e->backend); }
 
 int k3_session_forward(k3_session *s, const int32_t *ids, int n, float *logits, int flags,
                        k3_err *err) {
@@ -481,31 +481,20 @@ int k3_session_forward(k3_session *s, const int32_t *ids, int n, float *logits, 
     if (pos + n > k3_state_max_ctx(s->state))
         return k3_fail(err, K3_ERR_INPUT, "the context is full (%d positions); start a new "
                        "session or raise --ctx", k3_state_max_ctx(s->state));
+    if ((flags & K3_FWD_REWINDABLE) && !k3_session_can_rewind(s))
+        return k3_fail(err, K3_ERR_USAGE, "this backend cannot rewind a pass");
     bool all = flags & K3_FWD_ALL_LOGITS;
-    if (!k3_session_can_rewind(s)) { /* a device backend: one token at a time */
-        if (flags & K3_FWD_REWINDABLE)
-            return k3_fail(err, K3_ERR_USAGE, "this backend cannot rewind a pass");
-        for (int i = 0; i < n; i++) {
-            float *row = !logits ? NULL : all ? logits + (size_t)i * c->vocab_size
-                       : i + 1 == n ? logits : NULL;
-            int rc = k3_session_step(s, ids[i], row, err);
-            if (rc) return rc;
-        }
-        return K3_OK;
-    }
     memcpy(s->tokens + pos, ids, (size_t)n * sizeof *ids);
-    int rc = k3_forward_batch(&s->e->model, s->state, ids, n, logits,
-                              (all ? K3_BATCH_ALL_LOGITS : 0) |
-                              (flags & K3_FWD_REWINDABLE ? K3_BATCH_REWINDABLE : 0),
-                              s->has_trace ? &s->trace : NULL, err);
+    int rc = k3_backend_forward(s->e->backend, s->dev, s->state, ids, n, logits,
+                                (all ? K3_BATCH_ALL_LOGITS : 0) |
+                                (flags & K3_FWD_REWINDABLE ? K3_BATCH_REWINDABLE : 0),
+                                s->has_trace ? &s->trace : NULL, err);
     if (rc) k3_session_reset(s); /* see failed_pass */
     return rc ? rc : check_logits(s->e, logits, all ? n : 1, all ? pos : pos + n - 1, err);
 }
 
 int k3_session_rewind(k3_session *s, int pos, k3_err *err) {
-    if (!k3_session_can_rewind(s))
-        return k3_fail(err, K3_ERR_USAGE, "this backend cannot rewind a pass");
-    return k3_state_rewind(&s->e->model, s->state, pos, err);
+    return k3_backend_rewind(s->e->backend, s->dev, s->state, pos, err);
 }
 
 /* Whether the spine is the (lossy) int8 pack: part of a state file's fingerprint. */

@@ -20,6 +20,8 @@
 #include <stddef.h>
 #include "../util/err.h"
 #include "../format/config.h"
+#include "../model/pass.h" /* k3_trace, k3_trace_point, k3_phase_times, k3_spine_stats,
+                             * K3_DEFAULT_CHUNK, K3_MAX_CHUNK (re-exported) */
 
 typedef struct k3_engine k3_engine;
 typedef struct k3_session k3_session;
@@ -89,19 +91,6 @@ int k3_engine_approx(const k3_engine *e);
 /* One line saying which spine is used and, for int8, that it is not exact and the quality
  * figures `k3 pack` stored for it (or that there are none). Owned by the engine. */
 const char *k3_engine_spine_line(const k3_engine *e);
-/* The spine budget's plan and its counters since load (all zero without a budget). */
-typedef struct k3_spine_stats {
-    int budgeted;                          /* 1 when a budget is in effect */
-    uint64_t budget_bytes;
-    int n_layers, resident_layers, streamed_layers; /* layers 0..resident_layers-1 resident */
-    int head_resident;                     /* lm_head resident (else streamed) */
-    uint64_t resident_bytes;               /* used in place from the mappings */
-    uint64_t streamed_bytes;               /* read per pass through the streamed part */
-    uint64_t staging_bytes, pinned_bytes;  /* both staging buffers; pinned small tensors */
-    int direct;                            /* streamed reads use O_DIRECT */
-    uint64_t bytes_read, units_read;       /* streamed since load (layers and head) */
-    double read_s, wait_s;                 /* time reading; time passes waited for reads */
-} k3_spine_stats;
 void k3_engine_spine_stats(const k3_engine *e, k3_spine_stats *out);
 /* One line: the spine budget's plan (resident and streamed layers, bytes of each, staging),
  * or that there is no budget. Owned by the engine. */
@@ -115,29 +104,8 @@ const char *k3_engine_device_line(const k3_engine *e);
  * Returns the number of steps averaged, else 0. */
 int k3_engine_layer_profile(const k3_engine *e, double *ms, uint64_t *bytes);
 
-/* What a trace hook sees (spec §3 names; fixtures' trace_len*.json use the same points). */
-enum k3_trace_point {
-    K3_TRACE_ATTN_IN,     /* AttnRes-mixed input of the mixer, before input_layernorm */
-    K3_TRACE_ATTN_OUT,    /* mixer output after o_proj */
-    K3_TRACE_MLP_IN,      /* AttnRes-mixed input of the FFN, before post_attention_layernorm */
-    K3_TRACE_MLP_OUT,     /* dense MLP or MoE output */
-    K3_TRACE_PARTIAL_SUM, /* block partial sum P after the layer */
-    K3_TRACE_FINAL_HIDDEN,/* output AttnRes mix (layer = -1) */
-    K3_TRACE_FINAL_NORMED,/* after model.norm (layer = -1) */
-};
-
-typedef struct k3_trace {
-    void *user;
-    /* x has n floats (hidden_size); called for every point of every layer. */
-    void (*on_vector)(void *user, int pos, int layer, enum k3_trace_point point,
-                      const float *x, int n);
-    /* The router's choice at a MoE layer: k expert ids in canonical order (descending biased
-     * score, ties to the lower id) and their renormalised unbiased weights. */
-    void (*on_routing)(void *user, int pos, int layer, const int *ids, const float *weights,
-                       int k);
-    /* Called once the step at pos is complete (logits written), e.g. for a profile line. */
-    void (*on_step)(void *user, int pos);
-} k3_trace;
+/* Trace hooks (enum k3_trace_point, k3_trace) and per-phase times (k3_phase_times) are
+ * declared in src/model/pass.h, included above. */
 
 /* Creates a session able to hold max_ctx positions (0 = min(max_position_embeddings, 4096)).
  * The KV cache is reserved virtually and committed as positions are used.
@@ -162,13 +130,6 @@ void k3_session_set_trace(k3_session *s, const k3_trace *trace);
 int k3_session_step(k3_session *s, int32_t token, float *logits, k3_err *err);
 
 /* ---- observability (issue 3) -------------------------------------------------------- */
-
-/* Wall time per phase in seconds; moe includes router, eload (waiting for expert reads) and
- * expert (computing the routed experts). */
-typedef struct k3_phase_times {
-    double total_s, attn_s, moe_s, router_s, eload_s, expert_s, head_s;
-    long tokens;
-} k3_phase_times;
 
 typedef struct k3_run_stats {
     k3_phase_times time, last;      /* the session's steps summed; its last step */
@@ -224,8 +185,7 @@ void k3_session_set_interrupt(k3_session *s, const volatile sig_atomic_t *flag);
  * token and MLA attends causally, so a pass is BIT-IDENTICAL to feeding its tokens one by one
  * with k3_session_step (logits, state, routing); tests/test_prefill.c checks it. */
 
-#define K3_DEFAULT_CHUNK 32 /* tokens per prefill pass; BENCHMARKS.md "Batched prefill" */
-#define K3_MAX_CHUNK 256
+/* K3_DEFAULT_CHUNK and K3_MAX_CHUNK: src/model/pass.h. */
 
 /* Tokens per pass of k3_session_prefill (clamped to 1..K3_MAX_CHUNK; 1 = token by token).
  * Default K3_DEFAULT_CHUNK. */

@@ -1,5 +1,5 @@
-/* sampler.h — picking the next token from float32 logits, and the stop rule (spec §12.4).
- * Shared by `k3 run`, `k3 chat` and the server.
+/* sampler.h — picking the next token from float32 logits; the stop rule (spec §12.4) is
+ * src/tok/stops.h, re-exported here. Shared by `k3 run`, `k3 chat` and the server.
  *
  * Sampling, in this order (the same as Hugging Face's default warpers):
  *  1. temperature == 0: greedy — the argmax, ties to the lowest id. No random draw is made,
@@ -25,6 +25,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "../tok/stops.h" /* k3_stops (re-exported) */
 #include "../tok/tokenizer.h"
 #include "../util/err.h"
 
@@ -66,15 +67,6 @@ int k3_sampler_candidates(k3_sampler *s, const float *logits, const k3_candidate
 void k3_rng_seed(uint64_t state[4], uint64_t seed);
 uint64_t k3_rng_next(uint64_t state[4]);
 
-/* ---- stop rule (spec §12.4) ---------------------------------------------------------------- */
-
-/* Generation stops at <|end_of_msg|> (config eos_token_id), [EOS] and [EOT]. */
-typedef struct k3_stops {
-    int32_t ids[4];
-    int n;
-} k3_stops;
-
-void k3_stops_init(k3_stops *s, const k3_tokenizer *t, int32_t eos_token_id);
-bool k3_stops_has(const k3_stops *s, int32_t id);
+/* The stop rule (k3_stops, spec §12.4) is src/tok/stops.h, included above. */
 
 #endif

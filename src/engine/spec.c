@@ -1,5 +1,6 @@
 /* spec.c — speculative decoding: suffix-match drafting and exact verification (see spec.h). */
 #include "spec.h"
+#include "../util/clock.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,12 +33,6 @@ int k3_spec_draft(const int32_t *tokens, size_t n, int max_draft, int32_t *draft
 }
 
 /* ---- verification (see spec.h) ----------------------------------------------------------------- */
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 int k3_spec_init(k3_spec *sp, int max_draft, const k3_session *s, const k3_sampler *sm,
                  k3_err *err) {
@@ -142,12 +137,12 @@ int k3_spec_feed(k3_spec *sp, k3_session *s, k3_sampler *sm, int32_t id, int max
                  float *logits, const k3_spec_io *io, bool *ended, k3_err *err) {
     size_t V = (size_t)sm->vocab;
     int pos = k3_session_pos(s), nd = sp->max_draft ? draft(sp, s, id, max_now) : 0, rc;
-    double t0 = now_s();
+    double t0 = k3_now_s();
     *ended = false;
     if (nd == 0) {
         rc = k3_session_step(s, id, logits, err);
         sp->st.steps++;
-        sp->st.step_s += now_s() - t0;
+        sp->st.step_s += k3_now_s() - t0;
         return rc || !io->fed ? rc : io->fed(io->user, logits, err);
     }
     sp->pass[0] = id;
@@ -183,7 +178,7 @@ int k3_spec_feed(k3_spec *sp, k3_session *s, k3_sampler *sm, int32_t id, int max
     sp->st.accepted += acc;
     sp->st.fed += keep;
     sp->st.partial += acc > 0 && acc < nd;
-    double dt = now_s() - t0;
+    double dt = k3_now_s() - t0;
     sp->st.pass_s += dt;
     sp->st.passes++;
     judge(sp, keep, dt);

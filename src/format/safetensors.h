@@ -15,11 +15,8 @@
 
 #include <stdint.h>
 #include <stddef.h>
+#include "../util/dtype.h" /* enum k3_dtype */
 #include "../util/err.h"
-
-/* K3_DT_I8 never comes from a checkpoint: it is the packed int8 spine (src/format/packed.h);
- * K3_DT_I8_Q8 is the same data multiplied with int8 activations (--approx, kernels.h). */
-enum k3_dtype { K3_DT_F32 = 0, K3_DT_BF16 = 1, K3_DT_U8 = 2, K3_DT_I8 = 3, K3_DT_I8_Q8 = 4 };
 
 #define K3_MAX_DIMS 4
 

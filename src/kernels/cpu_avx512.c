@@ -19,9 +19,9 @@
 #include "dispatch.h"
 
 #if defined(__x86_64__)
-#if defined(K3_AVX512_EMULATED) /* make test-avx512-emu: SIMDe's AVX-512F on any x86-64 */
-#include "../../tests/simde_avx512.h"
-#else
+/* make test-avx512-emu defines K3_AVX512_EMULATED and injects SIMDe's AVX-512F for this file
+ * alone (-include tests/simde_avx512.h), so that product code never includes tests/. */
+#if !defined(K3_AVX512_EMULATED)
 #pragma GCC push_options
 #pragma GCC target("avx512f")
 #include <immintrin.h>

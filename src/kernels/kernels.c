@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "../format/safetensors.h"
+#include "../util/dtype.h"
 #include "dispatch.h"
 
 /* Below this many multiply-adds a product runs on one thread (fork/join costs more). */

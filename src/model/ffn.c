@@ -4,6 +4,7 @@
 #include <time.h>
 
 #include "layers.h"
+#include "../util/clock.h"
 
 void k3_dense_forward(const k3_model *m, const k3_layer *L, k3_state *s, const float *x,
                       float *out) {
@@ -12,12 +13,6 @@ void k3_dense_forward(const k3_model *m, const k3_layer *L, k3_state *s, const f
     k3_matvec(m->kr, &L->dense.up_proj, x, s->up);
     k3_situ_vec(s->gate, s->up, c->intermediate_size, c->situ_beta, c->situ_linear_beta, s->gate);
     k3_matvec(m->kr, &L->dense.down_proj, s->gate, out);
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 void k3_moe_select(const k3_model *m, const k3_moe_weights *w, float *scores, float *biased,
@@ -104,16 +99,16 @@ static int routed_experts(const k3_model *m, int layer, k3_state *s, k3_err *err
     int K = m->cfg.num_experts_per_token;
     for (int done = 0; done < K;) {
         int n;
-        double t0 = now_s();
+        double t0 = k3_now_s();
         int rc = k3_store_next_many(s->store, K - done, s->ready_j, s->ready, &n, err);
-        double t1 = now_s();
+        double t1 = k3_now_s();
         s->tok.eload_s += t1 - t0;
         s->layer_eload_s[layer] += t1 - t0;
         if (rc) return rc;
         experts_forward(m, s, s->lat, n);
         for (int e = 0; e < n; e++) k3_store_done(s->store, s->ready_j[e]);
         done += n;
-        double dt = now_s() - t1;
+        double dt = k3_now_s() - t1;
         s->tok.expert_s += dt;
         s->layer_expert_s[layer] += dt;
     }
@@ -126,11 +121,11 @@ int k3_moe_forward(const k3_model *m, const k3_layer *L, k3_state *s, const floa
     const k3_moe_weights *w = &L->moe;
     int K = c->num_experts_per_token, lat = c->routed_expert_hidden_size, hd = c->hidden_size;
     int layer = L->index;
-    double t0 = now_s();
+    double t0 = k3_now_s();
     route(m, w, x, s->router, s->biased, s->topk, s->topk_w);
     k3_store_begin(s->store, layer, s->topk, K); /* misses start reading now */
     k3_moe_prefetch_next(m, layer, s, x);
-    s->tok.router_s += now_s() - t0;
+    s->tok.router_s += k3_now_s() - t0;
     k3_matvec(m->kr, &w->down_proj, x, s->lat);
     int rc = routed_experts(m, layer, s, err);
     k3_store_end(s->store);

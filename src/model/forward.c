@@ -5,6 +5,7 @@
 
 #include "layers.h"
 #include "spine.h"
+#include "../util/clock.h"
 
 static void trace_vec(const k3_trace *tr, int pos, int layer, enum k3_trace_point pt,
                       const float *x, int n) {
@@ -21,12 +22,6 @@ static void mix(const k3_state *s, const float *last, const float *sw, const k3_
     k3_attn_res(vals, n, sw, c->hidden_size, c->rms_norm_eps, out);
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* Adds this token's phase times to the session's (K3_PROFILE and the end-of-run summary). */
 static void add_times(k3_phase_times *sum, const k3_phase_times *t) {
     sum->total_s += t->total_s, sum->attn_s += t->attn_s, sum->moe_s += t->moe_s;
@@ -40,7 +35,7 @@ static int forward(const k3_model *m, k3_state *s, int32_t token, float *logits,
     int hd = c->hidden_size, pos = s->pos;
     size_t vec = (size_t)hd * sizeof(float);
     float *P = s->partial, *x = s->x, *xn = s->xn, *a = s->mix, *f = s->ffn_out;
-    double t_start = now_s(), t0;
+    double t_start = k3_now_s(), t0;
     s->tok = (k3_phase_times){.tokens = 1};
     memset(s->layer_eload_s, 0, (size_t)c->num_hidden_layers * sizeof *s->layer_eload_s);
     memset(s->layer_expert_s, 0, (size_t)c->num_hidden_layers * sizeof *s->layer_expert_s);
@@ -59,12 +54,12 @@ static int forward(const k3_model *m, k3_state *s, int32_t token, float *logits,
         if (fresh_block) memcpy(s->blocks + (size_t)s->n_blocks++ * hd, P, vec);
 
         k3_rmsnorm(x, &L->input_layernorm, hd, c->rms_norm_eps, xn);
-        t0 = now_s();
+        t0 = k3_now_s();
         if (L->is_mla)
             k3_mla_forward(m, L, s, xn, a);
         else
             k3_kda_forward(m, L, s, xn, a);
-        s->tok.attn_s += now_s() - t0;
+        s->tok.attn_s += k3_now_s() - t0;
         trace_vec(tr, pos, l, K3_TRACE_ATTN_OUT, a, hd);
         if (fresh_block)
             memcpy(P, a, vec); /* first contribution after a reset is a copy, not 0 + a */
@@ -76,9 +71,9 @@ static int forward(const k3_model *m, k3_state *s, int32_t token, float *logits,
         trace_vec(tr, pos, l, K3_TRACE_MLP_IN, x, hd);
         k3_rmsnorm(x, &L->post_attention_layernorm, hd, c->rms_norm_eps, xn);
         if (L->is_moe) {
-            t0 = now_s();
+            t0 = k3_now_s();
             rc = k3_moe_forward(m, L, s, xn, f, err);
-            s->tok.moe_s += now_s() - t0;
+            s->tok.moe_s += k3_now_s() - t0;
             if (rc) return rc; /* no token from a layer with a missing expert */
             if (tr && tr->on_routing)
                 tr->on_routing(tr->user, pos, l, s->topk, s->topk_w, c->num_experts_per_token);
@@ -93,12 +88,12 @@ static int forward(const k3_model *m, k3_state *s, int32_t token, float *logits,
     trace_vec(tr, pos, -1, K3_TRACE_FINAL_HIDDEN, x, hd);
     k3_rmsnorm(x, &m->norm, hd, c->rms_norm_eps, xn);
     trace_vec(tr, pos, -1, K3_TRACE_FINAL_NORMED, xn, hd);
-    t0 = now_s();
+    t0 = k3_now_s();
     const k3_mat *head = &m->lm_head;
     if (logits && (rc = k3_spine_head(m, sp, &head, err))) return rc;
     if (logits) k3_matvec(m->kr, head, xn, logits);
     s->pos++;
-    double t_end = now_s();
+    double t_end = k3_now_s();
     s->tok.head_s = t_end - t0;
     s->tok.total_s = t_end - t_start;
     add_times(&s->sum, &s->tok);

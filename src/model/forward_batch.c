@@ -20,6 +20,7 @@
 #include "batch.h"
 #include "layers.h"
 #include "spine.h"
+#include "../util/clock.h"
 
 /* ==== scratch ============================================================================= */
 
@@ -115,12 +116,6 @@ static int rewind_alloc(const k3_model *m, const k3_state *s, k3_rewind *r, int 
 }
 
 /* ==== timing and tracing ================================================================== */
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* Calls the trace hook for rows 0..n-1 of x [n][hd] (positions pos..). */
 static void trace_rows(const k3_trace *tr, int pos, int layer, enum k3_trace_point pt,
@@ -273,7 +268,7 @@ static int moe_batch(const k3_model *m, const k3_layer *L, k3_state *s, k3_batch
     int K = c->num_experts_per_token, E = c->num_experts, hd = c->hidden_size;
     size_t lat = (size_t)c->routed_expert_hidden_size;
     int layer = L->index;
-    double t0 = now_s();
+    double t0 = k3_now_s();
     k3_matmul(m->kr, &w->router, b->xn, n, b->router);
     for (int t = 0; t < n; t++)
         k3_moe_select(m, w, b->router + (size_t)t * E, b->biased + (size_t)t * E,
@@ -282,21 +277,21 @@ static int moe_batch(const k3_model *m, const k3_layer *L, k3_state *s, k3_batch
     k3_store_begin(s->store, layer, b->uni, nu); /* misses start reading now */
     k3_store_set_choice(s->store, layer, b->topk + (n - 1) * K, K);
     k3_moe_prefetch_next(m, layer, s, b->xn + (size_t)(n - 1) * hd);
-    s->tok.router_s += now_s() - t0;
+    s->tok.router_s += k3_now_s() - t0;
     k3_matmul(m->kr, &w->down_proj, b->xn, n, b->lat);
     int rc = K3_OK;
     for (int done = 0; done < nu && !rc; done++) {
         int u;
         k3_expert ex;
-        double t1 = now_s();
+        double t1 = k3_now_s();
         rc = k3_store_next(s->store, &u, &ex, err);
-        double t2 = now_s();
+        double t2 = k3_now_s();
         s->tok.eload_s += t2 - t1;
         s->layer_eload_s[layer] += t2 - t1;
         if (rc) break;
         expert_batch(m, b, u, &ex);
         k3_store_done(s->store, u);
-        double dt = now_s() - t2;
+        double dt = k3_now_s() - t2;
         s->tok.expert_s += dt;
         s->layer_expert_s[layer] += dt;
     }
@@ -387,10 +382,10 @@ static int layer_batch(const k3_model *m, k3_state *s, k3_batch *b, int l, int n
     }
     trace_rows(tr, pos, l, K3_TRACE_ATTN_IN, b->x, n, hd);
     if (fresh_block) s->n_blocks++;
-    double t0 = now_s();
+    double t0 = k3_now_s();
     if (L->is_mla) mla_batch(m, L, s, b, n, b->a);
     else kda_batch(m, L, s, b, n, keep, b->a);
-    s->tok.attn_s += now_s() - t0;
+    s->tok.attn_s += k3_now_s() - t0;
     trace_rows(tr, pos, l, K3_TRACE_ATTN_OUT, b->a, n, hd);
     if ((rc = k3_spine_layer(m, sp, l, K3_SPINE_FFN, &L, err))) return rc;
     for (int t = 0; t < n; t++) {
@@ -402,9 +397,9 @@ static int layer_batch(const k3_model *m, k3_state *s, k3_batch *b, int l, int n
     }
     trace_rows(tr, pos, l, K3_TRACE_MLP_IN, b->x, n, hd);
     if (L->is_moe) {
-        t0 = now_s();
+        t0 = k3_now_s();
         rc = moe_batch(m, L, s, b, n, b->f, err);
-        s->tok.moe_s += now_s() - t0;
+        s->tok.moe_s += k3_now_s() - t0;
         if (rc) return rc;
         int K = c->num_experts_per_token;
         for (int t = 0; tr && tr->on_routing && t < n; t++)
@@ -430,7 +425,7 @@ static int forward_batch(const k3_model *m, k3_state *s, const int32_t *tokens, 
     int rc = reserve(m, s, n, keep, err);
     if (rc) return rc;
     k3_batch *b = s->batch;
-    double t_start = now_s(), t0;
+    double t_start = k3_now_s(), t0;
     s->tok = (k3_phase_times){.tokens = n};
     memset(s->layer_eload_s, 0, (size_t)c->num_hidden_layers * sizeof *s->layer_eload_s);
     memset(s->layer_expert_s, 0, (size_t)c->num_hidden_layers * sizeof *s->layer_expert_s);
@@ -446,7 +441,7 @@ static int forward_batch(const k3_model *m, k3_state *s, const int32_t *tokens, 
     }
     trace_rows(tr, pos, -1, K3_TRACE_FINAL_HIDDEN, b->x, n, hd);
     trace_rows(tr, pos, -1, K3_TRACE_FINAL_NORMED, b->xn, n, hd);
-    t0 = now_s();
+    t0 = k3_now_s();
     const k3_mat *head = &m->lm_head;
     if (logits && (rc = k3_spine_head(m, sp, &head, err))) return rc;
     if (logits && (flags & K3_BATCH_ALL_LOGITS))
@@ -455,7 +450,7 @@ static int forward_batch(const k3_model *m, k3_state *s, const int32_t *tokens, 
         k3_matvec(m->kr, head, b->xn + (size_t)(n - 1) * hd, logits);
     s->pos += n;
     if (keep) b->rw.pass_pos = pos, b->rw.pass_n = n;
-    double t_end = now_s();
+    double t_end = k3_now_s();
     s->tok.head_s = t_end - t0;
     s->tok.total_s = t_end - t_start;
     add_times(&s->sum, &s->tok);

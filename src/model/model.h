@@ -26,7 +26,7 @@
 #include "../format/safetensors.h"
 #include "../kernels/kernels.h"
 #include "../store/store.h"
-#include "../engine/k3.h"
+#include "pass.h"
 
 typedef struct k3_kda_weights {
     k3_mat q_proj, k_proj, v_proj, g_proj, o_proj; /* [P, hidden] / o_proj [hidden, P] */
@@ -106,6 +106,27 @@ void k3_state_times(const k3_state *s, k3_phase_times *sum, k3_phase_times *last
 /* The last step's MoE wait and routed-expert compute per layer ([num_hidden_layers] each,
  * zero for dense layers), valid until the next step. */
 void k3_state_layer_times(const k3_state *s, const double **eload_s, const double **expert_s);
+
+/* ---- the host state seen by a device backend (src/engine/backend.h, src/cuda) -------------
+ * A backend that runs the pass itself keeps this host state as the session's bookkeeping: it
+ * reads the position, fetches routed experts through the store client, and after each step it
+ * advances the position; it touches the recurrent state only to copy it for state files. */
+
+/* The session's expert store client (its pins and routing history, store.h). */
+k3_store_client *k3_state_store(k3_state *s);
+/* Ends a step the backend ran at k3_state_pos(s): the step's phase times t (seconds) become
+ * the last step's and are added to the sums, and the position advances by one. */
+void k3_state_advance(k3_state *s, const k3_phase_times *t);
+
+/* The host copies of the recurrent state, laid out as the CPU pass keeps them: per KDA layer
+ * S [heads][d][d] (kda_S_floats) and conv windows [3][P][conv-1] (kda_conv_floats); per MLA
+ * layer the expanded KV cache [max_ctx][kv_floats], of which positions [0, pos) are used. */
+typedef struct k3_state_buffers {
+    float *kda_S, *kda_conv, *kv;
+    size_t kda_S_floats, kda_conv_floats, kv_floats; /* per layer; kv per position */
+    int pos, max_ctx;
+} k3_state_buffers;
+void k3_state_buffers_of(k3_state *s, k3_state_buffers *out);
 
 /* One token through the whole model at position k3_state_pos(s) (spec §3); advances the
  * position. logits [vocab] may be NULL. trace may be NULL. Allocation-free.

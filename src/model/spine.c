@@ -1,6 +1,7 @@
 /* spine.c — the resident spine budget: plan, pinned copies, staging buffers and the reader
  * thread that streams layers with pread while the previous layer computes (see spine.h). */
 #include "spine.h"
+#include "../util/clock.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -107,12 +108,6 @@ struct k3_spine {
     uint64_t bytes_read, units_read;
     double read_s, wait_s;
 };
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static uint64_t align_down(uint64_t x) { return x / ALIGN * ALIGN; }
 static uint64_t align_up(uint64_t x) { return align_down(x + ALIGN - 1); }
@@ -378,9 +373,9 @@ static void *reader(void *arg) {
         pthread_mutex_unlock(&sp->mu);
         k3_err e = {0};
         uint64_t bytes = 0;
-        double t0 = now_s();
+        double t0 = k3_now_s();
         int rc = read_unit(sp, u, s, &bytes, &e);
-        double dt = now_s() - t0;
+        double dt = k3_now_s() - t0;
         pthread_mutex_lock(&sp->mu);
         sp->status[s] = rc ? FAILED : READY;
         if (rc) sp->slot_err[s] = e;
@@ -586,13 +581,13 @@ static int next_unit(const k3_spine *sp, int u, bool want_head) {
 /* Makes staging buffer *slot hold unit u (waiting for or doing its read) and starts reading
  * the next unit into the other buffer. Called with mu held. */
 static int acquire(k3_spine *sp, const k3_spine_pass *p, int u, int *slot, k3_err *err) {
-    double t0 = now_s();
+    double t0 = k3_now_s();
     int s = sp->tag[0] == u ? 0 : sp->tag[1] == u ? 1 : -1;
     while (s >= 0 && sp->status[s] == READING) pthread_cond_wait(&sp->cv, &sp->mu);
     if (s >= 0 && sp->status[s] == FAILED) {
         *err = sp->slot_err[s];
         sp->tag[s] = -1, sp->status[s] = EMPTY; /* the next pass reads it again */
-        sp->wait_s += now_s() - t0;
+        sp->wait_s += k3_now_s() - t0;
         return err->code;
     }
     if (s < 0) { /* not prefetched (first pass after an error): read it here */
@@ -602,20 +597,20 @@ static int acquire(k3_spine *sp, const k3_spine_pass *p, int u, int *slot, k3_er
         sp->tag[s] = u, sp->status[s] = READING;
         pthread_mutex_unlock(&sp->mu);
         uint64_t bytes = 0;
-        double t1 = now_s();
+        double t1 = k3_now_s();
         int rc = read_unit(sp, u, s, &bytes, err);
-        double dt = now_s() - t1;
+        double dt = k3_now_s() - t1;
         pthread_mutex_lock(&sp->mu);
         sp->bytes_read += bytes, sp->units_read++, sp->read_s += dt;
         sp->status[s] = rc ? EMPTY : READY;
         if (rc) sp->tag[s] = -1;
         pthread_cond_broadcast(&sp->cv);
         if (rc) {
-            sp->wait_s += now_s() - t0;
+            sp->wait_s += k3_now_s() - t0;
             return rc;
         }
     }
-    sp->wait_s += now_s() - t0;
+    sp->wait_s += k3_now_s() - t0;
     int o = 1 - s, nx = next_unit(sp, u, p->want_head);
     if (nx != u && !(sp->tag[o] == nx && sp->status[o] != FAILED)) {
         while (sp->status[o] == READING) pthread_cond_wait(&sp->cv, &sp->mu);

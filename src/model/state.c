@@ -155,3 +155,20 @@ void k3_state_layer_times(const k3_state *s, const double **eload_s, const doubl
 
 int k3_state_pos(const k3_state *s) { return s->pos; }
 int k3_state_max_ctx(const k3_state *s) { return s->max_ctx; }
+
+k3_store_client *k3_state_store(k3_state *s) { return s->store; }
+
+void k3_state_advance(k3_state *s, const k3_phase_times *t) {
+    s->tok = *t;
+    s->sum.total_s += t->total_s, s->sum.attn_s += t->attn_s, s->sum.moe_s += t->moe_s;
+    s->sum.router_s += t->router_s, s->sum.eload_s += t->eload_s;
+    s->sum.expert_s += t->expert_s, s->sum.head_s += t->head_s, s->sum.tokens += t->tokens;
+    s->pos++;
+}
+
+void k3_state_buffers_of(k3_state *s, k3_state_buffers *out) {
+    *out = (k3_state_buffers){.kda_S = s->kda_S, .kda_conv = s->kda_conv, .kv = s->kv,
+                              .kda_S_floats = s->kda_S_floats,
+                              .kda_conv_floats = s->kda_conv_floats, .kv_floats = s->kv_floats,
+                              .pos = s->pos, .max_ctx = s->max_ctx};
+}

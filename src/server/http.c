@@ -16,6 +16,7 @@
 #include <time.h>
 
 #include "srv.h"
+#include "../util/clock.h"
 
 #define K3_IDLE_TIMEOUT_S 60      /* an idle keep-alive connection is closed after this */
 #define K3_WAIT_TICK_NS 200000000 /* how often a waiting connection looks at its socket */
@@ -261,7 +262,7 @@ static enum MHD_Result post_generate(k3_server *s, struct MHD_Connection *c, k3_
             MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
         j->fd = ci ? ci->connect_fd : -1;
         j->created = (long long)time(NULL);
-        j->t_submit = k3_srv_now_s();
+        j->t_submit = k3_now_s();
         pthread_mutex_lock(&s->mu);
         unsigned long long serial = ++s->n_ids;
         pthread_mutex_unlock(&s->mu);

@@ -154,7 +154,6 @@ struct k3_server {
     struct k3_worker_state *ws;
 };
 
-double k3_srv_now_s(void);
 /* 1 when the peer of socket fd has closed or reset the connection. */
 bool k3_srv_client_gone(int fd);
 

@@ -155,9 +155,3 @@ char *k3_api_error_json(const k3_api_error *e) {
     }
     return b.p;
 }
-
-double k3_srv_now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}

@@ -27,6 +27,7 @@
 #include "../engine/spec.h"
 #include "../tok/tokenizer.h"
 #include "srv.h"
+#include "../util/clock.h"
 
 /* The last chat reply, kept so that a request continuing it can reuse the state. */
 typedef struct k3_last_chat {
@@ -410,7 +411,7 @@ static void run_job(k3_server *s, k3_job *j) {
     k3_err err = {0};
     bool failed = false;
     const char *finish = NULL;
-    j->t_start = k3_srv_now_s();
+    j->t_start = k3_now_s();
     k3_emitter_begin(w->em, s, j);
     k3_emit_start(w->em);
     int rc = start_sampling(s, j, &err) ? -1 : prefill(s, j, &err);
@@ -422,7 +423,7 @@ static void run_job(k3_server *s, k3_job *j) {
     }
     if (finish && j->p.kind == K3_SRV_CHAT) remember_reply(s, j);
     j->finish = finish;
-    j->t_end = k3_srv_now_s();
+    j->t_end = k3_now_s();
     k3_emit_finish(w->em, finish);
 }
 

@@ -3,6 +3,7 @@
  * retries with exponential backoff, and a redirect policy of our own (libcurl's automatic
  * following is off so that every hop is checked and the token never leaves the endpoint). */
 #include "setup.h"
+#include "../util/clock.h"
 
 #include <curl/curl.h>
 #include <errno.h>
@@ -62,12 +63,6 @@ typedef struct xfer {
     int fail_code;
     char errbuf[CURL_ERROR_SIZE];
 } xfer;
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* ---- URLs ----------------------------------------------------------------------------- */
 
@@ -609,7 +604,7 @@ static int run_batch(k3_http *h, xfer *xs, int n,
         if (h->o.interrupt && *h->o.interrupt)
             return k3_fail(err, K3_ERR_INTERRUPTED, "interrupted (run the same command again "
                            "to resume)");
-        double now = now_s(), wake = now + 0.1;
+        double now = k3_now_s(), wake = now + 0.1;
         /* retries first (they are older), then new requests in the caller's order */
         for (int i = 0; waiting && i < next_new && running < h->o.connections; i++) {
             xfer *x = &xs[i];
@@ -652,7 +647,7 @@ static int run_batch(k3_http *h, xfer *xs, int n,
             } else if (oc == O_RETRY && x->r->attempts <= h->o.retries) {
                 double d = h->o.backoff_s;
                 for (int k = 1; k < x->r->attempts && d < MAX_BACKOFF_S; k++) d *= 2;
-                x->not_before = now_s() + (d < MAX_BACKOFF_S ? d : MAX_BACKOFF_S);
+                x->not_before = k3_now_s() + (d < MAX_BACKOFF_S ? d : MAX_BACKOFF_S);
                 if (!x->r->nbytes) x->r->done = 0; /* whole files restart from zero */
                 x->state = X_WAIT;
                 waiting++;
@@ -668,11 +663,11 @@ static int run_batch(k3_http *h, xfer *xs, int n,
             }
         }
         if (finished < n && running > 0) {
-            double t = wake - now_s();
+            double t = wake - k3_now_s();
             int ms = t <= 0 ? 0 : t > 0.1 ? 100 : (int)(t * 1000) + 1;
             curl_multi_poll(h->multi, NULL, 0, ms, NULL);
         } else if (finished < n && waiting) {
-            double t = wake - now_s();
+            double t = wake - k3_now_s();
             if (t > 0) usleep((useconds_t)(t > 0.1 ? 100000 : t * 1e6));
         }
     }

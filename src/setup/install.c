@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "../util/fileio.h"
+#include "../util/clock.h"
 
 #define DEFAULT_CHUNK_BYTES (64ull << 20)
 
@@ -714,13 +715,13 @@ static int install(ctx *c, const sn_install *old, bool found, k3_err *err) {
     if ((rc = set_manifest_files(c, err)) || (rc = sn_manifest_write(&c->in, err)) ||
         (rc = write_metadata(c, err)))
         return rc;
-    double t0 = sn_now();
+    double t0 = k3_now_s();
     rc = fill_all(c, full, full ? pf.net_bytes : ps.net_bytes,
                   full ? "full" : "spine", err);
     if (rc) return rc;
     if (all_complete(&c->in)) snprintf(c->in.mode, sizeof c->in.mode, "full");
     if ((rc = sn_manifest_write(&c->in, err))) return rc;
-    double dt = sn_now() - t0;
+    double dt = k3_now_s() - t0;
     uint64_t got = c->prog.done;
     fprintf(c->log, "k3 setup: %s install in %s: %s fetched in %.1f s (%s/s)\n", c->in.mode,
             o->dest, sn_human(h1, sizeof h1, got), dt,
@@ -761,11 +762,11 @@ static int finish(ctx *c, const sn_install *old, bool found, k3_err *err) {
             (unsigned long long)pf.experts_cached, sn_human(h1, sizeof h1, pf.fetch_bytes));
     if (avail < pf.fetch_bytes)
         return refuse_space(c, "finishing the install", pf.fetch_bytes, avail, "", err);
-    double t0 = sn_now();
+    double t0 = k3_now_s();
     if ((rc = fill_all(c, true, pf.net_bytes, "finish", err))) return rc;
     snprintf(c->in.mode, sizeof c->in.mode, "full");
     if ((rc = set_manifest_files(c, err)) || (rc = sn_manifest_write(&c->in, err))) return rc;
-    double dt = sn_now() - t0;
+    double dt = k3_now_s() - t0;
     fprintf(c->log, "k3 setup: %s is complete: %s fetched in %.1f s (%s/s)\n", o->dest,
             sn_human(h1, sizeof h1, c->prog.done), dt,
             sn_human(h2, sizeof h2, dt > 0 ? (uint64_t)((double)c->prog.done / dt) : 0));

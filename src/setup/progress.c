@@ -1,16 +1,11 @@
 /* progress.c — bytes, rate and ETA: a redrawn bar on a terminal, plain lines otherwise. */
 #include "setup_internal.h"
+#include "../util/clock.h"
 
 #include <time.h>
 
 #define BAR_REDRAW_S 0.2
 #define LINE_EVERY_S 5.0
-
-double sn_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 char *sn_human(char *buf, size_t cap, uint64_t b) {
     if (b >= 1000000000000ull) snprintf(buf, cap, "%.2f TB", (double)b / 1e12);
@@ -53,7 +48,7 @@ static void draw(sn_progress *p, double now, bool final) {
 
 void sn_progress_begin(sn_progress *p, FILE *out, bool bar, const char *label, uint64_t total) {
     *p = (sn_progress){.out = out, .bar = bar, .label = label, .total = total};
-    p->t0 = p->last = sn_now();
+    p->t0 = p->last = k3_now_s();
 }
 
 void sn_progress_add(void *user, uint64_t n) {
@@ -61,7 +56,7 @@ void sn_progress_add(void *user, uint64_t n) {
     if (!p) return;
     p->done += n;
     if (!p->out) return; /* not begun: count only (metadata before the plan) */
-    double now = sn_now();
+    double now = k3_now_s();
     if (now - p->last >= (p->bar ? BAR_REDRAW_S : LINE_EVERY_S)) {
         p->last = now;
         draw(p, now, false);
@@ -69,5 +64,5 @@ void sn_progress_add(void *user, uint64_t n) {
 }
 
 void sn_progress_end(sn_progress *p) {
-    if (p->total || p->done) draw(p, sn_now(), true);
+    if (p->total || p->done) draw(p, k3_now_s(), true);
 }

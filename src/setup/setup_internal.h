@@ -134,6 +134,5 @@ void sn_progress_add(void *p, uint64_t n);  /* k3_http_opts.on_bytes */
 void sn_progress_end(sn_progress *p);
 /* "1.23 GB" (decimal units, as the spec's sizes). Returns buf. */
 char *sn_human(char *buf, size_t cap, uint64_t bytes);
-double sn_now(void);
 
 #endif

@@ -8,14 +8,9 @@
 #include <unistd.h>
 
 #include "store_internal.h"
+#include "../util/clock.h"
 
 enum client_stage { ST_IDLE, ST_DEFERRED, ST_WAITING, ST_HANDED, ST_DONE };
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* ==== settings from the environment ================================================== */
 
@@ -247,10 +242,10 @@ void *k3_store_reader_main(void *arg) {
         int key = sl->key, shard = 0;
         uint64_t at = 0, bytes = 0;
         pthread_mutex_unlock(&st->mu);
-        double t0 = now_s();
+        double t0 = k3_now_s();
         int e = k3_store_read_expert(st, key, st->arena + (size_t)s * st->slot_bytes, &shard, &at,
                                      &bytes);
-        double dt = now_s() - t0;
+        double dt = k3_now_s() - t0;
         pthread_mutex_lock(&st->mu);
         st->pf_running -= is_pf;
         sl->job = JOB_NONE;

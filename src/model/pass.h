@@ -1,0 +1,61 @@
+/* pass.h — the forward pass's own terms that the engine's clients see too: how many ids a
+ * batched pass takes, what a pass reports as it runs (trace hooks at the spec §3 points,
+ * wall time per phase) and the spine budget's counters. Declared here, in the model layer that produces them; the engine's
+ * public header (src/engine/k3.h) re-exports them to its clients.
+ *
+ * Invariant: hooks only observe: a pass with a trace hook computes the same bits as one
+ * without. */
+#ifndef K3_PASS_H
+#define K3_PASS_H
+
+#include <stdint.h>
+
+#define K3_DEFAULT_CHUNK 32 /* tokens per prefill pass; BENCHMARKS.md "Batched prefill" */
+#define K3_MAX_CHUNK 256
+
+/* What a trace hook sees (spec §3 names; fixtures' trace_len*.json use the same points). */
+enum k3_trace_point {
+    K3_TRACE_ATTN_IN,     /* AttnRes-mixed input of the mixer, before input_layernorm */
+    K3_TRACE_ATTN_OUT,    /* mixer output after o_proj */
+    K3_TRACE_MLP_IN,      /* AttnRes-mixed input of the FFN, before post_attention_layernorm */
+    K3_TRACE_MLP_OUT,     /* dense MLP or MoE output */
+    K3_TRACE_PARTIAL_SUM, /* block partial sum P after the layer */
+    K3_TRACE_FINAL_HIDDEN,/* output AttnRes mix (layer = -1) */
+    K3_TRACE_FINAL_NORMED,/* after model.norm (layer = -1) */
+};
+
+typedef struct k3_trace {
+    void *user;
+    /* x has n floats (hidden_size); called for every point of every layer. */
+    void (*on_vector)(void *user, int pos, int layer, enum k3_trace_point point,
+                      const float *x, int n);
+    /* The router's choice at a MoE layer: k expert ids in canonical order (descending biased
+     * score, ties to the lower id) and their renormalised unbiased weights. */
+    void (*on_routing)(void *user, int pos, int layer, const int *ids, const float *weights,
+                       int k);
+    /* Called once the step at pos is complete (logits written), e.g. for a profile line. */
+    void (*on_step)(void *user, int pos);
+} k3_trace;
+
+/* Wall time per phase in seconds; moe includes router, eload (waiting for expert reads) and
+ * expert (computing the routed experts). */
+typedef struct k3_phase_times {
+    double total_s, attn_s, moe_s, router_s, eload_s, expert_s, head_s;
+    long tokens;
+} k3_phase_times;
+
+/* The spine budget's plan and its counters since load (all zero without a budget). */
+typedef struct k3_spine_stats {
+    int budgeted;                          /* 1 when a budget is in effect */
+    uint64_t budget_bytes;
+    int n_layers, resident_layers, streamed_layers; /* layers 0..resident_layers-1 resident */
+    int head_resident;                     /* lm_head resident (else streamed) */
+    uint64_t resident_bytes;               /* used in place from the mappings */
+    uint64_t streamed_bytes;               /* read per pass through the streamed part */
+    uint64_t staging_bytes, pinned_bytes;  /* both staging buffers; pinned small tensors */
+    int direct;                            /* streamed reads use O_DIRECT */
+    uint64_t bytes_read, units_read;       /* streamed since load (layers and head) */
+    double read_s, wait_s;                 /* time reading; time passes waited for reads */
+} k3_spine_stats;
+
+#endif

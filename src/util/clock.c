@@ -1,0 +1,10 @@
+/* clock.c — k3_now_s (clock.h). */
+#include "clock.h"
+
+#include <time.h>
+
+double k3_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
