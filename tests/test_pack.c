@@ -15,6 +15,12 @@
 #include "pack_helpers.h"
 #include "test.h"
 
+/* One part of the engine's description (k3_engine_describe) in buf [K3_DESCRIBE_CAP]. */
+static const char *describe(const k3_engine *e, int part, char *buf) {
+    k3_engine_describe(e, part, buf, K3_DESCRIBE_CAP);
+    return buf;
+}
+
 /* k3-nano (README): 9 layers; zero-based 3, 7, 8 are MLA (6 projections each), the other six
  * KDA (q, k, v, g, o, f_a, f_b, b: 8 each); layer 0 dense (3), layers 1-8 MoE (latent down, up
  * and three shared-expert projections: 5 each); plus lm_head. */
@@ -191,7 +197,7 @@ static int load_int8(const char *model, const char *dir, char *msg, size_t cap) 
     k3_err err = {0};
     k3_engine_opts o = {.spine = K3_SPINE_INT8, .pack_dir = dir};
     int rc = k3_engine_load(model, &o, &e, &err);
-    snprintf(msg, cap, "%s", rc ? err.msg : k3_engine_spine_line(e));
+    snprintf(msg, cap, "%s", rc ? err.msg : describe(e, K3_DESCRIBE_SPINE, (char[K3_DESCRIBE_CAP]){0}));
     k3_engine_free(e);
     return rc;
 }
@@ -296,7 +302,7 @@ static int spine_of(const char *dir, int mode, int *int8, char *line, size_t cap
     k3_engine_opts o = {.spine = mode, .pack_dir = dir};
     int rc = k3_engine_load(NANO, &o, &e, &err);
     *int8 = rc ? -1 : k3_engine_spine_int8(e);
-    snprintf(line, cap, "%s", rc ? err.msg : k3_engine_spine_line(e));
+    snprintf(line, cap, "%s", rc ? err.msg : describe(e, K3_DESCRIBE_SPINE, (char[K3_DESCRIBE_CAP]){0}));
     k3_engine_free(e);
     return rc;
 }
@@ -316,7 +322,7 @@ static void test_engine_spine_modes(void) {
     k3_err err = {0};
     k3_engine_opts o5 = {.spine = K3_SPINE_AUTO, .pack_dir = dir, .approx = 1};
     int r5 = k3_engine_load(NANO, &o5, &e, &err), a5 = r5 ? -1 : k3_engine_approx(e);
-    snprintf(l5, sizeof l5, "%s", r5 ? err.msg : k3_engine_spine_line(e));
+    snprintf(l5, sizeof l5, "%s", r5 ? err.msg : describe(e, K3_DESCRIBE_SPINE, (char[K3_DESCRIBE_CAP]){0}));
     k3_engine_free(e);
     e = NULL;
     k3_engine_opts o6 = {.spine = K3_SPINE_BF16, .pack_dir = dir, .approx = 1};

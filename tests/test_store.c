@@ -21,9 +21,16 @@
 #include <unistd.h>
 
 #include "../src/engine/k3.h"
+#include "../src/engine/k3_test.h"
 #include "../src/format/safetensors.h"
 #include "../src/store/store.h"
 #include "test.h"
+
+/* One part of the engine's description (k3_engine_describe) in buf [K3_DESCRIBE_CAP]. */
+static const char *describe(const k3_engine *e, int part, char *buf) {
+    k3_engine_describe(e, part, buf, K3_DESCRIBE_CAP);
+    return buf;
+}
 
 #define NANO "tests/fixtures/k3-nano"
 #define N_TOK 20
@@ -48,7 +55,7 @@ static int run_logits(const char *dir, const k3_engine_opts *opts, float *logits
     int rc = k3_engine_load(dir, opts, &e, err);
     if (!rc) rc = k3_session_new(e, 64, &s, err);
     if (!rc) *vocab = k3_engine_config(e)->vocab_size;
-    if (!rc && !opts->experts_in_place && strstr(k3_engine_store_line(e), "in place"))
+    if (!rc && !opts->experts_in_place && strstr(describe(e, K3_DESCRIBE_STORE, (char[K3_DESCRIBE_CAP]){0}), "in place"))
         rc = k3_fail(err, K3_ERR_GENERIC, "the store run used experts in place");
     for (int t = 0; !rc && t < N_TOK; t++)
         rc = k3_session_step(s, prompt[t], logits + (size_t)t * *vocab, err);
@@ -334,7 +341,7 @@ static void test_scattered_experts_fallback(void) {
     k3_err err = {0};
     k3_engine_opts o = {.threads = 2, .expert_slots = 4, .direct = K3_IO_DIRECT};
     int rc = ref ? k3_engine_load(dir, &o, &e, &err) : -1;
-    int noted = !rc && strstr(k3_engine_store_line(e), "tensor by tensor") != NULL;
+    int noted = !rc && strstr(describe(e, K3_DESCRIBE_STORE, (char[K3_DESCRIBE_CAP]){0}), "tensor by tensor") != NULL;
     k3_engine_free(e);
     if (ref && !rc) expect_identical(dir, ref, vocab, o, "scattered expert tensors");
     free(ref);

@@ -338,9 +338,11 @@ static void spine_report(const k3_engine *e, const k3_spine_stats *st0, int toke
     double bytes = (double)(st.bytes_read - st0->bytes_read) / tokens;
     double wait = (st.wait_s - st0->wait_s) / tokens, read = (st.read_s - st0->read_s) / tokens;
     double bw1 = disk_read_bw(dir), bw = bw0 > 0 && bw1 > 0 ? (bw0 + bw1) / 2 : bw1;
+    char plan[K3_DESCRIBE_CAP];
+    k3_engine_describe(e, K3_DESCRIBE_SPINE_PLAN, plan, sizeof plan);
     printf("\nspine (%s, %s): %d of %d layers streamed%s, %.3f GB read per token (%s), "
            "reading %.3f s/token, passes waited %.3f s/token; decode %.3f s/token\n",
-           k3_engine_spine_int8(e) ? "int8" : "bf16", k3_engine_spine_plan_line(e),
+           k3_engine_spine_int8(e) ? "int8" : "bf16", plan,
            st.streamed_layers, st.n_layers, st.head_resident ? "" : " + lm_head", bytes / 1e9,
            st.direct ? "O_DIRECT" : "buffered", read, wait, s_per_token);
     if (bw > 0)

@@ -164,7 +164,11 @@ static int serve(const serve_args *a, k3_err *err) {
     printf("k3 serve: listening on %s/v1 (model \"%s\" from %s)\n", k3_server_url(srv),
            k3_server_model_id(srv), a->model_dir);
     printf("k3 serve: %s\n", policy);
-    if (k3_engine_spine_int8(e)) printf("k3 serve: %s\n", k3_engine_spine_line(e));
+    if (k3_engine_spine_int8(e)) {
+        char spine[K3_DESCRIBE_CAP];
+        k3_engine_describe(e, K3_DESCRIBE_SPINE, spine, sizeof spine);
+        printf("k3 serve: %s\n", spine);
+    }
     fflush(stdout);
     while (!stop_requested) {
         struct timespec ts = {0, 100 * 1000 * 1000};

@@ -20,6 +20,7 @@
 #include "../model/state_file.h"
 #include "../tok/tokenizer.h"
 #include "backend.h"
+#include "k3_test.h"
 
 struct k3_engine {
     k3_config cfg;
@@ -136,7 +137,6 @@ static int open_store(k3_engine *e, const k3_store_settings *ss, k3_err *err) {
 }
 
 struct k3_store *k3_engine_store(const k3_engine *e) { return e->store; }
-const char *k3_engine_store_line(const k3_engine *e) { return e->store_line; }
 
 void k3_session_stats(const k3_session *s, k3_run_stats *out) {
     k3_store_stats ss;
@@ -255,7 +255,6 @@ static int open_spine_budget(k3_engine *e, const k3_engine_opts *o, const k3_sto
 void k3_engine_spine_stats(const k3_engine *e, k3_spine_stats *out) {
     k3_spine_get_stats(e->model.spine, out);
 }
-const char *k3_engine_spine_plan_line(const k3_engine *e) { return e->spine_plan_line; }
 
 int k3_engine_load(const char *model_dir, const k3_engine_opts *opts, k3_engine **out,
                    k3_err *err) {
@@ -329,7 +328,18 @@ uint64_t k3_engine_weight_bytes(const k3_engine *e) {
 
 int k3_engine_spine_int8(const k3_engine *e) { return e->pack != NULL; }
 int k3_engine_approx(const k3_engine *e) { return e->approx; }
-const char *k3_engine_spine_line(const k3_engine *e) { return e->spine_line; }
+
+void k3_engine_describe(const k3_engine *e, int parts, char *buf, size_t cap) {
+    const char *line[] = {e->spine_line, e->spine_plan_line, e->store_line,
+                          k3_backend_line(e->backend)};
+    size_t len = 0;
+    if (cap) buf[0] = 0;
+    for (int i = 0; i < 4 && len + 1 < cap; i++) {
+        if (!(parts & 1 << i)) continue;
+        int n = snprintf(buf + len, cap - len, "%s%s", len ? "\n" : "", line[i]);
+        len = n < 0 ? len : len + (size_t)n < cap ? len + (size_t)n : cap - 1;
+    }
+}
 
 int k3_session_new(const k3_engine *e, int max_ctx, k3_session **out, k3_err *err) {
     k3_session *s = calloc(1, sizeof *s);
@@ -516,8 +526,6 @@ int k3_session_load(k3_session *s, const char *path, k3_err *err) {
 }
 
 /* ---- device (backend.h) --------------------------------------------------------------------- */
-
-const char *k3_engine_device_line(const k3_engine *e) { return k3_backend_line(e->backend); }
 
 int k3_engine_layer_profile(const k3_engine *e, double *ms, uint64_t *bytes) {
     return k3_backend_layer_profile(e->backend, ms, bytes, e->cfg.num_hidden_layers);

@@ -88,16 +88,23 @@ uint64_t k3_engine_weight_bytes(const k3_engine *e);
 int k3_engine_spine_int8(const k3_engine *e);
 /* 1 when --approx (int8 activations) is on. */
 int k3_engine_approx(const k3_engine *e);
-/* One line saying which spine is used and, for int8, that it is not exact and the quality
- * figures `k3 pack` stored for it (or that there are none). Owned by the engine. */
-const char *k3_engine_spine_line(const k3_engine *e);
 void k3_engine_spine_stats(const k3_engine *e, k3_spine_stats *out);
-/* One line: the spine budget's plan (resident and streamed layers, bytes of each, staging),
- * or that there is no budget. Owned by the engine. */
-const char *k3_engine_spine_plan_line(const k3_engine *e);
-/* One line: the device sessions run on and, for a GPU, its memory plan (resident spine
- * layers, streamed layers, expert cache, KV/state per session). Owned by the engine. */
-const char *k3_engine_device_line(const k3_engine *e);
+
+/* What k3_engine_describe tells, one line per part (the lines the load prints with
+ * opts->verbose): */
+enum k3_describe_part {
+    K3_DESCRIBE_SPINE = 1,      /* which spine is used and, for int8, that it is not exact and
+                                 * the quality figures `k3 pack` stored for it (or none) */
+    K3_DESCRIBE_SPINE_PLAN = 2, /* the spine budget's plan (resident and streamed layers, bytes
+                                 * of each, staging), or "spine budget: none" */
+    K3_DESCRIBE_STORE = 4,      /* the expert store: memory plan, I/O mode, policy, prefetch */
+    K3_DESCRIBE_DEVICE = 8,     /* the device sessions run on and, for a GPU, its memory plan
+                                 * (resident and streamed layers, expert cache, state) */
+};
+#define K3_DESCRIBE_CAP 8192 /* bytes that hold every part */
+/* Writes the parts selected by the bit set `parts` into buf (cap bytes, NUL-terminated,
+ * truncated to fit) in the order above, separated by '\n', without a final newline. */
+void k3_engine_describe(const k3_engine *e, int parts, char *buf, size_t cap);
 /* When the GPU backend profiles (K3_GPU_PROFILE=1): the mean device milliseconds of each
  * layer over the steps so far into ms [num_hidden_layers + 1] (the last entry: the head) and,
  * when bytes is non-NULL, the weight bytes each reads per token (spine + top-k experts).
@@ -152,10 +159,6 @@ void k3_session_stats(const k3_session *s, k3_run_stats *out);
 void k3_run_stats_summary(const k3_run_stats *st, char *buf, size_t cap);
 /* The K3_PROFILE line for the last step (no newline). */
 void k3_run_stats_profile(const k3_run_stats *st, char *buf, size_t cap);
-/* One line describing the expert store: memory plan, I/O mode, policy, prefetch, notes. */
-const char *k3_engine_store_line(const k3_engine *e);
-/* The engine's expert store (src/store/store.h), e.g. to install a test read hook. */
-struct k3_store *k3_engine_store(const k3_engine *e);
 
 /* ---- token history, prefill with reuse, state files ----------------------------------------
  * A session remembers the ids it was fed. Callers hand it a whole token sequence (e.g. a
