@@ -3,10 +3,12 @@
 #include "config.h"
 
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../util/fileio.h"
 
@@ -210,6 +212,12 @@ int k3_config_load(const char *model_dir, k3_config *cfg, k3_err *err) {
     char path[4096], *json;
     k3_path_join(path, sizeof path, model_dir, "config.json");
     int rc = k3_read_file(path, 16u << 20, &json, NULL, err);
+    if (rc && access(path, F_OK) != 0) /* the folder is not a snapshot: say what one holds */
+        return k3_fail(err, rc, "%s: cannot open: %s. A model folder is a Hugging Face snapshot "
+                       "of Kimi K3: config.json, model.safetensors.index.json, the "
+                       "safetensors shards it names, tiktoken.model and "
+                       "tokenizer_config.json (k3 setup DEST installs one)", path,
+                       strerror(errno));
     if (rc) return rc;
     rc = k3_config_parse(json, path, cfg, err);
     free(json);
