@@ -3,7 +3,8 @@
  *
  * Lane recipe as in cpu_avx2.c, with one 16-lane accumulator per (row, vector); the
  * matrix-vector, small-batch BF16 and tiled batched loops run the same sequence, so they
- * agree bit for bit.
+ * agree bit for bit. Those loops and the element-wise helpers are simd_dense.h's, shared
+ * with cpu_avx2.c through the lane macros below.
  *
  * MXFP4 (every batch size, its own loops; the design of cpu_avx2.c's, with AVX-512F's own
  * decode): vpmovzxbd puts a block's 16 packed bytes in 16 lanes; vpermps with the 16-entry
@@ -30,6 +31,11 @@
 #define KC 256 /* batched tile: columns per tile */
 #define RG 16  /* batched tile: rows per tile; 16 × 256 f32 = 16 KB, in L1 */
 
+/* The micro-kernel's row and vector loops must unroll fully, or its accumulators live on
+ * the stack (a 3x slower batched product). */
+#define UNROLL _Pragma("GCC unroll 4")
+#define UNROLL8 _Pragma("GCC unroll 8")
+
 static inline float hsum(__m512 z) {
     __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(z), 1));
     __m256 v = _mm256_add_ps(_mm512_castps512_ps256(z), hi);
@@ -47,181 +53,6 @@ static inline __m512 load_tail(const float *p, int64_t n) {
 static inline __m512 bf16_16(const uint16_t *p) {
     __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
-}
-
-static inline __m512 bf16_tail(const uint16_t *p, int64_t n) {
-    uint16_t t[16] = {0};
-    memcpy(t, p, (size_t)n * sizeof *p);
-    return bf16_16(t);
-}
-
-/* ---- matrix-vector (n = 1): four rows share each x load ---------------------------------- */
-
-static void bf16_vec(const uint16_t *w, int64_t cols, const float *x, float *y, int64_t r0,
-                     int64_t r1) {
-    int64_t full = cols & ~(int64_t)15, tail = cols - full, r = r0;
-    __m512 xt = tail ? load_tail(x + full, tail) : _mm512_setzero_ps();
-    for (; r + 4 <= r1; r += 4) {
-        const uint16_t *a = w + r * cols, *b = a + cols, *c = b + cols, *d = c + cols;
-        __m512 sa = _mm512_setzero_ps(), sb = sa, sc = sa, sd = sa;
-        for (int64_t i = 0; i < full; i += 16) {
-            __m512 xi = _mm512_loadu_ps(x + i);
-            sa = _mm512_fmadd_ps(bf16_16(a + i), xi, sa);
-            sb = _mm512_fmadd_ps(bf16_16(b + i), xi, sb);
-            sc = _mm512_fmadd_ps(bf16_16(c + i), xi, sc);
-            sd = _mm512_fmadd_ps(bf16_16(d + i), xi, sd);
-        }
-        if (tail) {
-            sa = _mm512_fmadd_ps(bf16_tail(a + full, tail), xt, sa);
-            sb = _mm512_fmadd_ps(bf16_tail(b + full, tail), xt, sb);
-            sc = _mm512_fmadd_ps(bf16_tail(c + full, tail), xt, sc);
-            sd = _mm512_fmadd_ps(bf16_tail(d + full, tail), xt, sd);
-        }
-        y[r] = hsum(sa), y[r + 1] = hsum(sb), y[r + 2] = hsum(sc), y[r + 3] = hsum(sd);
-    }
-    for (; r < r1; r++) {
-        const uint16_t *a = w + r * cols;
-        __m512 s = _mm512_setzero_ps();
-        for (int64_t i = 0; i < full; i += 16)
-            s = _mm512_fmadd_ps(bf16_16(a + i), _mm512_loadu_ps(x + i), s);
-        if (tail) s = _mm512_fmadd_ps(bf16_tail(a + full, tail), xt, s);
-        y[r] = hsum(s);
-    }
-}
-
-static void f32_vec(const float *w, int64_t cols, const float *x, float *y, int64_t r0,
-                    int64_t r1) {
-    int64_t full = cols & ~(int64_t)15, tail = cols - full, r = r0;
-    __m512 xt = tail ? load_tail(x + full, tail) : _mm512_setzero_ps();
-    for (; r + 4 <= r1; r += 4) {
-        const float *a = w + r * cols, *b = a + cols, *c = b + cols, *d = c + cols;
-        __m512 sa = _mm512_setzero_ps(), sb = sa, sc = sa, sd = sa;
-        for (int64_t i = 0; i < full; i += 16) {
-            __m512 xi = _mm512_loadu_ps(x + i);
-            sa = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), xi, sa);
-            sb = _mm512_fmadd_ps(_mm512_loadu_ps(b + i), xi, sb);
-            sc = _mm512_fmadd_ps(_mm512_loadu_ps(c + i), xi, sc);
-            sd = _mm512_fmadd_ps(_mm512_loadu_ps(d + i), xi, sd);
-        }
-        if (tail) {
-            sa = _mm512_fmadd_ps(load_tail(a + full, tail), xt, sa);
-            sb = _mm512_fmadd_ps(load_tail(b + full, tail), xt, sb);
-            sc = _mm512_fmadd_ps(load_tail(c + full, tail), xt, sc);
-            sd = _mm512_fmadd_ps(load_tail(d + full, tail), xt, sd);
-        }
-        y[r] = hsum(sa), y[r + 1] = hsum(sb), y[r + 2] = hsum(sc), y[r + 3] = hsum(sd);
-    }
-    for (; r < r1; r++) {
-        const float *a = w + r * cols;
-        __m512 s = _mm512_setzero_ps();
-        for (int64_t i = 0; i < full; i += 16)
-            s = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(x + i), s);
-        if (tail) s = _mm512_fmadd_ps(load_tail(a + full, tail), xt, s);
-        y[r] = hsum(s);
-    }
-}
-
-/* ---- batched BF16 / F32 (n > 1): widen a 16-row × 256-column tile once, use it for every
- * vector ---------------------------------------------------------------------------------- */
-
-enum { SRC_BF16, SRC_F32 };
-typedef struct wsrc {
-    int kind;
-    const void *w; /* BF16 or F32 data */
-    int64_t cols;
-} wsrc;
-
-/* t[0 .. kc rounded up to 16) = W[r][k0 .. k0 + kc), zero-padded: the very vectors the
- * matrix-vector loops compute in registers. */
-static void tile_row(const wsrc *s, int64_t r, int64_t k0, int64_t kc, float *t) {
-    int64_t full = kc & ~(int64_t)15, tail = kc - full;
-    if (s->kind == SRC_BF16) {
-        const uint16_t *p = (const uint16_t *)s->w + r * s->cols + k0;
-        for (int64_t i = 0; i < full; i += 16) _mm512_store_ps(t + i, bf16_16(p + i));
-        if (tail) _mm512_store_ps(t + full, bf16_tail(p + full, tail));
-    } else {
-        const float *p = (const float *)s->w + r * s->cols + k0;
-        for (int64_t i = 0; i < full; i += 16) _mm512_store_ps(t + i, _mm512_loadu_ps(p + i));
-        if (tail) _mm512_store_ps(t + full, load_tail(p + full, tail));
-    }
-}
-
-/* The micro-kernel's row and vector loops must unroll fully, or its accumulators live on
- * the stack (a 3x slower batched product). */
-#define UNROLL _Pragma("GCC unroll 4")
-#define UNROLL8 _Pragma("GCC unroll 8")
-#define UNROLL32 _Pragma("GCC unroll 32")
-
-/* acc[r][v] += tile rows r < R times vectors v < V over one tile (full steps, then the
- * masked tail step). R and V are constants at each call, so the loops unroll. */
-static inline __attribute__((always_inline)) void micro(const float *t, int R, const float *x,
-                                                        int64_t ldx, int V, int64_t full,
-                                                        int64_t tail, __m512 *acc) {
-    __m512 a[4][4];
-    UNROLL
-    for (int r = 0; r < R; r++)
-        UNROLL
-        for (int v = 0; v < V; v++) a[r][v] = acc[r * K3_MAX_BATCH + v];
-    for (int64_t i = 0; i < full; i += 16) {
-        __m512 w[4];
-        UNROLL
-        for (int r = 0; r < R; r++) w[r] = _mm512_load_ps(t + r * KC + i);
-        UNROLL
-        for (int v = 0; v < V; v++) {
-            __m512 xv = _mm512_loadu_ps(x + v * ldx + i);
-            UNROLL
-            for (int r = 0; r < R; r++) a[r][v] = _mm512_fmadd_ps(w[r], xv, a[r][v]);
-        }
-    }
-    if (tail)
-        UNROLL
-        for (int v = 0; v < V; v++) {
-            __m512 xv = load_tail(x + v * ldx + full, tail);
-            UNROLL
-            for (int r = 0; r < R; r++)
-                a[r][v] = _mm512_fmadd_ps(_mm512_load_ps(t + r * KC + full), xv, a[r][v]);
-        }
-    UNROLL
-    for (int r = 0; r < R; r++)
-        UNROLL
-        for (int v = 0; v < V; v++) acc[r * K3_MAX_BATCH + v] = a[r][v];
-}
-
-/* One tile's products for all n vectors: 4 rows × 4 vectors per micro call. */
-static void tile_products(const float *tile, int nr, const float *x, int64_t cols, int n,
-                          int64_t full, int64_t tail, __m512 (*acc)[K3_MAX_BATCH]) {
-    int b = 0;
-    for (; b + 4 <= n; b += 4) {
-        int r = 0;
-        for (; r + 4 <= nr; r += 4)
-            micro(tile + r * KC, 4, x + b * cols, cols, 4, full, tail, &acc[r][b]);
-        for (; r < nr; r++) micro(tile + r * KC, 1, x + b * cols, cols, 4, full, tail, &acc[r][b]);
-    }
-    for (; b < n; b++) {
-        int r = 0;
-        for (; r + 4 <= nr; r += 4)
-            micro(tile + r * KC, 4, x + b * cols, cols, 1, full, tail, &acc[r][b]);
-        for (; r < nr; r++) micro(tile + r * KC, 1, x + b * cols, cols, 1, full, tail, &acc[r][b]);
-    }
-}
-
-static void matmul_tiles(const wsrc *s, int64_t rows, const float *x, int n, float *y,
-                         int64_t r0, int64_t r1) {
-    _Alignas(64) float tile[RG * KC];
-    __m512 acc[RG][K3_MAX_BATCH];
-    int64_t cols = s->cols;
-    for (int64_t rg = r0; rg < r1; rg += RG) {
-        int nr = r1 - rg < RG ? (int)(r1 - rg) : RG;
-        for (int r = 0; r < nr; r++)
-            for (int b = 0; b < n; b++) acc[r][b] = _mm512_setzero_ps();
-        for (int64_t k0 = 0; k0 < cols; k0 += KC) {
-            int64_t kc = cols - k0 < KC ? cols - k0 : KC, full = kc & ~(int64_t)15;
-            for (int r = 0; r < nr; r++) tile_row(s, rg + r, k0, kc, tile + r * KC);
-            tile_products(tile, nr, x + k0, cols, n, full, kc - full, acc);
-        }
-        for (int r = 0; r < nr; r++)
-            for (int b = 0; b < n; b++) y[b * rows + rg + r] = hsum(acc[r][b]);
-    }
 }
 
 /* ---- MXFP4: x de-interleaved once per chunk, every weight vector meets up to MX_VG vectors -- */
@@ -402,153 +233,31 @@ static void mxfp4_rows(const uint8_t *packed, const uint8_t *scale, int64_t rows
     }
 }
 
-/* ---- BF16 small batches (2 <= n <= BF16_SMALL): straight from registers ---------------- */
-
-/* Widest batch taken from registers; above it the tiles. Chunked prefill's per-expert and
- * speculative verification's batches are this small; the tile path cost ~2.6x a matrix-vector
- * product at n = 2 (cpu_avx2.c's measurement). */
-#define BF16_SMALL 5
-
-/* y[v·rows + r + i] = W[r + i] · x[v] for rows i < R and vectors v < V: each 16-weight vector is
- * widened once and meets all V inputs; per (row, vector) the lane recipe exactly (full steps,
- * then the masked tail step, then hsum), so the bits equal bf16_vec's. R·V <= 20 accumulators;
- * R and V are constants at each call. */
-static inline __attribute__((always_inline)) void bf16_rows(const uint16_t *w, int64_t rows,
-                                                            int64_t cols, const float *x,
-                                                            int V, int R, float *y, int64_t r) {
-    int64_t full = cols & ~(int64_t)15, tail = cols - full;
-    __m512 acc[20];
-    UNROLL8
-    for (int k = 0; k < R * V; k++) acc[k] = _mm512_setzero_ps();
-    for (int64_t i = 0; i < full; i += 16)
-        UNROLL
-        for (int q = 0; q < R; q++) {
-            __m512 wq = bf16_16(w + (r + q) * cols + i);
-            UNROLL8
-            for (int v = 0; v < V; v++)
-                acc[q * V + v] =
-                    _mm512_fmadd_ps(wq, _mm512_loadu_ps(x + v * cols + i), acc[q * V + v]);
-        }
-    if (tail)
-        UNROLL
-        for (int q = 0; q < R; q++) {
-            __m512 wq = bf16_tail(w + (r + q) * cols + full, tail);
-            UNROLL8
-            for (int v = 0; v < V; v++)
-                acc[q * V + v] = _mm512_fmadd_ps(wq, load_tail(x + v * cols + full, tail),
-                                                 acc[q * V + v]);
-        }
-    UNROLL
-    for (int q = 0; q < R; q++)
-        UNROLL8
-        for (int v = 0; v < V; v++) y[v * rows + r + q] = hsum(acc[q * V + v]);
-}
-
-#define BF16_RUN(R_, V_)                                                              \
-    do {                                                                              \
-        for (; r + (R_) <= r1; r += (R_)) bf16_rows(w, rows, cols, x, (V_), (R_), y, r); \
-        for (; r < r1; r++) bf16_rows(w, rows, cols, x, (V_), 1, y, r);              \
-    } while (0)
-
-static void bf16_small(const uint16_t *w, int64_t rows, int64_t cols, const float *x, int n,
-                       float *y, int64_t r0, int64_t r1) {
-    int64_t r = r0;
-    switch (n) {
-    case 2: BF16_RUN(4, 2); break;
-    case 3: BF16_RUN(4, 3); break;
-    case 4: BF16_RUN(4, 4); break;
-    default: BF16_RUN(4, 5); break;
-    }
-}
-#undef BF16_RUN
-
-/* ---- the table's entries -------------------------------------------------------------- */
-
-static void bf16(const uint16_t *w, int64_t rows, int64_t cols, const float *x, int n, float *y,
-                 int64_t r0, int64_t r1) {
-    if (n == 1) {
-        bf16_vec(w, cols, x, y, r0, r1);
-        return;
-    }
-    if (n <= BF16_SMALL) {
-        bf16_small(w, rows, cols, x, n, y, r0, r1);
-        return;
-    }
-    wsrc s = {SRC_BF16, w, cols};
-    matmul_tiles(&s, rows, x, n, y, r0, r1);
-}
-
-static void f32(const float *w, int64_t rows, int64_t cols, const float *x, int n, float *y,
-                int64_t r0, int64_t r1) {
-    if (n == 1) {
-        f32_vec(w, cols, x, y, r0, r1);
-        return;
-    }
-    wsrc s = {SRC_F32, w, cols};
-    matmul_tiles(&s, rows, x, n, y, r0, r1);
-}
-
 static void mxfp4(const uint8_t *packed, const uint8_t *scale, int64_t rows, int64_t cols,
                   const float *x, int n, float *y, int64_t r0, int64_t r1) {
     mxfp4_rows(packed, scale, rows, cols, x, n, y, r0, r1);
 }
 
-static float dot(const float *a, const float *b, int64_t n) {
-    int64_t full = n & ~(int64_t)15, tail = n - full;
-    __m512 s = _mm512_setzero_ps();
-    for (int64_t i = 0; i < full; i += 16)
-        s = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s);
-    if (tail) s = _mm512_fmadd_ps(load_tail(a + full, tail), load_tail(b + full, tail), s);
-    return hsum(s);
-}
-
-/* Separate multiply and add, element by element: the scalar result exactly. */
-static void axpy(float a, const float *x, float *y, int64_t n) {
-    __m512 va = _mm512_set1_ps(a);
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16)
-        _mm512_storeu_ps(y + i, _mm512_add_ps(_mm512_loadu_ps(y + i),
-                                              _mm512_mul_ps(va, _mm512_loadu_ps(x + i))));
-    for (; i < n; i++) y[i] = y[i] + a * x[i];
-}
-
-/* cpu_scalar.c's kda_delta vectorised over the value index j: each element sees the same
- * operations in the same order (no FMA), so the result is the scalar one exactly. */
-static void kda_delta(float *S, const float *q, const float *k, const float *v,
-                      const float *alpha, float beta, int d, float *u, float *o) {
-    int dv = d & ~15;
-    for (int j = 0; j < d; j++) u[j] = 0;
-    for (int i = 0; i < d; i++) {
-        float *row = S + (size_t)i * d;
-        __m512 al = _mm512_set1_ps(alpha[i]), ki = _mm512_set1_ps(k[i]);
-        for (int j = 0; j < dv; j += 16) {
-            __m512 s = _mm512_mul_ps(_mm512_loadu_ps(row + j), al);
-            _mm512_storeu_ps(row + j, s);
-            _mm512_storeu_ps(u + j, _mm512_add_ps(_mm512_loadu_ps(u + j), _mm512_mul_ps(ki, s)));
-        }
-        for (int j = dv; j < d; j++) {
-            row[j] = row[j] * alpha[i];
-            u[j] = u[j] + k[i] * row[j];
-        }
-    }
-    for (int j = 0; j < d; j++) u[j] = v[j] - u[j]; /* δ */
-    for (int j = 0; j < d; j++) o[j] = 0;
-    for (int i = 0; i < d; i++) {
-        float bk = beta * k[i];
-        float *row = S + (size_t)i * d;
-        __m512 vbk = _mm512_set1_ps(bk), qi = _mm512_set1_ps(q[i]);
-        for (int j = 0; j < dv; j += 16) {
-            __m512 s = _mm512_add_ps(_mm512_loadu_ps(row + j),
-                                     _mm512_mul_ps(vbk, _mm512_loadu_ps(u + j)));
-            _mm512_storeu_ps(row + j, s);
-            _mm512_storeu_ps(o + j, _mm512_add_ps(_mm512_loadu_ps(o + j), _mm512_mul_ps(qi, s)));
-        }
-        for (int j = dv; j < d; j++) {
-            row[j] = row[j] + bk * u[j];
-            o[j] = o[j] + q[i] * row[j];
-        }
-    }
-}
+/* Lane macros for simd_dense.h (the BF16 / F32 products and element-wise helpers, written
+ * once for AVX2 and AVX-512F): 16 lanes. */
+#define W 16
+#define VF __m512
+#define VZERO() _mm512_setzero_ps()
+#define VLOADU(p) _mm512_loadu_ps(p)
+#define VLOADA(p) _mm512_load_ps(p)
+#define VSTOREU(p, v) _mm512_storeu_ps(p, v)
+#define VSTOREA(p, v) _mm512_store_ps(p, v)
+#define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define VADD(a, b) _mm512_add_ps(a, b)
+#define VMUL(a, b) _mm512_mul_ps(a, b)
+#define VSET1(a) _mm512_set1_ps(a)
+#define VBF16(p) bf16_16(p)
+#define TILE_V 4           /* vectors per micro-kernel call of the tiled product (4 rows x 4) */
+#define SMALL_ACC 20       /* accumulators of bf16_rows (R·V) */
+#define SMALL_R4 4         /* rows per bf16_rows call at n = 4 and at n = 5 */
+#define SMALL_R5 4
+#define UNROLL_V UNROLL8   /* bf16_rows' vector loop */
+#include "simd_dense.h"
 
 #if !defined(K3_AVX512_EMULATED)
 #pragma GCC pop_options

@@ -1,7 +1,7 @@
 /* pass.h — the forward pass's own terms that the engine's clients see too: how many ids a
  * batched pass takes, what a pass reports as it runs (trace hooks at the spec §3 points,
- * wall time per phase) and the spine budget's counters. Declared here, in the model layer that produces them; the engine's
- * public header (src/engine/k3.h) re-exports them to its clients.
+ * wall time per phase) and the spine budget's counters. Declared here, in the model layer
+ * that produces them; the engine's public header (src/engine/k3.h) re-exports them.
  *
  * Invariant: hooks only observe: a pass with a trace hook computes the same bits as one
  * without. */
