@@ -233,11 +233,6 @@ static void mxfp4_rows(const uint8_t *packed, const uint8_t *scale, int64_t rows
     }
 }
 
-static void mxfp4(const uint8_t *packed, const uint8_t *scale, int64_t rows, int64_t cols,
-                  const float *x, int n, float *y, int64_t r0, int64_t r1) {
-    mxfp4_rows(packed, scale, rows, cols, x, n, y, r0, r1);
-}
-
 /* Lane macros for simd_dense.h (the BF16 / F32 products and element-wise helpers, written
  * once for AVX2 and AVX-512F): 16 lanes. */
 #define W 16
@@ -267,7 +262,7 @@ const k3_kernels k3_kernels_avx512 = {
     .name = "avx512",
     .bf16 = bf16,
     .f32 = f32,
-    .mxfp4 = mxfp4,
+    .mxfp4 = mxfp4_rows,
     .dot = dot,
     .axpy = axpy,
     .kda_delta = kda_delta,

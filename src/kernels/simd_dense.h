@@ -57,6 +57,8 @@ static void bf16_vec(const uint16_t *w, int64_t cols, const float *x, float *y, 
     }
 }
 
+/* bf16_vec with plain loads; two functions rather than one over a load macro, so that each
+ * reads as the loop it is. */
 static void f32_vec(const float *w, int64_t cols, const float *x, float *y, int64_t r0,
                     int64_t r1) {
     int64_t full = cols & ~(int64_t)(W - 1), tail = cols - full, r = r0;
@@ -212,8 +214,7 @@ static inline __attribute__((always_inline)) void bf16_rows(const uint16_t *w, i
             VF wq = VBF16(w + (r + q) * cols + i);
             UNROLL_V
             for (int v = 0; v < V; v++)
-                acc[q * V + v] =
-                    VFMA(wq, VLOADU(x + v * cols + i), acc[q * V + v]);
+                acc[q * V + v] = VFMA(wq, VLOADU(x + v * cols + i), acc[q * V + v]);
         }
     if (tail)
         UNROLL
@@ -221,8 +222,7 @@ static inline __attribute__((always_inline)) void bf16_rows(const uint16_t *w, i
             VF wq = bf16_tail(w + (r + q) * cols + full, tail);
             UNROLL_V
             for (int v = 0; v < V; v++)
-                acc[q * V + v] = VFMA(wq, load_tail(x + v * cols + full, tail),
-                                                 acc[q * V + v]);
+                acc[q * V + v] = VFMA(wq, load_tail(x + v * cols + full, tail), acc[q * V + v]);
         }
     UNROLL
     for (int q = 0; q < R; q++)
@@ -288,13 +288,14 @@ static void axpy(float a, const float *x, float *y, int64_t n) {
     VF va = VSET1(a);
     int64_t i = 0;
     for (; i + W <= n; i += W)
-        VSTOREU(y + i, VADD(VLOADU(y + i),
-                                              VMUL(va, VLOADU(x + i))));
+        VSTOREU(y + i, VADD(VLOADU(y + i), VMUL(va, VLOADU(x + i))));
     for (; i < n; i++) y[i] = y[i] + a * x[i];
 }
 
 /* cpu_scalar.c's kda_delta vectorised over the value index j: each element sees the same
- * operations in the same order (no FMA), so the result is the scalar one exactly. */
+ * operations in the same order (no FMA), so the result is the scalar one exactly; the columns
+ * past the last full vector run cpu_scalar.c's loop itself, on purpose. cpu_neon.c keeps its
+ * own copy: it is built for another architecture, and this header is x86's. */
 static void kda_delta(float *S, const float *q, const float *k, const float *v,
                       const float *alpha, float beta, int d, float *u, float *o) {
     int dv = d & ~(W - 1);
@@ -319,8 +320,7 @@ static void kda_delta(float *S, const float *q, const float *k, const float *v,
         float *row = S + (size_t)i * d;
         VF vbk = VSET1(bk), qi = VSET1(q[i]);
         for (int j = 0; j < dv; j += W) {
-            VF s = VADD(VLOADU(row + j),
-                                     VMUL(vbk, VLOADU(u + j)));
+            VF s = VADD(VLOADU(row + j), VMUL(vbk, VLOADU(u + j)));
             VSTOREU(row + j, s);
             VSTOREU(o + j, VADD(VLOADU(o + j), VMUL(qi, s)));
         }

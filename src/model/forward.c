@@ -22,13 +22,6 @@ static void mix(const k3_state *s, const float *last, const float *sw, const k3_
     k3_attn_res(vals, n, sw, c->hidden_size, c->rms_norm_eps, out);
 }
 
-/* Adds this token's phase times to the session's (K3_PROFILE and the end-of-run summary). */
-static void add_times(k3_phase_times *sum, const k3_phase_times *t) {
-    sum->total_s += t->total_s, sum->attn_s += t->attn_s, sum->moe_s += t->moe_s;
-    sum->router_s += t->router_s, sum->eload_s += t->eload_s, sum->expert_s += t->expert_s;
-    sum->head_s += t->head_s, sum->tokens += t->tokens;
-}
-
 static int forward(const k3_model *m, k3_state *s, int32_t token, float *logits,
                    const k3_trace *tr, k3_spine_pass *sp, k3_err *err) {
     const k3_config *c = &m->cfg;
@@ -96,7 +89,7 @@ static int forward(const k3_model *m, k3_state *s, int32_t token, float *logits,
     double t_end = k3_now_s();
     s->tok.head_s = t_end - t0;
     s->tok.total_s = t_end - t_start;
-    add_times(&s->sum, &s->tok);
+    k3_state_sum_times(s);
     if (tr && tr->on_step) tr->on_step(tr->user, pos);
     return K3_OK;
 }

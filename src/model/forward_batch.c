@@ -332,12 +332,6 @@ static void mix(const k3_state *s, const k3_batch *b, int t, const float *last, 
     k3_attn_res(vals, n, sw, c->hidden_size, c->rms_norm_eps, out);
 }
 
-static void add_times(k3_phase_times *sum, const k3_phase_times *t) {
-    sum->total_s += t->total_s, sum->attn_s += t->attn_s, sum->moe_s += t->moe_s;
-    sum->router_s += t->router_s, sum->eload_s += t->eload_s, sum->expert_s += t->expert_s;
-    sum->head_s += t->head_s, sum->tokens += t->tokens;
-}
-
 /* Makes s->batch hold n tokens (and the rewind buffers when keep). */
 static int reserve(const k3_model *m, k3_state *s, int n, bool keep, k3_err *err) {
     k3_batch *b = s->batch;
@@ -453,7 +447,7 @@ static int forward_batch(const k3_model *m, k3_state *s, const int32_t *tokens, 
     double t_end = k3_now_s();
     s->tok.head_s = t_end - t0;
     s->tok.total_s = t_end - t_start;
-    add_times(&s->sum, &s->tok);
+    k3_state_sum_times(s);
     for (int t = 0; tr && tr->on_step && t < n; t++) tr->on_step(tr->user, pos + t);
     return K3_OK;
 }

@@ -158,11 +158,17 @@ int k3_state_max_ctx(const k3_state *s) { return s->max_ctx; }
 
 k3_store_client *k3_state_store(k3_state *s) { return s->store; }
 
+void k3_state_sum_times(k3_state *s) {
+    k3_phase_times *sum = &s->sum;
+    const k3_phase_times *t = &s->tok;
+    sum->total_s += t->total_s, sum->attn_s += t->attn_s, sum->moe_s += t->moe_s;
+    sum->router_s += t->router_s, sum->eload_s += t->eload_s, sum->expert_s += t->expert_s;
+    sum->head_s += t->head_s, sum->tokens += t->tokens;
+}
+
 void k3_state_advance(k3_state *s, const k3_phase_times *t) {
     s->tok = *t;
-    s->sum.total_s += t->total_s, s->sum.attn_s += t->attn_s, s->sum.moe_s += t->moe_s;
-    s->sum.router_s += t->router_s, s->sum.eload_s += t->eload_s;
-    s->sum.expert_s += t->expert_s, s->sum.head_s += t->head_s, s->sum.tokens += t->tokens;
+    k3_state_sum_times(s);
     s->pos++;
 }
 

@@ -57,4 +57,7 @@ struct k3_state {
     struct k3_batch *batch;   /* scratch of the batched pass (batch.h), NULL until first used */
 };
 
+/* Adds the last step's phase times (tok) to the sums (K3_PROFILE and the end-of-run line). */
+void k3_state_sum_times(k3_state *s);
+
 #endif

@@ -45,6 +45,8 @@ int k3_model_fingerprint(const k3_checkpoint *ck, int spine_int8, uint8_t out[16
         XXH3_128bits_update(st, t->name, strlen(t->name) + 1);
         XXH3_128bits_update(st, meta, sizeof meta);
         if (strstr(t->name, ".experts.") || !t->data) continue; /* routed experts: metadata */
+        /* the same head-and-tail sample as packed.c's fingerprint, kept apart: each hash is
+         * part of its own file format and must not change with the other */
         uint64_t k = t->nbytes < SAMPLE_BYTES ? t->nbytes : SAMPLE_BYTES;
         XXH3_128bits_update(st, t->data, k);
         XXH3_128bits_update(st, (const uint8_t *)t->data + t->nbytes - k, k);

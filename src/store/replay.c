@@ -131,6 +131,8 @@ typedef struct heap_item {
     int32_t key;
 } heap_item;
 
+/* A typed max-heap on next use; tok/bpe.c has one of its own order: a shared one in util/
+ * would cost a comparator call per step in both. */
 static void heap_push(heap_item *h, size_t *n, heap_item it) {
     size_t i = (*n)++;
     while (i && h[(i - 1) / 2].next < it.next) {

@@ -73,6 +73,7 @@ static int before(heap_entry a, heap_entry b) {
     return a.rank < b.rank || (a.rank == b.rank && a.pos < b.pos);
 }
 
+/* Typed for the merge order (store/replay.c's heap is another's; see there). */
 static void heap_push(heap_entry *h, size_t *n, heap_entry e) {
     size_t i = (*n)++;
     while (i > 0 && before(e, h[(i - 1) / 2])) {
