@@ -1,12 +1,13 @@
 /* backend.h — where a session's forward pass runs, chosen once at engine load: the CPU
  * (src/model's k3_forward, the reference) or one CUDA GPU (src/cuda, built with
- * `make CUDA=1`). The model code does not know which runs it.
+ * `make CUDA=1`). The model code does not know which runs it. Single steps, batched passes
+ * and rewinds all go through here; the engine never calls the forward pass directly.
  *
  * Invariants:
  *  - Every session keeps its host k3_state: the position, token-facing bookkeeping and the
  *    store client live there whatever the backend; a device backend adds its own per-session
- *    state (void *) and copies the recurrent state to and from k3_state only for state files
- *    (k3_backend_sync).
+ *    state (void *), reaches the host state only through model.h's host-state functions, and
+ *    copies the recurrent state to and from k3_state only for state files (k3_backend_sync).
  *  - Choice: opts->device, else $K3_DEVICE, else "cpu". "auto" takes the GPU when this build
  *    has CUDA and a device answers, and otherwise the CPU; the startup line says which and
  *    why. "cuda" without CUDA support or without a device is an error (K3_ERR_DEVICE), never
