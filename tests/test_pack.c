@@ -341,6 +341,35 @@ static void test_engine_spine_modes(void) {
     CHECK(r6 == K3_ERR_USAGE, "--approx with --spine bf16 must be refused: %s", l6);
 }
 
+/* k3_engine_describe: all parts are the single parts in order, one line each; a small buffer
+ * is cut and still terminated. */
+static void test_engine_describe(void) {
+    k3_engine *e = NULL;
+    k3_err err = {0};
+    k3_engine_opts o = {.threads = 1};
+    int rc = k3_engine_load(NANO, &o, &e, &err);
+    CHECK(rc == 0, "%s", err.msg);
+    char all[K3_DESCRIBE_CAP], want[K3_DESCRIBE_CAP] = "", tiny[12];
+    k3_engine_describe(e, K3_DESCRIBE_SPINE | K3_DESCRIBE_SPINE_PLAN | K3_DESCRIBE_STORE |
+                              K3_DESCRIBE_DEVICE, all, sizeof all);
+    const int parts[] = {K3_DESCRIBE_SPINE, K3_DESCRIBE_SPINE_PLAN, K3_DESCRIBE_STORE,
+                         K3_DESCRIBE_DEVICE};
+    for (int i = 0; i < 4; i++) {
+        char one[K3_DESCRIBE_CAP];
+        k3_engine_describe(e, parts[i], one, sizeof one);
+        if (i) strcat(want, "\n");
+        strcat(want, one);
+    }
+    memset(tiny, 'x', sizeof tiny);
+    k3_engine_describe(e, K3_DESCRIBE_STORE, tiny, sizeof tiny);
+    k3_engine_free(e);
+    CHECK(!strcmp(all, want), "all parts:\n%s\nthe parts one by one:\n%s", all, want);
+    CHECK(!strncmp(all, "spine: BF16 from the checkpoint (exact)\nspine budget: none\n", 59),
+          "%s", all);
+    CHECK(strstr(all, "\ndevice: cpu") && !strchr(all + strlen(all) - 1, '\n'), "%s", all);
+    CHECK(strlen(tiny) == sizeof tiny - 1, "not cut to the buffer: %.12s", tiny);
+}
+
 /* The stored figures belong to the pack they sit beside. */
 static void test_quality_file(void) {
     const char *dir = ph_nano_pack();
@@ -372,5 +401,6 @@ const k3_test k3_suite_pack[] = {
     {"pack_from_other_model_refused", test_other_model_refused},
     {"pack_engine_spine_modes", test_engine_spine_modes},
     {"pack_quality_file", test_quality_file},
+    {"engine_describe_parts", test_engine_describe},
     {0},
 };
