@@ -399,13 +399,16 @@ static void test_planted_violations_fail(void) {
     char clean_text[sizeof r->text];
     snprintf(clean_text, sizeof clean_text, "%s", r->text);
     /* planted: an upward include, an include of tests/, an internal header of another
-     * folder, getenv below the edge, and a folder missing from the table */
+     * folder, getenv below the edge, a folder missing from the table, a test-only header in
+     * product code, and an include of the CLI */
     put(root, "src/kernels/up.c", "#include \"dispatch.h\"\n\n#include \"../engine/k3.h\"\n");
     put(root, "src/format/t.c", "#include \"../../tests/simde_avx512.h\"\n");
     put(root, "src/engine/e.c", "#  include \"../model/state.h\"\n");
     put(root, "src/model/env.c", "#include <stdlib.h>\nint f(void) {\n"
         "    return getenv (\"K3_X\") != 0;\n}\n");
     put(root, "src/extra/x.c", "\n");
+    put(root, "src/cli/t.c", "#include \"../engine/k3_test.h\"\n");
+    put(root, "src/server/s.c", "#include \"../cli/cli.h\"\n");
     memset(r, 0, sizeof *r);
     int planted = arch_check(root, r);
     rm_rf(root);
@@ -413,7 +416,7 @@ static void test_planted_violations_fail(void) {
     snprintf(text, sizeof text, "%s", r->text);
     free(r);
     CHECK(clean == 0, "the allowed forms were refused: %s", clean_text);
-    CHECK(planted == 5, "%d violations, expected 5: %s", planted, text);
+    CHECK(planted == 7, "%d violations, expected 7: %s", planted, text);
     CHECK(strstr(text, "src/kernels/up.c:3: kernels includes src/engine/k3.h (layer engine): "
                  "kernels may include only: util"), "%s", text);
     CHECK(strstr(text, "src/format/t.c:1: includes \"../../tests/simde_avx512.h\", outside"),
@@ -422,6 +425,10 @@ static void test_planted_violations_fail(void) {
           "%s", text);
     CHECK(strstr(text, "src/model/env.c:3: model calls getenv"), "%s", text);
     CHECK(strstr(text, "src/extra: a folder that is not in the layer table"), "%s", text);
+    CHECK(strstr(text, "src/cli/t.c:1: includes src/engine/k3_test.h, a header for tests only"),
+          "%s", text);
+    CHECK(strstr(text, "src/server/s.c:1: server includes src/cli/cli.h (layer cli)"), "%s",
+          text);
 }
 
 /* docs/ARCHITECTURE.md's table states the same rules: one row per layer,
