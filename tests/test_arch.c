@@ -122,7 +122,7 @@ static bool listed(const char *const *list, size_t n, const char *path) {
 /* True (and marks the entry used) when "path what" is exempt. */
 static bool exempt(report *r, const char *path, const char *what) {
     if (!r->use_exempt) return false;
-    char key[512];
+    char key[600];
     snprintf(key, sizeof key, "%s %s", path, what);
     for (size_t i = 0; i < N_EXEMPT; i++)
         if (!strcmp(EXEMPT[i], key)) return r->exempt_used[i] = true;
@@ -215,7 +215,7 @@ static void check_includes(report *r, const char *path, const struct layer *own,
         if (*q != '"') continue;
         char *end = strchr(q + 1, '"');
         if (!end) continue;
-        char inc[1024], target[2048];
+        char inc[1024], target[2100];
         snprintf(inc, sizeof inc, "%.*s", (int)(end - q - 1), q + 1);
         snprintf(target, sizeof target, "%s/%s", dir, inc);
         int line = line_at(text, p);
@@ -307,7 +307,7 @@ static int arch_check(const char *root, report *r) {
         DIR *dir = opendir(sub);
         for (struct dirent *f; dir && (f = readdir(dir));) {
             if (!source_name(f->d_name)) continue;
-            char full[1600], rel[512];
+            char full[1600], rel[520];
             snprintf(full, sizeof full, "%s/%s", sub, f->d_name);
             snprintf(rel, sizeof rel, "src/%s/%s", d->d_name, f->d_name);
             char *a = slurp(full), *b = a ? strdup(a) : NULL;
