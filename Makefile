@@ -29,6 +29,9 @@ TEST_SRC := $(sort $(wildcard tests/*.c))
 SUITES   := $(patsubst tests/test_%.c,X(%),$(filter-out tests/test_main.c,$(wildcard tests/test_*.c)))
 
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
+# The web page (src/server/ui/) is compiled in as C arrays (scripts/embed.sh; ui.h).
+UI_FILES := $(sort $(wildcard src/server/ui/*))
+LIB_OBJ  += $(BUILD)/ui_assets.o
 CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 
@@ -57,6 +60,13 @@ $(BUILD)/k3_tests: $(TEST_OBJ) $(BUILD)/libk3.a
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c -o $@ $<
+
+$(BUILD)/ui_assets.c: $(UI_FILES) scripts/embed.sh
+	@mkdir -p $(BUILD)
+	sh scripts/embed.sh $(UI_FILES) > $@.tmp && mv $@.tmp $@
+
+$(BUILD)/ui_assets.o: $(BUILD)/ui_assets.c src/server/ui.h
+	$(CC) $(CFLAGS) -Isrc -c -o $@ $<
 
 $(BUILD)/tests/test_main.o: tests/test_main.c $(BUILD)/suites.txt
 	@mkdir -p $(dir $@)
