@@ -32,6 +32,7 @@ static void serve_usage(FILE *f) {
         "  POST /v1/chat/completions        chat (K3 chat format; thinking as reasoning_content)\n"
         "  POST /v1/completions             raw text completion of a prompt\n"
         "  GET  /health                     liveness and queue state (no key needed)\n"
+        "  GET  /                           the chat page, for a browser (no key needed)\n"
         "Each path also works without the /v1 prefix. Streaming (\"stream\": true) uses\n"
         "Server-Sent Events ending with data: [DONE]. One generation runs at a time.\n"
         "Without MODEL_DIR the bundled fixture model is used.\n"

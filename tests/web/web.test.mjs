@@ -295,13 +295,17 @@ describe('k3 serve chat page', () => {
       usage: { prompt_tokens: 41, completion_tokens: 96, total_tokens: 137,
                prompt_tokens_details: { cached_tokens: 0 } },
     });
+    // A fresh profile, so that the sidebar holds this conversation only.
+    const ctx = await browser.createBrowserContext();
+    const page = await ctx.newPage();
+    await page.goto(`${srv.url}/`, { waitUntil: 'load' });
+    await page.waitForSelector(READY);
     await page.setRequestInterception(true);
     const onReq = (r) => (r.method() === 'POST' && r.url().endsWith('/v1/chat/completions')
       ? r.respond({ status: 200, headers: { 'Content-Type': 'text/event-stream' }, body })
       : r.continue());
     page.on('request', onReq);
     try {
-      await page.click('#new-chat');
       await page.focus('#input');
       await page.keyboard.type('How do I count the lines of a file?');
       await page.keyboard.press('Enter');
@@ -316,6 +320,7 @@ describe('k3 serve chat page', () => {
     const file = await shot(page, 'web-ui');
     if (process.env.K3_WEB_DOCS_SHOT) fs.copyFileSync(file, process.env.K3_WEB_DOCS_SHOT);
     assert.equal(await page.$$eval('#messages pre.code', (ns) => ns.length), 2);
+    await ctx.close();
   });
 
   test('no page errors and nothing fetched from outside the server', () => {
