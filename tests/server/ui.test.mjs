@@ -63,8 +63,9 @@ test('/health: the memory plan, then the last generation as usage reported it', 
   assert.equal(g.prompt_tokens, r.usage.prompt_tokens);
   assert.equal(g.cached_tokens, r.usage.prompt_tokens_details.cached_tokens);
   assert.ok(g.prefill_s > 0 && g.decode_s > 0, JSON.stringify(g));
-  // 11 tokens after the first in decode_s seconds (status.c), to the printed precision.
-  assert.ok(Math.abs(g.tokens_per_s - 11 / g.decode_s) < 0.01 + 0.001 * g.tokens_per_s, JSON.stringify(g));
+  // 11 tokens after the first in decode_s seconds (status.c); decode_s is printed to 1 ms.
+  assert.ok(g.tokens_per_s >= 11 / (g.decode_s + 0.0005) - 0.005 &&
+            g.tokens_per_s <= 11 / (g.decode_s - 0.0005) + 0.005, JSON.stringify(g));
   assert.ok(g.gb_per_token >= 0);
   assert.ok(h.expert_requests > 0);
   assert.ok(h.expert_hit_rate >= 0 && h.expert_hit_rate <= 1);
