@@ -284,6 +284,53 @@ describe('k3 serve chat page', () => {
     await check();
   });
 
+  test('errors show the server\'s message; failed replies are not sent back', async () => {
+    const answers = [
+      { status: 429, headers: { 'Content-Type': 'application/json', 'Retry-After': '1' },
+        body: JSON.stringify({ error: { message: 'k3 is generating another reply (one at a time); retry later',
+                                        type: 'rate_limit_error', param: null, code: 'rate_limit_exceeded' } }) },
+      { status: 200, headers: { 'Content-Type': 'text/event-stream' },
+        body: `${sseBody({ reasoning: ['half a thought'] }).split('data: {"id"').slice(0, 3).join('data: {"id"')}` +
+              'data: {"error":{"message":"generation failed: disk","type":"server_error","param":null,"code":null}}\n\n' },
+      { status: 200, headers: { 'Content-Type': 'text/event-stream' }, body: sseBody({ content: ['fine'] }) },
+    ];
+    const sent = [];
+    await page.setRequestInterception(true);
+    const onReq = (r) => {
+      if (r.method() === 'POST' && r.url().endsWith('/v1/chat/completions')) {
+        sent.push(JSON.parse(r.postData()));
+        r.respond(answers[sent.length - 1]);
+      } else {
+        r.continue();
+      }
+    };
+    page.on('request', onReq);
+    try {
+      await page.click('#new-chat');
+      for (const [i, text] of ['one', 'two', 'three'].entries()) {
+        await page.focus('#input');
+        await page.keyboard.type(text);
+        await page.keyboard.press('Enter');
+        await page.waitForFunction((n) => document.querySelectorAll('#messages .msg').length === n &&
+                                           document.querySelector('#chat').dataset.state === 'idle', {}, 2 * (i + 1));
+      }
+    } finally {
+      page.off('request', onReq);
+      await page.setRequestInterception(false);
+    }
+    const ms = await messages(page);
+    assert.equal(ms[1].meta, 'k3 is generating another reply (one at a time); retry later');
+    assert.equal(ms[3].thinking, 'half a thought');
+    assert.equal(ms[3].meta, 'generation failed: disk');
+    assert.equal(ms[5].body, 'fine');
+    assert.deepEqual(sent[2].messages, [{ role: 'user', content: 'one' }, { role: 'user', content: 'two' },
+                                        { role: 'user', content: 'three' }]);
+    assert.equal(sent[2].stream, true);
+    assert.equal(sent[2].reasoning_effort, 'max');
+    assert.equal(sent[2].temperature, 1);
+    await shot(page, '06-errors');
+  });
+
   test('the README screenshot (a scripted reply: the fixture model writes noise)', async () => {
     const body = sseBody({
       reasoning: ['The user wants a quick way to count lines in a file. ',
@@ -324,7 +371,8 @@ describe('k3 serve chat page', () => {
   });
 
   test('no page errors and nothing fetched from outside the server', () => {
-    assert.deepEqual(errors.filter((e) => !/status of 404/.test(e)), []);
+    // The browser logs each 404 (/metrics: none yet) and the scripted 429 itself.
+    assert.deepEqual(errors.filter((e) => !/responded with a status of (404|429)/.test(e)), []);
     assert.deepEqual(outside, []);
   });
 });
@@ -351,7 +399,7 @@ describe('k3 serve --api-key: the page asks for the key', () => {
     await page.waitForFunction(() => !document.querySelector('#key-error').hidden &&
                                      document.querySelector('#key-dialog').open);
     assert.match(await page.$eval('#key-error', (e) => e.textContent), /refused/);
-    await shot(page, '06-key');
+    await shot(page, '07-key');
 
     await page.keyboard.type(KEY);
     await page.keyboard.press('Enter');

@@ -530,6 +530,7 @@
       if (e.name === 'AbortError') reply.stopped = true;
       else reply.error = e.message;
     } finally {
+      ctl.abort(); // after an error event or a cut stream, let go of the connection too
       if (frame) cancelAnimationFrame(frame);
       // Our own clock, over the deltas after the first; too short a span says nothing.
       if (clock.n > 1 && clock.last - clock.first > 250) {
