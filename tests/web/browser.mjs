@@ -40,6 +40,7 @@ export async function startServer(args = []) {
   const exited = new Promise((resolve) => proc.on('exit', (code, sig) => resolve({ code, sig })));
   return {
     url, proc, log: () => err,
+    // Stops the server; throws when a sanitizer build reported errors.
     async stop() {
       if (proc.exitCode === null && proc.signalCode === null) {
         proc.kill('SIGTERM');
@@ -48,6 +49,8 @@ export async function startServer(args = []) {
         clearTimeout(t);
       }
       running.delete(proc);
+      // A sanitizer build (K3_BIN=build-asan/k3) reports its findings on stderr.
+      if (/Sanitizer|runtime error:/.test(err)) throw new Error(`k3 serve reported:\n${err}`);
       return exited;
     },
   };
