@@ -61,9 +61,13 @@ $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c -o $@ $<
 
-$(BUILD)/ui_assets.c: $(UI_FILES) scripts/embed.sh
-	@mkdir -p $(BUILD)
+$(BUILD)/ui_assets.c: $(UI_FILES) $(BUILD)/ui_files.txt scripts/embed.sh
 	sh scripts/embed.sh $(UI_FILES) > $@.tmp && mv $@.tmp $@
+
+# Re-embed when a file of the page is added or removed, too.
+$(BUILD)/ui_files.txt: FORCE
+	@mkdir -p $(BUILD)
+	@echo '$(UI_FILES)' | cmp -s - $@ || echo '$(UI_FILES)' > $@
 
 $(BUILD)/ui_assets.o: $(BUILD)/ui_assets.c src/server/ui.h
 	$(CC) $(CFLAGS) -Isrc -c -o $@ $<
