@@ -29,12 +29,15 @@ TEST_SRC := $(sort $(wildcard tests/*.c))
 SUITES   := $(patsubst tests/test_%.c,X(%),$(filter-out tests/test_main.c,$(wildcard tests/test_*.c)))
 
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
+# The web page (src/server/ui/) is compiled in as C arrays (scripts/embed.sh; ui.h).
+UI_FILES := $(sort $(wildcard src/server/ui/*))
+LIB_OBJ  += $(BUILD)/ui_assets.o
 CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 
 .PHONY: test-setup bench-setup
 .PHONY: test-neon test-avx512-emu
-.PHONY: all test test-wide test-server bench-server asan bench clean deps FORCE
+.PHONY: all test test-wide test-server test-web bench-server asan bench clean deps FORCE
 all: k3
 
 # copied whenever it differs, so that ./k3 follows the last build's flavour (CUDA=1 or not)
@@ -58,6 +61,17 @@ $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c -o $@ $<
 
+$(BUILD)/ui_assets.c: $(UI_FILES) $(BUILD)/ui_files.txt scripts/embed.sh
+	sh scripts/embed.sh $(UI_FILES) > $@.tmp && mv $@.tmp $@
+
+# Re-embed when a file of the page is added or removed, too.
+$(BUILD)/ui_files.txt: FORCE
+	@mkdir -p $(BUILD)
+	@echo '$(UI_FILES)' | cmp -s - $@ || echo '$(UI_FILES)' > $@
+
+$(BUILD)/ui_assets.o: $(BUILD)/ui_assets.c src/server/ui.h
+	$(CC) $(CFLAGS) -Isrc -c -o $@ $<
+
 $(BUILD)/tests/test_main.o: tests/test_main.c $(BUILD)/suites.txt
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) '-DK3_TEST_SUITES=$(SUITES)' -c -o $@ $<
@@ -78,6 +92,21 @@ test: k3 $(BUILD)/k3_tests
 test-server: k3
 	cd tests/server && npm ci --no-audit --no-fund --loglevel=error && \
 	    K3_BIN=$(CURDIR)/k3 node --test --test-concurrency=1 *.test.mjs
+
+# The chat page (GET /) in a real headless Chromium driven by puppeteer-core (tests/web, ~1
+# min); screenshots in build/web-artifacts/. SKIPPED with the reason without npm or Chromium
+# (scripts/install-deps.sh --with-web). K3_WEB_DOCS_SHOT=docs/web-ui.png refreshes the README's.
+CHROMIUM ?= /usr/bin/chromium
+test-web: k3
+	@if ! command -v npm >/dev/null 2>&1; then \
+	    echo "SKIPPED test-web: npm is missing (scripts/install-deps.sh installs it)"; \
+	elif [ ! -x "$(CHROMIUM)" ]; then \
+	    echo "SKIPPED test-web: no Chromium at $(CHROMIUM) (apt-get install chromium, or" \
+	         "scripts/install-deps.sh --with-web; CHROMIUM=PATH picks another)"; \
+	else \
+	    cd tests/web && npm ci --no-audit --no-fund --loglevel=error && \
+	    K3_BIN=$(CURDIR)/k3 CHROMIUM=$(CHROMIUM) node --test --test-concurrency=1 *.test.mjs; \
+	fi
 
 # Bounded wrk load test of k3 serve on loopback: no crash, no lost request, stable RSS.
 bench-server: k3

@@ -11,6 +11,9 @@ if [ "${1:-}" = "--with-wide" ]; then PKGS="$PKGS python3-numpy"; fi
 if [ "${1:-}" = "--with-wide" ]; then PKGS="$PKGS gcc-aarch64-linux-gnu qemu-user"; fi
 # ... and tests the AVX-512 kernels on any x86-64 through SIMDe (make test-avx512-emu).
 if [ "${1:-}" = "--with-wide" ]; then PKGS="$PKGS libsimde-dev"; fi
+# The chat page's browser tests (make test-web) drive Debian's Chromium; --with-wide (CI) or
+# --with-web installs it.
+if [ "${1:-}" = "--with-wide" ] || [ "${1:-}" = "--with-web" ]; then PKGS="$PKGS chromium"; fi
 SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq

@@ -1,6 +1,8 @@
 /* cmd_serve.c — `k3 serve`: load the model, start the OpenAI-compatible server, print where
  * it listens, and run until SIGINT/SIGTERM. */
 #include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -30,6 +32,7 @@ static void serve_usage(FILE *f) {
         "  POST /v1/chat/completions        chat (K3 chat format; thinking as reasoning_content)\n"
         "  POST /v1/completions             raw text completion of a prompt\n"
         "  GET  /health                     liveness and queue state (no key needed)\n"
+        "  GET  /                           the chat page, for a browser (no key needed)\n"
         "Each path also works without the /v1 prefix. Streaming (\"stream\": true) uses\n"
         "Server-Sent Events ending with data: [DONE]. One generation runs at a time.\n"
         "Without MODEL_DIR the bundled fixture model is used.\n"
@@ -141,6 +144,29 @@ static int parse_args(int argc, char **argv, serve_args *a) {
     return 0;
 }
 
+/* True when every address `host` resolves to is a loopback one (127.0.0.0/8, ::1); the
+ * default host (NULL) is 127.0.0.1. An unresolvable name counts as not loopback. */
+static bool loopback_only(const char *host) {
+    if (!host) return true;
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *res = NULL;
+    if (getaddrinfo(host, NULL, &hints, &res) || !res) return false;
+    bool lo = true;
+    for (const struct addrinfo *r = res; r; r = r->ai_next) {
+        if (r->ai_family == AF_INET) {
+            const struct sockaddr_in *a = (const struct sockaddr_in *)r->ai_addr;
+            lo = lo && (ntohl(a->sin_addr.s_addr) >> 24) == 127;
+        } else if (r->ai_family == AF_INET6) {
+            const struct in6_addr *a = &((const struct sockaddr_in6 *)r->ai_addr)->sin6_addr;
+            lo = lo && (IN6_IS_ADDR_LOOPBACK(a) ||
+                        (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127));
+        } else {
+            lo = false;
+        }
+    }
+    freeaddrinfo(res);
+    return lo;
+}
+
 static int serve(const serve_args *a, k3_err *err) {
     k3_engine *e = NULL;
     k3_server *srv = NULL;
@@ -170,6 +196,12 @@ static int serve(const serve_args *a, k3_err *err) {
         printf("k3 serve: %s\n", spine);
     }
     fflush(stdout);
+    /* Also with -q: the chat page (GET /) and the API are reachable from the network. */
+    if (!loopback_only(a->so.host))
+        fprintf(stderr, "k3 serve: warning: --host %s is not a loopback address: the chat page "
+                "(%s/) and the API are open to other machines%s\n", a->so.host,
+                k3_server_url(srv), a->so.api_key && a->so.api_key[0] ? ""
+                : "; anyone who can reach it can generate: set --api-key KEY (or K3_API_KEY)");
     while (!stop_requested) {
         struct timespec ts = {0, 100 * 1000 * 1000};
         nanosleep(&ts, NULL);

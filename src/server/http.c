@@ -17,16 +17,19 @@
 
 #include "srv.h"
 #include "../util/clock.h"
+#include "ui.h"
 
 #define K3_IDLE_TIMEOUT_S 60      /* an idle keep-alive connection is closed after this */
 #define K3_WAIT_TICK_NS 200000000 /* how often a waiting connection looks at its socket */
 
-enum route { R_NONE, R_MODELS, R_MODEL, R_COMPLETIONS, R_CHAT, R_HEALTH };
+enum route { R_NONE, R_MODELS, R_MODEL, R_COMPLETIONS, R_CHAT, R_HEALTH, R_UI };
 
 typedef struct k3_conn {
     enum route route;
     const char *path;   /* canonical route name for the log */
     char model[256];    /* R_MODEL: the id asked for */
+    const k3_ui_file *ui; /* R_UI: the page's file, and its Content-Type */
+    const char *ui_type;
     k3_sbuf body;
     bool too_large;
     bool answered;      /* a response was queued while reading the headers */
@@ -119,9 +122,29 @@ static enum MHD_Result get_health(k3_server *s, struct MHD_Connection *c) {
     k3_sbuf_str(&b, "{\"status\":\"ok\",\"model\":\"");
     k3_sbuf_json_str(&b, s->model_id, strlen(s->model_id));
     k3_sbuf_printf(&b, "\",\"generating\":%s,\"queued\":%d,\"queue_limit\":%d,"
-                   "\"generations\":%llu,\"completion_tokens\":%llu}\n",
+                   "\"generations\":%llu,\"completion_tokens\":%llu",
                    busy ? "true" : "false", queued, s->o.queue, n, tokens);
+    k3_srv_status_json(s, &b);
+    k3_sbuf_str(&b, "}\n");
     return reply(c, 200, b.oom ? (k3_sbuf_free(&b), NULL) : b.p, NULL, NULL);
+}
+
+/* The chat page (ui.h): static bytes from the binary. The policy lets the page load only its
+ * own files and talk only to this server, and never run inline script. */
+static enum MHD_Result get_ui(struct MHD_Connection *c, const k3_conn *cc) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(
+        cc->ui->size, (void *)cc->ui->data, MHD_RESPMEM_PERSISTENT);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", cc->ui_type);
+    MHD_add_response_header(r, "Cache-Control", "no-cache");
+    MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
+    MHD_add_response_header(r, "Content-Security-Policy",
+                            "default-src 'self'; script-src 'self'; style-src 'self'; "
+                            "img-src 'self' data:; connect-src 'self'; object-src 'none'; "
+                            "base-uri 'none'; frame-ancestors 'none'");
+    enum MHD_Result ret = MHD_queue_response(c, 200, r);
+    MHD_destroy_response(r);
+    return ret;
 }
 
 /* ---- generation endpoints ------------------------------------------------------------------------ */
@@ -280,6 +303,7 @@ static enum MHD_Result post_generate(k3_server *s, struct MHD_Connection *c, k3_
 /* ---- routing --------------------------------------------------------------------------------- */
 
 static enum route route_of(const char *url, k3_conn *cc) {
+    if ((cc->ui = k3_ui_find(url, &cc->ui_type))) return cc->path = "/ui", R_UI;
     if (!strncmp(url, "/v1/", 4)) url += 3;
     if (!strcmp(url, "/models")) return cc->path = "/v1/models", R_MODELS;
     if (!strcmp(url, "/completions")) return cc->path = "/v1/completions", R_COMPLETIONS;
@@ -321,7 +345,7 @@ static enum MHD_Result on_headers(k3_server *s, struct MHD_Connection *c, const 
                     "%s %s is not supported; use %s", method, url, post ? "POST" : "GET");
         e.allow = post ? "POST" : "GET";
     }
-    else if (cc->route != R_HEALTH && !authorized(s, c))
+    else if (cc->route != R_HEALTH && cc->route != R_UI && !authorized(s, c))
         k3_api_fail(&e, 401, "invalid_request_error", "invalid_api_key", NULL,
                     "Missing or incorrect API key: send \"Authorization: Bearer KEY\" with the "
                     "key given to k3 serve (--api-key or K3_API_KEY)");
@@ -373,6 +397,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     case R_MODELS: return get_models(s, c);
     case R_MODEL: return get_model(s, c, cc->model);
     case R_HEALTH: return get_health(s, c);
+    case R_UI: return get_ui(c, cc);
     default: return post_generate(s, c, cc);
     }
 }

@@ -124,7 +124,20 @@ typedef struct k3_job {
     bool failed;
     k3_api_error err;            /* when failed */
     double t_start, t_end;       /* monotonic seconds: start of prefill, end */
+    double t_decode;             /* monotonic seconds: end of prefill (0 = not reached) */
 } k3_job;
+
+/* What /health reports about the last finished generation and the engine's counters
+ * (status.c). Written by the worker after each job, read by /health; guarded by srv->mu. */
+typedef struct k3_srv_status {
+    bool have_last;              /* a generation has finished since start */
+    int prompt_tokens, cached_tokens, completion_tokens;
+    double prefill_s, decode_s;  /* wall seconds of each phase of the last generation */
+    double gb_per_token;         /* GB read from storage (experts + streamed spine) per token
+                                    the last generation fed; 0 when all was in memory */
+    uint64_t expert_requests, expert_hits; /* engine-wide since load; hits include prefetch */
+    uint64_t bytes_read_total;   /* engine-wide storage bytes read (experts + spine) */
+} k3_srv_status;
 
 struct k3_server {
     const k3_engine *eng;
@@ -147,6 +160,7 @@ struct k3_server {
     unsigned long long n_requests; /* generations admitted */
     unsigned long long n_ids;      /* request ids handed out */
     unsigned long long n_tokens;   /* completion tokens generated, all requests */
+    k3_srv_status status;          /* the last generation, for /health */
 
     pthread_t worker;
     bool worker_started;
@@ -167,6 +181,11 @@ void k3_job_cancel_locked(struct k3_server *s, k3_job *j);
 /* Blocks until the job is DONE (cancelling it first when cancel is true). */
 void k3_job_wait_done(struct k3_server *s, k3_job *j, bool cancel);
 void k3_job_free(k3_job *j);
+
+/* status.c — the worker records a finished job (session = its session; call without s->mu);
+ * /health appends the status fields (memory plan, last generation, hit rate) to b. */
+void k3_srv_status_record(struct k3_server *s, const k3_job *j, const k3_session *session);
+void k3_srv_status_json(struct k3_server *s, k3_sbuf *b);
 
 /* emit.c — per-job output state used by the worker */
 typedef struct k3_emitter k3_emitter;

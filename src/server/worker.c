@@ -416,7 +416,10 @@ static void run_job(k3_server *s, k3_job *j) {
     k3_emit_start(w->em);
     int rc = start_sampling(s, j, &err) ? -1 : prefill(s, j, &err);
     if (rc < 0) failed = true;
-    else if (rc == 0) finish = decode(s, j, &err, &failed);
+    else if (rc == 0) {
+        j->t_decode = k3_srv_now_s(); /* prefill time vs decode speed, for /health */
+        finish = decode(s, j, &err, &failed);
+    }
     if (failed) {
         j->failed = true;
         k3_api_fail(&j->err, 500, "server_error", NULL, NULL, "generation failed: %s", err.msg);
@@ -444,6 +447,7 @@ static void *worker_main(void *arg) {
         pthread_cond_broadcast(&s->progress);
         pthread_mutex_unlock(&s->mu);
         run_job(s, j);
+        k3_srv_status_record(s, j, s->ws->sess); /* for /health (status.c) */
         pthread_mutex_lock(&s->mu);
         j->state = K3_JOB_DONE;
         s->running = NULL;

@@ -46,7 +46,7 @@ test('401 without the right bearer key; /health needs none', async () => {
 test('404 for unknown paths and models; 405 for a wrong method', async () => {
   isError(await raw(srv, 'GET', '/v1/nope', undefined, AUTH), 404);
   isError(await raw(srv, 'POST', '/v2/chat/completions', '{}', AUTH), 404);
-  isError(await raw(srv, 'GET', '/', undefined, AUTH), 404);
+  isError(await raw(srv, 'GET', '/nope', undefined, AUTH), 404); // / is the chat page (ui.test.mjs)
   await assert.rejects(api.models.retrieve('gpt-4o'), (e) => e.status === 404);
   isError(await raw(srv, 'GET', '/v1/chat/completions', undefined, AUTH), 405);
   isError(await raw(srv, 'POST', '/v1/models', '{}', AUTH), 405);
