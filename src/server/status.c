@@ -43,8 +43,11 @@ void k3_srv_status_json(k3_server *s, k3_sbuf *b) {
     k3_srv_status o = s->status;
     pthread_mutex_unlock(&s->mu);
     k3_sbuf_printf(b, ",\"context_tokens\":%d", s->ctx);
-    json_line(b, "memory_plan", k3_engine_store_line(s->eng));
-    json_line(b, "device", k3_engine_device_line(s->eng));
+    char line[K3_DESCRIBE_CAP];
+    k3_engine_describe(s->eng, K3_DESCRIBE_STORE, line, sizeof line);
+    json_line(b, "memory_plan", line);
+    k3_engine_describe(s->eng, K3_DESCRIBE_DEVICE, line, sizeof line);
+    json_line(b, "device", line);
     if (o.expert_requests)
         k3_sbuf_printf(b, ",\"expert_hit_rate\":%.4f",
                        (double)o.expert_hits / (double)o.expert_requests);

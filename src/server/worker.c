@@ -417,7 +417,7 @@ static void run_job(k3_server *s, k3_job *j) {
     int rc = start_sampling(s, j, &err) ? -1 : prefill(s, j, &err);
     if (rc < 0) failed = true;
     else if (rc == 0) {
-        j->t_decode = k3_srv_now_s(); /* prefill time vs decode speed, for /health */
+        j->t_decode = k3_now_s(); /* prefill time vs decode speed, for /health */
         finish = decode(s, j, &err, &failed);
     }
     if (failed) {
