@@ -289,7 +289,7 @@ static void expect_load(const char *dir, int code, const char *const *needles, c
     if (k3_test_stopped()) return;
     k3_engine *e = NULL;
     k3_err err = {0};
-    k3_engine_opts o = {0};
+    k3_engine_opts o = k3_engine_opts_default();
     int rc = k3_engine_load(dir, &o, &e, &err);
     if (rc == K3_OK) k3_engine_free(e);
     if (msg) memcpy(msg, err.msg, sizeof err.msg);

@@ -26,7 +26,8 @@
 static k3_engine *load(const char *dir) {
     k3_engine *e = NULL;
     k3_err err = {0};
-    k3_engine_opts o = {.threads = 1};
+    k3_engine_opts o = k3_engine_opts_default();
+    o.threads = 1;
     CHECK_OR(NULL, k3_engine_load(dir, &o, &e, &err) == K3_OK, "%s", err.msg);
     return e;
 }

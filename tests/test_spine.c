@@ -28,9 +28,12 @@ static void clean_env(void) {
 
 static int load_io(const char *dir, double gb, int int8, const char *pack_dir, int direct,
                    k3_engine **e, k3_err *err) {
-    k3_engine_opts o = {.threads = 2, .spine_budget = gb != NO_FLAG, .spine_gb = gb < 0 ? 0 : gb,
-                        .spine = int8 ? K3_SPINE_INT8 : K3_SPINE_BF16, .pack_dir = pack_dir,
-                        .direct = direct};
+    k3_engine_opts o = k3_engine_opts_default();
+    o.threads = 2;
+    o.spine_gb = gb == NO_FLAG ? -1 : gb < 0 ? 0 : gb;
+    o.spine = int8 ? K3_SPINE_INT8 : K3_SPINE_BF16;
+    o.pack_dir = pack_dir;
+    o.direct = direct;
     clean_env();
     return k3_engine_load(dir, &o, e, err);
 }

@@ -131,7 +131,9 @@ static void weight_sizes(const k3_engine *e, double *expert, double *spine) {
 }
 
 static int load(const bopts *o, k3_engine **e, k3_err *err) {
-    k3_engine_opts eo = {.threads = o->threads, .verbose = 1};
+    k3_engine_opts eo = k3_engine_opts_default();
+    if (o->threads) eo.threads = o->threads;
+    eo.verbose = 1;
     return k3_engine_load(o->model_dir, &eo, e, err);
 }
 
