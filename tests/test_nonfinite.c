@@ -98,7 +98,7 @@ static void test_cli_prompt(void) {
         snprintf(args, sizeof args, "run %s --prompt-ids %d --max-new 4", dir, BOS);
         if (!k3t_cli_run(args, &r)) {
             CHECK(r.status == K3_ERR_CHECKPOINT, "exit %d, stderr: %s", r.status, r.err);
-            CHECK(strstr(r.err, "k3: non-finite logits") && strstr(r.err, "after position 0"),
+            CHECK(strstr(r.err, "k3 run: non-finite logits") && strstr(r.err, "after position 0"),
                   "stderr: %s", r.err);
             CHECK(r.out[0] == 0, "stdout: %s", r.out);
         }

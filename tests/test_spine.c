@@ -362,7 +362,7 @@ static void test_cli_flag(void) {
     int same = out0 && out1 && !strcmp(out0, out1);
     int plan = err1 && strstr(err1, "spine budget 0.000 MB: resident no layers") &&
                strstr(err1, "streamed layers 0..8 + lm_head");
-    int bad = err2 && strstr(err2, "--spine-gb needs a number of GB >= 0");
+    int bad = err2 && strstr(err2, "--spine-gb='-1': expected a finite number in [0, ");
     int cuda = err3 && strstr(err3, "on the GPU use --gpu-gb");
     char *e1 = err1 ? strdup(err1) : NULL;
     free(out0), free(out1), free(err1), free(err2), free(err3);

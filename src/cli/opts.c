@@ -61,7 +61,7 @@ static const k3_opt table[] = {
      .help = "RAM for the spine in GB (CPU only): lm_head and the first layers that\n"
              "fit stay resident, the rest are read from the shards half a layer at a\n"
              "time while the previous half computes (two staging buffers, counted in G;\n"
-             "O_DIRECT unless --direct 0); 0 streams every layer. Output is identical\n"
+             "O_DIRECT unless --direct 0 or K3_DIRECT=0); 0 streams every layer. Output is identical\n"
              "for every G. Default: everything used in place from the mapped files"},
     /* ---- expert store */
     {.flag = "--expert-gb", .env = "K3_EXPERT_GB", K3_OPT_ENG(expert_gb), .type = K3_OPT_DOUBLE,

@@ -4,7 +4,7 @@
  *
  * Invariants:
  *  - The message names the option as given (`name`, e.g. "--expert-gb" or "K3_EXPERT_GB")
- *    and quotes the text: "--expert-gb 'inf': expected a number in [0.001, 1e+06]".
+ *    and quotes the text: "--expert-gb='inf': expected a finite number in (0, 1e+06]".
  *  - Doubles must be finite (inf and nan are refused whatever the range).
  *  - Nothing is written to *out on error.
  */
