@@ -253,8 +253,8 @@ static void test_empty_api_key(void) {
 /* --help of each command is the table: every row of every group it draws is listed. */
 static void test_help_lists_shared_groups(void) {
     static const struct { const char *cmd; unsigned groups; } cmds[] = {
-        {"run", K3_OG_MODEL | K3_OG_SPEED | K3_OG_SAMPLING | K3_OG_CHAT | K3_OG_CTX | K3_OG_STATE},
-        {"chat", K3_OG_MODEL | K3_OG_SPEED | K3_OG_SAMPLING | K3_OG_CHAT | K3_OG_CTX | K3_OG_STATE},
+        {"run", K3_OG_MODEL | K3_OG_TRACE | K3_OG_SPEED | K3_OG_SAMPLING | K3_OG_CHAT | K3_OG_CTX | K3_OG_STATE},
+        {"chat", K3_OG_MODEL | K3_OG_TRACE | K3_OG_SPEED | K3_OG_SAMPLING | K3_OG_CHAT | K3_OG_CTX | K3_OG_STATE},
         {"serve", K3_OG_MODEL | K3_OG_SPEED | K3_OG_CTX},
         {"quality", K3_OG_DEVICE | K3_OG_THREADS | K3_OG_BUDGET | K3_OG_QUIET},
     };

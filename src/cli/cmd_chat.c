@@ -66,7 +66,8 @@ static const k3_cli_command chat_cmd = {
         "--load-state continues a state saved by k3 run --chat --save-state or k3 chat\n"
         "--save-state (written when the chat ends).\n",
     .rows = chat_rows, .n_rows = sizeof chat_rows / sizeof *chat_rows,
-    .groups = K3_OG_MODEL | K3_OG_SPEED | K3_OG_SAMPLING | K3_OG_CHAT | K3_OG_CTX | K3_OG_STATE,
+    .groups = K3_OG_MODEL | K3_OG_TRACE | K3_OG_SPEED | K3_OG_SAMPLING | K3_OG_CHAT |
+              K3_OG_CTX | K3_OG_STATE,
     .epilog = chat_commands,
     .max_positional = 1,
 };

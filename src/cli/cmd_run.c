@@ -68,7 +68,8 @@ static const k3_cli_command run_cmd = {
         "the bundled fixture model is used. --system, --effort and the thinking flags apply\n"
         "with --chat.\n",
     .rows = run_rows, .n_rows = sizeof run_rows / sizeof *run_rows,
-    .groups = K3_OG_MODEL | K3_OG_SPEED | K3_OG_SAMPLING | K3_OG_CHAT | K3_OG_CTX | K3_OG_STATE,
+    .groups = K3_OG_MODEL | K3_OG_TRACE | K3_OG_SPEED | K3_OG_SAMPLING | K3_OG_CHAT |
+              K3_OG_CTX | K3_OG_STATE,
     .max_positional = 1,
 };
 

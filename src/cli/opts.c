@@ -90,11 +90,11 @@ static const k3_opt table[] = {
      .help = "no cache: experts used in place from the mapped shards (the reference\n"
              "path)"},
     {.flag = "--profile", .env = "K3_PROFILE", .field = "profile", K3_OPT_COM(profile),
-     .type = K3_OPT_SWITCH, .value = 1, .lo = 0, .hi = 2, .group = K3_OG_STORE,
+     .type = K3_OPT_SWITCH, .value = 1, .lo = 0, .hi = 2, .group = K3_OG_TRACE,
      .help = "one line per pass on stderr: attention, router, expert wait, expert\n"
              "compute, head; K3_PROFILE=2 adds each MoE layer's expert wait / compute"},
     {.flag = "--router-trace", .field = "router_trace", K3_OPT_COM(router_trace),
-     .type = K3_OPT_STR, .meta = "PATH", .group = K3_OG_STORE,
+     .type = K3_OPT_STR, .meta = "PATH", .group = K3_OG_TRACE,
      .help = "write one JSON line per (step, layer): chosen expert ids and weights in\n"
              "router order, flushed line by line"},
     /* ---- speed */
@@ -159,6 +159,11 @@ static const k3_opt table[] = {
      .group = K3_OG_NET,
      .help = "Hugging Face token for the experts a streaming install (k3 setup --stream)\n"
              "still downloads"},
+    /* read by k3 setup through k3_opts_env (it has flags of its own) */
+    {.env = "HF_ENDPOINT", .field = "endpoint", .type = K3_OPT_STR,
+     .help = "k3 setup: the Hugging Face endpoint (default https://huggingface.co)"},
+    {.env = "K3_SETUP_FREE_BYTES", .field = "free_bytes", .type = K3_OPT_STR,
+     .flags = K3_OPTF_LAB, .help = "tests: the free disk space k3 setup assumes"},
     /* ---- output */
     {.flag = "--quiet", .alias = "-q", .field = "quiet", K3_OPT_COM(quiet),
      .type = K3_OPT_SWITCH, .value = 1, .group = K3_OG_QUIET,
@@ -174,7 +179,7 @@ static const struct {
     {K3_OG_DEVICE, "device"}, {K3_OG_THREADS, "threads and kernels"},
     {K3_OG_SPINE, "spine"}, {K3_OG_BUDGET, "spine folder and budget"},
     {K3_OG_STORE, "expert store (routed experts are read from the shards on demand)"},
-    {K3_OG_SPEED, "speed (exact)"}, {K3_OG_SAMPLING, "sampling"}, {K3_OG_CHAT, "chat"},
+    {K3_OG_TRACE, "tracing"}, {K3_OG_SPEED, "speed (exact)"}, {K3_OG_SAMPLING, "sampling"}, {K3_OG_CHAT, "chat"},
     {K3_OG_CTX, "context"}, {K3_OG_STATE, "state files"},
     {K3_OG_NET, "environment"}, {K3_OG_QUIET, "output"},
 };
@@ -463,9 +468,10 @@ void k3_opts_error(const char *cmd, const char *msg) {
     fprintf(stderr, "k3 %s: %s\n", cmd, mapped);
 }
 
-const char *k3_opts_env(const char *flag) {
+const char *k3_opts_env(const char *name) {
     for (size_t i = 0; i < N_TABLE; i++)
-        if (table[i].flag && table[i].env && !strcmp(table[i].flag, flag)) {
+        if (table[i].env && ((table[i].flag && !strcmp(table[i].flag, name)) ||
+                             !strcmp(table[i].env, name))) {
             const char *v = getenv(table[i].env);
             return v && *v ? v : NULL;
         }

@@ -71,6 +71,7 @@ enum {
     K3_OG_STATE = 1 << 9,    /* --load-state, --save-state */
     K3_OG_NET = 1 << 10,     /* HF_TOKEN (variable only) */
     K3_OG_QUIET = 1 << 11,   /* -q, --quiet */
+    K3_OG_TRACE = 1 << 12,   /* --profile, --router-trace (run, chat) */
     K3_OG_MODEL = K3_OG_DEVICE | K3_OG_THREADS | K3_OG_SPINE | K3_OG_BUDGET | K3_OG_STORE |
                   K3_OG_NET | K3_OG_QUIET, /* every command that loads a model for generation */
 };
@@ -152,7 +153,9 @@ void k3_opts_map_fields(const char *msg, char *out, size_t cap);
 /* The shared table (for tests and `k3 version`): rows and count. */
 const k3_opt *k3_opts_table(size_t *n);
 
-/* The environment value of the row that sets flag (set and non-empty), or NULL. */
-const char *k3_opts_env(const char *flag);
+/* The value of the variable of the row named by its flag or its variable (set and
+ * non-empty), or NULL: for commands that read a table variable without parsing the table
+ * (k3 version: K3_KERNELS; k3 setup: HF_TOKEN, HF_ENDPOINT, K3_SETUP_FREE_BYTES). */
+const char *k3_opts_env(const char *name);
 
 #endif
