@@ -318,6 +318,6 @@ int k3_cmd_bench_batch(int argc, char **argv) {
     if (rc) return rc < 0 ? 0 : rc;
     k3_err err = {0};
     rc = !strcmp(what, "prefill") ? bench_prefill(&o, &err) : bench_spec(&o, &err);
-    if (rc) fprintf(stderr, "k3: %s\n", err.msg);
+    if (rc) fprintf(stderr, "k3 bench %s: %s\n", what, err.msg);
     return rc;
 }

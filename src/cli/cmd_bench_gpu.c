@@ -10,6 +10,7 @@
 
 #include "../engine/k3.h"
 #include "cli.h"
+#include "../util/parse.h"
 #ifdef K3_WITH_CUDA
 #include "../cuda/gpu.h"
 #endif
@@ -169,15 +170,10 @@ done:
 #endif
 
 static int parse_int(const char *s, const char *flag, int lo, int *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || *end || end == s || v < lo || v > 1 << 20) {
-        fprintf(stderr, "k3 bench-gpu: %s needs an integer >= %d, got '%s'\n", flag, lo, s);
-        return K3_ERR_USAGE;
-    }
-    *out = (int)v;
-    return 0;
+    k3_err err = {0};
+    if (!k3_parse_int(s, flag, lo, 1 << 20, out, &err)) return 0;
+    fprintf(stderr, "k3 bench-gpu: %s\n", err.msg);
+    return K3_ERR_USAGE;
 }
 
 int k3_cmd_bench_gpu(int argc, char **argv) {
@@ -193,7 +189,13 @@ int k3_cmd_bench_gpu(int argc, char **argv) {
         } else if (!strcmp(a, "--tokens") && has) rc = parse_int(argv[++i], a, 1, &tokens);
         else if (!strcmp(a, "--warmup") && has) rc = parse_int(argv[++i], a, 0, &warmup);
         else if (!strcmp(a, "--reps") && has) rc = parse_int(argv[++i], a, 1, &reps);
-        else if (!strcmp(a, "--gpu-gb") && has) gpu_gb = atof(argv[++i]);
+        else if (!strcmp(a, "--gpu-gb") && has) {
+            k3_err err = {0};
+            if (k3_parse_double(argv[++i], a, 0, 1e6, &gpu_gb, &err)) {
+                fprintf(stderr, "k3 bench-gpu: %s\n", err.msg);
+                rc = K3_ERR_USAGE;
+            }
+        }
         else if (a[0] != '-' && !dir) dir = a;
         else {
             fprintf(stderr, "k3 bench-gpu: unknown option or missing value: '%s'\n", a);

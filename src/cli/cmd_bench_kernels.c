@@ -27,15 +27,10 @@ static double now_s(void) {
 }
 
 static int parse_pos_int(const char *s, const char *flag, int *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || *end || end == s || v < 1 || v > 1 << 20) {
-        fprintf(stderr, "k3 bench: %s needs a positive integer, got '%s'\n", flag, s);
-        return K3_ERR_USAGE;
-    }
-    *out = (int)v;
-    return 0;
+    k3_err err = {0};
+    if (!k3_parse_int(s, flag, 1, 1 << 20, out, &err)) return 0;
+    fprintf(stderr, "k3 bench: %s\n", err.msg);
+    return K3_ERR_USAGE;
 }
 
 /* ---- k3 bench kernels ----------------------------------------------------------------- */

@@ -63,7 +63,7 @@ static int plan_slots(k3_store *st, const k3_store_settings *set, k3_err *err) {
         want = (uint64_t)(set->expert_gb * 1e9) / st->slot_bytes;
         if (want == 0)
             return k3_fail(err, K3_ERR_USAGE, "expert cache budget %.6g GB is below one expert "
-                           "slot (%.3f MB): raise K3_EXPERT_GB / --expert-gb", set->expert_gb,
+                           "slot (%.3f MB): raise expert_gb", set->expert_gb,
                            (double)st->slot_bytes / 1e6);
     } else {
         uint64_t other = p->spine_bytes + p->state_bytes + p->headroom_bytes;
@@ -405,7 +405,7 @@ void k3_store_set_read_hook(k3_store *st, k3_store_read_hook hook, void *user) {
 
 int k3_store_set_source(k3_store *st, const k3_expert_source *src, k3_err *err) {
     if (st->in_place)
-        return k3_fail(err, K3_ERR_USAGE, "experts cannot be used in place (K3_MMAP_EXPERTS=1) "
+        return k3_fail(err, K3_ERR_USAGE, "experts cannot be used in place (experts_in_place) "
                        "from a streaming install: some are not on disk yet");
     pthread_mutex_lock(&st->mu);
     st->source = *src;

@@ -53,17 +53,17 @@ enum { K3_PIPE_AUTO = 0, K3_PIPE_PREV = 1, K3_PIPE_LOOKAHEAD = 2, K3_PIPE_ALL = 
 /* The knobs a user sets (k3_engine_opts passes them on; the store reads no environment).
  * Zero fields take the default. */
 typedef struct k3_store_settings {
-    double expert_gb;   /* K3_EXPERT_GB: cache budget in GB (1e9 bytes); <= 0 = plan default */
+    double expert_gb;   /* expert_gb: cache budget in GB (1e9 bytes); <= 0 = plan default */
     int expert_slots;   /* > 0: exactly this many slots (tests, benchmarks); beats expert_gb */
-    int load_threads;   /* K3_LOAD_THREADS: reader threads; <= 0 = 4 */
-    int direct;         /* K3_DIRECT (0|1): enum k3_io_mode; AUTO = direct iff experts do not
+    int load_threads;   /* reader threads; <= 0 = 4 */
+    int direct;         /* enum k3_io_mode; AUTO = direct iff experts do not
                          * fit in RAM beside the spine and headroom */
-    int pipe;           /* K3_PIPE (0|1|prev|lookahead): mask or AUTO (= all when the cache
+    int pipe;           /* predictor mask or AUTO (= all when the cache
                          * holds at least 2 × top-k slots, else off) */
-    int policy;         /* K3_CACHE_POLICY (lru|s3fifo): enum k3_cache_policy; default S3-FIFO */
-    int in_place;       /* K3_MMAP_EXPERTS=1: no cache, experts used in place from the mapped
+    int policy;         /* enum k3_cache_policy; default S3-FIFO */
+    int in_place;       /* 1: no cache, experts used in place from the mapped
                          * shards (the in-memory reference path) */
-    const char *dirs;   /* K3_DIRS: extra ':'-separated folders holding shards (src/format) */
+    const char *dirs;   /* extra ':'-separated folders holding shards (src/format) */
 } k3_store_settings;
 
 /* Checks the fields' ranges. Errors: K3_ERR_USAGE naming the field ("expert_gb", ...). */
@@ -191,7 +191,7 @@ typedef struct k3_expert_source {
 
 /* Installs src (copied) before the first request. A failed source read fails the request
  * with the source's own status and message (e.g. K3_ERR_NETWORK naming the expert and URL).
- * Errors: K3_ERR_USAGE in the in-place mode (K3_MMAP_EXPERTS=1), which would read the
+ * Errors: K3_ERR_USAGE in the in-place mode (in_place), which would read the
  * missing experts' holes in the mapped shards as weights. */
 int k3_store_set_source(k3_store *st, const k3_expert_source *src, k3_err *err);
 
