@@ -13,6 +13,7 @@
 #include "../src/cli/opts.h"
 #include "../src/engine/k3.h"
 #include "../src/server/server.h"
+#include "../src/server/srv.h"
 #include "../src/util/parse.h"
 #include "cli_run.h"
 #include "test.h"
@@ -286,6 +287,29 @@ static void test_help_lists_shared_groups(void) {
     k3t_cli_free(&r);
 }
 
+/* serve's --temperature / --effort are the defaults of requests that leave them out. */
+static void test_server_defaults(void) {
+    k3_server_opts so = {.temperature = 0.25, .effort = "low"};
+    static const struct { const char *body; double temperature; const char *effort; } cases[] = {
+        {"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}", 0.25, "low"},
+        {"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"temperature\": 0.5}", 0.5, "low"},
+        {"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"temperature\": null, \"reasoning_effort\": \"high\"}", 0.25, NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        cJSON *root = cJSON_Parse(cases[i].body);
+        k3_srv_params p;
+        k3_api_error e;
+        int rc = k3_srv_parse_params(root, K3_SRV_CHAT, 0, &p, &e);
+        if (!rc) k3_srv_apply_defaults(root, &so, &p);
+        CHECK(rc == 0 && p.temperature == cases[i].temperature &&
+              (cases[i].effort ? p.effort && !strcmp(p.effort, cases[i].effort) : !p.effort),
+              "%s: temperature %g, effort %s", cases[i].body, p.temperature,
+              p.effort ? p.effort : "(request's)");
+        if (!rc) k3_srv_params_free(&p);
+        cJSON_Delete(root);
+    }
+}
+
 static void test_seed_unused_warning(void) {
     k3t_cli r = {0};
     if (!k3t_cli_run(GEN " --prompt hi --seed 5", &r))
@@ -396,6 +420,7 @@ const k3_test k3_suite_opts[] = {
     {"empty_api_key", test_empty_api_key},
     {"help_lists_shared_groups", test_help_lists_shared_groups},
     {"seed_unused_warning", test_seed_unused_warning},
+    {"server_defaults", test_server_defaults},
     {"pack_out_created", test_pack_out_created},
     {0},
 };
