@@ -245,10 +245,7 @@ static int set_value(const k3_opt *r, const char *text, const char *name,
         break;
     case K3_OPT_DOUBLE:
         rc = k3_parse_double(text, name, r->lo, r->hi, &d, err);
-        if (!rc && (r->flags & K3_OPTF_LO_OPEN) && !(d > r->lo))
-            rc = k3_fail(err, K3_ERR_USAGE, "%s='%s': expected a finite number in (%g, %g]",
-                         name, text, r->lo, r->hi);
-        else if (rc && (r->flags & K3_OPTF_LO_OPEN))
+        if ((r->flags & K3_OPTF_LO_OPEN) && (rc || !(d > r->lo))) /* the range says "(lo" */
             rc = k3_fail(err, K3_ERR_USAGE, "%s='%s': expected a finite number in (%g, %g]",
                          name, text, r->lo, r->hi);
         if (!rc) *(double *)p = d;
