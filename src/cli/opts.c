@@ -252,8 +252,8 @@ static int set_value(const k3_opt *r, const char *text, const char *name,
         break;
     case K3_OPT_STR:
         if ((r->flags & K3_OPTF_NONEMPTY) && !*text)
-            return k3_fail(err, K3_ERR_USAGE, "%s is empty: give a value (or leave it out)",
-                           name);
+            return k3_fail(err, K3_ERR_USAGE, "%s is empty: give a value (or %s)", name,
+                           name[0] == '-' ? "leave the flag out" : "unset the variable");
         *(const char **)p = text;
         break;
     case K3_OPT_WORD:
