@@ -25,10 +25,24 @@ static cJSON *load_json(const char *dir, const char *name) {
     return j;
 }
 
+/* The suites that run the fixture checks on every kernel path or on the GPU (test_paths,
+ * test_cuda) say so through these variables; the test harness maps them onto the options
+ * (the library reads no environment). */
+static k3_engine_opts test_opts(void) {
+    k3_engine_opts o = k3_engine_opts_default();
+    const char *v;
+    if ((v = getenv("K3_KERNELS")) && *v) o.kernels = v;
+    if ((v = getenv("K3_DEVICE")) && *v) o.device = v;
+    if ((v = getenv("K3_GPU_LAYERS")) && *v) o.gpu_max_layers = atoi(v);
+    if ((v = getenv("K3_GPU_EXPERT_SLOTS")) && *v) o.gpu_expert_slots = atoi(v);
+    return o;
+}
+
 static k3_engine *load_engine(const char *model_dir) {
     k3_engine *e = NULL;
     k3_err err = {0};
-    if (k3_engine_load(model_dir, NULL, &e, &err))
+    k3_engine_opts o = test_opts();
+    if (k3_engine_load(model_dir, &o, &e, &err))
         k3_test_fail(__FILE__, __LINE__, "loading %s: %s", model_dir, err.msg);
     return e;
 }

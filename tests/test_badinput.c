@@ -4,7 +4,7 @@
  * thing, and checks both
  *  (a) k3_engine_load: the status code, and a message naming the file and the tensor/field;
  *  (b) the CLI (`$K3_BIN run DIR --prompt-ids 1792 --max-new 2`, K3_BIN defaults to ./k3):
- *      exit status equal to that code, stderr starting with "k3: " and naming the file, and
+ *      exit status equal to that code, stderr starting with "k3 run: " and naming the file, and
  *      an empty stdout (no garbage tokens).
  * The fixture itself is never written. Temporary folders are removed afterwards.
  */
@@ -289,7 +289,7 @@ static void expect_load(const char *dir, int code, const char *const *needles, c
     if (k3_test_stopped()) return;
     k3_engine *e = NULL;
     k3_err err = {0};
-    k3_engine_opts o = {0};
+    k3_engine_opts o = k3_engine_opts_default();
     int rc = k3_engine_load(dir, &o, &e, &err);
     if (rc == K3_OK) k3_engine_free(e);
     if (msg) memcpy(msg, err.msg, sizeof err.msg);
@@ -389,7 +389,7 @@ static void expect_cli_args(const char *const *args, int code, const char *prefi
 
 static void expect_cli(const char *dir, int code, const char *const *needles) {
     const char *args[] = {"run", dir, "--prompt-ids", "1792", "--max-new", "2", NULL};
-    expect_cli_args(args, code, "k3: ", needles);
+    expect_cli_args(args, code, "k3 run: ", needles);
 }
 
 /* Both checks on dir; the needles are strings the message must contain. */
@@ -782,13 +782,13 @@ static void test_cli_no_prompt(void) {
 static void test_cli_prompt_id_out_of_vocab(void) {
     const char *args[] = {"run", NANO, "--prompt-ids", "99999", "--max-new", "2", NULL};
     const char *const needles[] = {"--prompt-ids", "99999", "2048", NULL};
-    expect_cli_args(args, K3_ERR_INPUT, "k3: ", needles); /* as k3 detokenize (idlist.h) */
+    expect_cli_args(args, K3_ERR_INPUT, "k3: ", needles); /* after the load line */
 }
 
 static void test_cli_prompt_ids_garbage(void) {
     const char *args[] = {"run", NANO, "--prompt-ids", "1792,x", "--max-new", "2", NULL};
     const char *const needles[] = {"--prompt-ids", "1792,x", NULL};
-    expect_cli_args(args, K3_ERR_USAGE, "k3: ", needles);
+    expect_cli_args(args, K3_ERR_USAGE, "k3: ", needles); /* after the load line */
 }
 
 const k3_test k3_suite_badinput[] = {

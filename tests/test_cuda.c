@@ -84,7 +84,8 @@ static void test_nano_streamed_small_cache(void) {
 }
 
 static k3_engine *load(const char *dev) {
-    k3_engine_opts o = {.device = dev};
+    k3_engine_opts o = k3_engine_opts_default();
+    o.device = dev;
     k3_engine *e = NULL;
     k3_err err = {0};
     if (k3_engine_load(NANO, &o, &e, &err)) k3_test_fail(__FILE__, __LINE__, "%s", err.msg);
@@ -391,16 +392,12 @@ done:
     free(host), free(z), free(h), free(hg), free(g), free(u), free(eo), free(eog), free(bh), free(bo);
 }
 
-/* Every launch schedule (K3_MX_SCHEDULE, kern.h), each with the fast and the exact scale
- * decode; the variable is restored afterwards. */
+/* Every launch schedule (k3k_set_tuning, kern.h), each with the fast and the exact scale
+ * decode; the default schedule is restored afterwards. */
 static void test_experts_mxfp4(void) {
     if (!have_gpu()) return;
-    const char *env = getenv("K3_MX_SCHEDULE");
-    char *saved = env ? strdup(env) : NULL;
     for (int sc = 0; sc < K3K_MX_SCHEDULES && !k3_test_stopped(); sc++) {
-        char v[16];
-        snprintf(v, sizeof v, "%d", sc);
-        setenv("K3_MX_SCHEDULE", v, 1);
+        k3k_set_tuning(1, sc);
         mx_schedule = sc;
         for (int sp = 0; sp < 2 && !k3_test_stopped(); sp++) { /* fast and exact scale decode */
             check_experts(16, 96, 160, sp, 0);                          /* odd group count */
@@ -409,9 +406,7 @@ static void test_experts_mxfp4(void) {
             if (!k3_test_stopped()) check_experts(2, 32, 32, sp, 20);    /* one group, large x */
         }
     }
-    if (saved) setenv("K3_MX_SCHEDULE", saved, 1);
-    else unsetenv("K3_MX_SCHEDULE");
-    free(saved);
+    k3k_set_tuning(1, 0);
 }
 
 static void test_rmsnorm(void) {

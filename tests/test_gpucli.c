@@ -43,7 +43,7 @@ static void test_gpu_gb_finite(void) {
         k3t_cli r = {0};
         if (k3t_cli_run(args, &r)) continue;
         char want[64];
-        snprintf(want, sizeof want, "--gpu-gb needs a number of GB > 0");
+        snprintf(want, sizeof want, "--gpu-gb='%s': expected a finite number in (0, ", bad[i]);
         CHECK(r.status == K3_ERR_USAGE && strstr(r.err, want) && strstr(r.err, bad[i]),
               "--gpu-gb %s: exit %d, stderr: %s", bad[i], r.status, r.err);
         k3t_cli_free(&r);
@@ -55,8 +55,10 @@ static void test_chat_serve_help_device(void) {
     for (int i = 0; i < 2; i++) {
         k3t_cli r = {0};
         if (k3t_cli_run(cmds[i], &r)) continue;
-        CHECK(r.status == 0 && strstr(r.out, "K3_DEVICE=cuda") && strstr(r.out, "K3_GPU_GB") &&
-              strstr(r.out, "make") && strstr(r.out, "CUDA=1"), "k3 %s: %s", cmds[i], r.out);
+        CHECK(r.status == 0 && strstr(r.out, "--device DEV") && strstr(r.out, "K3_DEVICE") &&
+              strstr(r.out, "--gpu-gb G") && strstr(r.out, "K3_GPU_GB") &&
+              strstr(r.out, "make CUDA=1") && strstr(r.out, "(default auto; K3_DEVICE)"),
+              "k3 %s: %s", cmds[i], r.out);
         k3t_cli_free(&r);
     }
 }

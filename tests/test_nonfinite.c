@@ -26,7 +26,8 @@
 static k3_engine *load(const char *dir) {
     k3_engine *e = NULL;
     k3_err err = {0};
-    k3_engine_opts o = {.threads = 1};
+    k3_engine_opts o = k3_engine_opts_default();
+    o.threads = 1;
     CHECK_OR(NULL, k3_engine_load(dir, &o, &e, &err) == K3_OK, "%s", err.msg);
     return e;
 }
@@ -97,7 +98,7 @@ static void test_cli_prompt(void) {
         snprintf(args, sizeof args, "run %s --prompt-ids %d --max-new 4", dir, BOS);
         if (!k3t_cli_run(args, &r)) {
             CHECK(r.status == K3_ERR_CHECKPOINT, "exit %d, stderr: %s", r.status, r.err);
-            CHECK(strstr(r.err, "k3: non-finite logits") && strstr(r.err, "after position 0"),
+            CHECK(strstr(r.err, "k3 run: non-finite logits") && strstr(r.err, "after position 0"),
                   "stderr: %s", r.err);
             CHECK(r.out[0] == 0, "stdout: %s", r.out);
         }

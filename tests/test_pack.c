@@ -195,7 +195,9 @@ static char *copy_pack(uint8_t **bytes, size_t *len) {
 static int load_int8(const char *model, const char *dir, char *msg, size_t cap) {
     k3_engine *e = NULL;
     k3_err err = {0};
-    k3_engine_opts o = {.spine = K3_SPINE_INT8, .pack_dir = dir};
+    k3_engine_opts o = k3_engine_opts_default();
+    o.spine = K3_SPINE_INT8;
+    o.pack_dir = dir;
     int rc = k3_engine_load(model, &o, &e, &err);
     snprintf(msg, cap, "%s", rc ? err.msg : describe(e, K3_DESCRIBE_SPINE, (char[K3_DESCRIBE_CAP]){0}));
     k3_engine_free(e);
@@ -299,7 +301,9 @@ static void test_other_model_refused(void) {
 static int spine_of(const char *dir, int mode, int *int8, char *line, size_t cap) {
     k3_engine *e = NULL;
     k3_err err = {0};
-    k3_engine_opts o = {.spine = mode, .pack_dir = dir};
+    k3_engine_opts o = k3_engine_opts_default();
+    o.spine = mode;
+    o.pack_dir = dir;
     int rc = k3_engine_load(NANO, &o, &e, &err);
     *int8 = rc ? -1 : k3_engine_spine_int8(e);
     snprintf(line, cap, "%s", rc ? err.msg : describe(e, K3_DESCRIBE_SPINE, (char[K3_DESCRIBE_CAP]){0}));
@@ -320,12 +324,18 @@ static void test_engine_spine_modes(void) {
     char l5[8192], l6[8192];
     k3_engine *e = NULL;
     k3_err err = {0};
-    k3_engine_opts o5 = {.spine = K3_SPINE_AUTO, .pack_dir = dir, .approx = 1};
+    k3_engine_opts o5 = k3_engine_opts_default();
+    o5.spine = K3_SPINE_AUTO;
+    o5.pack_dir = dir;
+    o5.approx = 1;
     int r5 = k3_engine_load(NANO, &o5, &e, &err), a5 = r5 ? -1 : k3_engine_approx(e);
     snprintf(l5, sizeof l5, "%s", r5 ? err.msg : describe(e, K3_DESCRIBE_SPINE, (char[K3_DESCRIBE_CAP]){0}));
     k3_engine_free(e);
     e = NULL;
-    k3_engine_opts o6 = {.spine = K3_SPINE_BF16, .pack_dir = dir, .approx = 1};
+    k3_engine_opts o6 = k3_engine_opts_default();
+    o6.spine = K3_SPINE_BF16;
+    o6.pack_dir = dir;
+    o6.approx = 1;
     int r6 = k3_engine_load(NANO, &o6, &e, &err);
     snprintf(l6, sizeof l6, "%s", r6 ? err.msg : "loaded");
     k3_engine_free(e);
@@ -346,7 +356,8 @@ static void test_engine_spine_modes(void) {
 static void test_engine_describe(void) {
     k3_engine *e = NULL;
     k3_err err = {0};
-    k3_engine_opts o = {.threads = 1};
+    k3_engine_opts o = k3_engine_opts_default();
+    o.threads = 1;
     int rc = k3_engine_load(NANO, &o, &e, &err);
     CHECK(rc == 0, "%s", err.msg);
     char all[K3_DESCRIBE_CAP], want[K3_DESCRIBE_CAP] = "", tiny[12];

@@ -24,7 +24,10 @@ static void test_chunked_bit_identical(void) {
  * token, else passes of chunk ids); returns the expert requests and writes the logits after
  * each pass's last id into last [vocab]. */
 static int run_store(const bc_prompt *p, int slots, int chunk, float *last, uint64_t *requests) {
-    k3_engine_opts o = {.expert_slots = slots, .pipe = -1, .experts_in_place = slots ? 0 : 1};
+    k3_engine_opts o = k3_engine_opts_default();
+    o.expert_slots = slots;
+    o.pipe = -1;
+    o.experts_in_place = slots ? 0 : 1;
     k3_engine *e = NULL;
     k3_session *s = NULL;
     k3_err err = {0};

@@ -214,8 +214,10 @@ static void recompute(const char *pack_dir, const int32_t *ids, int approx, figu
     float *l[2] = {0};
     int rc = 0, v = 0;
     for (int k = 0; k < 2 && !rc; k++) {
-        k3_engine_opts o = {.spine = k ? K3_SPINE_INT8 : K3_SPINE_BF16, .pack_dir = pack_dir,
-                            .approx = k && approx ? 1 : -1};
+        k3_engine_opts o = k3_engine_opts_default();
+        o.spine = k ? K3_SPINE_INT8 : K3_SPINE_BF16;
+        o.pack_dir = pack_dir;
+        o.approx = k && approx;
         rc = k3_engine_load(NANO, &o, &e[k], &err);
         if (!rc) rc = k3_session_new(e[k], N_IDS, &s[k], &err);
         if (!rc) v = k3_engine_config(e[k])->vocab_size;

@@ -28,8 +28,10 @@ static const int32_t prompt[N_TOK] = {1792, 5, 77, 1000, 9, 300, 1500, 2, 64, 65
 static int load(const char *dir, int budget, k3_engine **e, k3_err *err) {
     unsetenv("K3_SPINE_GB");
     unsetenv("K3_DEVICE");
-    k3_engine_opts o = {.threads = 2, .spine_budget = budget, .spine_gb = 0,
-                        .spine = K3_SPINE_BF16};
+    k3_engine_opts o = k3_engine_opts_default();
+    o.threads = 2;
+    o.spine_gb = budget ? 0 : -1;
+    o.spine = K3_SPINE_BF16;
     return k3_engine_load(dir, &o, e, err);
 }
 

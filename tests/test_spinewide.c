@@ -35,8 +35,10 @@ static int run(const char *dir, int budget, float *logits, int *vocab,
                unsigned long long *rss, k3_err *err) {
     k3_engine *e = NULL;
     k3_session *s = NULL;
-    k3_engine_opts o = {.spine = K3_SPINE_BF16, .spine_budget = budget, .spine_gb = 0,
-                        .expert_slots = 40};
+    k3_engine_opts o = k3_engine_opts_default();
+    o.spine = K3_SPINE_BF16;
+    o.spine_gb = budget ? 0 : -1;
+    o.expert_slots = 40;
     unsetenv("K3_SPINE_GB");
     unsetenv("K3_MMAP_EXPERTS");
     int rc = k3_engine_load(dir, &o, &e, err);

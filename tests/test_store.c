@@ -68,7 +68,9 @@ static int run_logits(const char *dir, const k3_engine_opts *opts, float *logits
 static float *reference(const char *dir, int *vocab) {
     float *ref = malloc((size_t)N_TOK * 4096 * sizeof *ref);
     CHECK_OR(NULL, ref, "out of memory");
-    k3_engine_opts o = {.experts_in_place = 1, .threads = 2};
+    k3_engine_opts o = k3_engine_opts_default();
+    o.experts_in_place = 1;
+    o.threads = 2;
     k3_err err = {0};
     int rc = run_logits(dir, &o, ref, vocab, NULL, &err);
     if (rc) free(ref);
@@ -113,8 +115,12 @@ static void test_budgets_bit_identical(void) {
                 char what[128];
                 snprintf(what, sizeof what, "%d slots, %s, K3_PIPE %s", slots[a],
                          b ? "buffered" : "O_DIRECT", c ? "on" : "off");
-                k3_engine_opts o = {.threads = 2, .expert_slots = slots[a], .direct = direct[b],
-                                    .pipe = pipe[c], .cache_policy = a % 2 ? "s3fifo" : "lru"};
+                k3_engine_opts o = k3_engine_opts_default();
+                o.threads = 2;
+                o.expert_slots = slots[a];
+                o.direct = direct[b];
+                o.pipe = pipe[c];
+                o.cache_policy = a % 2 ? "s3fifo" : "lru";
                 expect_identical(NANO, ref, vocab, o, what);
             }
     free(ref);
@@ -151,8 +157,12 @@ static void test_two_folders(void) {
              "ls a | grep -q . && ls b | grep -q .", dir);
     int ok = system(cmd) == 0;
     if (ok) {
-        k3_engine_opts o = {.threads = 2, .expert_slots = 7, .direct = K3_IO_DIRECT,
-                            .pipe = K3_PIPE_ALL, .dirs = dirs};
+        k3_engine_opts o = k3_engine_opts_default();
+        o.threads = 2;
+        o.expert_slots = 7;
+        o.direct = K3_IO_DIRECT;
+        o.pipe = K3_PIPE_ALL;
+        o.dirs = dirs;
         expect_identical(dir, ref, vocab, o, "shards in two folders");
     }
     rm_rf(dir);
@@ -186,7 +196,11 @@ static void test_truncated_after_load(void) {
     k3_engine *e = NULL;
     k3_session *s = NULL;
     k3_err err = {0};
-    k3_engine_opts o = {.threads = 2, .expert_slots = 256, .direct = K3_IO_BUFFERED, .pipe = K3_PIPE_OFF};
+    k3_engine_opts o = k3_engine_opts_default();
+    o.threads = 2;
+    o.expert_slots = 256;
+    o.direct = K3_IO_BUFFERED;
+    o.pipe = K3_PIPE_OFF;
     clean_env();
     int rc = off ? k3_engine_load(dir, &o, &e, &err) : -1;
     if (!rc) rc = k3_session_new(e, 16, &s, &err);
@@ -231,8 +245,12 @@ static int run_with_hook(const float *ref, int vocab, hook_state *h, int direct,
                          int *same) {
     k3_engine *e = NULL;
     k3_session *s = NULL;
-    k3_engine_opts o = {.threads = 1, .expert_slots = 6, .direct = direct, .pipe = K3_PIPE_OFF,
-                        .load_threads = 1};
+    k3_engine_opts o = k3_engine_opts_default();
+    o.threads = 1;
+    o.expert_slots = 6;
+    o.direct = direct;
+    o.pipe = K3_PIPE_OFF;
+    o.load_threads = 1;
     clean_env();
     int rc = k3_engine_load(NANO, &o, &e, err);
     if (!rc) rc = k3_session_new(e, 64, &s, err);
@@ -285,7 +303,9 @@ static void test_budget_is_a_ceiling(void) {
     k3_engine *e = NULL;
     k3_session *s = NULL;
     k3_err err = {0};
-    k3_engine_opts probe = {.threads = 2, .expert_slots = 1};
+    k3_engine_opts probe = k3_engine_opts_default();
+    probe.threads = 2;
+    probe.expert_slots = 1;
     clean_env();
     int rc = k3_engine_load(NANO, &probe, &e, &err);
     CHECK(rc == 0, "%s", err.msg);
@@ -293,7 +313,10 @@ static void test_budget_is_a_ceiling(void) {
     k3_engine_free(e);
     e = NULL;
     double gb = 3.5 * (double)slot / 1e9;
-    k3_engine_opts o = {.threads = 2, .expert_gb = gb, .pipe = K3_PIPE_ALL};
+    k3_engine_opts o = k3_engine_opts_default();
+    o.threads = 2;
+    o.expert_gb = gb;
+    o.pipe = K3_PIPE_ALL;
     rc = k3_engine_load(NANO, &o, &e, &err);
     if (!rc) rc = k3_session_new(e, 64, &s, &err);
     float logits[2048];
@@ -339,7 +362,10 @@ static void test_scattered_experts_fallback(void) {
     float *ref = reference(dir, &vocab);
     k3_engine *e = NULL;
     k3_err err = {0};
-    k3_engine_opts o = {.threads = 2, .expert_slots = 4, .direct = K3_IO_DIRECT};
+    k3_engine_opts o = k3_engine_opts_default();
+    o.threads = 2;
+    o.expert_slots = 4;
+    o.direct = K3_IO_DIRECT;
     int rc = ref ? k3_engine_load(dir, &o, &e, &err) : -1;
     int noted = !rc && strstr(describe(e, K3_DESCRIBE_STORE, (char[K3_DESCRIBE_CAP]){0}), "tensor by tensor") != NULL;
     k3_engine_free(e);

@@ -57,7 +57,7 @@ static void test_truncated_at_line_end(void) {
         snprintf(args, sizeof args, "tokenize %s hello", dir);
         if (!k3t_cli_run(args, &r)) {
             CHECK(r.status == K3_ERR_TOKENIZER, "exit %d: %s", r.status, r.err);
-            CHECK(strstr(r.err, "k3: ") == r.err && strstr(r.err, path) &&
+            CHECK(strstr(r.err, "k3 tokenize: ") == r.err && strstr(r.err, path) &&
                   strstr(r.err, "truncated"), "stderr: %s", r.err);
         }
         k3t_cli_free(&r);

@@ -36,14 +36,18 @@ static void test_wide_store_bit_identical(void) {
     CHECK(ref && got, "out of memory");
     k3_err err = {0};
     int vocab = 0;
-    int rc = run(dir, (k3_engine_opts){.experts_in_place = 1}, ref, &vocab, &err);
+    k3_engine_opts in_place = k3_engine_opts_default();
+    in_place.experts_in_place = 1;
+    int rc = run(dir, in_place, ref, &vocab, &err);
     CHECK(rc == 0 && (size_t)vocab <= max_vocab, "in-place run: %s", err.msg);
-    const struct { k3_engine_opts o; const char *what; } cfg[] = {
-        {{.expert_slots = 17, .direct = K3_IO_DIRECT, .pipe = K3_PIPE_ALL}, "17 slots, O_DIRECT, pipe"},
-        {{.expert_slots = 1000, .direct = K3_IO_BUFFERED, .pipe = K3_PIPE_OFF}, "all, buffered"},
+    const struct { int slots, direct, pipe; const char *what; } cfg[] = {
+        {17, K3_IO_DIRECT, K3_PIPE_ALL, "17 slots, O_DIRECT, pipe"},
+        {1000, K3_IO_BUFFERED, K3_PIPE_OFF, "all, buffered"},
     };
     for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++) {
-        rc = run(dir, cfg[i].o, got, &vocab, &err);
+        k3_engine_opts o = k3_engine_opts_default();
+        o.expert_slots = cfg[i].slots, o.direct = cfg[i].direct, o.pipe = cfg[i].pipe;
+        rc = run(dir, o, got, &vocab, &err);
         CHECK(rc == 0, "%s: %s", cfg[i].what, err.msg);
         CHECK(memcmp(got, ref, N_TOK * (size_t)vocab * sizeof *got) == 0,
               "%s: logits differ from the in-place path", cfg[i].what);

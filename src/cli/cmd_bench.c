@@ -168,8 +168,9 @@ static int run_fio(const bench_opts *o, const k3_checkpoint *ck, uint64_t bs, io
 
 /* Greedy decode of o->decode tokens with `slots` cache slots; the session's stats. */
 static int decode(const bench_opts *o, int slots, int pipe, k3_run_stats *st, k3_err *err) {
-    k3_engine_opts eo = {.expert_slots = slots, .load_threads = o->threads,
-                         .direct = o->direct ? 1 : -1, .pipe = pipe};
+    k3_engine_opts eo = k3_engine_opts_default();
+    eo.expert_slots = slots, eo.load_threads = o->threads, eo.pipe = pipe;
+    eo.direct = o->direct ? K3_IO_DIRECT : K3_IO_BUFFERED;
     k3_engine *e = NULL;
     k3_session *s = NULL;
     int rc = k3_engine_load(o->dir, &eo, &e, err);

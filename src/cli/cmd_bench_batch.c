@@ -132,7 +132,9 @@ static void weight_sizes(const k3_engine *e, double *expert, double *spine) {
 }
 
 static int load(const bopts *o, k3_engine **e, k3_err *err) {
-    k3_engine_opts eo = {.threads = o->threads, .verbose = 1};
+    k3_engine_opts eo = k3_engine_opts_default();
+    if (o->threads) eo.threads = o->threads;
+    eo.verbose = 1;
     return k3_engine_load(o->model_dir, &eo, e, err);
 }
 
@@ -317,6 +319,6 @@ int k3_cmd_bench_batch(int argc, char **argv) {
     if (rc) return rc < 0 ? 0 : rc;
     k3_err err = {0};
     rc = !strcmp(what, "prefill") ? bench_prefill(&o, &err) : bench_spec(&o, &err);
-    if (rc) fprintf(stderr, "k3: %s\n", err.msg);
+    if (rc) fprintf(stderr, "k3 bench %s: %s\n", what, err.msg);
     return rc;
 }

@@ -10,6 +10,7 @@
 
 #include "../engine/k3.h"
 #include "cli.h"
+#include "../util/parse.h"
 #ifdef K3_WITH_CUDA
 #include "../cuda/gpu.h"
 #include "../util/clock.h"
@@ -85,8 +86,13 @@ static int decode(k3_engine *e, int warmup, int tokens, double *ms, uint64_t *by
 
 static int bench_model(const char *dir, int warmup, int tokens, double gpu_gb,
                        const k3_gpu_bench *kb, k3_err *err) {
-    setenv("K3_GPU_PROFILE", "1", 1);
-    k3_engine_opts eo = {.device = "cuda", .verbose = 1, .gpu_gb = gpu_gb, .spine = K3_SPINE_BF16};
+    k3_engine_opts eo = k3_engine_opts_default();
+    eo.device = "cuda", eo.verbose = 1, eo.gpu_gb = gpu_gb, eo.gpu_profile = 1;
+    /* lab switches (the library reads no environment): K3_GPU_LAYERS=N keeps at most N
+     * spine layers resident, K3_GPU_EXPERT_SLOTS=N sizes the expert cache exactly */
+    const char *v = getenv("K3_GPU_LAYERS");
+    if (v && *v) eo.gpu_max_layers = atoi(v);
+    if ((v = getenv("K3_GPU_EXPERT_SLOTS")) && *v) eo.gpu_expert_slots = atoi(v);
     k3_engine *e = NULL;
     int rc = k3_engine_load(dir, &eo, &e, err);
     if (rc) return rc;
@@ -159,15 +165,10 @@ done:
 #endif
 
 static int parse_int(const char *s, const char *flag, int lo, int *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || *end || end == s || v < lo || v > 1 << 20) {
-        fprintf(stderr, "k3 bench-gpu: %s needs an integer >= %d, got '%s'\n", flag, lo, s);
-        return K3_ERR_USAGE;
-    }
-    *out = (int)v;
-    return 0;
+    k3_err err = {0};
+    if (!k3_parse_int(s, flag, lo, 1 << 20, out, &err)) return 0;
+    fprintf(stderr, "k3 bench-gpu: %s\n", err.msg);
+    return K3_ERR_USAGE;
 }
 
 int k3_cmd_bench_gpu(int argc, char **argv) {
@@ -183,7 +184,13 @@ int k3_cmd_bench_gpu(int argc, char **argv) {
         } else if (!strcmp(a, "--tokens") && has) rc = parse_int(argv[++i], a, 1, &tokens);
         else if (!strcmp(a, "--warmup") && has) rc = parse_int(argv[++i], a, 0, &warmup);
         else if (!strcmp(a, "--reps") && has) rc = parse_int(argv[++i], a, 1, &reps);
-        else if (!strcmp(a, "--gpu-gb") && has) gpu_gb = atof(argv[++i]);
+        else if (!strcmp(a, "--gpu-gb") && has) {
+            k3_err err = {0};
+            if (k3_parse_double(argv[++i], a, 0, 1e6, &gpu_gb, &err)) {
+                fprintf(stderr, "k3 bench-gpu: %s\n", err.msg);
+                rc = K3_ERR_USAGE;
+            }
+        }
         else if (a[0] != '-' && !dir) dir = a;
         else {
             fprintf(stderr, "k3 bench-gpu: unknown option or missing value: '%s'\n", a);
@@ -194,7 +201,14 @@ int k3_cmd_bench_gpu(int argc, char **argv) {
 #ifdef K3_WITH_CUDA
     k3_err err = {0};
     k3_gpu_bench kb;
-    rc = k3_gpu_bench_kernels(stdout, reps, &kb, &err);
+    /* lab switches: a lab command reads its own environment (the library reads none) */
+    const char *pdl = getenv("K3_PDL"), *sched = getenv("K3_MX_SCHEDULE");
+    k3_gpu_tuning t = {.no_pdl = pdl && pdl[0] == '0', .mx_schedule = sched ? atoi(sched) : 0,
+                       .mx_scan = getenv("K3_MX_SCAN") != NULL,
+                       .mx_sweep = getenv("K3_MX_SWEEP") != NULL,
+                       .only_experts = getenv("K3_ONLY_EXPERTS") != NULL};
+    k3_gpu_set_tuning(&t);
+    rc = k3_gpu_bench_kernels(stdout, reps, &t, &kb, &err);
     if (!rc && dir) rc = bench_model(dir, warmup, tokens, gpu_gb, &kb, &err);
     if (rc) fprintf(stderr, "k3 bench-gpu: %s\n", err.msg);
     return rc;

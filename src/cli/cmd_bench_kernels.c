@@ -18,19 +18,14 @@
 #include "../format/safetensors.h"
 #include "../kernels/kernels.h"
 #include "cli.h"
-#include "spine_flags.h"
 #include "../util/clock.h"
+#include "../util/parse.h"
 
 static int parse_pos_int(const char *s, const char *flag, int *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || *end || end == s || v < 1 || v > 1 << 20) {
-        fprintf(stderr, "k3 bench: %s needs a positive integer, got '%s'\n", flag, s);
-        return K3_ERR_USAGE;
-    }
-    *out = (int)v;
-    return 0;
+    k3_err err = {0};
+    if (!k3_parse_int(s, flag, 1, 1 << 20, out, &err)) return 0;
+    fprintf(stderr, "k3 bench: %s\n", err.msg);
+    return K3_ERR_USAGE;
 }
 
 /* ---- k3 bench kernels ----------------------------------------------------------------- */
@@ -355,13 +350,13 @@ static void spine_report(const k3_engine *e, const k3_spine_stats *st0, int toke
 static int bench_decode(int argc, char **argv) {
     const char *dir = NULL, *pack_dir = NULL;
     int tokens = 10, threads = 0, rc = 0, spine = K3_SPINE_BF16;
-    k3_cli_spine_budget budget = {0};
+    double spine_gb = -1; /* no budget */
+    const char *gb_text = NULL, *gb_name = "--spine-gb";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int v = i + 1 < argc;
-        if ((rc = k3_cli_spine_gb_flag("bench decode", argc, argv, &i, &budget)) == 1) continue;
-        if (rc) return rc;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { decode_usage(stdout); return 0; }
+        if (!strcmp(a, "--spine-gb") && v) gb_text = argv[++i];
+        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { decode_usage(stdout); return 0; }
         else if (!strcmp(a, "--pack-dir") && v) pack_dir = argv[++i];
         else if (!strcmp(a, "--spine") && v && (!strcmp(argv[i + 1], "int8") ||
                                                  !strcmp(argv[i + 1], "bf16")))
@@ -381,21 +376,20 @@ static int bench_decode(int argc, char **argv) {
     k3_session *s = NULL;
     float *logits = NULL;
     static layer_clock clk;
-    k3_engine_opts eo = {.threads = threads, .verbose = 1, .experts_in_place = 1,
-                         .spine = spine, .pack_dir = pack_dir};
-    k3_cli_spine_gb_apply(&budget, &eo);
-    k3_spine_stats st0 = {0};
+    /* a lab command reads its own environment (the library reads none); a bad value is
+     * refused before measuring the disk (2 GB) */
     const char *env = getenv("K3_SPINE_GB");
-    if (!budget.set && env && *env) { /* refuse a bad value before measuring the disk (2 GB) */
-        char *end;
-        double gb = strtod(env, &end);
-        if (*end || end == env || !(gb >= 0 && gb < 1e9)) {
-            fprintf(stderr, "k3 bench decode: spine budget (K3_SPINE_GB='%s'): expected a "
-                    "number of GB >= 0 (and below 1e9)\n", env);
-            return K3_ERR_USAGE;
-        }
+    if (!gb_text && env && *env) gb_text = env, gb_name = "K3_SPINE_GB";
+    if (gb_text && k3_parse_double(gb_text, gb_name, 0, 1e6, &spine_gb, &err)) {
+        fprintf(stderr, "k3 bench decode: %s\n", err.msg);
+        return K3_ERR_USAGE;
     }
-    double bw0 = budget.set || (env && *env) ? disk_read_bw(dir) : 0;
+    k3_engine_opts eo = k3_engine_opts_default();
+    if (threads) eo.threads = threads;
+    eo.verbose = 1, eo.experts_in_place = 1, eo.spine = spine, eo.pack_dir = pack_dir;
+    eo.spine_gb = spine_gb;
+    k3_spine_stats st0 = {0};
+    double bw0 = spine_gb >= 0 ? disk_read_bw(dir) : 0;
     if ((rc = k3_engine_load(dir, &eo, &e, &err))) goto done;
     const k3_config *c = k3_engine_config(e);
     if (c->num_hidden_layers > MAX_BENCH_LAYERS) {

@@ -14,26 +14,45 @@
 #include "../engine/k3.h"
 #include "../util/fileio.h"
 #include "cli.h"
-#include "device_flags.h"
 #include "gen.h"
-#include "store_flags.h"
-#include "spine_flags.h"
+#include "load.h"
+#include "opts.h"
 #include "../util/clock.h"
 
 #define PROMPT ">>> "
 #define MORE "... "
 
 typedef struct chat_opts {
-    const char *model_dir, *pack_dir;
-    int max_new, threads, ctx, spine;
+    const char *model_dir;
+    int max_new;
     bool verbose;
     k3_cli_chat_opts co;
-    k3_cli_store_opts so; /* expert store flags (store_flags.h) */
-    k3_cli_spine_budget spine_gb; /* --spine-gb (spine_flags.h) */
+    k3_engine_opts eo;    /* engine options (opts.h) */
+    k3_cli_common cc;     /* --ctx, --load-state, --save-state, --profile, ... */
 } chat_opts;
 
-static void chat_usage(FILE *f) {
-    fprintf(f,
+static const char chat_commands[] =
+    "commands:\n"
+    "  /reset               start a new conversation (state cleared)\n"
+    "  /effort low|high|max thinking effort (the next turn re-reads the conversation)\n"
+    "  /think on|off        thinking on or off (the next turn re-reads the conversation)\n"
+    "  /save FILE           write the conversation as an OpenAI request body (JSON; works\n"
+    "                       with k3 render --request FILE)\n"
+    "  /load FILE           read a conversation saved by /save (its tokens are prefilled\n"
+    "                       on the next turn)\n"
+    "  /stats               tokens prefilled, reused and generated; context used;\n"
+    "                       speculation (--spec)\n"
+    "  /max-new N           cap the next replies at N tokens\n"
+    "  /help, /exit\n";
+
+static const k3_opt chat_rows[] = {
+    {.flag = "--max-new", K3_OPT_CMD(chat_opts, max_new), .field = "max_new", .type = K3_OPT_INT,
+     .lo = 1, .hi = 1 << 30, .def = "1024", .meta = "N", .help = "at most N tokens per reply"},
+};
+
+static const k3_cli_command chat_cmd = {
+    .name = "chat",
+    .usage =
         "usage: k3 chat [MODEL_DIR] [options]\n"
         "\n"
         "Talk to the model. Enter sends a message; end a line with \\ to continue on the next\n"
@@ -45,86 +64,29 @@ static void chat_usage(FILE *f) {
         "A turn that fails prints its error and is dropped; the chat goes on, and its exit\n"
         "status is then that of the last failed turn (5 non-finite logits, 3 or 9 a spine\n"
         "layer or an expert that could not be read; k3 --help lists them), else 0.\n"
-        "\n"
-        "commands:\n"
-        "  /reset               start a new conversation (state cleared)\n"
-        "  /effort low|high|max thinking effort (the next turn re-reads the conversation)\n"
-        "  /think on|off        thinking on or off (the next turn re-reads the conversation)\n"
-        "  /save FILE           write the conversation as an OpenAI request body (JSON; works\n"
-        "                       with k3 render --request FILE)\n"
-        "  /load FILE           read a conversation saved by /save (its tokens are prefilled\n"
-        "                       on the next turn)\n"
-        "  /stats               tokens prefilled, reused and generated; context used;\n"
-        "                       speculation (--spec)\n"
-        "  /max-new N           cap the next replies at N tokens\n"
-        "  /help, /exit\n"
-        "\n"
-        "options:\n"
-        "  --max-new N          at most N tokens per reply (default 1024)\n"
-        "  --ctx N              context capacity in tokens (default min(4096, model max))\n"
-        "  --threads N          compute threads (default: OMP_NUM_THREADS, else physical cores)\n"
-        "  --spine MODE         auto (default), bf16 (exact) or int8 (NOT exact; k3 pack)\n"
-        "  --pack-dir DIR       folder of the packed spine (default MODEL_DIR)\n"
-        "%s"
-        "  -q, --quiet          no load line\n"
-        "  -h, --help           this help\n"
-        "\n"
-        "chat:\n%s"
-        "\n"
-        "sampling:\n%s", k3_cli_spine_gb_help, k3_cli_chat_help, k3_cli_sampling_help);
-    fprintf(f, "\nspeed (exact):\n%s\n", k3_cli_speed_help);
-    k3_cli_store_usage(f);
-    fprintf(f, "\n%s", k3_cli_device_env_help);
-}
-
-static int parse_int(const char *s, const char *flag, int lo, int *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || *end || end == s || v < lo || v > 1 << 30) {
-        fprintf(stderr, "k3 chat: %s needs an integer >= %d, got '%s'\n", flag, lo, s);
-        return K3_ERR_USAGE;
-    }
-    *out = (int)v;
-    return 0;
-}
+        "--load-state continues a state saved by k3 run --chat --save-state or k3 chat\n"
+        "--save-state (written when the chat ends).\n",
+    .rows = chat_rows, .n_rows = sizeof chat_rows / sizeof *chat_rows,
+    .groups = K3_OG_MODEL | K3_OG_TRACE | K3_OG_SPEED | K3_OG_SAMPLING | K3_OG_CHAT |
+              K3_OG_CTX | K3_OG_STATE,
+    .epilog = chat_commands,
+    .max_positional = 1,
+};
 
 static int parse_args(int argc, char **argv, chat_opts *o) {
-    *o = (chat_opts){.max_new = 1024, .verbose = true, .spine = K3_SPINE_AUTO,
-                     .co = K3_CLI_CHAT_DEFAULTS};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        bool has_val = i + 1 < argc;
-        int rc = k3_cli_chat_flag("chat", argc, argv, &i, &o->co);
-        if (rc == 1) continue;
-        if (rc) return rc;
-        if ((rc = k3_cli_store_flag("chat", argc, argv, &i, &o->so)) == 1) continue;
-        if (rc) return rc;
-        if ((rc = k3_cli_spine_gb_flag("chat", argc, argv, &i, &o->spine_gb)) == 1) continue;
-        if (rc) return rc;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { chat_usage(stdout); return -1; }
-        else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) o->verbose = false;
-        else if (!strcmp(a, "--max-new") && has_val) rc = parse_int(argv[++i], a, 1, &o->max_new);
-        else if (!strcmp(a, "--threads") && has_val) rc = parse_int(argv[++i], a, 1, &o->threads);
-        else if (!strcmp(a, "--ctx") && has_val) rc = parse_int(argv[++i], a, 1, &o->ctx);
-        else if (!strcmp(a, "--pack-dir") && has_val) o->pack_dir = argv[++i];
-        else if (!strcmp(a, "--spine") && has_val) {
-            const char *v = argv[++i];
-            o->spine = !strcmp(v, "auto") ? K3_SPINE_AUTO : !strcmp(v, "bf16") ? K3_SPINE_BF16
-                     : !strcmp(v, "int8") ? K3_SPINE_INT8 : -1;
-            if (o->spine < 0) {
-                fprintf(stderr, "k3 chat: --spine needs auto, bf16 or int8, got '%s'\n", v);
-                return K3_ERR_USAGE;
-            }
-        } else if (a[0] != '-' && !o->model_dir) o->model_dir = a;
-        else {
-            fprintf(stderr, "k3 chat: unknown option or missing value: '%s' (see k3 chat "
-                    "--help)\n", a);
-            return K3_ERR_USAGE;
-        }
-        if (rc) return rc;
+    *o = (chat_opts){.verbose = true};
+    k3_opts_parsed p;
+    k3_opt_targets t = {&o->eo, &o->co, &o->cc, o};
+    int rc = k3_opts_parse(&chat_cmd, argc, argv, &t, &p);
+    if (rc) return rc;
+    o->model_dir = p.n_positional ? p.positional[0] : k3_default_model_dir();
+    o->verbose = !o->cc.quiet;
+    o->eo.verbose = o->verbose;
+    k3_err err = {0};
+    if (o->cc.save_state && k3_cli_check_writable("--save-state", o->cc.save_state, &err)) {
+        fprintf(stderr, "k3 chat: %s\n", err.msg);
+        return err.code;
     }
-    if (!o->model_dir) o->model_dir = k3_default_model_dir();
     return 0;
 }
 
@@ -367,7 +329,7 @@ static int command(chat *c, const char *line) {
     int rc = K3_OK;
     if (!strcmp(cmd, "exit") || !strcmp(cmd, "quit")) return 1;
     if (!strcmp(cmd, "help")) {
-        chat_usage(stdout);
+        printf("%s", chat_commands);
     } else if (!strcmp(cmd, "reset")) {
         if (!(rc = start_conversation(c, &err))) dim(c, "(new conversation)\n");
     } else if (!strcmp(cmd, "effort")) {
@@ -397,8 +359,33 @@ static int command(chat *c, const char *line) {
 
 /* ---- main loop --------------------------------------------------------------------------- */
 
+/* --load-state: the session holds the saved ids and the conversation continues them. */
+static int load_state(chat *c, k3_err *err) {
+    int rc = k3_session_load(c->s, c->o->cc.load_state, err);
+    if (!rc) rc = k3_conv_set_history(&c->conv, k3_session_tokens(c->s),
+                                      (size_t)k3_session_pos(c->s), err);
+    if (!rc && c->o->verbose)
+        fprintf(stderr, "k3: continuing the %d positions saved in %s\n", k3_session_pos(c->s),
+                c->o->cc.load_state);
+    return rc;
+}
+
+/* --save-state at the end: the conversation's ids (the last reply closed), then the file. */
+static int save_state(chat *c, k3_err *err) {
+    const int32_t *ids;
+    size_t n;
+    int rc = k3_conv_history(&c->conv, &ids, &n, err);
+    if (!rc) rc = k3_session_prefill(c->s, ids, n, NULL, NULL, err);
+    if (!rc) rc = k3_session_save(c->s, c->o->cc.save_state, err);
+    if (!rc && c->o->verbose)
+        fprintf(stderr, "k3: saved the state after %d positions to %s\n", k3_session_pos(c->s),
+                c->o->cc.save_state);
+    return rc;
+}
+
 static int repl(chat *c, k3_err *err) {
     int rc = start_conversation(c, err);
+    if (!rc && c->o->cc.load_state) rc = load_state(c, err);
     if (rc) return rc;
     printf("k3 chat: Enter sends; end a line with \\ to continue it, or wrap a block in \"\"\" "
            "lines. /help lists commands; Ctrl-D exits.\n");
@@ -439,20 +426,18 @@ static int repl(chat *c, k3_err *err) {
 
 static int chat_main(const chat_opts *o, k3_err *err) {
     chat c = {.o = o, .max_new = o->max_new, .color = isatty(1)};
-    k3_engine *e = NULL;
-    k3_engine_opts eo = {.threads = o->threads, .verbose = o->verbose, .spine = o->spine,
-                         .pack_dir = o->pack_dir};
-    k3_cli_store_engine_opts(&o->so, &eo);
-    k3_cli_spine_gb_apply(&o->spine_gb, &eo);
+    k3_engine_opts eo = o->eo;
+    k3_cli_model m;
     k3_cli_store_run sr = {0};
-    int rc = k3_engine_load(o->model_dir, &eo, &e, err);
+    int rc = k3_cli_model_load(o->model_dir, &eo, &o->cc, &m, err);
     if (rc) return rc;
+    k3_engine *e = m.e;
     c.e = e;
     c.tok = k3_engine_tokenizer(e);
     k3_stops_init(&c.stops, c.tok, k3_engine_config(e)->eos_token_id);
-    rc = k3_session_new(e, o->ctx, &c.s, err);
+    rc = k3_session_new(e, o->cc.ctx, &c.s, err);
     if (!rc && o->co.chunk) k3_session_set_chunk(c.s, o->co.chunk);
-    if (!rc) rc = k3_cli_store_attach(&sr, c.s, &o->so, err);
+    if (!rc) rc = k3_cli_store_attach(&sr, c.s, &o->cc, err);
     if (!rc) rc = k3_conv_init(&c.conv, c.tok, err);
     if (!rc) rc = k3_sampler_init(&c.sm, &o->co.sampling, k3_engine_config(e)->vocab_size, err);
     if (!rc && o->co.spec) rc = k3_spec_init(&c.spec, o->co.spec, c.s, &c.sm, err);
@@ -467,6 +452,7 @@ static int chat_main(const chat_opts *o, k3_err *err) {
         k3_cli_catch_sigint();
         k3_session_set_interrupt(c.s, &k3_cli_interrupted);
         rc = repl(&c, err);
+        if (!rc && o->cc.save_state) rc = save_state(&c, err);
     }
     k3_cli_store_finish(&sr, o->verbose && !rc);
     free(c.logits);
@@ -474,7 +460,7 @@ static int chat_main(const chat_opts *o, k3_err *err) {
     k3_sampler_free(&c.sm);
     k3_conv_free(&c.conv);
     k3_session_free(c.s);
-    k3_engine_free(e);
+    k3_cli_model_free(&m);
     return rc;
 }
 
@@ -487,7 +473,7 @@ int k3_cmd_chat(int argc, char **argv) {
     rc = chat_main(&o, &err);
     if (rc) {
         fflush(stdout);
-        fprintf(stderr, "k3: %s\n", err.msg);
+        k3_opts_error("chat", err.msg);
     }
     return rc;
 }

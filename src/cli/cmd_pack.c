@@ -18,6 +18,7 @@
 #include "../kernels/kernels.h"
 #include "../tok/tokenizer.h"
 #include "../util/fileio.h"
+#include "../util/parse.h"
 #include "cli.h"
 #include "quality.h"
 #include "../util/clock.h"
@@ -29,6 +30,7 @@ static void on_sigint(int sig) { (void)sig; g_interrupted = 1; }
 typedef struct pack_args {
     const char *model_dir, *out_dir, *spine;
     bool verify, quality, verbose;
+    bool out_given;    /* --out DIR (else out_dir is MODEL_DIR) */
     int threads, quality_tokens, limit;
 } pack_args;
 
@@ -63,15 +65,10 @@ static void pack_usage(FILE *f) {
 }
 
 static int parse_int(const char *s, const char *flag, int lo, int *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || *end || end == s || v < lo || v > 1 << 30) {
-        fprintf(stderr, "k3 pack: %s needs an integer >= %d, got '%s'\n", flag, lo, s);
-        return K3_ERR_USAGE;
-    }
-    *out = (int)v;
-    return 0;
+    k3_err err = {0};
+    if (!k3_parse_int(s, flag, lo, 1 << 30, out, &err)) return 0;
+    fprintf(stderr, "k3 pack: %s\n", err.msg);
+    return K3_ERR_USAGE;
 }
 
 static int parse_pack(int argc, char **argv, pack_args *a) {
@@ -106,6 +103,7 @@ static int parse_pack(int argc, char **argv, pack_args *a) {
         fprintf(stderr, "k3 pack: --spine %s: only int8 is supported\n", a->spine);
         return K3_ERR_USAGE;
     }
+    a->out_given = a->out_dir != NULL;
     if (!a->out_dir) a->out_dir = a->model_dir;
     return 0;
 }
@@ -272,7 +270,9 @@ static int measure(const pack_args *a, const k3_pack *p, k3_err *err) {
     if (a->verbose)
         fprintf(stderr, "k3 pack: measuring the int8 spine (alone and with --approx) against "
                 "the exact path on %zu tokens of built-in text\n", n);
-    k3_quality_opts o = {.model_dir = a->model_dir, .pack_dir = a->out_dir, .threads = a->threads};
+    k3_quality_opts o = {.model_dir = a->model_dir, .pack_dir = a->out_dir,
+                         .base = k3_engine_opts_default()};
+    if (a->threads) o.base.threads = a->threads;
     int modes[2] = {K3_QMODE_INT8, K3_QMODE_APPROX};
     k3_quality_row rows[3];
     rc = k3_quality_eval(&o, b, n, modes, 2, rows, err);
@@ -343,9 +343,15 @@ static int pack(const pack_args *a, k3_err *err) {
         k3_checkpoint_close(ck);
         return rc;
     }
+    if (!rc && !a->verify && a->out_given && access(a->out_dir, F_OK) != 0 &&
+        mkdir(a->out_dir, 0777) != 0) /* --out DIR that does not exist yet: create it */
+        rc = k3_fail(err, K3_ERR_IO, "--out %s: the folder does not exist and cannot be "
+                     "created: %s", a->out_dir, strerror(errno));
     if (!rc && access(a->out_dir, W_OK) != 0)
-        rc = k3_fail(err, K3_ERR_IO, "%s: not writable (%s); give --out DIR for the pack",
-                     a->out_dir, strerror(errno));
+        rc = a->out_given ? k3_fail(err, K3_ERR_IO, "--out %s: not writable (%s); give a "
+                                    "writable folder", a->out_dir, strerror(errno))
+                          : k3_fail(err, K3_ERR_IO, "%s: not writable (%s); give --out DIR "
+                                    "for the pack", a->out_dir, strerror(errno));
     if (!rc && !(done = existing(final, ck, a->verbose))) {
         rc = k3_pack_plan(ck, &plan, err);
         signal(SIGINT, on_sigint);

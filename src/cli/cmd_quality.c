@@ -15,7 +15,7 @@
 #include "cli.h"
 #include "idlist.h"
 #include "quality.h"
-#include "spine_flags.h"
+#include "opts.h"
 
 const char k3_quality_builtin_text[] =
     "The quick brown fox jumps over the lazy dog. In 1687 Isaac Newton published the "
@@ -66,11 +66,11 @@ static void compare(mode_run *r, const float *ref, double ref_lse, int ref_arg, 
  * the engines share the page cache instead of each filling an expert cache of its own (the
  * store's results are bit-identical either way). */
 static int load_mode(const k3_quality_opts *o, int mode, int ctx, mode_run *r, k3_err *err) {
-    k3_engine_opts eo = {.threads = o->threads, .verbose = o->verbose,
-                         .spine = mode == K3_QMODE_BF16 ? K3_SPINE_BF16 : K3_SPINE_INT8,
-                         .pack_dir = o->pack_dir, .experts_in_place = 1,
-                         .approx = mode == K3_QMODE_APPROX ? 1 : -1,
-                         .spine_budget = o->spine_budget, .spine_gb = o->spine_gb};
+    k3_engine_opts eo = o->base;
+    eo.spine = mode == K3_QMODE_BF16 ? K3_SPINE_BF16 : K3_SPINE_INT8;
+    eo.pack_dir = o->pack_dir;
+    eo.experts_in_place = 1;
+    eo.approx = mode == K3_QMODE_APPROX;
     int rc = k3_engine_load(o->model_dir, &eo, &r->e, err);
     if (!rc) rc = k3_session_new(r->e, ctx, &r->s, err);
     if (!rc && !(r->logits = malloc((size_t)k3_engine_config(r->e)->vocab_size * sizeof(float))))
@@ -138,85 +138,63 @@ void k3_quality_print(FILE *f, const k3_quality_row *rows, int n_rows) {
 
 /* ---- the command --------------------------------------------------------------------------- */
 
-static int parse_int(const char *s, const char *flag, int lo, int *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || *end || end == s || v < lo || v > 1 << 30) {
-        fprintf(stderr, "k3 quality: %s needs an integer >= %d, got '%s'\n", flag, lo, s);
-        return K3_ERR_USAGE;
-    }
-    *out = (int)v;
-    return 0;
-}
-
 typedef struct quality_args {
-    const char *model_dir, *pack_dir, *text_file, *ids, *json, *modes;
-    bool builtin, bos, verbose;
-    int max_tokens, threads;
-    k3_cli_spine_budget spine_gb; /* --spine-gb (spine_flags.h) */
+    const char *model_dir, *text_file, *ids, *json, *modes;
+    bool builtin, bos;
+    int max_tokens;
+    k3_engine_opts eo; /* --threads, --kernels, --device, --pack-dir, --spine-gb (opts.h) */
+    k3_cli_common cc;
 } quality_args;
 
-static void quality_usage(FILE *f) {
-    fprintf(f,
+#define QA(f) K3_OPT_CMD(quality_args, f), .field = #f
+static const k3_opt quality_rows[] = {
+    {.flag = "--text", QA(text_file), .type = K3_OPT_STR, .meta = "FILE",
+     .help = "evaluate the text of FILE (UTF-8, tokenized as ordinary text)"},
+    {.flag = "--ids", QA(ids), .type = K3_OPT_STR, .meta = "IDS",
+     .help = "evaluate these token ids, separated by commas and/or spaces (k3 tokenize\n"
+             "output reads back as it is)"},
+    {.flag = "--builtin", QA(builtin), .type = K3_OPT_SWITCH, .value = 1,
+     .help = "evaluate the short built-in text k3 pack uses"},
+    {.flag = "--bos", QA(bos), .type = K3_OPT_SWITCH, .value = 1,
+     .help = "put [BOS] (config bos_token_id) before the tokens"},
+    {.flag = "--max-tokens", QA(max_tokens), .type = K3_OPT_INT, .lo = 2, .hi = 1 << 30,
+     .def = "512", .meta = "N", .help = "use at most the first N tokens"},
+    {.flag = "--modes", QA(modes), .type = K3_OPT_STR, .meta = "LIST",
+     .help = "comma-separated modes among bf16, int8, approx (default: bf16, and int8\n"
+             "when a packed spine exists); bf16 vs the exact path must give KL 0 and 100%\n"
+             "agreement: it checks the harness itself; approx is int8 with int8\n"
+             "activations (k3 run --approx)"},
+    {.flag = "--json", QA(json), .type = K3_OPT_STR, .meta = "FILE",
+     .help = "also write the figures as JSON to FILE"},
+};
+
+static const k3_cli_command quality_cmd = {
+    .name = "quality",
+    .usage =
         "usage: k3 quality [MODEL_DIR] (--text FILE | --ids IDS | --builtin) [options]\n"
         "\n"
         "Teacher-forced evaluation: feeds the tokens one by one and, at every position, compares\n"
         "the next-token distribution of each mode with the exact float32 path (BF16 spine).\n"
         "Prints, per mode, mean NLL/token (nats), perplexity, mean KL(exact || mode), top-1\n"
         "agreement and max |logit difference|. Without MODEL_DIR the bundled fixture is used.\n"
-        "\n"
-        "  --text FILE        evaluate the text of FILE (UTF-8, tokenized as ordinary text)\n"
-        "  --ids IDS          evaluate these token ids, separated by commas and/or spaces\n"
-        "                     (k3 tokenize output reads back as it is)\n"
-        "  --builtin          evaluate the short built-in text k3 pack uses\n"
-        "  --bos              put [BOS] (config bos_token_id) before the tokens\n"
-        "  --max-tokens N     use at most the first N tokens (default 512)\n"
-        "  --modes LIST       comma-separated modes among bf16, int8, approx (default: bf16,\n"
-        "                     and int8 when a packed spine exists); bf16 vs the exact path\n"
-        "                     must give KL 0 and 100%% agreement: it checks the harness itself;\n"
-        "                     approx is int8 with int8 activations (k3 run --approx)\n"
-        "  --pack-dir DIR     folder of the packed spine (default MODEL_DIR)\n"
-        "  --json FILE        also write the figures as JSON to FILE\n"
-        "  --threads N        compute threads (default: OMP_NUM_THREADS, else physical cores)\n"
-        "  --spine-gb G       RAM budget for each engine's spine, as in k3 run (figures unchanged)\n"
-        "  -q, --quiet        no load lines on stderr\n"
-        "  -h, --help         this help\n");
-}
+        "Experts are used in place from the mapped shards (every engine shares the page cache).\n",
+    .rows = quality_rows, .n_rows = sizeof quality_rows / sizeof *quality_rows,
+    .groups = K3_OG_DEVICE | K3_OG_THREADS | K3_OG_BUDGET | K3_OG_QUIET,
+    .max_positional = 1,
+};
 
 static int parse_quality(int argc, char **argv, quality_args *a) {
-    *a = (quality_args){.max_tokens = 512, .verbose = true};
-    for (int i = 1; i < argc; i++) {
-        const char *s = argv[i];
-        bool v = i + 1 < argc;
-        int rc = k3_cli_spine_gb_flag("quality", argc, argv, &i, &a->spine_gb);
-        if (rc == 1) continue;
-        if (rc) return rc;
-        if (!strcmp(s, "-h") || !strcmp(s, "--help")) { quality_usage(stdout); return -1; }
-        else if (!strcmp(s, "--builtin")) a->builtin = true;
-        else if (!strcmp(s, "--bos")) a->bos = true;
-        else if (!strcmp(s, "-q") || !strcmp(s, "--quiet")) a->verbose = false;
-        else if (!strcmp(s, "--text") && v) a->text_file = argv[++i];
-        else if (!strcmp(s, "--ids") && v) a->ids = argv[++i];
-        else if (!strcmp(s, "--modes") && v) a->modes = argv[++i];
-        else if (!strcmp(s, "--pack-dir") && v) a->pack_dir = argv[++i];
-        else if (!strcmp(s, "--json") && v) a->json = argv[++i];
-        else if (!strcmp(s, "--max-tokens") && v)
-            rc = parse_int(argv[++i], s, 2, &a->max_tokens);
-        else if (!strcmp(s, "--threads") && v) rc = parse_int(argv[++i], s, 1, &a->threads);
-        else if (s[0] != '-' && !a->model_dir) a->model_dir = s;
-        else {
-            fprintf(stderr, "k3 quality: unknown option or missing value: '%s' (see k3 quality "
-                    "--help)\n", s);
-            return K3_ERR_USAGE;
-        }
-        if (rc) return rc;
-    }
+    *a = (quality_args){0};
+    k3_opts_parsed p;
+    k3_opt_targets t = {.eo = &a->eo, .cc = &a->cc, .cmd = a};
+    int rc = k3_opts_parse(&quality_cmd, argc, argv, &t, &p);
+    if (rc) return rc;
+    a->model_dir = p.n_positional ? p.positional[0] : k3_default_model_dir();
+    a->eo.verbose = !a->cc.quiet;
     if ((a->text_file != NULL) + (a->ids != NULL) + a->builtin != 1) {
         fprintf(stderr, "k3 quality: give exactly one of --text, --ids or --builtin\n");
         return K3_ERR_USAGE;
     }
-    if (!a->model_dir) a->model_dir = k3_default_model_dir();
     return 0;
 }
 
@@ -226,7 +204,7 @@ static int parse_modes(const quality_args *a, int *modes, int *n, k3_err *err) {
     if (!a->modes) {
         char p[PATH_MAX];
         modes[(*n)++] = K3_QMODE_BF16;
-        k3_path_join(p, sizeof p, a->pack_dir ? a->pack_dir : a->model_dir, K3_PACK_FILE);
+        k3_path_join(p, sizeof p, a->eo.pack_dir ? a->eo.pack_dir : a->model_dir, K3_PACK_FILE);
         if (access(p, F_OK) == 0) modes[(*n)++] = K3_QMODE_INT8;
         return K3_OK;
     }
@@ -305,14 +283,13 @@ int k3_cmd_quality(int argc, char **argv) {
     size_t n = 0;
     int modes[8], n_modes = 0;
     k3_quality_row rows[9];
-    k3_quality_opts o = {a.model_dir, a.pack_dir, a.threads, a.verbose, a.spine_gb.set,
-                         a.spine_gb.gb};
+    k3_quality_opts o = {a.model_dir, a.eo.pack_dir, a.eo};
     rc = parse_modes(&a, modes, &n_modes, &err);
     if (!rc) rc = load_ids(&a, &ids, &n, &err);
     if (!rc) rc = k3_quality_eval(&o, ids, n, modes, n_modes, rows, &err);
     if (!rc) k3_quality_print(stdout, rows, n_modes + 1);
     if (!rc && a.json) rc = write_json(a.json, &a, rows, n_modes + 1, &err);
     free(ids);
-    if (rc) fprintf(stderr, "k3 quality: %s\n", err.msg);
+    if (rc) k3_opts_error("quality", err.msg);
     return rc;
 }

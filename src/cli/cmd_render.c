@@ -130,7 +130,7 @@ int k3_cmd_render(int argc, char **argv) {
     }
     if (rc) {
         fflush(stdout);
-        fprintf(stderr, "k3: %s\n", err.msg);
+        fprintf(stderr, "k3 render: %s\n", err.msg);
     }
     free(body);
     k3_segments_free(&segs);

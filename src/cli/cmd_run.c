@@ -15,152 +15,122 @@
 #include "cli.h"
 #include "gen.h"
 #include "idlist.h"
-#include "store_flags.h"
-#include "device_flags.h"
-#include "spine_flags.h"
+#include "load.h"
+#include "opts.h"
 #include "../util/clock.h"
+#include "../util/fileio.h"
 
 typedef struct run_opts {
-    const char *model_dir, *prompt, *prompt_ids, *dump_logits, *pack_dir;
-    int spine; /* enum k3_spine_mode; the CLI default is auto */
-    int approx; /* --approx: 1; else 0 (then $K3_APPROX decides) */
-    int max_new, threads, ctx;
+    const char *model_dir, *prompt, *prompt_file, *prompt_ids, *dump_logits;
+    char *prompt_text;               /* --prompt - or --prompt-file: malloc'd */
+    int max_new;
     bool special, print_ids, verbose;
     bool chat;                       /* --chat: render --prompt as one user turn */
-    k3_cli_chat_opts co;             /* sampling and chat flags (gen.h) */
-    const char *save_state, *load_state;
-    k3_cli_store_opts so;            /* expert store flags (store_flags.h) */
-    k3_cli_device_opts dev;          /* --device, --gpu-gb (device_flags.h) */
-    k3_cli_spine_budget spine_gb;    /* --spine-gb (spine_flags.h) */
+    k3_cli_chat_opts co;             /* sampling and chat options (gen.h) */
+    k3_engine_opts eo;               /* engine options (opts.h) */
+    k3_cli_common cc;                /* --ctx, --save-state, --load-state, --profile, ... */
 } run_opts;
 
-static void run_usage(FILE *f) {
-    fprintf(f,
-        "usage: k3 run [MODEL_DIR] (--prompt TEXT | --prompt-ids IDS) [options]\n"
+#define RUN(f) K3_OPT_CMD(run_opts, f), .field = #f
+static const k3_opt run_rows[] = {
+    {.flag = "--prompt", RUN(prompt), .type = K3_OPT_STR, .meta = "TEXT",
+     .help = "prompt text (UTF-8); no [BOS] is added; - reads it from stdin"},
+    {.flag = "--prompt-file", RUN(prompt_file), .type = K3_OPT_STR, .meta = "FILE",
+     .help = "read the prompt text from FILE"},
+    {.flag = "--prompt-ids", RUN(prompt_ids), .type = K3_OPT_STR, .meta = "IDS",
+     .help = "token ids instead of --prompt (commas or spaces between them)"},
+    {.flag = "--chat", RUN(chat), .type = K3_OPT_SWITCH, .value = 1,
+     .help = "render TEXT as one user turn in the K3 chat format (spec §12: thinking-"
+             "effort message, generation prompt) and print the reply's thinking (dimmed\n"
+             "on a terminal), then its answer"},
+    {.flag = "--special", RUN(special), .type = K3_OPT_SWITCH, .value = 1,
+     .help = "let special-token spellings in TEXT (e.g. [BOS], <|sep|>) become their\n"
+             "ids (default: they are ordinary text)"},
+    {.flag = "--max-new", RUN(max_new), .type = K3_OPT_INT, .lo = 0, .hi = 1 << 30,
+     .def = "128", .meta = "N", .help = "generate at most N tokens"},
+    {.flag = "--ids", RUN(print_ids), .type = K3_OPT_SWITCH, .value = 1,
+     .help = "print the generated ids (one line, comma-separated), not text"},
+    {.flag = "--dump-logits", RUN(dump_logits), .type = K3_OPT_STR, .meta = "FILE",
+     .help = "write float32 little-endian logits, row-major [rows, vocab]: row i = the\n"
+             "logits after position i, for every prompt position and every generated\n"
+             "token fed back (shape printed to stderr)"},
+};
+
+static const k3_cli_command run_cmd = {
+    .name = "run",
+    .usage =
+        "usage: k3 run [MODEL_DIR] (--prompt TEXT | --prompt-file FILE | --prompt-ids IDS)\n"
+        "              [options]\n"
         "\n"
         "Generates from the exact float32 model (greedily unless --temperature is given) and\n"
         "prints text as each token is produced. Stops after --max-new tokens or at an\n"
         "end-of-message token (<|end_of_msg|>, [EOS], [EOT]). Ctrl-C stops after the current\n"
         "token, prints the text and the summary and exits with status 130. Without MODEL_DIR\n"
-        "the bundled fixture model is used.\n"
-        "\n"
-        "  --prompt TEXT        prompt text (UTF-8); no [BOS] is added\n"
-        "  --chat               render TEXT as one user turn in the K3 chat format (spec §12:\n"
-        "                       thinking-effort message, generation prompt) and print the\n"
-        "                       reply's thinking (dimmed on a terminal), then its answer\n"
-        "  --special            let special-token spellings in TEXT (e.g. [BOS], <|sep|>)\n"
-        "                       become their ids (default: they are ordinary text)\n"
-        "  --prompt-ids IDS     token ids instead of --prompt (commas or spaces between them)\n"
-        "  --max-new N          generate at most N tokens (default 128)\n"
-        "  --ids                print the generated ids (one line, comma-separated), not text\n"
-        "  --dump-logits FILE   write float32 little-endian logits, row-major [rows, vocab]:\n"
-        "                       row i = the logits after position i, for every prompt position\n"
-        "                       and every generated token fed back (shape printed to stderr)\n"
-        "  --threads N          compute threads (default: OMP_NUM_THREADS, else physical cores)\n"
-        "  --ctx N              context capacity in tokens (default min(4096, model max))\n"
-        "  --spine MODE         auto (default): the int8 spine when k3 pack has built it, else\n"
-        "                       BF16; bf16: always the exact BF16 spine; int8: the packed int8\n"
-        "                       spine (NOT exact; an error when it does not exist)\n"
-        "  --pack-dir DIR       folder of the packed spine (default MODEL_DIR; see k3 pack --out)\n"
-        "  --approx             also quantize activations to int8 in the int8 spine's products\n"
-        "                       (faster, NOT exact; needs the int8 spine; = K3_APPROX=1)\n"
-        "%s"
-        "  --load-state FILE    start from a state saved by --save-state (same model and spine\n"
-        "                       mode only, checked by fingerprint): the prompt continues it; with\n"
-        "                       --chat the turn is rendered without repeating the preamble\n"
-        "  --save-state FILE    after the run, save the state (every prompt and generated token\n"
-        "                       fed; with --chat the reply is closed with <|end_of_msg|>) for a\n"
-        "                       later --load-state. Not written when interrupted\n"
-        "  -q, --quiet          no load line and no summary on stderr\n"
-        "  -h, --help           this help\n"
-        "\n"
-        "sampling:\n%s"
-        "\n"
-        "with --chat:\n%s", k3_cli_spine_gb_help, k3_cli_sampling_help, k3_cli_chat_help);
-    fprintf(f, "\nspeed (exact):\n%s\n", k3_cli_speed_help);
-    k3_cli_store_usage(f);
-    k3_cli_device_usage(f);
-}
+        "the bundled fixture model is used. --system, --effort and the thinking flags apply\n"
+        "with --chat.\n",
+    .rows = run_rows, .n_rows = sizeof run_rows / sizeof *run_rows,
+    .groups = K3_OG_MODEL | K3_OG_TRACE | K3_OG_SPEED | K3_OG_SAMPLING | K3_OG_CHAT |
+              K3_OG_CTX | K3_OG_STATE,
+    .max_positional = 1,
+};
 
-static int parse_int(const char *s, const char *flag, int lo, int *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || *end || end == s || v < lo || v > 1 << 30) {
-        fprintf(stderr, "k3 run: %s needs an integer >= %d, got '%s'\n", flag, lo, s);
-        return K3_ERR_USAGE;
+/* --prompt - (stdin) or --prompt-file FILE into o->prompt_text. */
+static int read_prompt(run_opts *o, k3_err *err) {
+    size_t len = 0;
+    if (o->prompt_file)
+        return k3_read_file(o->prompt_file, 256u << 20, &o->prompt_text, &len, err) ? err->code
+               : (o->prompt = o->prompt_text, K3_OK);
+    size_t cap = 0;
+    char *buf = NULL;
+    for (;;) {
+        if (len + 65536 + 1 > cap) {
+            char *nb = realloc(buf, cap = 2 * cap + 65536 + 1);
+            if (!nb) {
+                free(buf);
+                return k3_fail(err, K3_ERR_GENERIC, "out of memory reading stdin");
+            }
+            buf = nb;
+        }
+        size_t k = fread(buf + len, 1, cap - len - 1, stdin);
+        len += k;
+        if (k == 0) break;
     }
-    *out = (int)v;
-    return 0;
-}
-
-static int parse_spine(const char *s, int *out) {
-    if (!strcmp(s, "auto")) *out = K3_SPINE_AUTO;
-    else if (!strcmp(s, "bf16")) *out = K3_SPINE_BF16;
-    else if (!strcmp(s, "int8")) *out = K3_SPINE_INT8;
-    else {
-        fprintf(stderr, "k3 run: --spine needs auto, bf16 or int8, got '%s'\n", s);
-        return K3_ERR_USAGE;
+    if (ferror(stdin)) {
+        free(buf);
+        return k3_fail(err, K3_ERR_IO, "--prompt -: reading stdin failed");
     }
-    return 0;
-}
-
-/* OpenMP crashes inside its runtime when asked for absurd thread counts: cap them here. */
-static int parse_threads(const char *s, int *out) {
-    int rc = parse_int(s, "--threads", 1, out);
-    if (!rc && *out > 1024) {
-        fprintf(stderr, "k3 run: --threads %d is more than the 1024 k3 supports\n", *out);
-        rc = K3_ERR_USAGE;
-    }
-    return rc;
+    buf[len] = 0;
+    o->prompt = o->prompt_text = buf;
+    return K3_OK;
 }
 
 static int parse_args(int argc, char **argv, run_opts *o) {
-    *o = (run_opts){.max_new = 128, .verbose = true, .spine = K3_SPINE_AUTO,
-                    .co = K3_CLI_CHAT_DEFAULTS};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        bool has_val = i + 1 < argc;
-        int rc = k3_cli_chat_flag("run", argc, argv, &i, &o->co);
-        if (rc == 1) continue;
-        if (rc) return rc;
-        if ((rc = k3_cli_store_flag("run", argc, argv, &i, &o->so)) == 1) continue;
-        if (rc) return rc;
-        if ((rc = k3_cli_device_flag("run", argc, argv, &i, &o->dev)) == 1) continue;
-        if (rc) return rc;
-        if ((rc = k3_cli_spine_gb_flag("run", argc, argv, &i, &o->spine_gb)) == 1) continue;
-        if (rc) return rc;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { run_usage(stdout); return -1; }
-        else if (!strcmp(a, "--chat")) o->chat = true;
-        else if (!strcmp(a, "--save-state") && has_val) o->save_state = argv[++i];
-        else if (!strcmp(a, "--load-state") && has_val) o->load_state = argv[++i];
-        else if (!strcmp(a, "--special")) o->special = true;
-        else if (!strcmp(a, "--ids")) o->print_ids = true;
-        else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) o->verbose = false;
-        else if (!strcmp(a, "--prompt") && has_val) o->prompt = argv[++i];
-        else if (!strcmp(a, "--prompt-ids") && has_val) o->prompt_ids = argv[++i];
-        else if (!strcmp(a, "--dump-logits") && has_val) o->dump_logits = argv[++i];
-        else if (!strcmp(a, "--pack-dir") && has_val) o->pack_dir = argv[++i];
-        else if (!strcmp(a, "--approx")) o->approx = 1;
-        else if (!strcmp(a, "--spine") && has_val) rc = parse_spine(argv[++i], &o->spine);
-        else if (!strcmp(a, "--max-new") && has_val) rc = parse_int(argv[++i], a, 0, &o->max_new);
-        else if (!strcmp(a, "--threads") && has_val) rc = parse_threads(argv[++i], &o->threads);
-        else if (!strcmp(a, "--ctx") && has_val) rc = parse_int(argv[++i], a, 1, &o->ctx);
-        else if (a[0] != '-' && !o->model_dir) o->model_dir = a;
-        else {
-            fprintf(stderr, "k3 run: unknown option or missing value: '%s' (see k3 run --help)\n", a);
-            return K3_ERR_USAGE;
-        }
-        if (rc) return rc;
-    }
-    if (!o->prompt == !o->prompt_ids) {
-        fprintf(stderr, "k3 run: give exactly one of --prompt or --prompt-ids (see k3 run --help)\n");
+    *o = (run_opts){.verbose = true};
+    k3_opts_parsed p;
+    k3_opt_targets t = {&o->eo, &o->co, &o->cc, o};
+    int rc = k3_opts_parse(&run_cmd, argc, argv, &t, &p);
+    if (rc) return rc;
+    o->model_dir = p.n_positional ? p.positional[0] : NULL;
+    o->verbose = !o->cc.quiet;
+    o->eo.verbose = o->verbose;
+    if ((o->prompt != NULL) + (o->prompt_file != NULL) + (o->prompt_ids != NULL) != 1) {
+        fprintf(stderr, "k3 run: give exactly one of --prompt, --prompt-file or --prompt-ids "
+                "(see k3 run --help)\n");
         return K3_ERR_USAGE;
     }
     if (o->chat && (o->prompt_ids || o->special)) {
         fprintf(stderr, "k3 run: --chat takes the user's text with --prompt; --prompt-ids and "
                 "--special apply to raw prompts only\n");
         return K3_ERR_USAGE;
+    }
+    k3_err err = {0};
+    if (o->cc.save_state && k3_cli_check_writable("--save-state", o->cc.save_state, &err)) {
+        fprintf(stderr, "k3 run: %s\n", err.msg);
+        return err.code;
+    }
+    if ((o->prompt_file || (o->prompt && !strcmp(o->prompt, "-"))) && read_prompt(o, &err)) {
+        fprintf(stderr, "k3 run: %s\n", err.msg);
+        return err.code;
     }
     if (!o->model_dir) o->model_dir = k3_default_model_dir();
     return 0;
@@ -277,10 +247,10 @@ static int save_state(run_ctx *r, const k3_gen_result *g, k3_err *err) {
     } else if (g->n_sampled > 0) {
         rc = k3_session_step(r->s, g->last_id, NULL, err);
     }
-    if (!rc) rc = k3_session_save(r->s, r->o->save_state, err);
+    if (!rc) rc = k3_session_save(r->s, r->o->cc.save_state, err);
     if (!rc && r->o->verbose)
         fprintf(stderr, "k3: saved the state after %d positions to %s\n", k3_session_pos(r->s),
-                r->o->save_state);
+                r->o->cc.save_state);
     return rc;
 }
 
@@ -342,7 +312,7 @@ static int generate(run_ctx *r, const int32_t *prompt, size_t n_prompt, k3_err *
         rc = k3_fail(err, K3_ERR_INTERRUPTED, "interrupted after %d generated tokens",
                      g.n_sampled);
     if (!rc && r->has_conv) rc = k3_conv_commit(&r->conv, g.ids, g.n, &parser, err);
-    if (!rc && o->save_state) rc = save_state(r, &g, err);
+    if (!rc && o->cc.save_state) rc = save_state(r, &g, err);
     if (r->has_conv) k3_reply_parser_free(&parser);
     k3_sampler_free(&sm);
     free(g.ids);
@@ -355,23 +325,21 @@ static int run(const run_opts *o, k3_err *err) {
     int32_t *prompt = NULL;
     size_t n_prompt = 0;
     run_ctx r = {.o = o};
-    k3_engine_opts eo = {.threads = o->threads, .verbose = o->verbose, .spine = o->spine,
-                         .pack_dir = o->pack_dir, .approx = o->approx};
-    k3_cli_store_engine_opts(&o->so, &eo);
-    k3_cli_spine_gb_apply(&o->spine_gb, &eo);
+    k3_engine_opts eo = o->eo;
+    k3_cli_model m;
     k3_cli_store_run sr = {0};
-    int rc = k3_cli_device_engine_opts(&o->dev, &eo, err);
-    if (!rc) rc = k3_engine_load(o->model_dir, &eo, &e, err);
-    if (rc) goto done;
+    int rc = k3_cli_model_load(o->model_dir, &eo, &o->cc, &m, err);
+    if (rc) return rc;
+    e = m.e;
     r.e = e;
     r.tok = k3_engine_tokenizer(e);
     r.vocab = k3_engine_config(e)->vocab_size;
-    int ctx = o->ctx ? o->ctx : 0;
+    int ctx = o->cc.ctx;
     if ((rc = k3_session_new(e, ctx, &s, err))) goto done;
     r.s = s;
     if (o->co.chunk) k3_session_set_chunk(s, o->co.chunk);
-    if ((rc = k3_cli_store_attach(&sr, s, &o->so, err))) goto done;
-    if (o->load_state && (rc = k3_session_load(s, o->load_state, err))) goto done;
+    if ((rc = k3_cli_store_attach(&sr, s, &o->cc, err))) goto done;
+    if (o->cc.load_state && (rc = k3_session_load(s, o->cc.load_state, err))) goto done;
     if ((rc = build_prompt(&r, &prompt, &n_prompt, err))) goto done;
     if ((size_t)k3_session_max_ctx(s) < n_prompt + (size_t)o->max_new) {
         int model_max = k3_engine_config(e)->max_position_embeddings;
@@ -405,20 +373,24 @@ done:
     free(r.logits);
     free(prompt);
     k3_session_free(s);
-    k3_engine_free(e);
+    k3_cli_model_free(&m);
     return rc;
 }
 
 int k3_cmd_run(int argc, char **argv) {
     run_opts o;
     int rc = parse_args(argc, argv, &o);
-    if (rc) return rc < 0 ? 0 : rc;
+    if (rc) {
+        free(o.prompt_text);
+        return rc < 0 ? 0 : rc;
+    }
     if (o.co.sampling.temperature > 0) k3_cli_pick_seed(&o.co);
     k3_err err = {0};
     rc = run(&o, &err);
     if (rc) {
         fflush(stdout);
-        fprintf(stderr, "k3: %s\n", err.msg);
+        k3_opts_error("run", err.msg);
     }
+    free(o.prompt_text);
     return rc;
 }

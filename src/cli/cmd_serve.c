@@ -13,8 +13,8 @@
 #include "../engine/k3.h"
 #include "../server/server.h"
 #include "cli.h"
-#include "device_flags.h"
-#include "spine_flags.h"
+#include "load.h"
+#include "opts.h"
 
 static volatile sig_atomic_t stop_requested; /* CLI-level signal flag */
 
@@ -23,8 +23,53 @@ static void on_signal(int sig) {
     stop_requested = 1;
 }
 
-static void serve_usage(FILE *f) {
-    fprintf(f,
+typedef struct serve_args {
+    const char *model_dir;
+    k3_server_opts so;
+    k3_engine_opts eo;
+    k3_cli_chat_opts co; /* --chunk, --spec */
+    k3_cli_common cc;
+} serve_args;
+
+static const k3_opt_choice efforts[] = {{"low", 0}, {"high", 0}, {"max", 0}, {NULL, 0}};
+
+#define SRV(f) K3_OPT_CMD(serve_args, so.f), .field = #f
+static const k3_opt serve_rows[] = {
+    {.flag = "--host", SRV(host), .type = K3_OPT_STR, .meta = "ADDR", .def = "127.0.0.1",
+     .help = "address to listen on (this machine only by default; 0.0.0.0 or :: exposes\n"
+             "the server to the network)"},
+    {.flag = "--port", SRV(port), .type = K3_OPT_INT, .lo = 0, .hi = 65535, .def = "8000",
+     .meta = "N", .help = "TCP port (0 picks a free one, printed at start)"},
+    {.flag = "--api-key", .env = "K3_API_KEY", SRV(api_key), .type = K3_OPT_STR,
+     .flags = K3_OPTF_NONEMPTY, .meta = "KEY",
+     .help = "require \"Authorization: Bearer KEY\" on /v1 requests (default: no auth;\n"
+             "an empty KEY is an error)"},
+    {.flag = "--max-tokens", .env = "K3_SERVER_MAX_TOKENS", SRV(max_tokens), .type = K3_OPT_INT,
+     .lo = 1, .hi = 1 << 30, .meta = "N",
+     .help = "most completion tokens one request may ask for or get; larger max_tokens\n"
+             "is a 400 (default: the context)"},
+    {.flag = "--queue", SRV(queue), .type = K3_OPT_INT, .lo = 0, .hi = 1024, .def = "0",
+     .meta = "N", .help = "let N requests wait in a FIFO while one generates; further ones get\n"
+                          "429 (0: 429 + Retry-After whenever busy)"},
+    {.flag = "--max-body", SRV(max_body_bytes), .type = K3_OPT_SIZE, .lo = 64, .hi = 1LL << 34,
+     .def = "8388608", .meta = "BYTES", .help = "largest request body; larger is a 413"},
+    {.flag = "--model-id", SRV(model_id), .type = K3_OPT_STR, .meta = "NAME",
+     .help = "model name in /v1/models (default: MODEL_DIR's folder name)"},
+    {.flag = "--no-reuse", SRV(no_reuse), .type = K3_OPT_SWITCH, .value = 1,
+     .help = "prefill every prompt from an empty state instead of reusing the kept\n"
+             "conversation (same prompts, same output; slower)"},
+    {.flag = "--temperature", SRV(temperature), .type = K3_OPT_DOUBLE, .lo = 0, .hi = 2,
+     .def = "1", .meta = "T",
+     .help = "temperature of requests that give none (0 = greedy; requests may ask for\n"
+             "0 to 2)"},
+    {.flag = "--effort", SRV(effort), .type = K3_OPT_WORD, .choices = efforts, .def = "max",
+     .meta = "E", .help = "thinking effort of chat requests that give no reasoning_effort:\n"
+                          "low, high or max"},
+};
+
+static const k3_cli_command serve_cmd = {
+    .name = "serve",
+    .usage =
         "usage: k3 serve [MODEL_DIR] [--host 127.0.0.1] [--port 8000] [options]\n"
         "\n"
         "Serves the model over an OpenAI-compatible HTTP API until Ctrl-C (SIGINT) or SIGTERM:\n"
@@ -35,112 +80,26 @@ static void serve_usage(FILE *f) {
         "  GET  /                           the chat page, for a browser (no key needed)\n"
         "Each path also works without the /v1 prefix. Streaming (\"stream\": true) uses\n"
         "Server-Sent Events ending with data: [DONE]. One generation runs at a time.\n"
-        "Without MODEL_DIR the bundled fixture model is used.\n"
-        "\n"
-        "  --host ADDR          address to listen on (default 127.0.0.1: this machine only;\n"
-        "                       0.0.0.0 or :: exposes the server to the network)\n"
-        "  --port N             TCP port (default 8000; 0 picks a free one, printed at start)\n"
-        "  --api-key KEY        require \"Authorization: Bearer KEY\" on /v1 requests\n"
-        "                       (default: $K3_API_KEY; no key = no auth)\n"
-        "  --max-tokens N       most completion tokens one request may ask for or get; larger\n"
-        "                       max_tokens is a 400 (default: $K3_SERVER_MAX_TOKENS, else the\n"
-        "                       context)\n"
-        "  --queue N            let N requests wait in a FIFO while one generates; further\n"
-        "                       ones get 429 (default 0: 429 + Retry-After whenever busy)\n"
-        "  --ctx N              context capacity in tokens (default min(4096, model max))\n"
-        "  --max-body BYTES     largest request body (default 8388608); larger is a 413\n"
-        "  --model-id NAME      model name in /v1/models (default: MODEL_DIR's folder name)\n"
-        "  --threads N          compute threads (default: OMP_NUM_THREADS, else physical cores)\n"
-        "  --spine MODE         auto (default), bf16 (exact) or int8 (NOT exact), as in k3 run\n"
-        "  --pack-dir DIR       folder of the packed spine (default MODEL_DIR)\n"
-        "%s"
-        "  --no-reuse           prefill every prompt from an empty state instead of reusing\n"
-        "                       the kept conversation (same prompts, same output; slower)\n"
-        "  --spec N             speculative decoding with up to N drafted ids per pass, as in\n"
-        "                       k3 run (greedy output unchanged; default 0 = off)\n"
-        "  -q, --quiet          no load line and no per-request log on stderr\n"
-        "  -h, --help           this help\n", k3_cli_spine_gb_help);
-    fprintf(f, "\n%s", k3_cli_device_env_help);
-}
-
-typedef struct serve_args {
-    const char *model_dir, *pack_dir;
-    k3_server_opts so;
-    int threads, spine;
-    bool quiet;
-    k3_cli_spine_budget spine_gb; /* --spine-gb (spine_flags.h) */
-} serve_args;
-
-static int parse_num(const char *s, const char *what, long long lo, long long hi, long long *out) {
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || *end || end == s || v < lo || v > hi) {
-        fprintf(stderr, "k3 serve: %s needs an integer in [%lld, %lld], got '%s'\n", what, lo,
-                hi, s);
-        return K3_ERR_USAGE;
-    }
-    *out = v;
-    return 0;
-}
+        "Requests sample at temperature 1 and think at effort max unless they say otherwise\n"
+        "(--temperature, --effort change these defaults). Without MODEL_DIR the bundled\n"
+        "fixture model is used. -q also silences the per-request log.\n",
+    .rows = serve_rows, .n_rows = sizeof serve_rows / sizeof *serve_rows,
+    .groups = K3_OG_MODEL | K3_OG_SPEED | K3_OG_CTX,
+    .max_positional = 1,
+};
 
 static int parse_args(int argc, char **argv, serve_args *a) {
-    *a = (serve_args){.so = {.port = 8000, .log_requests = 1}, .spine = K3_SPINE_AUTO};
-    long long v = 0;
-    const char *env = getenv("K3_API_KEY");
-    if (env && env[0]) a->so.api_key = env;
-    env = getenv("K3_SERVER_MAX_TOKENS");
-    if (env && env[0]) {
-        if (parse_num(env, "K3_SERVER_MAX_TOKENS", 1, 1 << 30, &v)) return K3_ERR_USAGE;
-        a->so.max_tokens = (int)v;
-    }
-    for (int i = 1; i < argc; i++) {
-        const char *o = argv[i];
-        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
-        int rc = k3_cli_spine_gb_flag("serve", argc, argv, &i, &a->spine_gb);
-        if (rc == 1) continue;
-        if (rc) return rc;
-        if (!strcmp(o, "-h") || !strcmp(o, "--help")) { serve_usage(stdout); return -1; }
-        else if (!strcmp(o, "-q") || !strcmp(o, "--quiet")) a->quiet = true;
-        else if (!strcmp(o, "--no-reuse")) a->so.no_reuse = 1;
-        else if (!strcmp(o, "--host") && val) a->so.host = argv[++i];
-        else if (!strcmp(o, "--api-key") && val) a->so.api_key = argv[++i];
-        else if (!strcmp(o, "--model-id") && val) a->so.model_id = argv[++i];
-        else if (!strcmp(o, "--pack-dir") && val) a->pack_dir = argv[++i];
-        else if (!strcmp(o, "--spine") && val) {
-            const char *m = argv[++i];
-            if (!strcmp(m, "auto")) a->spine = K3_SPINE_AUTO;
-            else if (!strcmp(m, "bf16")) a->spine = K3_SPINE_BF16;
-            else if (!strcmp(m, "int8")) a->spine = K3_SPINE_INT8;
-            else {
-                fprintf(stderr, "k3 serve: --spine needs auto, bf16 or int8, got '%s'\n", m);
-                return K3_ERR_USAGE;
-            }
-        }
-        else if (!strcmp(o, "--port") && val) {
-            if (!(rc = parse_num(argv[++i], o, 0, 65535, &v))) a->so.port = (int)v;
-        } else if (!strcmp(o, "--max-tokens") && val) {
-            if (!(rc = parse_num(argv[++i], o, 1, 1 << 30, &v))) a->so.max_tokens = (int)v;
-        } else if (!strcmp(o, "--spec") && val) {
-            if (!(rc = parse_num(argv[++i], o, 0, K3_MAX_CHUNK - 1, &v))) a->so.spec = (int)v;
-        } else if (!strcmp(o, "--queue") && val) {
-            if (!(rc = parse_num(argv[++i], o, 0, 1024, &v))) a->so.queue = (int)v;
-        } else if (!strcmp(o, "--ctx") && val) {
-            if (!(rc = parse_num(argv[++i], o, 1, 1 << 30, &v))) a->so.ctx = (int)v;
-        } else if (!strcmp(o, "--max-body") && val) {
-            if (!(rc = parse_num(argv[++i], o, 64, 1LL << 34, &v))) a->so.max_body_bytes = (size_t)v;
-        } else if (!strcmp(o, "--threads") && val) {
-            if (!(rc = parse_num(argv[++i], o, 1, 4096, &v))) a->threads = (int)v;
-        } else if (o[0] != '-' && !a->model_dir) a->model_dir = o;
-        else {
-            fprintf(stderr, "k3 serve: unknown option or missing value: '%s' (see k3 serve "
-                    "--help)\n", o);
-            return K3_ERR_USAGE;
-        }
-        if (rc) return rc;
-    }
-    if (!a->model_dir) a->model_dir = k3_default_model_dir();
-    a->so.log_requests = !a->quiet;
+    *a = (serve_args){0};
+    k3_opts_parsed p;
+    k3_opt_targets t = {&a->eo, &a->co, &a->cc, a};
+    int rc = k3_opts_parse(&serve_cmd, argc, argv, &t, &p);
+    if (rc) return rc;
+    a->model_dir = p.n_positional ? p.positional[0] : k3_default_model_dir();
+    a->eo.verbose = !a->cc.quiet;
+    a->so.log_requests = !a->cc.quiet;
+    a->so.ctx = a->cc.ctx;
+    a->so.spec = a->co.spec;
+    a->so.chunk = a->co.chunk;
     return 0;
 }
 
@@ -168,15 +127,15 @@ static bool loopback_only(const char *host) {
 }
 
 static int serve(const serve_args *a, k3_err *err) {
-    k3_engine *e = NULL;
     k3_server *srv = NULL;
-    k3_engine_opts eo = {.threads = a->threads, .verbose = !a->quiet, .spine = a->spine,
-                         .pack_dir = a->pack_dir};
-    k3_cli_spine_gb_apply(&a->spine_gb, &eo);
-    int rc = k3_engine_load(a->model_dir, &eo, &e, err);
-    if (!rc) rc = k3_server_start(e, a->model_dir, &a->so, &srv, err);
+    k3_engine_opts eo = a->eo;
+    k3_cli_model m;
+    int rc = k3_cli_model_load(a->model_dir, &eo, &a->cc, &m, err);
+    if (rc) return rc;
+    k3_engine *e = m.e;
+    rc = k3_server_start(e, a->model_dir, &a->so, &srv, err);
     if (rc) {
-        k3_engine_free(e);
+        k3_cli_model_free(&m);
         return rc;
     }
     struct sigaction sa = {.sa_handler = on_signal};
@@ -206,9 +165,9 @@ static int serve(const serve_args *a, k3_err *err) {
         struct timespec ts = {0, 100 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
-    if (!a->quiet) fprintf(stderr, "k3 serve: stopping\n");
+    if (!a->cc.quiet) fprintf(stderr, "k3 serve: stopping\n");
     k3_server_stop(srv);
-    k3_engine_free(e);
+    k3_cli_model_free(&m);
     return K3_OK;
 }
 
@@ -218,6 +177,6 @@ int k3_cmd_serve(int argc, char **argv) {
     if (rc) return rc < 0 ? 0 : rc;
     k3_err err = {0};
     rc = serve(&a, &err);
-    if (rc) fprintf(stderr, "k3: %s\n", err.msg);
+    if (rc) k3_opts_error("serve", err.msg);
     return rc;
 }

@@ -8,6 +8,7 @@
 
 #include "../setup/setup.h"
 #include "cli.h"
+#include "opts.h"
 
 static volatile sig_atomic_t setup_interrupted; /* CLI-level SIGINT flag */
 
@@ -117,8 +118,9 @@ int k3_cmd_setup(int argc, char **argv) {
                        .progress_bar = isatty(STDERR_FILENO) != 0};
     int rc = parse_args(argc, argv, &o);
     if (rc) return rc < 0 ? 0 : rc;
-    const char *ep = getenv("HF_ENDPOINT"), *tok = getenv("HF_TOKEN");
-    const char *fake = getenv("K3_SETUP_FREE_BYTES");
+    /* the option table's variables (opts.c): the only place that reads the environment */
+    const char *ep = k3_opts_env("HF_ENDPOINT"), *tok = k3_opts_env("HF_TOKEN");
+    const char *fake = k3_opts_env("K3_SETUP_FREE_BYTES");
     if (!o.endpoint && ep && ep[0]) o.endpoint = ep;
     if (tok && tok[0]) o.token = tok;
     if (fake && fake[0]) {

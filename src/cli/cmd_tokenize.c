@@ -111,8 +111,8 @@ static void print_ids(const int32_t *ids, size_t n) {
     putchar('\n');
 }
 
-static int fail(const k3_err *err) {
-    fprintf(stderr, "k3: %s\n", err->msg);
+static int fail(const char *cmd, const k3_err *err) {
+    fprintf(stderr, "k3 %s: %s\n", cmd, err->msg);
     return err->code;
 }
 
@@ -153,7 +153,7 @@ int k3_cmd_tokenize(int argc, char **argv) {
     size_t len = a.arg ? strlen(a.arg) : 0, n;
     const char *name;
     if (a.file && read_input(a.file, &file_text, &len, &name, &err) != K3_OK)
-        return fail(&err);
+        return fail("tokenize", &err);
     k3_tokenizer *t = NULL;
     int32_t *ids = NULL;
     if (k3_tokenizer_load(a.dir, &t, &err) == K3_OK &&
@@ -163,7 +163,7 @@ int k3_cmd_tokenize(int argc, char **argv) {
     free(ids);
     free(file_text);
     k3_tokenizer_free(t);
-    return err.code ? fail(&err) : 0;
+    return err.code ? fail("tokenize", &err) : 0;
 }
 
 /* ---- k3 detokenize ------------------------------------------------------------------- */
@@ -179,7 +179,7 @@ int k3_cmd_detokenize(int argc, char **argv) {
     char *text = NULL, *file_text = NULL;
     const char *name = "IDS";
     if (a.file && read_input(a.file, &file_text, &len, &name, &err) != K3_OK)
-        return fail(&err);
+        return fail("detokenize", &err);
     if (k3_tokenizer_load(a.dir, &t, &err) == K3_OK &&
         k3_cli_parse_ids(a.file ? file_text : a.arg, len, name, a.file != NULL,
                          k3_tokenizer_vocab_size(t), &ids, &n, &err) == K3_OK &&
@@ -191,5 +191,5 @@ int k3_cmd_detokenize(int argc, char **argv) {
     free(ids);
     free(file_text);
     k3_tokenizer_free(t);
-    return err.code ? fail(&err) : 0;
+    return err.code ? fail("detokenize", &err) : 0;
 }

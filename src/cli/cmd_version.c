@@ -7,6 +7,7 @@
 #include "../kernels/kernels.h"
 #include "../util/version.h"
 #include "cli.h"
+#include "opts.h"
 
 /* The paths compiled in, fastest first: the PATHS table of src/kernels/kernels.c. */
 #if defined(__x86_64__)
@@ -41,11 +42,11 @@ int k3_cmd_version(int argc, char **argv) {
     for (int i = 0; i < n; i++) printf("%s %s", i ? "," : "", k3_kernels_name(runs[i]));
     const k3_kernels *pick;
     k3_err err = {0};
-    if (k3_kernels_select(NULL, &pick, &err) == K3_OK)
-        printf("; picked: %s%s\n", k3_kernels_name(pick),
-               getenv("K3_KERNELS") && *getenv("K3_KERNELS") ? " (set by K3_KERNELS)" : "");
+    const char *forced = k3_opts_env("--kernels"); /* K3_KERNELS, as the option table reads it */
+    if (k3_kernels_select(forced, &pick, &err) == K3_OK)
+        printf("; picked: %s%s\n", k3_kernels_name(pick), forced ? " (set by K3_KERNELS)" : "");
     else
-        printf("; picked: none (%s)\n", err.msg);
+        printf("; picked: none (K3_KERNELS='%s': %s)\n", forced, err.msg);
 #ifdef K3_WITH_CUDA
     printf("cuda: compiled in (make CUDA=1; --device cuda|auto)\n");
 #else

@@ -64,7 +64,7 @@ int k3_cli_generate(k3_session *s, k3_sampler *sm, const k3_stops *stops, float 
                     k3_reply_parser *parser, const k3_gen_opts *o, k3_gen_result *r,
                     k3_err *err);
 
-/* ---- flags shared by `k3 run --chat` and `k3 chat` ------------------------------------------ */
+/* ---- options shared by `k3 run --chat` and `k3 chat` (set by the option table, opts.h) ------- */
 
 typedef struct k3_cli_chat_opts {
     k3_sampler_opts sampling; /* default greedy */
@@ -78,16 +78,6 @@ typedef struct k3_cli_chat_opts {
 } k3_cli_chat_opts;
 
 #define K3_CLI_CHAT_DEFAULTS {.sampling = {.temperature = 0, .top_p = 1, .top_k = 0}}
-
-/* Help text for the sampling flags, the chat flags and the speed flags --chunk / --spec (one
- * line per flag). */
-extern const char k3_cli_sampling_help[];
-extern const char k3_cli_chat_help[];
-extern const char k3_cli_speed_help[];
-
-/* If argv[*i] is a sampling, chat or speed flag, consumes it (and its value, advancing *i) and
- * returns 1; returns 0 for any other argument, or K3_ERR_USAGE after printing why. */
-int k3_cli_chat_flag(const char *cmd, int argc, char **argv, int *i, k3_cli_chat_opts *o);
 
 /* Fills the seed from the clock unless --seed was given (sampling only). */
 void k3_cli_pick_seed(k3_cli_chat_opts *o);

@@ -19,6 +19,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "../engine/k3.h"
 #include "../util/err.h"
 
 /* bf16: the exact path again (checks the harness); int8: the packed spine; approx: the packed
@@ -35,11 +36,10 @@ typedef struct k3_quality_row {
 typedef struct k3_quality_opts {
     const char *model_dir;
     const char *pack_dir;  /* where the int8 pack lives; NULL = model_dir */
-    int threads;           /* 0 = OpenMP default */
-    int verbose;           /* 1: print each engine's load lines to stderr */
-    int spine_budget;      /* 1: every engine gets the spine budget spine_gb (--spine-gb; the
-                            * figures do not change: the output is identical for any budget) */
-    double spine_gb;
+    /* Every engine's options (threads, kernels, device, spine_gb, verbose, ...); spine,
+     * pack_dir, approx and experts_in_place are set per mode (the figures do not depend on
+     * the spine budget: the output is identical for any budget). */
+    k3_engine_opts base;
 } k3_quality_opts;
 
 /* A short mixed text (prose, numbers, code) `k3 pack` evaluates on. */

@@ -5,10 +5,11 @@
  * launches; then 7 batches of launches timed with events, the median batch mean reported;
  * each launch reads the next of several weight copies so that the 60 MB L2 never holds the
  * next launch's weights. Bytes count each weight byte once (inputs and outputs are KB).
- * Environment, for kernel work: K3_MX_SWEEP=1 adds a row per MXFP4 launch schedule (kern.h,
- * K3_MX_SCHEDULE); K3_MX_SCAN=1 times the MXFP4 launches at 1..32 experts (a launch's fixed
+ * Lab switches, for kernel work (k3_gpu_tuning; `k3 bench-gpu` sets them from K3_MX_SWEEP,
+ * K3_MX_SCAN, K3_ONLY_EXPERTS, K3_MX_SCHEDULE, K3_PDL): mx_sweep adds a row per MXFP4 launch
+ * schedule (kern.h); mx_scan times the MXFP4 launches at 1..32 experts (a launch's fixed
  * cost against its streaming rate) and prints the host's enqueue time per launch;
- * K3_ONLY_EXPERTS=1 skips every other kernel (for profilers); K3_PDL=0 launches without
+ * only_experts skips every other kernel (for profilers); no_pdl launches without
  * programmatic dependent launch (kernels.cu), for comparison. */
 #include "gpu.h"
 
@@ -139,7 +140,7 @@ static int copy_bandwidth(FILE *out, int reps, double *bps, k3_err *err) {
 
 /* Matvec of [rows, cols] (BF16 or I8) over enough weight copies; seconds per launch. */
 static int bench_matvec(FILE *out, const char *name, int dtype, int64_t rows, int64_t cols,
-                        int reps, double copy_bps, double *sec, k3_err *err) {
+                        int reps, double copy_bps, int scan, double *sec, k3_err *err) {
     job j = {.kind = 0};
     size_t es = dtype == K3K_BF16 ? 2 : 1, wb = (size_t)rows * cols * es;
     size_t sb = dtype == K3K_I8 ? (size_t)rows * 4 : 0;
@@ -162,7 +163,7 @@ static int bench_matvec(FILE *out, const char *name, int dtype, int64_t rows, in
         snprintf(shape, sizeof shape, "%lldx%lld %s", (long long)rows, (long long)cols,
                  dtype == K3K_BF16 ? "bf16" : "int8");
         row(out, name, shape, (double)(wb + sb), *sec, copy_bps);
-        if (getenv("K3_MX_SCAN")) fprintf(out, "    (host enqueue %.1f us per launch)\n", j.host_s * 1e6);
+        if (scan) fprintf(out, "    (host enqueue %.1f us per launch)\n", j.host_s * 1e6);
     }
     cudaFree(w);
     cudaFree(j.x);
@@ -213,20 +214,17 @@ static int prepare_all(const k3k_experts *d, const uint8_t *raw, uint8_t *w, uin
     return K3_OK;
 }
 
-/* K3_MX_SWEEP=1: every launch schedule of the MXFP4 kernels (kern.h; the weights prepared again
+/* mx_sweep: every launch schedule of the MXFP4 kernels (kern.h; the weights prepared again
  * for each, as its layout may differ), the default first and again last, so that the spread of
  * one schedule's two timings is in the table. */
 static int sweep_schedules(FILE *out, job *j, const k3k_experts *d, const uint8_t *raw,
                            uint8_t *w, uint64_t slot, int n, int reps, double b1, double b2,
-                           double copy_bps, k3_err *err) {
-    const char *env = getenv("K3_MX_SCHEDULE");
-    char *saved = env ? strdup(env) : NULL;
-    int rc = K3_OK;
+                           double copy_bps, const k3_gpu_tuning *t, k3_err *err) {
+    int rc = K3_OK, pdl = !t->no_pdl, keep = t->mx_schedule;
     for (int i = 0; i <= K3K_MX_SCHEDULES && !rc; i++) {
         int sc = i % K3K_MX_SCHEDULES, cw, st, k, ld;
-        char v[16], name[64];
-        snprintf(v, sizeof v, "%d", sc);
-        setenv("K3_MX_SCHEDULE", v, 1);
+        char name[64];
+        k3k_set_tuning(pdl, sc);
         rc = prepare_all(d, raw, w, slot, n, err);
         double t = 0;
         for (int gu = 1; gu >= 0 && !rc; gu--) {
@@ -239,14 +237,12 @@ static int sweep_schedules(FILE *out, job *j, const k3k_experts *d, const uint8_
                 row(out, name, gu ? "16x2x3072x3584" : "16x3584x3072", gu ? b1 : b2, t, copy_bps);
         }
     }
-    if (saved) setenv("K3_MX_SCHEDULE", saved, 1);
-    else unsetenv("K3_MX_SCHEDULE");
-    free(saved);
+    k3k_set_tuning(pdl, keep);
     if (!rc) rc = prepare_all(d, raw, w, slot, n, err);
     return rc;
 }
 
-/* K3_MX_SCAN=1: n routed experts per launch for n = 1..32 (the 32 prepared experts rotated in
+/* mx_scan: n routed experts per launch for n = 1..32 (the 32 prepared experts rotated in
  * sets of n), so that a launch's fixed cost and its streaming rate can be told apart:
  * µs = fixed + bytes / rate. Also the host's enqueue time per launch. */
 static int scan_counts(FILE *out, job *j, uint8_t *w, uint64_t slot, int reps, double per_ex,
@@ -283,7 +279,8 @@ static int scan_counts(FILE *out, job *j, uint8_t *w, uint64_t slot, int reps, d
     return rc;
 }
 
-static int bench_experts(FILE *out, int reps, double copy_bps, double *gate_up_bps, k3_err *err) {
+static int bench_experts(FILE *out, int reps, double copy_bps, const k3_gpu_tuning *t,
+                         double *gate_up_bps, k3_err *err) {
     const int K = 16, inter = 3072, latent = 3584, sets = 2;
     uint64_t packed = (uint64_t)inter * latent / 2, scale = packed / 16, off = 0, o[7];
     for (int i = 0; i < 7; i++) {
@@ -315,7 +312,7 @@ static int bench_experts(FILE *out, int reps, double copy_bps, double *gate_up_b
     int rc = prepare_all(&d, raw, w, slot, sets * K, err);
     if (rc) return rc;
     CK(cudaMalloc((void **)&j.x, latent * 4));
-    CK(cudaMalloc((void **)&j.h, (size_t)sets * K * inter * 4)); /* K3_MX_SCAN: up to 32 */
+    CK(cudaMalloc((void **)&j.h, (size_t)sets * K * inter * 4)); /* mx_scan: up to 32 */
     CK(cudaMalloc((void **)&j.y, (size_t)sets * K * latent * 4));
     CK(k3k_fill_random(j.x, latent * 4, 13, 0x3fffffffu, 0));
     for (int s = 0; s < sets; s++) {
@@ -334,10 +331,11 @@ static int bench_experts(FILE *out, int reps, double copy_bps, double *gate_up_b
         row(out, "mxfp4 16 experts down", "16x3584x3072", b2, t2, copy_bps);
         *gate_up_bps = b1 / t1;
     }
-    if (!rc && getenv("K3_MX_SCAN"))
+    if (!rc && t->mx_scan)
         rc = scan_counts(out, &j, w, slot, reps, (double)(packed + scale), copy_bps, err);
-    if (!rc && getenv("K3_MX_SWEEP"))
-        rc = sweep_schedules(out, &j, &d, raw, w, slot, sets * K, reps, b1, b2, copy_bps, err);
+    if (!rc && t->mx_sweep)
+        rc = sweep_schedules(out, &j, &d, raw, w, slot, sets * K, reps, b1, b2, copy_bps, t,
+                             err);
     cudaFree(w);
     cudaFree(raw);
     cudaFree(j.x);
@@ -381,7 +379,11 @@ static int bench_mixers(FILE *out, int reps, double copy_bps, k3_err *err) {
     return rc;
 }
 
-int k3_gpu_bench_kernels(FILE *out, int reps, k3_gpu_bench *res, k3_err *err) {
+void k3_gpu_set_tuning(const k3_gpu_tuning *t) { k3k_set_tuning(!t->no_pdl, t->mx_schedule); }
+
+int k3_gpu_bench_kernels(FILE *out, int reps, const k3_gpu_tuning *tuning, k3_gpu_bench *res,
+                         k3_err *err) {
+    const k3_gpu_tuning none = {0}, *t = tuning ? tuning : &none;
     struct cudaDeviceProp pr;
     char why[256] = "";
     if (k3_gpu_device_count(why, sizeof why) <= 0)
@@ -403,11 +405,11 @@ int k3_gpu_bench_kernels(FILE *out, int reps, k3_gpu_bench *res, k3_err *err) {
         {"MLA kv_a_proj", 576, 7168}, {"MLA kv_b_proj", 24576, 512},
         {"KDA f_a_proj", 128, 7168}, {"KDA f_b_proj", 12288, 128}, {"KDA b_proj", 96, 7168},
         {"lm_head (vocab 163840)", 163840, 7168}};
-    const int experts_only = getenv("K3_ONLY_EXPERTS") != NULL; /* profiling runs */
+    const int experts_only = t->only_experts; /* profiling runs */
     for (size_t i = 0; !rc && !experts_only && i < sizeof shapes / sizeof *shapes; i++) {
         double s = 0;
         rc = bench_matvec(out, shapes[i].name, K3K_BF16, shapes[i].rows, shapes[i].cols, reps,
-                          res->copy_bps, &s, err);
+                          res->copy_bps, t->mx_scan, &s, err);
         if (i == 0) res->bf16_bps = 2.0 * 12288 * 7168 / s;
         if (i + 1 == sizeof shapes / sizeof *shapes) res->lm_head_s = s;
     }
@@ -425,8 +427,8 @@ int k3_gpu_bench_kernels(FILE *out, int reps, k3_gpu_bench *res, k3_err *err) {
                          res->copy_bps, err);
     double s = 0;
     if (!rc && !experts_only) rc = bench_matvec(out, "int8 spine (not exact) q_proj", K3K_I8, 12288, 7168, reps,
-                               res->copy_bps, &s, err);
-    if (!rc) rc = bench_experts(out, reps, res->copy_bps, &res->mxfp4_bps, err);
+                               res->copy_bps, t->mx_scan, &s, err);
+    if (!rc) rc = bench_experts(out, reps, res->copy_bps, t, &res->mxfp4_bps, err);
     if (!rc && !experts_only) rc = bench_mixers(out, reps, res->copy_bps, err);
     return rc;
 }

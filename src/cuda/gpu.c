@@ -341,7 +341,7 @@ static int make_plan(k3_gpu *g, const k3_gpu_opts *o, plan *p, k3_err *err) {
     if (o->gpu_gb > 0) {
         p->budget = (uint64_t)(o->gpu_gb * 1e9);
         if (p->budget > fr)
-            return k3_fail(err, K3_ERR_USAGE, "--gpu-gb %.3g exceeds the %.3g GB of free device "
+            return k3_fail(err, K3_ERR_USAGE, "gpu_gb %.3g exceeds the %.3g GB of free device "
                            "memory", o->gpu_gb, fr / 1e9);
     } else {
         p->budget = fr > margin ? fr - margin : 0;
@@ -358,7 +358,7 @@ static int make_plan(k3_gpu *g, const k3_gpu_opts *o, plan *p, k3_err *err) {
     if (fixed + min_cache > p->budget)
         return k3_fail(err, K3_ERR_DEVICE, "a device budget of %.3g GB cannot hold the head "
                        "(%.3g GB), one session's state (%.3g GB) and one layer's %d experts "
-                       "(%.3g GB); raise --gpu-gb or lower --ctx", p->budget / 1e9, p->head / 1e9,
+                       "(%.3g GB); raise gpu_gb or lower --ctx", p->budget / 1e9, p->head / 1e9,
                        p->state / 1e9, c->num_experts_per_token, min_cache / 1e9);
     uint64_t avail = p->budget - fixed - min_cache, all = 0, biggest = 0;
     for (int l = 0; l < L; l++) {
@@ -374,7 +374,7 @@ static int make_plan(k3_gpu *g, const k3_gpu_opts *o, plan *p, k3_err *err) {
         p->staging = 2 * biggest;
         if (p->staging > avail)
             return k3_fail(err, K3_ERR_DEVICE, "a device budget of %.3g GB cannot hold two "
-                           "staging buffers of %.3g GB for streamed layers; raise --gpu-gb",
+                           "staging buffers of %.3g GB for streamed layers; raise gpu_gb",
                            p->budget / 1e9, biggest / 1e9);
         avail -= p->staging;
         for (int l = 0; l < max_layers && p->resident + g->layers[l].bytes <= avail; l++) {
@@ -606,7 +606,7 @@ int k3_gpu_session_new(k3_gpu *g, int max_ctx, k3_gpu_session **out, k3_err *err
         free(s);
         cudaGetLastError();
         return k3_fail(err, K3_ERR_DEVICE, "out of device memory for a session's state (%.3g GB "
-                       "at ctx %d): %s; lower --ctx or --gpu-gb", total / 1e9, max_ctx,
+                       "at ctx %d): %s; lower --ctx or gpu_gb", total / 1e9, max_ctx,
                        cudaGetErrorString(e));
     }
     char *p = s->mem;

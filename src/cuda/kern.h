@@ -92,15 +92,19 @@ cudaError_t k3k_experts_gate_up(const k3k_experts *ex, const float *z, float bet
 cudaError_t k3k_experts_down(const k3k_experts *ex, const float *h, float *out,
                              cudaStream_t stream);
 /* Both take one of K3K_MX_SCHEDULES launch schedules (ring depth; with or without a copy
- * warp, whose layout k3k_experts_prepare picks): the fastest measured unless the environment
- * variable K3_MX_SCHEDULE=i (0 <= i < K3K_MX_SCHEDULES) picks another — for benchmark sweeps
- * and tests; it must be the same at preparation and launch. Results are the same function of
+ * warp, whose layout k3k_experts_prepare picks): the fastest measured (0) unless
+ * k3k_set_tuning picks another — for benchmark sweeps and tests; it must be the same at
+ * preparation and launch. Results are the same function of
  * the inputs under every schedule (only the summation order differs). */
 #define K3K_MX_SCHEDULES 6
 /* Schedule i of the gate+up (gate_up != 0) or the down kernel: whether it has a copy warp, its
  * ring's stages and steps (8 · 1088 bytes each with a copy warp, else 1088 bytes per warp) a
  * stage, and whether it decodes the weights the earlier way (11 instead of 8 instructions per
  * 8 weights, but plain shifts instead of funnel shifts). */
+/* Lab switches, process-wide (set them before any launch; not for product use): pdl 0
+ * launches kernels without programmatic dependent launch (for comparison); mx_schedule picks
+ * the MXFP4 experts' schedule (0 <= i < K3K_MX_SCHEDULES, else 0). Defaults: 1, 0. */
+void k3k_set_tuning(int pdl, int mx_schedule);
 void k3k_mx_schedule(int i, int gate_up, int *copy_warp, int *stages, int *steps,
                      int *legacy_decode);
 

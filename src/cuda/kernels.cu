@@ -88,19 +88,15 @@ inline int blocks_for(int64_t n, int threads) { return (int)((n + threads - 1) /
 // writes anything. The products (matvec*, experts) first start streaming their WEIGHTS (never
 // written by the kernels before them); the small kernels wait at once, which still hides their
 // launch. A kernel launched this way without a pdl_wait would race with its predecessor.
-// K3_PDL=0 (environment) launches them plainly (for comparison in benchmarks).
+// k3k_set_tuning(0, ...) launches them plainly (for comparison in benchmarks).
 __device__ __forceinline__ void pdl_trigger() {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
-bool pdl_on() { // read once: the environment is scanned on every launch otherwise
-    static const bool on = [] {
-        const char *e = getenv("K3_PDL");
-        return !(e && e[0] == '0');
-    }();
-    return on;
-}
+// The lab switches of k3k_set_tuning (kern.h): process-wide, set before any launch.
+static int tuning_pdl = 1, tuning_mx_schedule = 0;
+bool pdl_on() { return tuning_pdl != 0; }
 
 template <typename... P, typename... A>
 cudaError_t launch_pdl(void (*k)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
@@ -817,11 +813,7 @@ experts_k(const __grid_constant__ k3k_experts ex, const float *__restrict__ x, f
 // (K3's shapes do) and the schedule is not MX_CHUNK_MAJOR.
 constexpr int MX_WS_W = 8;
 constexpr int MX_CHUNK_MAJOR = K3K_MX_SCHEDULES - 1; // the schedule without a copy warp
-int mx_schedule() {
-    const char *env = getenv("K3_MX_SCHEDULE");
-    const int i = env ? atoi(env) : 0;
-    return i >= 0 && i < K3K_MX_SCHEDULES ? i : 0;
-}
+int mx_schedule() { return tuning_mx_schedule; }
 bool mx_step_major(int cols) {
     const int ng = cols / 32;
     return ng % 2 == 0 && (ng / 2) % MX_WS_W == 0 && mx_schedule() != MX_CHUNK_MAJOR;
@@ -1373,6 +1365,11 @@ extern "C" cudaError_t k3k_experts_down(const k3k_experts *ex, const float *h, f
                                         cudaStream_t s) {
     if (!experts_ok(ex) || ((uintptr_t)h & 7)) return cudaErrorInvalidValue;
     return launch_experts<false>(ex, h, 0, 0, out, s);
+}
+
+extern "C" void k3k_set_tuning(int pdl, int mx_schedule) {
+    tuning_pdl = pdl != 0;
+    tuning_mx_schedule = mx_schedule >= 0 && mx_schedule < K3K_MX_SCHEDULES ? mx_schedule : 0;
 }
 
 extern "C" void k3k_mx_schedule(int i, int gate_up, int *copy_warp, int *stages, int *steps,

@@ -19,38 +19,13 @@ struct k3_backend {
 };
 
 #ifdef K3_WITH_CUDA
-/* 1 and *out when the variable is set, 0 when unset, -code when malformed. */
-static int env_num(const char *name, double lo, double *out, k3_err *err) {
-    const char *v = getenv(name);
-    if (!v || !*v) return 0;
-    char *end;
-    errno = 0;
-    double x = strtod(v, &end);
-    if (errno || *end || x < lo || !(x < 1e9)) /* also refuses inf and nan */
-        return -k3_fail(err, K3_ERR_USAGE, "%s='%s': expected a number from %g to 1e9", name, v,
-                        lo);
-    *out = x;
-    return 1;
-}
-
 static int open_cuda(k3_backend *b, const k3_engine_opts *o, const char *why, k3_err *err) {
-    k3_gpu_opts go = {.gpu_gb = o ? o->gpu_gb : 0, .max_layers = -1};
-    double v;
+    if (!(o->gpu_gb >= 0 && o->gpu_gb < 1e9)) /* also inf and nan */
+        return k3_fail(err, K3_ERR_USAGE, "gpu_gb %g: expected a number of GB from 0 to 1e9",
+                       o->gpu_gb);
+    k3_gpu_opts go = {.gpu_gb = o->gpu_gb, .max_layers = o->gpu_max_layers,
+                      .expert_slots = o->gpu_expert_slots, .profile = o->gpu_profile};
     int rc;
-    if (go.gpu_gb <= 0 && (rc = env_num("K3_GPU_GB", 0, &v, err)) != 0) {
-        if (rc < 0) return -rc;
-        go.gpu_gb = v;
-    }
-    if ((rc = env_num("K3_GPU_LAYERS", 0, &v, err)) != 0) {
-        if (rc < 0) return -rc;
-        go.max_layers = (int)v;
-    }
-    if ((rc = env_num("K3_GPU_EXPERT_SLOTS", 1, &v, err)) != 0) {
-        if (rc < 0) return -rc;
-        go.expert_slots = (int)v;
-    }
-    const char *prof = getenv("K3_GPU_PROFILE");
-    go.profile = prof && !strcmp(prof, "1");
     k3_gpu *g = NULL;
     char plan[900];
     if ((rc = k3_gpu_open(b->m, &go, &g, plan, sizeof plan, err))) return rc;
@@ -63,8 +38,7 @@ static int open_cuda(k3_backend *b, const k3_engine_opts *o, const char *why, k3
 
 int k3_backend_open(const k3_model *m, const k3_engine_opts *o, k3_backend **out,
                     k3_err *err) {
-    const char *dev = o && o->device && *o->device ? o->device : getenv("K3_DEVICE");
-    if (!dev || !*dev) dev = "cpu";
+    const char *dev = o->device && *o->device ? o->device : "cpu";
     if (strcmp(dev, "cpu") && strcmp(dev, "cuda") && strcmp(dev, "auto"))
         return k3_fail(err, K3_ERR_USAGE, "device '%s': expected cpu, cuda or auto", dev);
     k3_backend *b = calloc(1, sizeof *b);
@@ -82,7 +56,7 @@ int k3_backend_open(const k3_model *m, const k3_engine_opts *o, k3_backend **out
         snprintf(b->line, sizeof b->line, "device: cpu");
 #else
     if (!strcmp(dev, "cuda"))
-        rc = k3_fail(err, K3_ERR_DEVICE, "--device cuda: this k3 was built without CUDA "
+        rc = k3_fail(err, K3_ERR_DEVICE, "device 'cuda': this k3 was built without CUDA "
                      "(rebuild with make CUDA=1 where nvcc is installed)");
     snprintf(b->line, sizeof b->line, "device: cpu%s",
              strcmp(dev, "auto") ? "" : " (auto: this k3 was built without CUDA)");

@@ -8,13 +8,13 @@
  *    store client live there whatever the backend; a device backend adds its own per-session
  *    state (void *), reaches the host state only through model.h's host-state functions, and
  *    copies the recurrent state to and from k3_state only for state files (k3_backend_sync).
- *  - Choice: opts->device, else $K3_DEVICE, else "cpu". "auto" takes the GPU when this build
+ *  - Choice: opts->device, else "cpu" (no environment is read). "auto" takes the GPU when this build
  *    has CUDA and a device answers, and otherwise the CPU; the startup line says which and
  *    why. "cuda" without CUDA support or without a device is an error (K3_ERR_DEVICE), never
  *    a silent fallback.
- *  - GPU knobs: opts->gpu_gb, else $K3_GPU_GB (device memory budget, GB); for tests and
- *    benchmarks $K3_GPU_LAYERS (most resident spine layers; the rest are streamed),
- *    $K3_GPU_EXPERT_SLOTS (exact expert cache size) and $K3_GPU_PROFILE=1 (per-layer times).
+ *  - GPU knobs: opts->gpu_gb (device memory budget, GB); for tests and benchmarks
+ *    opts->gpu_max_layers (most resident spine layers; the rest are streamed),
+ *    opts->gpu_expert_slots (exact expert cache size) and opts->gpu_profile (per-layer times).
  */
 #ifndef K3_BACKEND_H
 #define K3_BACKEND_H

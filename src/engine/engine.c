@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "../store/store.h"
-#include "../setup/setup.h"
+#include "../kernels/kernels.h"
 #include "../format/packed.h"
 #include "../format/safetensors.h"
 #include "../util/fileio.h"
@@ -31,9 +31,6 @@ struct k3_engine {
     bool approx;            /* --approx: int8 activations in the int8 products */
     char spine_line[PATH_MAX + 1024]; /* what k3_engine_spine_line returns */
     k3_store *store;        /* routed experts (src/store) */
-    k3_stream *stream;      /* a streaming install's missing experts (src/setup), or NULL */
-    char stream_dirs[2 * PATH_MAX]; /* shard folders: K3_DIRS + DIR/.k3/partial */
-    char stream_line[PATH_MAX + 256]; /* experts local, cost and command to finish */
     k3_mem_plan plan;       /* the startup memory plan */
     char store_line[1536];  /* what k3_engine_store_line returns */
     k3_backend *backend;    /* where sessions run: CPU or CUDA (backend.h) */
@@ -73,17 +70,16 @@ static void quality_note(k3_engine *e, const char *dir, char *out, size_t cap) {
  * spine line; must run after the checkpoint is open and before the model is bound. */
 static int open_spine(k3_engine *e, const char *model_dir, const k3_engine_opts *o,
                       k3_err *err) {
-    int mode = o ? o->spine : K3_SPINE_BF16;
-    const char *dir = o && o->pack_dir ? o->pack_dir : model_dir;
+    int mode = o->spine;
+    const char *dir = o->pack_dir ? o->pack_dir : model_dir;
     char path[PATH_MAX], note[512];
     k3_path_join(path, sizeof path, dir, K3_PACK_FILE);
     int present = access(path, F_OK) == 0;
-    const char *env = getenv("K3_APPROX");
-    e->approx = o && o->approx ? o->approx > 0 : env && !strcmp(env, "1");
+    e->approx = o->approx != 0;
     if (e->approx && (mode == K3_SPINE_BF16 || !present))
-        return k3_fail(err, K3_ERR_USAGE, "--approx (K3_APPROX=1) multiplies the int8 spine with "
-                       "int8 activations; %s", mode == K3_SPINE_BF16 ? "it cannot be used with "
-                       "--spine bf16" : "build the int8 spine first with k3 pack");
+        return k3_fail(err, K3_ERR_USAGE, "approx multiplies the int8 spine with int8 "
+                       "activations; %s", mode == K3_SPINE_BF16 ? "it cannot be used with "
+                       "spine bf16" : "build the int8 spine first with k3 pack");
     if (mode == K3_SPINE_BF16 || (mode == K3_SPINE_AUTO && !present)) {
         snprintf(e->spine_line, sizeof e->spine_line, "spine: BF16 from the checkpoint (exact)");
         return K3_OK;
@@ -104,15 +100,12 @@ static int open_spine(k3_engine *e, const char *model_dir, const k3_engine_opts 
 /* ---- expert store (issue 3) ---------------------------------------------------------- */
 
 static int store_settings(const k3_engine_opts *o, k3_store_settings *ss, k3_err *err) {
-    *ss = (k3_store_settings){0};
-    if (o) {
-        *ss = (k3_store_settings){o->expert_gb, o->expert_slots, o->load_threads, o->direct,
-                                  o->pipe, K3_POLICY_DEFAULT, o->experts_in_place, o->dirs};
-        if (o->cache_policy && (ss->policy = k3_cache_policy_parse(o->cache_policy)) < 0)
-            return k3_fail(err, K3_ERR_USAGE, "cache policy '%s': expected lru or s3fifo",
-                           o->cache_policy);
-    }
-    return k3_store_settings_env(ss, err);
+    *ss = (k3_store_settings){o->expert_gb, o->expert_slots, o->load_threads, o->direct,
+                              o->pipe, K3_POLICY_DEFAULT, o->experts_in_place, o->dirs};
+    if (o->cache_policy && (ss->policy = k3_cache_policy_parse(o->cache_policy)) < 0)
+        return k3_fail(err, K3_ERR_USAGE, "cache_policy '%s': expected lru or s3fifo",
+                       o->cache_policy);
+    return k3_store_settings_check(ss, err);
 }
 
 static uint64_t rss_bytes(void) {
@@ -167,65 +160,23 @@ void k3_session_stats(const k3_session *s, k3_run_stats *out) {
     if (getrusage(RUSAGE_SELF, &ru) == 0) out->peak_rss_bytes = (uint64_t)ru.ru_maxrss * 1024;
 }
 
-/* ---- streaming install (issue 7) ----------------------------------------------------- */
+/* ---- expert source (a streaming install, wired in by the caller) ---------------------- */
 
-static const char *shard_name(const k3_engine *e, int shard) {
-    const char *p = e->ck->shards[shard].path, *slash = strrchr(p, '/');
-    return slash ? slash + 1 : p;
-}
-
-static bool stream_local(void *user, int shard, uint64_t off, uint64_t len) {
-    k3_engine *e = user;
-    return k3_stream_in_shard(e->stream, shard_name(e, shard), off, len);
-}
-
-static int stream_read(void *user, int layer, int expert, int shard, uint64_t off, uint64_t len,
-                       void *dst, k3_err *err) {
-    k3_engine *e = user;
-    return k3_stream_read(e->stream, layer, expert, shard_name(e, shard), off, len, dst, err);
-}
-
-/* An install made by `k3 setup --stream` (src/setup/setup.h): its incomplete shards are found
- * in DIR/.k3/partial, and the experts not yet on disk come from the network. */
-static int open_stream(k3_engine *e, const char *model_dir, k3_store_settings *ss, k3_err *err) {
-    k3_http_opts http = {.token = getenv("HF_TOKEN")};
-    int rc = k3_stream_open(model_dir, &http, &e->stream, err);
-    if (rc || !e->stream) return rc;
-    if (ss->in_place)
-        return k3_fail(err, K3_ERR_USAGE, "%s is a streaming install: experts cannot be used "
-                       "in place (K3_MMAP_EXPERTS=1) while some are not on disk", model_dir);
-    snprintf(e->stream_dirs, sizeof e->stream_dirs, "%s%s%s/.k3/partial",
-             ss->dirs ? ss->dirs : "", ss->dirs ? ":" : "", model_dir);
-    ss->dirs = e->stream_dirs;
-    return K3_OK;
-}
-
-static int attach_stream(k3_engine *e, k3_err *err) {
-    if (!e->stream) return K3_OK;
-    k3_expert_source src = {e, stream_local, stream_read};
-    int rc = k3_store_set_source(e->store, &src, err);
-    k3_stream_describe(e->stream, e->stream_line, sizeof e->stream_line);
-    return rc;
+static int attach_source(k3_engine *e, const k3_engine_opts *o, k3_err *err) {
+    if (!o->expert_source) return K3_OK;
+    return k3_store_set_source(e->store, o->expert_source, err);
 }
 
 /* ---- resident spine budget (src/model/spine.h) ---------------------------------------- */
 
-/* The budget from opts or $K3_SPINE_GB: 1 and *bytes when one applies, 0 when none, else
+/* The budget from opts: 1 and *bytes when one applies (spine_gb >= 0), 0 when none, else
  * -K3_ERR_USAGE. */
 static int spine_budget(const k3_engine_opts *o, uint64_t *bytes, k3_err *err) {
-    double gb = o ? o->spine_gb : 0;
-    const char *v = NULL;
-    if (!o || !o->spine_budget) {
-        v = getenv("K3_SPINE_GB");
-        if (!v || !*v) return 0;
-        char *end;
-        gb = strtod(v, &end);
-        if (*end || end == v) gb = -1;
-    }
-    if (!(gb >= 0 && gb < 1e9))
-        return -k3_fail(err, K3_ERR_USAGE, "spine budget (%s%s%s): expected a number of GB >= 0 "
-                        "(and below 1e9)", v ? "K3_SPINE_GB='" : "--spine-gb", v ? v : "",
-                        v ? "'" : "");
+    double gb = o->spine_gb;
+    if (gb < 0) return 0;
+    if (!(gb < 1e9)) /* also nan */
+        return -k3_fail(err, K3_ERR_USAGE, "spine_gb %g: expected a number of GB below 1e9 (or "
+                        "< 0 for no budget)", gb);
     *bytes = (uint64_t)(gb * 1e9);
     return 1;
 }
@@ -239,12 +190,11 @@ static int open_spine_budget(k3_engine *e, const k3_engine_opts *o, const k3_sto
     int on = spine_budget(o, &bytes, err);
     snprintf(e->spine_plan_line, sizeof e->spine_plan_line, "spine budget: none");
     if (on <= 0) return -on;
-    const char *d = o && o->device && *o->device ? o->device : getenv("K3_DEVICE");
-    if (d && !strcmp(d, "cuda"))
-        return k3_fail(err, K3_ERR_USAGE, "--spine-gb (K3_SPINE_GB) is a budget of the CPU "
-                       "backend; on the GPU use --gpu-gb");
+    if (o->device && !strcmp(o->device, "cuda"))
+        return k3_fail(err, K3_ERR_USAGE, "spine_gb is a budget of the CPU backend; on the GPU "
+                       "use gpu_gb");
     dev->device = "cpu";
-    /* --direct / K3_DIRECT as for experts, but auto means O_DIRECT: streamed layers are read
+    /* direct as for experts, but auto means O_DIRECT: streamed layers are read
      * once per pass and never worth the page cache */
     int rc = k3_spine_open(&e->model, e->ck, e->pack, bytes, ss->direct != K3_IO_BUFFERED,
                            &e->model.spine, err);
@@ -256,14 +206,23 @@ void k3_engine_spine_stats(const k3_engine *e, k3_spine_stats *out) {
     k3_spine_get_stats(e->model.spine, out);
 }
 
+k3_engine_opts k3_engine_opts_default(void) {
+    /* physical cores: SMT siblings share the FPU and the memory bus */
+    return (k3_engine_opts){.threads = k3_cpu_physical_cores(), .spine = K3_SPINE_BF16,
+                            .load_threads = 4, .direct = K3_IO_AUTO, .pipe = K3_PIPE_AUTO,
+                            .device = "cpu", .gpu_max_layers = -1, .spine_gb = -1};
+}
+
 int k3_engine_load(const char *model_dir, const k3_engine_opts *opts, k3_engine **out,
                    k3_err *err) {
+    k3_engine_opts defaults = k3_engine_opts_default();
+    if (!opts) opts = &defaults;
+    if (opts->threads < 0)
+        return k3_fail(err, K3_ERR_USAGE, "threads %d: expected >= 1 (or 0: OpenMP's own count)",
+                       opts->threads);
     k3_engine *e = calloc(1, sizeof *e);
     if (!e) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
-    if (opts && opts->threads > 0)
-        omp_set_num_threads(opts->threads);
-    else if (!getenv("OMP_NUM_THREADS")) /* SMT siblings share the FPU and the memory bus */
-        omp_set_num_threads(k3_cpu_physical_cores());
+    if (opts->threads > 0) omp_set_num_threads(opts->threads);
     int rc = k3_config_load(model_dir, &e->cfg, err);
     if (!rc) rc = k3_tokenizer_load(model_dir, &e->tok, err);
     if (!rc && k3_tokenizer_vocab_size(e->tok) > e->cfg.vocab_size)
@@ -271,21 +230,20 @@ int k3_engine_load(const char *model_dir, const k3_engine_opts *opts, k3_engine 
                      "is %d", model_dir, k3_tokenizer_vocab_size(e->tok), e->cfg.vocab_size);
     k3_store_settings ss;
     if (!rc) rc = store_settings(opts, &ss, err);
-    if (!rc) rc = open_stream(e, model_dir, &ss, err);
     if (!rc) rc = k3_checkpoint_open_dirs(model_dir, ss.dirs, &e->ck, err);
     if (!rc) rc = open_spine(e, model_dir, opts, err);
     if (!rc) rc = k3_model_bind_packed(&e->model, &e->cfg, e->ck, e->pack, e->approx, err);
-    if (!rc) rc = k3_kernels_select(opts ? opts->kernels : NULL, &e->model.kr, err);
-    k3_engine_opts dev = opts ? *opts : (k3_engine_opts){0};
+    if (!rc) rc = k3_kernels_select(opts->kernels, &e->model.kr, err);
+    k3_engine_opts dev = *opts;
     if (!rc) rc = open_spine_budget(e, opts, &ss, &dev, err);
     if (!rc) rc = open_store(e, &ss, err);
-    if (!rc) rc = attach_stream(e, err);
+    if (!rc) rc = attach_source(e, opts, err);
     if (!rc) rc = k3_backend_open(&e->model, &dev, &e->backend, err);
     if (rc) {
         k3_engine_free(e);
         return rc;
     }
-    if (opts && opts->verbose)
+    if (opts->verbose)
         fprintf(stderr, "k3: loaded %s: %d layers (%d KDA, %d MLA), hidden %d, %d experts "
                 "(top-%d), spine %.3f GB + experts %.3f GB mapped from %d shard(s)%s, "
                 "%d threads\n", model_dir, e->cfg.num_hidden_layers, e->model.n_kda,
@@ -294,15 +252,13 @@ int k3_engine_load(const char *model_dir, const k3_engine_opts *opts, k3_engine 
                 (double)e->model.expert_bytes / 1e9, e->ck->n_shards,
                 e->ck->n_skipped_shards ? " (vision-only shards skipped)" : "",
                 omp_get_max_threads());
-    if (opts && opts->verbose) fprintf(stderr, "k3: %s\n", e->spine_line);
-    if (opts && opts->verbose && e->model.spine) fprintf(stderr, "k3: %s\n", e->spine_plan_line);
-    if (opts && opts->verbose)
-        fprintf(stderr, "k3: kernels: %s path, %d threads (K3_KERNELS and --threads / "
-                "OMP_NUM_THREADS override)\n", k3_kernels_name(e->model.kr),
+    if (opts->verbose) fprintf(stderr, "k3: %s\n", e->spine_line);
+    if (opts->verbose && e->model.spine) fprintf(stderr, "k3: %s\n", e->spine_plan_line);
+    if (opts->verbose)
+        fprintf(stderr, "k3: kernels: %s path, %d threads\n", k3_kernels_name(e->model.kr),
                 omp_get_max_threads());
-    if (opts && opts->verbose) fprintf(stderr, "k3: %s\n", e->store_line);
-    if (opts && opts->verbose && e->stream) fprintf(stderr, "k3: %s\n", e->stream_line);
-    if (opts && opts->verbose) fprintf(stderr, "k3: %s\n", k3_backend_line(e->backend));
+    if (opts->verbose) fprintf(stderr, "k3: %s\n", e->store_line);
+    if (opts->verbose) fprintf(stderr, "k3: %s\n", k3_backend_line(e->backend));
     *out = e;
     return K3_OK;
 }
@@ -313,7 +269,6 @@ void k3_engine_free(k3_engine *e) {
     k3_spine_close(e->model.spine);
     k3_model_free(&e->model);
     k3_store_close(e->store);
-    k3_stream_close(e->stream);
     k3_pack_close(e->pack);
     k3_checkpoint_close(e->ck);
     k3_tokenizer_free(e->tok);

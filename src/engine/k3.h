@@ -34,40 +34,60 @@ enum k3_spine_mode {
     K3_SPINE_INT8 = 2, /* the packed int8 spine; NOT exact; an error when it does not exist */
 };
 
+struct k3_expert_source; /* src/store/store.h */
+
+/* What k3_engine_load is told. Every field is an explicit value: the library reads no
+ * environment (the CLI's option table, src/cli/opts.h, maps flags and K3_* variables onto
+ * these fields). Start from k3_engine_opts_default(); errors name the fields (e.g.
+ * "expert_gb"), which the CLI maps back to its flags. */
 typedef struct k3_engine_opts {
-    int threads;      /* OpenMP threads for the kernels; 0 = $OMP_NUM_THREADS, else the
-                         number of physical cores (k3_cpu_physical_cores) */
-    const char *kernels; /* kernel path ("scalar", "avx2", "avx512", "neon"); NULL =
-                            $K3_KERNELS, else the fastest this CPU runs (kernels.h) */
+    int threads;      /* OpenMP threads for the kernels (>= 1); 0 leaves the OpenMP runtime's
+                         own count. Default: the physical cores (k3_cpu_physical_cores) */
+    const char *kernels; /* kernel path ("scalar", "avx2", "avx512", "neon"); NULL = the
+                            fastest this CPU runs (kernels.h) */
     int verbose;      /* 1: print the load summary line to stderr */
-    int spine;        /* enum k3_spine_mode */
+    int spine;        /* enum k3_spine_mode (default K3_SPINE_BF16) */
     const char *pack_dir; /* folder holding the packed spine; NULL = MODEL_DIR */
-    int approx;       /* --approx: 1 on, -1 off, 0 = on iff $K3_APPROX is 1. Multiplies the int8
-                         spine with int8 activations (blocks of 32): faster, NOT exact; needs
-                         the int8 spine (an error otherwise) */
-    /* Expert store (src/store/store.h): 0 / NULL = the K3_* environment variable, else the
-     * default. Routed experts are read on demand into a byte-budgeted cache. */
-    double expert_gb;         /* K3_EXPERT_GB: cache budget in GB (default: the memory plan) */
+    int approx;       /* 1: multiply the int8 spine with int8 activations (blocks of 32):
+                         faster, NOT exact; needs the int8 spine (an error otherwise). 0: off */
+    /* Expert store (src/store/store.h): routed experts are read on demand into a
+     * byte-budgeted cache. */
+    double expert_gb;         /* cache budget in GB; 0 = the memory plan's default */
     int expert_slots;         /* > 0: exactly this many cache slots (tests); beats expert_gb */
-    int load_threads;         /* K3_LOAD_THREADS: expert reader threads (default 4) */
-    int direct;               /* K3_DIRECT: 1 O_DIRECT, -1 buffered, 0 auto */
-    int pipe;                 /* K3_PIPE: 3 all predictors, 1 previous token, 2 lookahead,
-                               * -1 off, 0 auto (on when the cache holds 2 x top-k slots) */
-    const char *cache_policy; /* K3_CACHE_POLICY: "lru" or "s3fifo" */
-    const char *dirs;         /* K3_DIRS: extra ':'-separated folders holding shards */
-    int experts_in_place;     /* K3_MMAP_EXPERTS=1: no cache, experts used from the mapping */
+    int load_threads;         /* expert reader threads (default 4) */
+    int direct;               /* enum k3_io_mode: K3_IO_AUTO (0, the default: O_DIRECT when the
+                               * experts do not fit in RAM), K3_IO_DIRECT, K3_IO_BUFFERED */
+    int pipe;                 /* prefetch predictors: K3_PIPE_AUTO (0, the default: all when
+                               * the cache holds 2 x top-k slots), _PREV, _LOOKAHEAD, _ALL, _OFF */
+    const char *cache_policy; /* "lru" or "s3fifo"; NULL = s3fifo */
+    const char *dirs;         /* extra ':'-separated folders holding shards; NULL = none */
+    int experts_in_place;     /* 1: no cache, experts used from the mapping */
+    /* Where the bytes of experts missing from the local shards come from (a streaming
+     * install: the CLI wires src/setup's fetcher in); NULL = every expert is on disk. Copied
+     * at load; its user pointer must outlive the engine. */
+    const struct k3_expert_source *expert_source;
     /* Where sessions run (src/engine/backend.h): "cpu", "cuda" or "auto" (the GPU when this
-     * build has CUDA and a device answers); NULL = $K3_DEVICE, else "cpu". */
+     * build has CUDA and a device answers); NULL = "cpu". */
     const char *device;
-    double gpu_gb;            /* K3_GPU_GB: device memory budget in GB (0 = free memory less
-                               * a margin); the GPU backend only */
+    double gpu_gb;            /* device memory budget in GB (0 = free memory less a margin);
+                               * the GPU backend only */
+    /* Lab-only GPU switches (tests and benchmarks; no product flag sets them). */
+    int gpu_max_layers;       /* >= 0: at most this many resident spine layers; < 0 (the
+                               * default): as many as fit */
+    int gpu_expert_slots;     /* > 0: exactly this many device expert slots; 0: the budget */
+    int gpu_profile;          /* 1: time every layer with device events
+                               * (k3_engine_layer_profile) */
     /* Resident spine budget (the CPU backend; src/model/spine.h): the head and the first
      * layers that fit stay resident, the rest are streamed from the files per pass (double
      * buffered); the output is identical for every budget. */
-    int spine_budget;         /* 1: spine_gb applies (0 included: stream every layer);
-                               * 0: $K3_SPINE_GB when set, else everything used in place */
-    double spine_gb;          /* K3_SPINE_GB: RAM for the spine in GB (resident + staging) */
+    double spine_gb;          /* RAM for the spine in GB (resident + staging); 0 streams every
+                               * layer; < 0 (the default): no budget, everything in place */
 } k3_engine_opts;
+
+/* The library's defaults: threads = physical cores, BF16 spine, expert store on its memory
+ * plan (4 readers, auto I/O, auto prefetch, s3fifo), device "cpu", no spine budget
+ * (spine_gb -1), gpu_max_layers -1; everything else 0 / NULL. */
+k3_engine_opts k3_engine_opts_default(void);
 
 /* Loads MODEL_DIR (a Hugging Face snapshot: config.json, model.safetensors.index.json,
  * shards, tiktoken.model, tokenizer_config.json). Parses headers only and maps the shards;
@@ -107,7 +127,7 @@ enum k3_describe_part {
 /* Writes the parts selected by the bit set `parts` into buf (cap bytes, NUL-terminated,
  * truncated to fit) in the order above, separated by '\n', without a final newline. */
 void k3_engine_describe(const k3_engine *e, int parts, char *buf, size_t cap);
-/* When the GPU backend profiles (K3_GPU_PROFILE=1): the mean device milliseconds of each
+/* When the GPU backend profiles (k3_engine_opts.gpu_profile): the mean device milliseconds of each
  * layer over the steps so far into ms [num_hidden_layers + 1] (the last entry: the head) and,
  * when bytes is non-NULL, the weight bytes each reads per token (spine + top-k experts).
  * Returns the number of steps averaged, else 0. */

@@ -77,8 +77,6 @@ const k3_kernels *k3_kernels_best(void) {
 }
 
 int k3_kernels_select(const char *name, const k3_kernels **out, k3_err *err) {
-    const char *from = "requested";
-    if (!name || !*name) name = getenv("K3_KERNELS"), from = "K3_KERNELS";
     if (!name || !*name) {
         *out = k3_kernels_best();
         return K3_OK;
@@ -89,8 +87,8 @@ int k3_kernels_select(const char *name, const k3_kernels **out, k3_err *err) {
     for (int i = 0, n = k3_kernels_available(k, N_PATHS); i < n; i++)
         snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "",
                  k[i]->name);
-    return k3_fail(err, K3_ERR_USAGE, "%s kernel path '%s' is unknown or this CPU cannot run "
-                   "it; this CPU runs: %s", from, name, list);
+    return k3_fail(err, K3_ERR_USAGE, "kernels '%s': unknown, or this CPU cannot run that "
+                   "path; this CPU runs: %s", name, list);
 }
 
 const char *k3_kernels_name(const k3_kernels *k) { return k->name; }

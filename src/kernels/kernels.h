@@ -6,7 +6,7 @@
  *    batched product) at a time. No f32 copy of a weight matrix is ever made.
  *  - Kernel paths: "scalar" (the reference), "avx2" (x86-64 AVX2+FMA), "avx512" (AVX-512F)
  *    and "neon" (aarch64). One binary holds every path of its architecture; k3_kernels_select
- *    picks one at engine load (K3_KERNELS=NAME forces it) and the model keeps the pointer.
+ *    picks one at engine load (k3_engine_opts.kernels forces it) and the model keeps the pointer.
  *  - Scalar order: every dot product sums i = 0..n-1 ascending into one f32 accumulator with
  *    separate multiply and add (-ffp-contract=off). A SIMD path sums lane-wise with FMA (lane
  *    l takes columns l, l+W, ...; a zero-padded last vector takes the tail) and then adds the
@@ -41,7 +41,7 @@ typedef struct k3_kernels k3_kernels;
 const k3_kernels *k3_kernels_get(const char *name);
 /* The fastest path this CPU runs (never NULL: scalar runs everywhere). */
 const k3_kernels *k3_kernels_best(void);
-/* name if non-NULL and non-empty, else $K3_KERNELS if set and non-empty, else the best path.
+/* name if non-NULL and non-empty, else the best path.
  * Errors: K3_ERR_USAGE when the requested path is unknown or this CPU cannot run it (the
  * message lists the paths it can). */
 int k3_kernels_select(const char *name, const k3_kernels **out, k3_err *err);

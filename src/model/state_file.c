@@ -108,7 +108,8 @@ int k3_state_file_save(const k3_state *s, const k3_model *m, const k3_checkpoint
         return k3_fail(err, K3_ERR_IO, "%s: path too long", path);
     writer w = {fopen(tmp, "wb"), XXH3_createState(), 0};
     if (!w.f || !w.h) {
-        rc = k3_fail(err, K3_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+        /* name the user's path: the temporary file beside it is ours */
+        rc = k3_fail(err, K3_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
         goto done;
     }
     XXH3_64bits_reset(w.h);

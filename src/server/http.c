@@ -267,6 +267,7 @@ static enum MHD_Result post_generate(k3_server *s, struct MHD_Connection *c, k3_
     j->root = root; /* owned by the job from here on */
     enum k3_srv_kind kind = cc->route == R_CHAT ? K3_SRV_CHAT : K3_SRV_COMPLETIONS;
     int bad = k3_srv_parse_params(root, kind, s->o.max_tokens, &j->p, &e);
+    if (!bad) k3_srv_apply_defaults(root, &s->o, &j->p);
     if (!bad)
         bad = k3_srv_build_prompt(s->eng, root, &j->p, &j->req, &j->prompt, &j->n_prompt, &e);
     if (!bad && (j->n_prompt >= (size_t)s->ctx ||
@@ -450,6 +451,8 @@ static void default_model_id(const char *dir, char *out, size_t cap) {
 
 int k3_server_start(const k3_engine *e, const char *model_dir, const k3_server_opts *opts,
                     k3_server **out, k3_err *err) {
+    if (opts->api_key && !opts->api_key[0]) /* an empty key would mean no auth at all */
+        return k3_fail(err, K3_ERR_USAGE, "api_key is empty: give a key, or none for no auth");
     k3_server *s = calloc(1, sizeof *s);
     if (!s) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
     s->eng = e;

@@ -505,6 +505,18 @@ int k3_srv_parse_params(const cJSON *root, enum k3_srv_kind kind, int max_tokens
     return 0;
 }
 
+static bool given(const cJSON *root, const char *name) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, name);
+    return v && !cJSON_IsNull(v);
+}
+
+void k3_srv_apply_defaults(const cJSON *root, const k3_server_opts *o, k3_srv_params *p) {
+    if (!given(root, "temperature")) p->temperature = o->temperature;
+    if (p->kind == K3_SRV_CHAT && !given(root, "reasoning_effort") &&
+        !given(root, "thinking_effort"))
+        p->effort = o->effort;
+}
+
 void k3_srv_params_free(k3_srv_params *p) {
     for (int i = 0; i < p->n_stop; i++) free(p->stop[i]);
     p->n_stop = 0;
@@ -567,6 +579,7 @@ static int chat_prompt(const k3_engine *eng, cJSON *root, const k3_srv_params *p
     int rc = k3_chat_request_parse(root, req, &err);
     if (!rc) {
         req->thinking = p->thinking; /* also set by chat_template_kwargs / reasoning_effort */
+        if (p->effort) snprintf(req->effort, sizeof req->effort, "%s", p->effort);
         rc = k3_chat_render(req, 0, &segs, &err);
     }
     if (!rc) rc = k3_segments_encode(k3_engine_tokenizer(eng), &segs, ids, n, &err);

@@ -27,7 +27,8 @@
 typedef struct k3_server_opts {
     const char *host;       /* numeric address or name to listen on; NULL = "127.0.0.1" */
     int port;               /* TCP port; 0 = any free port (see k3_server_port) */
-    const char *api_key;    /* when set, /v1 requests need "Authorization: Bearer KEY" */
+    const char *api_key;    /* when set, /v1 requests need "Authorization: Bearer KEY"; "" is
+                               refused (K3_ERR_USAGE), NULL = no auth */
     const char *model_id;   /* name shown in /v1/models; NULL = the model folder's name */
     int max_tokens;         /* ceiling on completion tokens per request; 0 = the context */
     int queue;              /* requests allowed to wait while one generates; 0 = 429 at once */
@@ -39,6 +40,11 @@ typedef struct k3_server_opts {
                                built the same way): the A/B switch for state reuse */
     int spec;               /* --spec N: speculative decoding, N drafts per pass (0 = off;
                                src/engine/spec.h) */
+    int chunk;              /* prompt ids per prefill pass; 0 = K3_DEFAULT_CHUNK */
+    double temperature;     /* requests without "temperature" sample at this (0 = greedy; the
+                               CLI's default is 1, OpenAI's) */
+    const char *effort;     /* chat requests without reasoning_effort / thinking_effort think
+                               at this effort ("low", "high", "max"); NULL = "max" */
 } k3_server_opts;
 
 typedef struct k3_server k3_server;

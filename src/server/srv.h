@@ -72,6 +72,8 @@ typedef struct k3_srv_params {
     int n_stop;
     bool stream, include_usage;
     bool thinking;           /* chat: generation starts in the thinking channel */
+    const char *effort;      /* chat: the server's default effort when the request gives
+                                none (k3_srv_apply_defaults), else NULL */
 } k3_srv_params;
 
 /* Checks every top-level field of a completions or chat request (types, ranges, fields k3
@@ -86,6 +88,10 @@ void k3_srv_params_free(k3_srv_params *p);
  * (src/chat/render.h) into *req, which points into root (role "developer" is rewritten to
  * "system" in root first). *ids is malloc'd. Returns 0, or -1 with e filled (400, or 500
  * when out of memory). */
+/* The server's defaults (k3_server_opts.temperature, .effort) for what the request left out.
+ * Call after k3_srv_parse_params succeeded. */
+void k3_srv_apply_defaults(const cJSON *root, const k3_server_opts *o, k3_srv_params *p);
+
 int k3_srv_build_prompt(const k3_engine *eng, cJSON *root, const k3_srv_params *p,
                         k3_chat_request *req, int32_t **ids, size_t *n, k3_api_error *e);
 

@@ -487,6 +487,7 @@ int k3_worker_start(k3_server *s, k3_err *err) {
     s->ws = w;
     int rc = k3_session_new(s->eng, s->o.ctx, &w->sess, err);
     if (rc) return rc;
+    if (s->o.chunk) k3_session_set_chunk(w->sess, s->o.chunk);
     const k3_config *c = k3_engine_config(s->eng);
     const k3_tokenizer *tok = k3_engine_tokenizer(s->eng);
     w->vocab = c->vocab_size;

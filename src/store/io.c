@@ -94,12 +94,18 @@ static int read_span(k3_store *st, int shard, uint8_t *dst, uint64_t off, uint64
 /* A streaming install: an expert whose bytes are not all on disk comes from st->source, each
  * part copied where the shard reads below would put it. Returns 1 when the expert is local
  * (read it from the shard), 0 when the source filled it, or K3_STORE_ESOURCE. */
+/* The file name of shard i (no folder), as the source knows it. */
+static const char *shard_file(const k3_store *st, int i) {
+    const char *p = st->ck->shards[i].path, *slash = strrchr(p, '/');
+    return slash ? slash + 1 : p;
+}
+
 static int read_from_source(k3_store *st, int key, uint8_t *buf, int *shard, uint64_t *at,
                             uint64_t *bytes) {
     const k3_expert_loc *L = &st->loc[key];
     int n = L->contig ? 1 : K3_EXPERT_PARTS, local = 1;
     for (int i = 0; i < n && local; i++)
-        local = st->source.local(st->source.user, L->shard[i], L->off[i],
+        local = st->source.local(st->source.user, shard_file(st, L->shard[i]), L->off[i],
                                  L->contig ? st->expert_bytes : st->part_bytes[i]);
     if (local) return 1;
     size_t region = 0;
@@ -108,7 +114,7 @@ static int read_from_source(k3_store *st, int key, uint8_t *buf, int *shard, uin
         k3_err e = {0};
         *shard = L->shard[i];
         if (st->source.read(st->source.user, key / st->n_experts, key % st->n_experts,
-                            L->shard[i], L->off[i], len,
+                            shard_file(st, L->shard[i]), L->off[i], len,
                             buf + region + (L->off[i] - align_down(L->off[i])), &e)) {
             pthread_mutex_lock(&st->mu);
             st->source_err = e;

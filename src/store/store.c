@@ -12,57 +12,21 @@
 
 enum client_stage { ST_IDLE, ST_DEFERRED, ST_WAITING, ST_HANDED, ST_DONE };
 
-/* ==== settings from the environment ================================================== */
+/* ==== settings ========================================================================= */
 
-static int env_int(const char *name, int lo, int hi, int *out, k3_err *err) {
-    const char *v = getenv(name);
-    if (!v || !*v) return K3_OK;
-    char *end;
-    long x = strtol(v, &end, 10);
-    if (*end || x < lo || x > hi)
-        return k3_fail(err, K3_ERR_USAGE, "%s=%s: expected an integer in [%d, %d]", name, v, lo, hi);
-    *out = (int)x;
-    return K3_OK;
-}
-
-/* "0" off, "1"/"all" every predictor, "prev", "lookahead". */
-static int parse_pipe(const char *v) {
-    if (!strcmp(v, "0") || !strcmp(v, "off")) return K3_PIPE_OFF;
-    if (!strcmp(v, "1") || !strcmp(v, "all") || !strcmp(v, "on")) return K3_PIPE_ALL;
-    if (!strcmp(v, "prev")) return K3_PIPE_PREV;
-    if (!strcmp(v, "lookahead")) return K3_PIPE_LOOKAHEAD;
-    return K3_PIPE_AUTO - 100;
-}
-
-int k3_store_settings_env(k3_store_settings *s, k3_err *err) {
-    const char *v;
-    int rc = K3_OK, flag = -1;
-    if (s->expert_gb <= 0 && (v = getenv("K3_EXPERT_GB")) && *v) {
-        char *end;
-        s->expert_gb = strtod(v, &end);
-        if (*end || !(s->expert_gb > 0))
-            return k3_fail(err, K3_ERR_USAGE, "K3_EXPERT_GB=%s: expected a positive number of GB", v);
-    }
-    if (s->load_threads <= 0 && (rc = env_int("K3_LOAD_THREADS", 1, 256, &s->load_threads, err)))
-        return rc;
-    if (s->direct == K3_IO_AUTO) {
-        if ((rc = env_int("K3_DIRECT", 0, 1, &flag, err))) return rc;
-        if (flag >= 0) s->direct = flag ? K3_IO_DIRECT : K3_IO_BUFFERED;
-    }
-    if (s->pipe == K3_PIPE_AUTO && (v = getenv("K3_PIPE")) && *v) {
-        s->pipe = parse_pipe(v);
-        if (s->pipe < K3_PIPE_OFF)
-            return k3_fail(err, K3_ERR_USAGE, "K3_PIPE=%s: expected 0, 1, prev or lookahead", v);
-    }
-    if (s->policy == K3_POLICY_DEFAULT && (v = getenv("K3_CACHE_POLICY")) && *v) {
-        s->policy = k3_cache_policy_parse(v);
-        if (s->policy < 0)
-            return k3_fail(err, K3_ERR_USAGE, "K3_CACHE_POLICY=%s: expected lru or s3fifo", v);
-    }
-    flag = -1;
-    if (!s->in_place && (rc = env_int("K3_MMAP_EXPERTS", 0, 1, &flag, err))) return rc;
-    if (flag == 1) s->in_place = 1;
-    if (!s->dirs && (v = getenv("K3_DIRS")) && *v) s->dirs = v;
+int k3_store_settings_check(const k3_store_settings *s, k3_err *err) {
+    if (!(s->expert_gb >= 0 && s->expert_gb <= 1e6)) /* also nan */
+        return k3_fail(err, K3_ERR_USAGE, "expert_gb %g: expected a number of GB in [0, 1e6] "
+                       "(0 = the memory plan)", s->expert_gb);
+    if (s->load_threads < 0 || s->load_threads > 256)
+        return k3_fail(err, K3_ERR_USAGE, "load_threads %d: expected an integer in [1, 256] (0 = "
+                       "4)", s->load_threads);
+    if (s->direct != K3_IO_AUTO && s->direct != K3_IO_DIRECT && s->direct != K3_IO_BUFFERED)
+        return k3_fail(err, K3_ERR_USAGE, "direct %d: expected K3_IO_AUTO, K3_IO_DIRECT or "
+                       "K3_IO_BUFFERED", s->direct);
+    if (s->pipe < K3_PIPE_OFF || s->pipe > K3_PIPE_ALL)
+        return k3_fail(err, K3_ERR_USAGE, "pipe %d: expected K3_PIPE_AUTO, _PREV, _LOOKAHEAD, "
+                       "_ALL or _OFF", s->pipe);
     return K3_OK;
 }
 
@@ -94,7 +58,7 @@ static int plan_slots(k3_store *st, const k3_store_settings *set, k3_err *err) {
         want = (uint64_t)(set->expert_gb * 1e9) / st->slot_bytes;
         if (want == 0)
             return k3_fail(err, K3_ERR_USAGE, "expert cache budget %.6g GB is below one expert "
-                           "slot (%.3f MB): raise K3_EXPERT_GB / --expert-gb", set->expert_gb,
+                           "slot (%.3f MB): raise expert_gb", set->expert_gb,
                            (double)st->slot_bytes / 1e6);
     } else {
         uint64_t other = p->spine_bytes + p->state_bytes + p->headroom_bytes;
@@ -436,7 +400,7 @@ void k3_store_set_read_hook(k3_store *st, k3_store_read_hook hook, void *user) {
 
 int k3_store_set_source(k3_store *st, const k3_expert_source *src, k3_err *err) {
     if (st->in_place)
-        return k3_fail(err, K3_ERR_USAGE, "experts cannot be used in place (K3_MMAP_EXPERTS=1) "
+        return k3_fail(err, K3_ERR_USAGE, "experts cannot be used in place (experts_in_place) "
                        "from a streaming install: some are not on disk yet");
     pthread_mutex_lock(&st->mu);
     st->source = *src;

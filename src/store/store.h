@@ -50,25 +50,24 @@ enum k3_cache_policy { K3_POLICY_DEFAULT = 0, K3_POLICY_LRU = 1, K3_POLICY_S3FIF
 enum { K3_PIPE_AUTO = 0, K3_PIPE_PREV = 1, K3_PIPE_LOOKAHEAD = 2, K3_PIPE_ALL = 3,
        K3_PIPE_OFF = -1 };
 
-/* The knobs a user sets. Zero/unset fields take the K3_* environment variable
- * (k3_store_settings_env), then the default. */
+/* The knobs a user sets (k3_engine_opts passes them on; the store reads no environment).
+ * Zero fields take the default. */
 typedef struct k3_store_settings {
-    double expert_gb;   /* K3_EXPERT_GB: cache budget in GB (1e9 bytes); <= 0 = plan default */
+    double expert_gb;   /* expert_gb: cache budget in GB (1e9 bytes); <= 0 = plan default */
     int expert_slots;   /* > 0: exactly this many slots (tests, benchmarks); beats expert_gb */
-    int load_threads;   /* K3_LOAD_THREADS: reader threads; <= 0 = 4 */
-    int direct;         /* K3_DIRECT (0|1): enum k3_io_mode; AUTO = direct iff experts do not
+    int load_threads;   /* reader threads; <= 0 = 4 */
+    int direct;         /* enum k3_io_mode; AUTO = direct iff experts do not
                          * fit in RAM beside the spine and headroom */
-    int pipe;           /* K3_PIPE (0|1|prev|lookahead): mask or AUTO (= all when the cache
+    int pipe;           /* predictor mask or AUTO (= all when the cache
                          * holds at least 2 × top-k slots, else off) */
-    int policy;         /* K3_CACHE_POLICY (lru|s3fifo): enum k3_cache_policy; default S3-FIFO */
-    int in_place;       /* K3_MMAP_EXPERTS=1: no cache, experts used in place from the mapped
+    int policy;         /* enum k3_cache_policy; default S3-FIFO */
+    int in_place;       /* 1: no cache, experts used in place from the mapped
                          * shards (the in-memory reference path) */
-    const char *dirs;   /* K3_DIRS: extra ':'-separated folders holding shards (src/format) */
+    const char *dirs;   /* extra ':'-separated folders holding shards (src/format) */
 } k3_store_settings;
 
-/* Fills unset fields from K3_EXPERT_GB, K3_LOAD_THREADS, K3_DIRECT, K3_PIPE,
- * K3_CACHE_POLICY, K3_MMAP_EXPERTS, K3_DIRS. Errors: K3_ERR_USAGE naming the variable. */
-int k3_store_settings_env(k3_store_settings *s, k3_err *err);
+/* Checks the fields' ranges. Errors: K3_ERR_USAGE naming the field ("expert_gb", ...). */
+int k3_store_settings_check(const k3_store_settings *s, k3_err *err);
 
 /* Sizes of everything else in memory, for the default budget and the plan line. */
 typedef struct k3_mem_plan {
@@ -176,6 +175,7 @@ void k3_store_set_read_hook(k3_store *st, k3_store_read_hook hook, void *user);
 
 /* Where the bytes of experts missing from the local shards come from: src/setup's k3_stream
  * for an install made by `k3 setup --stream` (the store knows nothing of HTTP).
+ * shard is the shard's file name without its folder (e.g. "model-00001-of-00064.safetensors").
  *  local(user, shard, off, len): are bytes [off, off+len) of shard on disk? Asked by a
  *    reader before each expert read; when false, the expert comes from read().
  *  read(user, layer, expert, shard, off, len, dst, err): fills dst with bytes [off, off+len)
@@ -184,14 +184,14 @@ void k3_store_set_read_hook(k3_store *st, k3_store_read_hook hook, void *user);
  *    from the source is bit-identical to one read from the shard. */
 typedef struct k3_expert_source {
     void *user;
-    bool (*local)(void *user, int shard, uint64_t off, uint64_t len);
-    int (*read)(void *user, int layer, int expert, int shard, uint64_t off, uint64_t len,
-                void *dst, k3_err *err);
+    bool (*local)(void *user, const char *shard, uint64_t off, uint64_t len);
+    int (*read)(void *user, int layer, int expert, const char *shard, uint64_t off,
+                uint64_t len, void *dst, k3_err *err);
 } k3_expert_source;
 
 /* Installs src (copied) before the first request. A failed source read fails the request
  * with the source's own status and message (e.g. K3_ERR_NETWORK naming the expert and URL).
- * Errors: K3_ERR_USAGE in the in-place mode (K3_MMAP_EXPERTS=1), which would read the
+ * Errors: K3_ERR_USAGE in the in-place mode (in_place), which would read the
  * missing experts' holes in the mapped shards as weights. */
 int k3_store_set_source(k3_store *st, const k3_expert_source *src, k3_err *err);
 

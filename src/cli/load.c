@@ -1,0 +1,132 @@
+/* load.c — see load.h. */
+#include "load.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* ---- the streaming install's expert source ----------------------------------------------- */
+
+static bool stream_local(void *user, const char *shard, uint64_t off, uint64_t len) {
+    return k3_stream_in_shard(user, shard, off, len);
+}
+
+static int stream_read(void *user, int layer, int expert, const char *shard, uint64_t off,
+                       uint64_t len, void *dst, k3_err *err) {
+    return k3_stream_read(user, layer, expert, shard, off, len, dst, err);
+}
+
+/* An install made by `k3 setup --stream` (src/setup/setup.h): its incomplete shards are found
+ * in DIR/.k3/partial, and the experts not yet on disk come from the network. */
+int k3_cli_model_load(const char *model_dir, k3_engine_opts *eo, const k3_cli_common *cc,
+                      k3_cli_model *m, k3_err *err) {
+    *m = (k3_cli_model){0};
+    k3_http_opts http = {.token = cc ? cc->hf_token : NULL};
+    int rc = k3_stream_open(model_dir, &http, &m->stream, err);
+    if (rc) return rc;
+    if (m->stream) {
+        if (eo->experts_in_place) {
+            k3_cli_model_free(m);
+            return k3_fail(err, K3_ERR_USAGE, "%s is a streaming install: experts cannot be "
+                           "used in place (experts_in_place) while some are not on disk",
+                           model_dir);
+        }
+        snprintf(m->dirs, sizeof m->dirs, "%s%s%s/.k3/partial", eo->dirs ? eo->dirs : "",
+                 eo->dirs ? ":" : "", model_dir);
+        eo->dirs = m->dirs;
+        m->source = (k3_expert_source){m->stream, stream_local, stream_read};
+        eo->expert_source = &m->source;
+    }
+    if ((rc = k3_engine_load(model_dir, eo, &m->e, err))) {
+        k3_cli_model_free(m);
+        return rc;
+    }
+    if (m->stream && eo->verbose) {
+        char line[4096];
+        k3_stream_describe(m->stream, line, sizeof line);
+        fprintf(stderr, "k3: %s\n", line);
+    }
+    return K3_OK;
+}
+
+void k3_cli_model_free(k3_cli_model *m) {
+    k3_engine_free(m->e);
+    k3_stream_close(m->stream);
+    m->e = NULL;
+    m->stream = NULL;
+}
+
+int k3_cli_check_writable(const char *flag, const char *path, k3_err *err) {
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        return k3_fail(err, K3_ERR_IO, "%s %s: is a folder; give a file name", flag, path);
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == dir) dir[1] = 0;
+    else *slash = 0;
+    if (access(dir, W_OK | X_OK) != 0)
+        return k3_fail(err, K3_ERR_IO, "%s %s: cannot write there (%s: %s); give a path in a "
+                       "writable folder", flag, path, dir, strerror(errno));
+    return K3_OK;
+}
+
+/* ---- router trace, profile, summary ------------------------------------------------------- */
+
+/* One JSON object per (step, layer), flushed so a killed run keeps every finished line. */
+static void on_routing(void *user, int pos, int layer, const int *ids, const float *w, int k) {
+    k3_cli_store_run *r = user;
+    if (!r->trace) return;
+    fprintf(r->trace, "{\"step\":%d,\"layer\":%d,\"ids\":[", pos, layer);
+    for (int j = 0; j < k; j++) fprintf(r->trace, "%s%d", j ? "," : "", ids[j]);
+    fprintf(r->trace, "],\"weights\":[");
+    for (int j = 0; j < k; j++) fprintf(r->trace, "%s%.9g", j ? "," : "", w[j]);
+    fprintf(r->trace, "]}\n");
+    fflush(r->trace);
+}
+
+static void on_step(void *user, int pos) {
+    (void)pos;
+    k3_cli_store_run *r = user;
+    if (!r->profile) return;
+    k3_run_stats st;
+    char line[512];
+    k3_session_stats(r->s, &st);
+    k3_run_stats_profile(&st, line, sizeof line);
+    fprintf(stderr, "k3: %s\n", line);
+    if (r->profile < 2 || !st.layer_eload_s) return;
+    fprintf(stderr, "k3: profile layers (expert wait / compute, ms):");
+    for (int l = 0; l < st.n_layers; l++)
+        if (st.layer_eload_s[l] > 0 || st.layer_expert_s[l] > 0)
+            fprintf(stderr, " %d:%.1f/%.1f", l, 1e3 * st.layer_eload_s[l],
+                    1e3 * st.layer_expert_s[l]);
+    fprintf(stderr, "\n");
+}
+
+int k3_cli_store_attach(k3_cli_store_run *r, k3_session *s, const k3_cli_common *o,
+                        k3_err *err) {
+    *r = (k3_cli_store_run){.o = o, .s = s, .profile = o->profile};
+    if (o->router_trace && !(r->trace = fopen(o->router_trace, "w")))
+        return k3_fail(err, K3_ERR_IO, "%s: cannot create the router trace: %s", o->router_trace,
+                       strerror(errno));
+    if (r->trace || r->profile) {
+        k3_trace t = {.user = r, .on_routing = on_routing, .on_step = on_step};
+        k3_session_set_trace(s, &t);
+    }
+    return K3_OK;
+}
+
+void k3_cli_store_finish(k3_cli_store_run *r, int verbose) {
+    if (r->s && verbose) {
+        k3_run_stats st;
+        char line[1024];
+        k3_session_stats(r->s, &st);
+        k3_run_stats_summary(&st, line, sizeof line);
+        fprintf(stderr, "k3: %s\n", line);
+    }
+    if (r->trace) fclose(r->trace);
+    r->trace = NULL;
+}

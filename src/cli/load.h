@@ -1,0 +1,49 @@
+/* load.h — loading the model for a command (run, chat, serve, quality): the engine with the
+ * streaming install's expert source wired in (src/setup's fetcher; the engine knows nothing
+ * of HTTP), and what a run installs on its session from the options: the router trace, the
+ * profile line and the end-of-run summary. */
+#ifndef K3_CLI_LOAD_H
+#define K3_CLI_LOAD_H
+
+#include <stdio.h>
+
+#include "../engine/k3.h"
+#include "../setup/setup.h"
+#include "../store/store.h"
+#include "opts.h"
+
+typedef struct k3_cli_model {
+    k3_engine *e;
+    k3_stream *stream;          /* a streaming install's missing experts, or NULL */
+    k3_expert_source source;    /* reads them through stream */
+    char dirs[8192];            /* the shard folders: --dirs + DIR/.k3/partial */
+} k3_cli_model;
+
+/* Loads model_dir with eo (eo->dirs and eo->expert_source are set here when model_dir is a
+ * streaming install; m must stay in place while the engine lives). With eo->verbose, also
+ * prints the install's line. Errors: those of k3_stream_open and k3_engine_load; K3_ERR_USAGE
+ * for --mmap-experts on a streaming install. */
+int k3_cli_model_load(const char *model_dir, k3_engine_opts *eo, const k3_cli_common *cc,
+                      k3_cli_model *m, k3_err *err);
+/* Frees the engine, then the stream. */
+void k3_cli_model_free(k3_cli_model *m);
+
+/* Checks, before any work, that path can be written by a later save (its folder exists and
+ * is writable; path is not a folder). Errors: K3_ERR_IO naming flag and path. */
+int k3_cli_check_writable(const char *flag, const char *path, k3_err *err);
+
+/* What a run holds while the options are in effect. */
+typedef struct k3_cli_store_run {
+    const k3_cli_common *o;
+    k3_session *s;
+    FILE *trace;        /* --router-trace, or NULL */
+    int profile;        /* lines per pass: 0 none, 1 one line, 2 also one per-layer line */
+} k3_cli_store_run;
+
+/* Opens the router trace and installs the trace hook on s. Errors: K3_ERR_IO (trace file). */
+int k3_cli_store_attach(k3_cli_store_run *r, k3_session *s, const k3_cli_common *o,
+                        k3_err *err);
+/* Prints the end-of-run summary (when verbose) and closes the trace. */
+void k3_cli_store_finish(k3_cli_store_run *r, int verbose);
+
+#endif

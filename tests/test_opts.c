@@ -1,0 +1,426 @@
+/* test_opts.c — the option table (src/cli/opts.h) through the real ./k3 and in-process:
+ * --flag=value, a repeated flag, --prompt - and --prompt-file, the issue's Done-when commands,
+ * precedence (flag > variable > default), bad values refused with the range (every double
+ * option refuses inf, nan and 1e30: issue 20 D10), an empty API key refused (D11), generated
+ * help listing every shared group, the library reading no environment, and field names in
+ * library errors mapped to flags. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "../src/cli/opts.h"
+#include "../src/engine/k3.h"
+#include "../src/server/server.h"
+#include "../src/server/srv.h"
+#include "../src/util/parse.h"
+#include "cli_run.h"
+#include "test.h"
+
+#define NANO "tests/fixtures/k3-nano"
+#define GEN "run " NANO " --max-new 3 --ids -q"
+
+/* stdout of a run that must succeed (malloc'd), or NULL after recording the failure. */
+static char *ids_of(const char *args) {
+    k3t_cli r = {0};
+    if (k3t_cli_run(args, &r)) return NULL;
+    CHECK_OR(NULL, r.status == 0 && r.out[0], "k3 %s: exit %d: %s", args, r.status, r.err);
+    char *out = strdup(r.out);
+    k3t_cli_free(&r);
+    return out;
+}
+
+/* Runs `sh -c SCRIPT` (stdin /dev/null), capturing its output. */
+static int sh(const char *script, k3t_cli *r) {
+    char args[4096];
+    snprintf(args, sizeof args, "-c '%s'", script);
+    return k3t_cli_run_in(NULL, "/bin/sh", args, r);
+}
+
+static void test_flag_equals_value(void) {
+    char *a = ids_of(GEN " --prompt hello --temperature 0.5 --seed 7 --top-k 4");
+    char *b = ids_of("run " NANO " --max-new=3 --ids -q --prompt=hello --temperature=0.5 "
+                     "--seed=7 --top-k=4");
+    CHECK(a && b && !strcmp(a, b), "--flag=value: '%s' vs '%s'", b ? b : "", a ? a : "");
+    /* the Done-when's spelling */
+    k3t_cli r = {0};
+    if (!k3t_cli_run("run --prompt=hi --max-new=2", &r))
+        CHECK(r.status == 0 && strstr(r.err, "generated 2 tokens"), "exit %d: %s", r.status,
+              r.err);
+    k3t_cli_free(&r);
+    free(a), free(b);
+}
+
+static void test_repeated_flag(void) {
+    static const char *args[] = {GEN " --prompt hi --threads 1 --threads 2",
+                                 GEN " --prompt hi --max-new=4",
+                                 "serve " NANO " --port 0 --port=1"};
+    static const char *named[] = {"--threads", "--max-new", "--port"};
+    for (int i = 0; i < 3; i++) {
+        k3t_cli r = {0};
+        if (k3t_cli_run(args[i], &r)) continue;
+        char want[64];
+        snprintf(want, sizeof want, ": %s is given twice", named[i]);
+        CHECK(r.status == K3_ERR_USAGE && strstr(r.err, want) && !r.out[0], "k3 %s: exit %d: %s",
+              args[i], r.status, r.err);
+        k3t_cli_free(&r);
+    }
+}
+
+static void test_prompt_stdin_and_file(void) {
+    char *want = ids_of(GEN " --prompt 'The quick fox'");
+    char *dir = k3t_tmpdir(), path[512], script[2048];
+    if (!want || !dir) goto done;
+    snprintf(path, sizeof path, "%s/prompt.txt", dir);
+    FILE *f = fopen(path, "w");
+    if (f) fputs("The quick fox", f), fclose(f);
+    char args[1024];
+    snprintf(args, sizeof args, GEN " --prompt-file %s", path);
+    char *from_file = ids_of(args);
+    CHECK(from_file && !strcmp(from_file, want), "--prompt-file: %s vs %s",
+          from_file ? from_file : "", want);
+    free(from_file);
+    k3t_cli r = {0};
+    snprintf(script, sizeof script, "printf \"The quick fox\" | %s " GEN " --prompt -",
+             k3t_bin());
+    if (!sh(script, &r))
+        CHECK(r.status == 0 && !strcmp(r.out, want), "--prompt -: exit %d, out %s, err %s",
+              r.status, r.out, r.err);
+    k3t_cli_free(&r);
+    /* the text "-" itself is another prompt: stdin was read, not the dash */
+    char *dash = ids_of(GEN " --prompt=--");
+    CHECK(dash && strcmp(dash, want), "--prompt - gave the same ids as the text '-'");
+    free(dash);
+    snprintf(args, sizeof args, GEN " --prompt hi --prompt-file %s", path);
+    if (!k3t_cli_run(args, &r))
+        CHECK(r.status == K3_ERR_USAGE && strstr(r.err, "exactly one of --prompt"), "%s", r.err);
+    k3t_cli_free(&r);
+done:
+    free(want);
+    k3t_rm_dir(dir);
+}
+
+/* Done-when: serve with the shared groups starts (and is stopped: timeout sends SIGINT). */
+static void test_serve_accepts_shared_groups(void) {
+    char script[1024];
+    snprintf(script, sizeof script, "timeout -s INT 20 %s serve " NANO " --port 0 --device cpu "
+             "--expert-gb 2 --spine-gb 1 --threads 2 --chunk 16 --effort low "
+             "--temperature 0.3 | head -n 1", k3t_bin());
+    k3t_cli r = {0};
+    if (sh(script, &r)) return;
+    CHECK(strstr(r.out, "k3 serve: listening on http://127.0.0.1:"), "out %s, err %s", r.out,
+          r.err);
+    CHECK(strstr(r.err, "spine budget") && strstr(r.err, "2 threads"), "load lines: %s", r.err);
+    k3t_cli_free(&r);
+}
+
+/* Done-when: chat takes --device and --load-state (a state k3 run saved) and continues it. */
+static void test_chat_load_state(void) {
+    char *dir = k3t_tmpdir(), args[1024];
+    if (!dir) return;
+    k3t_cli r = {0}, c = {0};
+    snprintf(args, sizeof args, "run " NANO " --prompt hi --max-new 2 --save-state %s/s.k3",
+             dir);
+    int pos = -1;
+    if (!k3t_cli_run(args, &r)) {
+        const char *p = strstr(r.err, "saved the state after ");
+        int got = p ? sscanf(p, "saved the state after %d", &pos) : 0;
+        CHECK(r.status == 0 && got == 1, "exit %d: %s", r.status, r.err);
+    }
+    snprintf(args, sizeof args, "chat " NANO " --device auto --load-state %s/s.k3", dir);
+    if (pos > 0 && !k3t_cli_run(args, &c)) {
+        char want[96];
+        snprintf(want, sizeof want, "continuing the %d positions saved in", pos);
+        CHECK(c.status == 0 && strstr(c.err, want), "exit %d: %s", c.status, c.err);
+    }
+    k3t_cli_free(&r);
+    k3t_cli_free(&c);
+    k3t_rm_dir(dir);
+}
+
+/* --save-state to a folder that cannot be written fails before the model loads or generates,
+ * naming the path the user gave (not a .tmp file). */
+static void test_save_state_checked_first(void) {
+    static const char *cmds[] = {"run " NANO " --prompt hi --max-new 2", "chat " NANO};
+    for (int i = 0; i < 2; i++) {
+        char args[512];
+        snprintf(args, sizeof args, "%s --save-state /nonexistent-k3/dir/s.k3", cmds[i]);
+        k3t_cli r = {0};
+        if (k3t_cli_run(args, &r)) continue;
+        CHECK(r.status == K3_ERR_IO && strstr(r.err, "--save-state /nonexistent-k3/dir/s.k3") &&
+              !strstr(r.err, ".tmp") && !strstr(r.err, "loaded") && !r.out[0],
+              "k3 %s: exit %d, out %s, err %s", args, r.status, r.out, r.err);
+        k3t_cli_free(&r);
+    }
+}
+
+/* The plan line's prefetch: default prev+lookahead; K3_PIPE=prev beats the default; the
+ * flag beats the variable (same spelling for both). */
+static void test_precedence(void) {
+    static const struct { const char *env, *flag, *want; } cases[] = {
+        {"", "", "prefetch prev+lookahead\n"},
+        {"K3_PIPE=prev ", "", "prefetch prev\n"},
+        {"K3_PIPE=prev ", "--pipe lookahead", "prefetch lookahead\n"},
+        {"K3_PIPE=lookahead ", "--pipe=prev", "prefetch prev\n"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char script[1024];
+        snprintf(script, sizeof script, "%s%s run " NANO " --prompt hi --max-new 1 %s",
+                 cases[i].env, k3t_bin(), cases[i].flag);
+        k3t_cli r = {0};
+        if (sh(script, &r)) continue;
+        CHECK(r.status == 0 && strstr(r.err, cases[i].want), "%s: want '%s' in %s", script,
+              cases[i].want, r.err);
+        k3t_cli_free(&r);
+    }
+}
+
+/* D10: every double option refuses inf, nan and out-of-range values with its range, by flag
+ * and by variable. */
+static void test_bad_values_name_range(void) {
+    static const struct { const char *args, *want; } cases[] = {
+        {"run --prompt hi --expert-gb inf", "--expert-gb='inf': expected a finite number in (0, 1e+06]"},
+        {"run --prompt hi --expert-gb 1e30", "--expert-gb='1e30': expected a finite number in (0, 1e+06]"},
+        {"run --prompt hi --spine-gb nan", "--spine-gb='nan': expected a finite number in [0, 1e+06]"},
+        {"run --prompt hi --temperature inf", "--temperature='inf': expected a finite number"},
+        {"run --prompt hi --top-p 0", "--top-p='0': expected a finite number in (0, 1]"},
+        {"serve --port 99999", "k3 serve: --port='99999': expected an integer in [0, 65535]"},
+        {"serve --temperature 3", "k3 serve: --temperature='3': expected a finite number in [0, 2]"},
+        {"chat --pipe sometimes", "k3 chat: --pipe='sometimes': expected one of 0, off, 1, on"},
+        {"quality --builtin --threads 0", "k3 quality: --threads='0': expected an integer in [1, 1024]"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        k3t_cli r = {0};
+        if (k3t_cli_run(cases[i].args, &r)) continue;
+        CHECK(r.status == K3_ERR_USAGE && strstr(r.err, cases[i].want), "k3 %s: exit %d: %s",
+              cases[i].args, r.status, r.err);
+        k3t_cli_free(&r);
+    }
+    k3t_cli r = {0};
+    char script[512];
+    snprintf(script, sizeof script, "K3_EXPERT_GB=inf %s run --prompt hi", k3t_bin());
+    if (!sh(script, &r))
+        CHECK(r.status == K3_ERR_USAGE && strstr(r.err, "k3 run: K3_EXPERT_GB='inf': expected "
+              "a finite number in (0, 1e+06]"), "exit %d: %s", r.status, r.err);
+    k3t_cli_free(&r);
+}
+
+/* In-process: every double row of the table refuses inf, nan and 1e30 (D10). */
+static void test_every_double_row_finite(void) {
+    size_t n;
+    const k3_opt *t = k3_opts_table(&n);
+    k3_cli_command cmd = {.name = "test", .usage = "", .groups = ~0u};
+    int doubles = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (t[i].type != K3_OPT_DOUBLE) continue;
+        doubles++;
+        static const char *bad[] = {"inf", "-inf", "nan", "1e30", "1e999"};
+        for (int b = 0; b < 5; b++) {
+            k3_engine_opts eo;
+            k3_cli_chat_opts co;
+            k3_cli_common cc;
+            k3_opt_targets tg = {&eo, &co, &cc, NULL};
+            k3_opts_parsed p;
+            char *argv[] = {"test", (char *)t[i].flag, (char *)bad[b], NULL};
+            CHECK(k3_opts_parse(&cmd, 3, argv, &tg, &p) == K3_ERR_USAGE, "%s %s accepted",
+                  t[i].flag, bad[b]);
+        }
+    }
+    CHECK(doubles >= 5, "only %d double rows", doubles);
+}
+
+/* D11: an empty API key is an error, by flag, by variable and in the server's options. */
+static void test_empty_api_key(void) {
+    k3t_cli r = {0};
+    if (!k3t_cli_run("serve " NANO " --port 0 --api-key ''", &r))
+        CHECK(r.status == K3_ERR_USAGE && strstr(r.err, "k3 serve: --api-key is empty") &&
+              !strstr(r.out, "listening"), "exit %d: %s", r.status, r.err);
+    k3t_cli_free(&r);
+    char script[512];
+    snprintf(script, sizeof script, "K3_API_KEY= timeout -s INT 20 %s serve " NANO " --port 0",
+             k3t_bin());
+    if (!sh(script, &r))
+        CHECK(r.status == K3_ERR_USAGE && strstr(r.err, "K3_API_KEY is empty") &&
+              !strstr(r.out, "listening"), "exit %d: %s", r.status, r.err);
+    k3t_cli_free(&r);
+    k3_server_opts so = {.port = 0, .api_key = ""};
+    k3_server *srv = NULL;
+    k3_err err = {0};
+    CHECK(k3_server_start(NULL, NANO, &so, &srv, &err) == K3_ERR_USAGE && !srv &&
+          strstr(err.msg, "api_key is empty"), "k3_server_start with api_key \"\": %s", err.msg);
+}
+
+/* --help of each command is the table: every row of every group it draws is listed. */
+static void test_help_lists_shared_groups(void) {
+    static const struct { const char *cmd; unsigned groups; } cmds[] = {
+        {"run", K3_OG_MODEL | K3_OG_TRACE | K3_OG_SPEED | K3_OG_SAMPLING | K3_OG_CHAT | K3_OG_CTX | K3_OG_STATE},
+        {"chat", K3_OG_MODEL | K3_OG_TRACE | K3_OG_SPEED | K3_OG_SAMPLING | K3_OG_CHAT | K3_OG_CTX | K3_OG_STATE},
+        {"serve", K3_OG_MODEL | K3_OG_SPEED | K3_OG_CTX},
+        {"quality", K3_OG_DEVICE | K3_OG_THREADS | K3_OG_BUDGET | K3_OG_QUIET},
+    };
+    size_t n;
+    const k3_opt *t = k3_opts_table(&n);
+    for (size_t c = 0; c < sizeof cmds / sizeof *cmds; c++) {
+        char args[64];
+        snprintf(args, sizeof args, "%s --help", cmds[c].cmd);
+        k3t_cli r = {0};
+        if (k3t_cli_run(args, &r)) continue;
+        CHECK(r.status == 0, "k3 %s: exit %d", args, r.status);
+        for (size_t i = 0; i < n; i++) {
+            if (!(t[i].group & cmds[c].groups)) continue;
+            char want[96];
+            snprintf(want, sizeof want, "  %s%s%s%s", t[i].flag ? "" : "",
+                     t[i].flag ? t[i].flag : t[i].env, t[i].meta ? " " : "",
+                     t[i].meta ? t[i].meta : "");
+            if (t[i].alias) snprintf(want, sizeof want, "%s, %s", t[i].alias, t[i].flag);
+            CHECK(strstr(r.out, want), "k3 %s does not list '%s'", args, want);
+            if (t[i].env && t[i].flag) CHECK(strstr(r.out, t[i].env), "k3 %s: no %s", args,
+                                             t[i].env);
+        }
+        k3t_cli_free(&r);
+    }
+    k3t_cli r = {0};
+    if (!k3t_cli_run("serve --help", &r))
+        CHECK(strstr(r.out, "--temperature T") && strstr(r.out, "(default 1)") &&
+              strstr(r.out, "--effort E") && strstr(r.out, "(default max)"), "%s", r.out);
+    k3t_cli_free(&r);
+}
+
+/* serve's --temperature / --effort are the defaults of requests that leave them out. */
+static void test_server_defaults(void) {
+    k3_server_opts so = {.temperature = 0.25, .effort = "low"};
+    static const struct { const char *body; double temperature; const char *effort; } cases[] = {
+        {"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}", 0.25, "low"},
+        {"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"temperature\": 0.5}", 0.5, "low"},
+        {"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"temperature\": null, \"reasoning_effort\": \"high\"}", 0.25, NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        cJSON *root = cJSON_Parse(cases[i].body);
+        k3_srv_params p;
+        k3_api_error e;
+        int rc = k3_srv_parse_params(root, K3_SRV_CHAT, 0, &p, &e);
+        if (!rc) k3_srv_apply_defaults(root, &so, &p);
+        CHECK(rc == 0 && p.temperature == cases[i].temperature &&
+              (cases[i].effort ? p.effort && !strcmp(p.effort, cases[i].effort) : !p.effort),
+              "%s: temperature %g, effort %s", cases[i].body, p.temperature,
+              p.effort ? p.effort : "(request's)");
+        if (!rc) k3_srv_params_free(&p);
+        cJSON_Delete(root);
+    }
+}
+
+static void test_seed_unused_warning(void) {
+    k3t_cli r = {0};
+    if (!k3t_cli_run(GEN " --prompt hi --seed 5", &r))
+        CHECK(r.status == 0 && strstr(r.err, "k3 run: warning: --seed is unused at temperature 0"),
+              "exit %d: %s", r.status, r.err);
+    k3t_cli_free(&r);
+    if (!k3t_cli_run(GEN " --prompt hi --seed 5 --temperature 0.7", &r))
+        CHECK(r.status == 0 && !strstr(r.err, "warning"), "warned while sampling: %s", r.err);
+    k3t_cli_free(&r);
+}
+
+/* k3 pack --out DIR creates a missing DIR, and names it when it cannot. */
+static void test_pack_out_created(void) {
+    char *dir = k3t_tmpdir(), args[1024], sub[600];
+    if (!dir) return;
+    snprintf(sub, sizeof sub, "%s/new-pack", dir);
+    snprintf(args, sizeof args, "pack " NANO " --out %s --no-quality -q", sub);
+    k3t_cli r = {0};
+    struct stat st;
+    if (!k3t_cli_run(args, &r))
+        CHECK(r.status == 0 && stat(sub, &st) == 0 && S_ISDIR(st.st_mode), "exit %d: %s",
+              r.status, r.err);
+    k3t_cli_free(&r);
+    snprintf(args, sizeof args, "pack " NANO " --out %s/no/such/dir --no-quality -q", dir);
+    if (!k3t_cli_run(args, &r))
+        CHECK(r.status == K3_ERR_IO && strstr(r.err, "k3 pack: --out ") &&
+              strstr(r.err, "/no/such/dir: the folder does not exist and cannot be created"),
+              "exit %d: %s", r.status, r.err);
+    k3t_cli_free(&r);
+    k3t_rm_dir(dir);
+}
+
+/* The library reads no environment: a bad K3_EXPERT_GB / K3_DEVICE / K3_KERNELS does not reach
+ * k3_engine_load, and the options' own values are checked there, naming the field. */
+static void test_library_reads_no_environment(void) {
+    setenv("K3_EXPERT_GB", "bogus", 1);
+    setenv("K3_DEVICE", "bogus", 1);
+    setenv("K3_KERNELS", "bogus", 1);
+    k3_engine *e = NULL;
+    k3_err err = {0};
+    k3_engine_opts o = k3_engine_opts_default();
+    o.threads = 1;
+    int rc = k3_engine_load(NANO, &o, &e, &err);
+    unsetenv("K3_EXPERT_GB");
+    unsetenv("K3_DEVICE");
+    unsetenv("K3_KERNELS");
+    CHECK(rc == 0, "k3_engine_load read the environment: %s", err.msg);
+    k3_engine_free(e);
+    o.expert_gb = INFINITY;
+    CHECK(k3_engine_load(NANO, &o, &e, &err) == K3_ERR_USAGE && strstr(err.msg, "expert_gb"),
+          "expert_gb inf: %s", err.msg);
+    o = k3_engine_opts_default();
+    o.spine_gb = NAN;
+    CHECK(k3_engine_load(NANO, &o, &e, &err) == K3_ERR_USAGE && strstr(err.msg, "spine_gb"),
+          "spine_gb nan: %s", err.msg);
+}
+
+static void test_fields_map_to_flags(void) {
+    static const struct { const char *in, *out; } cases[] = {
+        {"spine_gb is a budget of the CPU backend; on the GPU use gpu_gb",
+         "--spine-gb is a budget of the CPU backend; on the GPU use --gpu-gb"},
+        {"device 'gpu': expected cpu, cuda or auto", "--device 'gpu': expected cpu, cuda or auto"},
+        {"device: cpu (auto picked it)", "device: cpu (auto picked it)"},
+        {"expert_gb 0.0001 GB is below one expert slot: raise expert_gb",
+         "--expert-gb 0.0001 GB is below one expert slot: raise --expert-gb"},
+        {"my_expert_gb stays", "my_expert_gb stays"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char out[256];
+        k3_opts_map_fields(cases[i].in, out, sizeof out);
+        CHECK(!strcmp(out, cases[i].out), "'%s' -> '%s'", cases[i].in, out);
+    }
+}
+
+static void test_parse_numbers(void) {
+    k3_err err = {0};
+    int i = 0;
+    double d = 0;
+    long long ll = 0;
+    uint64_t u = 0;
+    CHECK(k3_parse_int("42", "--n", 1, 100, &i, &err) == 0 && i == 42, "42");
+    CHECK(k3_parse_int("101", "--n", 1, 100, &i, &err) == K3_ERR_USAGE && i == 42 &&
+          !strcmp(err.msg, "--n='101': expected an integer in [1, 100]"), "%s", err.msg);
+    CHECK(k3_parse_int(" 5", "--n", 1, 100, &i, &err) == K3_ERR_USAGE, "leading space");
+    CHECK(k3_parse_long("99999999999999999999", "X", 0, 10, &ll, &err) == K3_ERR_USAGE, "ovf");
+    CHECK(k3_parse_double("2.5", "--g", 0, 3, &d, &err) == 0 && d == 2.5, "2.5");
+    CHECK(k3_parse_double("1e999", "--g", 0, 1e300, &d, &err) == K3_ERR_USAGE && d == 2.5,
+          "1e999 accepted");
+    CHECK(k3_parse_double("", "--g", 0, 1, &d, &err) == K3_ERR_USAGE, "empty accepted");
+    CHECK(k3_parse_u64("18446744073709551615", "--seed", &u, &err) == 0 &&
+          u == 18446744073709551615ull, "2^64-1");
+    CHECK(k3_parse_u64("-1", "--seed", &u, &err) == K3_ERR_USAGE, "-1 accepted as a seed");
+}
+
+const k3_test k3_suite_opts[] = {
+    {"parse_numbers", test_parse_numbers},
+    {"fields_map_to_flags", test_fields_map_to_flags},
+    {"every_double_row_finite", test_every_double_row_finite},
+    {"library_reads_no_environment", test_library_reads_no_environment},
+    {"flag_equals_value", test_flag_equals_value},
+    {"repeated_flag", test_repeated_flag},
+    {"prompt_stdin_and_file", test_prompt_stdin_and_file},
+    {"serve_accepts_shared_groups", test_serve_accepts_shared_groups},
+    {"chat_load_state", test_chat_load_state},
+    {"save_state_checked_first", test_save_state_checked_first},
+    {"precedence", test_precedence},
+    {"bad_values_name_range", test_bad_values_name_range},
+    {"empty_api_key", test_empty_api_key},
+    {"help_lists_shared_groups", test_help_lists_shared_groups},
+    {"seed_unused_warning", test_seed_unused_warning},
+    {"server_defaults", test_server_defaults},
+    {"pack_out_created", test_pack_out_created},
+    {0},
+};
