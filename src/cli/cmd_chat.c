@@ -31,6 +31,21 @@ typedef struct chat_opts {
     k3_cli_spine_budget spine_gb; /* --spine-gb (spine_flags.h) */
 } chat_opts;
 
+/* The slash commands: in --help, and all that /help prints. */
+static const char chat_commands[] =
+    "  /reset               start a new conversation (state cleared)\n"
+    "  /effort low|high|max thinking effort (the next turn re-reads the conversation)\n"
+    "  /think on|off        thinking on or off (the next turn re-reads the conversation)\n"
+    "  /save FILE           write the conversation as an OpenAI request body (JSON; works\n"
+    "                       with k3 render --request FILE)\n"
+    "  /load FILE           read a conversation saved by /save (its tokens are prefilled\n"
+    "                       on the next turn)\n"
+    "  /stats               tokens prefilled, reused and generated; context used;\n"
+    "                       speculation (--spec)\n"
+    "  /max-new N           cap the next replies at N tokens\n"
+    "  /help                these commands\n"
+    "  /exit                leave (as Ctrl-D)\n";
+
 static void chat_usage(FILE *f) {
     fprintf(f,
         "usage: k3 chat [MODEL_DIR] [options]\n"
@@ -45,18 +60,7 @@ static void chat_usage(FILE *f) {
         "status is then that of the last failed turn (5 non-finite logits, 3 or 9 a spine\n"
         "layer or an expert that could not be read; k3 --help lists them), else 0.\n"
         "\n"
-        "commands:\n"
-        "  /reset               start a new conversation (state cleared)\n"
-        "  /effort low|high|max thinking effort (the next turn re-reads the conversation)\n"
-        "  /think on|off        thinking on or off (the next turn re-reads the conversation)\n"
-        "  /save FILE           write the conversation as an OpenAI request body (JSON; works\n"
-        "                       with k3 render --request FILE)\n"
-        "  /load FILE           read a conversation saved by /save (its tokens are prefilled\n"
-        "                       on the next turn)\n"
-        "  /stats               tokens prefilled, reused and generated; context used;\n"
-        "                       speculation (--spec)\n"
-        "  /max-new N           cap the next replies at N tokens\n"
-        "  /help, /exit\n"
+        "commands:\n%s"
         "\n"
         "options:\n"
         "  --max-new N          at most N tokens per reply (default 1024)\n"
@@ -70,7 +74,8 @@ static void chat_usage(FILE *f) {
         "\n"
         "chat:\n%s"
         "\n"
-        "sampling:\n%s", k3_cli_spine_gb_help, k3_cli_chat_help, k3_cli_sampling_help);
+        "sampling:\n%s", chat_commands, k3_cli_spine_gb_help, k3_cli_chat_help,
+        k3_cli_sampling_help);
     fprintf(f, "\nspeed (exact):\n%s\n", k3_cli_speed_help);
     k3_cli_store_usage(f);
     fprintf(f, "\n%s", k3_cli_device_env_help);
@@ -366,7 +371,7 @@ static int command(chat *c, const char *line) {
     int rc = K3_OK;
     if (!strcmp(cmd, "exit") || !strcmp(cmd, "quit")) return 1;
     if (!strcmp(cmd, "help")) {
-        chat_usage(stdout);
+        printf("commands:\n%s", chat_commands);
     } else if (!strcmp(cmd, "reset")) {
         if (!(rc = start_conversation(c, &err))) dim(c, "(new conversation)\n");
     } else if (!strcmp(cmd, "effort")) {

@@ -12,14 +12,8 @@
 #include "../server/server.h"
 #include "cli.h"
 #include "device_flags.h"
+#include "interrupt.h"
 #include "spine_flags.h"
-
-static volatile sig_atomic_t stop_requested; /* CLI-level signal flag */
-
-static void on_signal(int sig) {
-    (void)sig;
-    stop_requested = 1;
-}
 
 static void serve_usage(FILE *f) {
     fprintf(f,
@@ -153,10 +147,7 @@ static int serve(const serve_args *a, k3_err *err) {
         k3_engine_free(e);
         return rc;
     }
-    struct sigaction sa = {.sa_handler = on_signal};
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
+    k3_cli_catch_signals(K3_CLI_SIG_TERM);
     signal(SIGPIPE, SIG_IGN);
     char policy[512];
     k3_server_describe_policy(srv, policy, sizeof policy);
@@ -166,7 +157,7 @@ static int serve(const serve_args *a, k3_err *err) {
     printf("k3 serve: %s\n", policy);
     if (k3_engine_spine_int8(e)) printf("k3 serve: %s\n", k3_engine_spine_line(e));
     fflush(stdout);
-    while (!stop_requested) {
+    while (!k3_cli_interrupted) {
         struct timespec ts = {0, 100 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }

@@ -23,7 +23,8 @@ void k3_cli_store_usage(FILE *f) {
         "                       (K3_MMAP_EXPERTS=1; the reference path)\n"
         "  --profile            one line per token on stderr: attention, router, expert wait,\n"
         "                       expert compute, head (K3_PROFILE=1); K3_PROFILE=2 adds a line\n"
-        "                       with each MoE layer's expert wait / compute\n"
+        "                       with each MoE layer's expert wait / compute. A batched\n"
+        "                       prefill pass (--chunk) is one line for its tokens\n"
         "  --router-trace PATH  write one JSON line per (step, layer): chosen expert ids and\n"
         "                       weights in router order, flushed line by line\n");
 }
@@ -100,12 +101,13 @@ static void on_routing(void *user, int pos, int layer, const int *ids, const flo
 }
 
 static void on_step(void *user, int pos) {
-    (void)pos;
     k3_cli_store_run *r = user;
     if (!r->profile) return;
     k3_run_stats st;
     char line[512];
     k3_session_stats(r->s, &st);
+    /* A batched pass calls this once per token after the whole pass: one line, at its last */
+    if (st.last.tokens > 1 && pos + 1 != k3_session_pos(r->s)) return;
     k3_run_stats_profile(&st, line, sizeof line);
     fprintf(stderr, "k3: %s\n", line);
     if (r->profile < 2 || !st.layer_eload_s) return;
