@@ -29,7 +29,8 @@ static const vcase cases[] = {
            "\"n\":1,\"logprobs\":false,\"tools\":[],\"tool_choice\":\"auto\",\"user\":\"u\"}", NULL},
     {CHAT, "{" M ",\"max_tokens\":null,\"temperature\":null,\"stop\":null}", NULL},
     {CHAT, "{" M ",\"reasoning_effort\":\"low\"}", NULL},
-    {CHAT, "{" M ",\"reasoning_effort\":\"medium\"}", "reasoning_effort"},
+    {CHAT, "{" M ",\"reasoning_effort\":\"medium\"}", NULL}, /* read as high */
+    {CHAT, "{" M ",\"reasoning_effort\":\"minimal\"}", "reasoning_effort"},
     {CHAT, "{" M ",\"max_tokens\":0}", "max_tokens"},
     {CHAT, "{" M ",\"max_tokens\":\"5\"}", "max_tokens"},
     {CHAT, "{" M ",\"max_tokens\":1.5}", "max_tokens"},
@@ -221,10 +222,75 @@ static void test_json_escaping(void) {
     }
 }
 
+/* reasoning_effort "medium" renders exactly as "high" (the nearest K3 effort at or above it,
+ * srv.h) and says so; "high" itself is not marked. The renderer's own ids for "high" and "low"
+ * are the reference. */
+static void test_medium_effort_is_high(void) {
+    k3_engine *e = NULL;
+    k3_err err = {0};
+    k3_engine_opts o = {.experts_in_place = 1};
+    CHECK(k3_engine_load("tests/fixtures/k3-nano", &o, &e, &err) == K3_OK, "%s", err.msg);
+    const char *efforts[] = {"medium", "high", "low"};
+    int32_t *ids[3] = {0};
+    size_t n[3] = {0};
+    bool mapped[3] = {0};
+    for (int i = 0; i < 3; i++) {
+        char body[256];
+        snprintf(body, sizeof body, "{" M ",\"reasoning_effort\":\"%s\"}", efforts[i]);
+        cJSON *root = cJSON_Parse(body);
+        k3_srv_params p;
+        k3_chat_request req;
+        k3_api_error ae = {0};
+        int rc = k3_srv_parse_params(root, CHAT, 0, &p, &ae);
+        if (!rc) rc = k3_srv_build_prompt(e, root, &p, &req, &ids[i], &n[i], &ae);
+        mapped[i] = p.effort_mapped;
+        if (!rc) k3_srv_params_free(&p);
+        cJSON_Delete(root);
+        if (rc) {
+            k3_test_fail(__FILE__, __LINE__, "%s: %s", efforts[i], ae.message);
+            break;
+        }
+    }
+    int ok = !k3_test_stopped();
+    if (ok) {
+        CHECK(mapped[0] && !mapped[1] && !mapped[2], "effort_mapped %d %d %d", mapped[0],
+              mapped[1], mapped[2]);
+        CHECK(n[0] == n[1] && !memcmp(ids[0], ids[1], n[0] * sizeof *ids[0]),
+              "medium does not render as high");
+        CHECK(n[1] != n[2] || memcmp(ids[1], ids[2], n[1] * sizeof *ids[1]), "high = low?");
+    }
+    for (int i = 0; i < 3; i++) free(ids[i]);
+    k3_engine_free(e);
+}
+
+/* The context error names what can be changed: --ctx while the server runs below the model's
+ * maximum, else fewer max_tokens or a shorter prompt. */
+static void test_context_error_advice(void) {
+    k3_srv_params p = {.kind = COMP, .max_tokens = 50};
+    k3_api_error e = {0};
+    CHECK(k3_srv_check_context(&p, 50, 100, 4096, &e) == 0, "50 + 50 fits 100");
+    CHECK(k3_srv_check_context(&p, 51, 100, 4096, &e) == -1 && !strcmp(e.param, "max_tokens") &&
+          !strcmp(e.code, "context_length_exceeded") && strstr(e.message, "--ctx") &&
+          strstr(e.message, "4096"), "below the model's maximum: %s", e.message);
+    CHECK(k3_srv_check_context(&p, 51, 100, 100, &e) == -1 && !strcmp(e.param, "max_tokens") &&
+          !strstr(e.message, "--ctx") && strstr(e.message, "at most 49 max_tokens"),
+          "at the model's maximum: %s", e.message);
+    p.max_tokens = 0;
+    CHECK(k3_srv_check_context(&p, 99, 100, 100, &e) == 0, "one position left for a reply");
+    CHECK(k3_srv_check_context(&p, 100, 100, 100, &e) == -1 && !strcmp(e.param, "prompt") &&
+          !strstr(e.message, "--ctx") && strstr(e.message, "shorten the prompt"), "%s",
+          e.message);
+    p.kind = CHAT;
+    CHECK(k3_srv_check_context(&p, 100, 100, 200, &e) == -1 && !strcmp(e.param, "messages") &&
+          strstr(e.message, "--ctx"), "%s", e.message);
+}
+
 const k3_test k3_suite_server[] = {
     {"request_validation", test_validation},
     {"defaults_and_ceiling", test_defaults_and_ceiling},
     {"stop_strings", test_stop_strings},
     {"json_escaping", test_json_escaping},
+    {"medium_effort_is_high", test_medium_effort_is_high},
+    {"context_error_advice", test_context_error_advice},
     {0},
 };

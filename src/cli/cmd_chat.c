@@ -31,6 +31,7 @@ typedef struct chat_opts {
     k3_cli_common cc;     /* --ctx, --load-state, --save-state, --profile, ... */
 } chat_opts;
 
+/* The slash commands: in --help, and all that /help prints. */
 static const char chat_commands[] =
     "commands:\n"
     "  /reset               start a new conversation (state cleared)\n"

@@ -20,12 +20,10 @@
 #include "../util/fileio.h"
 #include "../util/parse.h"
 #include "cli.h"
+#include "interrupt.h"
 #include "quality.h"
 #include "../util/clock.h"
 
-/* Set by SIGINT: the packer stops after the tensor in progress (the file stays resumable). */
-static volatile sig_atomic_t g_interrupted;
-static void on_sigint(int sig) { (void)sig; g_interrupted = 1; }
 
 typedef struct pack_args {
     const char *model_dir, *out_dir, *spine;
@@ -221,7 +219,7 @@ static int pack_all(const pack_args *a, const k3_checkpoint *ck, k3_pack *p, con
         k3_pack_entry *e = &p->entries[i];
         done_bytes += (uint64_t)e->rows * (uint64_t)e->cols;
         if (e->done) continue;
-        if (g_interrupted || (a->limit && packed == a->limit)) {
+        if (k3_cli_interrupted || (a->limit && packed == a->limit)) {
             rc = k3_fail(err, K3_ERR_INTERRUPTED, "stopped with %u of %u tensors packed; run "
                          "k3 pack again to resume", i, p->n_tensors);
             break;
@@ -354,9 +352,10 @@ static int pack(const pack_args *a, k3_err *err) {
                                     "for the pack", a->out_dir, strerror(errno));
     if (!rc && !(done = existing(final, ck, a->verbose))) {
         rc = k3_pack_plan(ck, &plan, err);
-        signal(SIGINT, on_sigint);
+        /* Ctrl-C: the packer stops after the tensor in progress (the file stays resumable) */
+        k3_cli_catch_signals(K3_CLI_SIG_RESTART);
         if (!rc) rc = pack_all(a, ck, &plan, final, err);
-        signal(SIGINT, SIG_DFL);
+        k3_cli_default_sigint();
         if (!rc) rc = k3_pack_open(final, &done, err);
         if (!rc && a->verbose)
             fprintf(stderr, "k3 pack: wrote %s: %u tensors, %.3f GB in %.1f s\n", final,

@@ -205,32 +205,12 @@ static int build_prompt(run_ctx *r, int32_t **prompt, size_t *n, k3_err *err) {
     return K3_OK;
 }
 
-/* Feeds prompt[from, n) in passes of --chunk ids (every row's logits when dumping); Ctrl-C
- * stops it between passes (K3_ERR_INTERRUPTED). */
-static int prefill(run_ctx *r, const int32_t *prompt, size_t from, size_t n, k3_err *err) {
-    size_t chunk = (size_t)k3_session_chunk(r->s), V = (size_t)r->vocab;
-    float *rows = NULL;
-    if (r->dump && !(rows = malloc(chunk * V * sizeof *rows)))
-        return k3_fail(err, K3_ERR_GENERIC, "out of memory");
+/* k3_prefill_hook: --dump-logits writes the rows of each prefill pass. */
+static int dump_pass(void *user, int pos, int n, const float *rows, size_t left, k3_err *err) {
+    (void)pos, (void)left;
+    run_ctx *r = user;
     int rc = K3_OK;
-    for (size_t i = from; i < n && !rc;) {
-        if (k3_cli_interrupted) {
-            rc = k3_fail(err, K3_ERR_INTERRUPTED, "interrupted after %zu of %zu prompt tokens",
-                         i - from, n - from);
-            break;
-        }
-        int len = (int)(n - i < chunk ? n - i : chunk);
-        if (!r->dump) {
-            rc = k3_session_forward(r->s, prompt + i, len, i + len == n ? r->logits : NULL, 0,
-                                    err);
-        } else {
-            rc = k3_session_forward(r->s, prompt + i, len, rows, K3_FWD_ALL_LOGITS, err);
-            for (int t = 0; t < len && !rc; t++) rc = dump_row(r, rows + t * V, err);
-            if (!rc) memcpy(r->logits, rows + (len - 1) * V, V * sizeof *rows);
-        }
-        i += (size_t)len;
-    }
-    free(rows);
+    for (int t = 0; t < n && !rc; t++) rc = dump_row(r, rows + (size_t)t * (size_t)r->vocab, err);
     return rc;
 }
 
@@ -280,13 +260,17 @@ static int generate(run_ctx *r, const int32_t *prompt, size_t n_prompt, k3_err *
     k3_stops stops;
     k3_reply_parser parser;
     k3_gen_result g = {0};
-    size_t reused = (size_t)k3_session_pos(r->s); /* a loaded state: prompt extends it */
+    int kept = 0; /* positions of a loaded state that the prompt extends */
     int rc = k3_sampler_init(&sm, &o->co.sampling, r->vocab, err);
     if (rc) return rc;
     k3_stops_init(&stops, r->tok, k3_engine_config(r->e)->eos_token_id);
     if (r->has_conv) k3_reply_parser_init(&parser, r->tok, &stops, !o->co.no_think);
     double t0 = k3_now_s();
-    rc = prefill(r, prompt, reused, n_prompt, err);
+    /* Ctrl-C stops the prefill between passes (K3_ERR_INTERRUPTED) */
+    k3_prefill_hook dump = {.user = r, .on_pass = dump_pass, .all_logits = 1};
+    rc = k3_session_prefill_with(r->s, prompt, n_prompt, r->logits, &kept,
+                                 r->dump ? &dump : NULL, err);
+    size_t reused = (size_t)kept;
     double prefill_s = k3_now_s() - t0;
     size_t fed = (size_t)k3_session_pos(r->s) - reused;
     const char *end_note = rc == K3_ERR_INTERRUPTED ? "interrupted (Ctrl-C) in the prompt" : NULL;
@@ -359,6 +343,7 @@ static int run(const run_opts *o, k3_err *err) {
         goto done;
     }
     k3_cli_catch_sigint();
+    k3_session_set_interrupt(s, &k3_cli_interrupted);
     rc = generate(&r, prompt, n_prompt, err);
     if (r.dump) {
         if (fclose(r.dump) != 0 && !rc)

@@ -14,14 +14,8 @@
 #include "../server/server.h"
 #include "cli.h"
 #include "load.h"
+#include "interrupt.h"
 #include "opts.h"
-
-static volatile sig_atomic_t stop_requested; /* CLI-level signal flag */
-
-static void on_signal(int sig) {
-    (void)sig;
-    stop_requested = 1;
-}
 
 typedef struct serve_args {
     const char *model_dir;
@@ -138,10 +132,7 @@ static int serve(const serve_args *a, k3_err *err) {
         k3_cli_model_free(&m);
         return rc;
     }
-    struct sigaction sa = {.sa_handler = on_signal};
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
+    k3_cli_catch_signals(K3_CLI_SIG_TERM);
     signal(SIGPIPE, SIG_IGN);
     char policy[512];
     k3_server_describe_policy(srv, policy, sizeof policy);
@@ -161,7 +152,7 @@ static int serve(const serve_args *a, k3_err *err) {
                 "(%s/) and the API are open to other machines%s\n", a->so.host,
                 k3_server_url(srv), a->so.api_key && a->so.api_key[0] ? ""
                 : "; anyone who can reach it can generate: set --api-key KEY (or K3_API_KEY)");
-    while (!stop_requested) {
+    while (!k3_cli_interrupted) {
         struct timespec ts = {0, 100 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }

@@ -8,14 +8,8 @@
 
 #include "../setup/setup.h"
 #include "cli.h"
+#include "interrupt.h"
 #include "opts.h"
-
-static volatile sig_atomic_t setup_interrupted; /* CLI-level SIGINT flag */
-
-static void on_sigint(int sig) {
-    (void)sig;
-    setup_interrupted = 1;
-}
 
 static void setup_usage(FILE *f) {
     fprintf(f,
@@ -114,7 +108,7 @@ static int parse_args(int argc, char **argv, k3_setup_opts *o) {
 }
 
 int k3_cmd_setup(int argc, char **argv) {
-    k3_setup_opts o = {.free_bytes = -1, .log = stderr, .interrupt = &setup_interrupted,
+    k3_setup_opts o = {.free_bytes = -1, .log = stderr, .interrupt = &k3_cli_interrupted,
                        .progress_bar = isatty(STDERR_FILENO) != 0};
     int rc = parse_args(argc, argv, &o);
     if (rc) return rc < 0 ? 0 : rc;
@@ -128,9 +122,7 @@ int k3_cmd_setup(int argc, char **argv) {
         if (num(fake, "K3_SETUP_FREE_BYTES", 0, 9e18, &v)) return K3_ERR_USAGE;
         o.free_bytes = (int64_t)v;
     }
-    struct sigaction sa = {.sa_handler = on_sigint};
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
+    k3_cli_catch_sigint();
     k3_err err = {0};
     rc = k3_setup_run(&o, &err);
     if (rc) fprintf(stderr, "k3 setup: %s\n", err.msg);

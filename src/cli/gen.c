@@ -1,45 +1,14 @@
-/* gen.c — the decode loop shared by `k3 run` and `k3 chat`, and Ctrl-C (see gen.h). */
+/* gen.c — printing a reply of `k3 run` / `k3 chat` over the generation loop, and the flags
+ * both share (see gen.h). */
 #include "gen.h"
 #include "../util/clock.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-
-volatile sig_atomic_t k3_cli_interrupted;
-static int sigint_pipe[2] = {-1, -1}; /* CLI-level, like the flag: the handler's wake-up */
-
-static void on_sigint(int sig) {
-    (void)sig;
-    int saved = errno;
-    k3_cli_interrupted = 1;
-    if (sigint_pipe[1] >= 0 && write(sigint_pipe[1], "!", 1) < 0) { /* full: already awake */ }
-    errno = saved;
-}
-
-void k3_cli_catch_sigint(void) {
-    if (sigint_pipe[0] < 0 && pipe2(sigint_pipe, O_NONBLOCK | O_CLOEXEC) != 0)
-        sigint_pipe[0] = sigint_pipe[1] = -1;
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_sigint;
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = 0; /* no SA_RESTART: a blocking call in the receiving thread returns EINTR */
-    sigaction(SIGINT, &sa, NULL);
-    k3_cli_clear_sigint();
-}
-
-int k3_cli_sigint_fd(void) { return sigint_pipe[0]; }
-
-void k3_cli_clear_sigint(void) {
-    char drain[64];
-    while (sigint_pipe[0] >= 0 && read(sigint_pipe[0], drain, sizeof drain) > 0) {}
-    k3_cli_interrupted = 0;
-}
 
 const char *k3_gen_end_name(enum k3_gen_end end) {
     switch (end) {
@@ -47,6 +16,9 @@ const char *k3_gen_end_name(enum k3_gen_end end) {
     case K3_GEN_MAX_NEW: return "--max-new reached";
     case K3_GEN_INTERRUPTED: return "interrupted (Ctrl-C)";
     case K3_GEN_CONTEXT: return "context full";
+    case K3_GEN_STOP_STRING: return "stop string";
+    case K3_GEN_RUNNING: return "running";
+    case K3_GEN_FAILED: return "failed";
     }
     return "?";
 }
@@ -87,11 +59,10 @@ static void print_chunk(printer *pr, enum k3_channel ch, const char *text, int l
     fwrite(text, 1, (size_t)len, o->out);
 }
 
-/* ---- the loop -------------------------------------------------------------------------------- */
+/* ---- the loop's output side ------------------------------------------------------------------ */
 
-/* One generation's output side: what emit() needs to print a sampled id and decide the end. */
+/* One reply's printing: what emit() needs to record and print a sampled id. */
 typedef struct gen_out {
-    k3_session *s;
     const k3_stops *stops;
     k3_reply_parser *parser;
     const k3_gen_opts *o;
@@ -101,21 +72,21 @@ typedef struct gen_out {
     enum k3_channel ch;
     char *text;
     size_t cap;
-    int fed;          /* ids in the session once those emitted so far are fed */
+    int n_think;      /* ids generated in the thinking channel */
 } gen_out;
 
-/* Records and prints the sampled id; returns true (with r->end set) when the generation ends
- * at it, in which case it is not fed. */
-static bool emit(gen_out *g, int32_t id) {
+/* k3_gen_io.emit: records and prints the sampled id (never a stop string: false). */
+static bool emit(void *user, int32_t id) {
+    gen_out *g = user;
     const k3_gen_opts *o = g->o;
     k3_gen_result *r = g->r;
     bool stop = k3_stops_has(g->stops, id);
     int len;
     if (o->print_ids) fprintf(o->out, "%s%d", r->n_sampled ? "," : "", id);
     r->n_sampled++;
-    r->last_id = id;
     if (!stop) r->ids[r->n++] = id;
     if (g->parser) {
+        g->n_think += g->parser->pos == K3_IN_THINK;
         len = k3_reply_parser_push(g->parser, id, g->text, g->cap, &g->ch);
         if (!o->print_ids) print_chunk(&g->pr, g->ch, g->text, len);
     } else if (!o->print_ids && !stop) {
@@ -123,59 +94,37 @@ static bool emit(gen_out *g, int32_t id) {
         if (len > 0) fwrite(g->text, 1, (size_t)len, o->out);
     }
     fflush(o->out);
-    if (stop || k3_cli_interrupted || r->n_sampled >= o->max_new ||
-        g->fed >= k3_session_max_ctx(g->s)) {
-        r->end = stop ? K3_GEN_STOP : k3_cli_interrupted ? K3_GEN_INTERRUPTED
-               : r->n_sampled >= o->max_new ? K3_GEN_MAX_NEW : K3_GEN_CONTEXT;
-        return true;
-    }
-    g->fed++; /* it will be fed */
     return false;
 }
 
-/* k3_spec_io callbacks: a kept id's logits go to on_logits; an accepted draft is emitted. */
-static int spec_fed(void *user, const float *logits, k3_err *err) {
+/* k3_gen_io.fed: the logits after each fed id go to on_logits. */
+static int fed(void *user, const float *logits, k3_err *err) {
     gen_out *g = user;
-    return g->o->on_logits ? g->o->on_logits(g->o->user, logits, err) : K3_OK;
+    return g->o->on_logits(g->o->user, logits, err);
 }
-static bool spec_accepted(void *user, int32_t id) { return emit(user, id); }
 
 int k3_cli_generate(k3_session *s, k3_sampler *sm, const k3_stops *stops, float *logits,
                     k3_reply_parser *parser, const k3_gen_opts *o, k3_gen_result *r,
                     k3_err *err) {
     *r = (k3_gen_result){.last_id = -1};
-    gen_out g = {.s = s, .stops = stops, .parser = parser, .o = o, .r = r, .pr = {o, -1, false},
-                 .ch = K3_CH_RESPONSE, .cap = k3_reply_parser_out_cap(o->tok),
-                 .fed = k3_session_pos(s)};
+    gen_out g = {.stops = stops, .parser = parser, .o = o, .r = r, .pr = {o, -1, false},
+                 .ch = K3_CH_RESPONSE, .cap = k3_reply_parser_out_cap(o->tok)};
     g.text = malloc(g.cap);
     r->ids = malloc(((size_t)o->max_new + 1) * sizeof *r->ids);
     if (!g.text || !r->ids) {
         free(g.text);
         return k3_fail(err, K3_ERR_GENERIC, "out of memory");
     }
-    if (o->spec) k3_spec_restart(o->spec);
-    k3_spec_io io = {&g, spec_fed, spec_accepted};
-    double t0 = k3_now_s();
+    k3_gen gen;
     int rc = K3_OK, len;
-    for (;;) {
-        if (r->n_sampled >= o->max_new) {
-            r->end = K3_GEN_MAX_NEW;
-            break;
-        }
-        int32_t id;
-        if (!o->spec || !k3_spec_next(o->spec, &id)) id = k3_sampler_sample(sm, logits);
-        if (emit(&g, id)) break;
-        if (o->spec) { /* id, and maybe drafts K3 agrees with (emitted through io) */
-            bool ended = false;
-            int left = o->max_new - r->n_sampled - 1; /* drafts that can still be emitted */
-            if ((rc = k3_spec_feed(o->spec, s, sm, id, left, logits, &io, &ended, err)) || ended)
-                break;
-            continue;
-        }
-        if ((rc = k3_session_step(s, id, logits, err))) break;
-        if (o->on_logits && (rc = o->on_logits(o->user, logits, err))) break;
-    }
-    r->decode_s = k3_now_s() - t0;
+    k3_gen_start(&gen, s, sm, logits,
+                 &(k3_gen_params){.max_new = o->max_new, .stops = stops, .spec = o->spec,
+                                     .interrupt = &k3_cli_interrupted},
+                 &(k3_gen_io){.user = &g, .emit = emit, .fed = o->on_logits ? fed : NULL});
+    rc = k3_gen_run(&gen, err);
+    r->last_id = gen.last_id;
+    r->end = gen.end;
+    r->decode_s = gen.decode_s;
     if (parser) {
         len = k3_reply_parser_finish(parser, g.text, g.cap, &g.ch);
         if (!o->print_ids) print_chunk(&g.pr, g.ch, g.text, len);
@@ -184,6 +133,9 @@ int k3_cli_generate(k3_session *s, k3_sampler *sm, const k3_stops *stops, float 
         if (len > 0) fwrite(g.text, 1, (size_t)len, o->out);
     }
     if (g.pr.dim) fputs(SGR_RESET, o->out);
+    if (parser && !o->show_thinking && !o->print_ids && g.pr.last_ch < 0 && g.n_think > 0)
+        fprintf(o->out, o->color ? SGR_DIM "(thinking hidden, %d tokens)" SGR_RESET
+                                 : "(thinking hidden, %d tokens)", g.n_think);
     fputc('\n', o->out);
     fflush(o->out);
     free(g.text);

@@ -1,36 +1,25 @@
-/* gen.h — the decode loop shared by `k3 run` and `k3 chat`, and the CLI's Ctrl-C flag.
+/* gen.h — `k3 run` and `k3 chat` over the generation loop (src/engine/generate.h): printing
+ * the reply as it is generated, and the flags both commands share.
  *
  * Invariants:
- *  - Ctrl-C (SIGINT) only sets k3_cli_interrupted; the loop checks it after each token is
- *    printed, so a reply stops after the current token and keeps everything generated.
+ *  - Ctrl-C (SIGINT) only sets k3_cli_interrupted (interrupt.h); the loop checks it after
+ *    each token is printed, so a reply stops after the current token and keeps everything
+ *    generated.
  *  - The token that ends a reply (a stop id, or the last one before --max-new / Ctrl-C) is
  *    sampled but not fed; k3_gen_result says which ids were sampled.
  */
 #ifndef K3_CLI_GEN_H
 #define K3_CLI_GEN_H
 
-#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 
 #include "../chat/parse.h"
+#include "../engine/generate.h"
 #include "../engine/k3.h"
 #include "../engine/sampler.h"
 #include "../engine/spec.h"
-
-/* Set by the SIGINT handler (the one piece of CLI-level mutable state). */
-extern volatile sig_atomic_t k3_cli_interrupted;
-
-/* Installs the SIGINT handler and clears the flag. The handler also writes a byte to a pipe
- * (k3_cli_sigint_fd) so a thread waiting in poll() wakes up whichever thread the signal was
- * delivered to (OpenMP and expert-reader threads do not block SIGINT). */
-void k3_cli_catch_sigint(void);
-/* The read end of that pipe (-1 before k3_cli_catch_sigint). */
-int k3_cli_sigint_fd(void);
-/* Clears the flag and empties the pipe (before waiting for the next Ctrl-C). */
-void k3_cli_clear_sigint(void);
-
-enum k3_gen_end { K3_GEN_STOP, K3_GEN_MAX_NEW, K3_GEN_INTERRUPTED, K3_GEN_CONTEXT };
+#include "interrupt.h"
 
 typedef struct k3_gen_opts {
     const k3_tokenizer *tok;
@@ -56,10 +45,12 @@ typedef struct k3_gen_result {
     double decode_s;     /* wall time of the loop */
 } k3_gen_result;
 
-/* Generates after the prompt: `logits` holds the logits after the last prompt id and is
- * overwritten. Raw mode (parser NULL) prints text through the streaming decoder; chat mode
- * prints the parser's channels (thinking dimmed or hidden). Ends with a newline.
- * Errors: those of k3_session_step; K3_ERR_GENERIC. */
+/* Generates after the prompt with k3_gen_run: `logits` holds the logits after the last prompt
+ * id and is overwritten; Ctrl-C (k3_cli_interrupted) ends it. Raw mode (parser NULL) prints
+ * text through the streaming decoder; chat mode prints the parser's channels (thinking dimmed,
+ * or hidden: then a reply that was all thinking prints a dim "(thinking hidden, N tokens)").
+ * Ends with a newline.
+ * Errors: those of k3_gen_run; K3_ERR_GENERIC. */
 int k3_cli_generate(k3_session *s, k3_sampler *sm, const k3_stops *stops, float *logits,
                     k3_reply_parser *parser, const k3_gen_opts *o, k3_gen_result *r,
                     k3_err *err);

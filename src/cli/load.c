@@ -89,12 +89,13 @@ static void on_routing(void *user, int pos, int layer, const int *ids, const flo
 }
 
 static void on_step(void *user, int pos) {
-    (void)pos;
     k3_cli_store_run *r = user;
     if (!r->profile) return;
     k3_run_stats st;
     char line[512];
     k3_session_stats(r->s, &st);
+    /* A batched pass calls this once per token after the whole pass: one line, at its last */
+    if (st.last.tokens > 1 && pos + 1 != k3_session_pos(r->s)) return;
     k3_run_stats_profile(&st, line, sizeof line);
     fprintf(stderr, "k3: %s\n", line);
     if (r->profile < 2 || !st.layer_eload_s) return;

@@ -401,6 +401,22 @@ void k3_session_set_interrupt(k3_session *s, const volatile sig_atomic_t *flag) 
 
 int k3_session_prefill(k3_session *s, const int32_t *ids, size_t n, float *logits, int *reused,
                        k3_err *err) {
+    return k3_session_prefill_with(s, ids, n, logits, reused, NULL, err);
+}
+
+/* One pass of ids[0, len) at the session's position: with all-logits rows for the hook, the
+ * last row is copied to logits when the pass ends the prompt. */
+static int prefill_pass(k3_session *s, const int32_t *ids, int len, bool last, float *logits,
+                        float *rows, k3_err *err) {
+    if (!rows) return k3_session_forward(s, ids, len, last ? logits : NULL, 0, err);
+    int rc = k3_session_forward(s, ids, len, rows, K3_FWD_ALL_LOGITS, err);
+    size_t V = (size_t)s->e->cfg.vocab_size;
+    if (!rc && last && logits) memcpy(logits, rows + (size_t)(len - 1) * V, V * sizeof *rows);
+    return rc;
+}
+
+int k3_session_prefill_with(k3_session *s, const int32_t *ids, size_t n, float *logits,
+                            int *reused, const k3_prefill_hook *hook, k3_err *err) {
     size_t pos = (size_t)k3_session_pos(s), keep = 0;
     while (keep < pos && keep < n && s->tokens[keep] == ids[keep]) keep++;
     if (keep < pos || keep == n) { /* the history is not a strict prefix: start again */
@@ -411,16 +427,25 @@ int k3_session_prefill(k3_session *s, const int32_t *ids, size_t n, float *logit
     if (n > (size_t)k3_session_max_ctx(s))
         return k3_fail(err, K3_ERR_INPUT, "the prompt (%zu tokens) does not fit the context of "
                        "%d tokens (raise --ctx)", n, k3_session_max_ctx(s));
-    for (size_t i = keep; i < n;) {
-        if (s->interrupt && *s->interrupt)
-            return k3_fail(err, K3_ERR_INTERRUPTED, "interrupted after %zu of %zu prompt tokens",
-                           i, n);
+    float *rows = NULL;
+    if (hook && hook->all_logits &&
+        !(rows = malloc((size_t)s->chunk * (size_t)s->e->cfg.vocab_size * sizeof *rows)))
+        return k3_fail(err, K3_ERR_GENERIC, "out of memory");
+    int rc = K3_OK;
+    for (size_t i = keep; i < n && !rc;) {
+        if (s->interrupt && *s->interrupt) {
+            rc = k3_fail(err, K3_ERR_INTERRUPTED, "interrupted after %zu of %zu prompt tokens",
+                         i - keep, n - keep);
+            break;
+        }
         int len = n - i < (size_t)s->chunk ? (int)(n - i) : s->chunk;
-        int rc = k3_session_forward(s, ids + i, len, i + (size_t)len == n ? logits : NULL, 0, err);
-        if (rc) return rc;
+        rc = prefill_pass(s, ids + i, len, i + (size_t)len == n, logits, rows, err);
+        if (!rc && hook && hook->on_pass)
+            rc = hook->on_pass(hook->user, (int)i, len, rows, n - i - (size_t)len, err);
         i += (size_t)len;
     }
-    return K3_OK;
+    free(rows);
+    return rc;
 }
 
 /* ---- batched passes: prefill chunks, speculative verification (k3.h) ----------------------- */

@@ -179,7 +179,8 @@ void k3_session_stats(const k3_session *s, k3_run_stats *out);
 /* The end-of-run line (no newline): time total / attn / moe (eload) / head, expert requests,
  * hit rate without and with prefetch hits, GB streamed, GB/s, prefetch recall, peak RSS. */
 void k3_run_stats_summary(const k3_run_stats *st, char *buf, size_t cap);
-/* The K3_PROFILE line for the last step (no newline). */
+/* The K3_PROFILE line for the last step, or for the last batched pass as a whole (its tokens
+ * and the time per token: the phases of a pass are not per token) (no newline). */
 void k3_run_stats_profile(const k3_run_stats *st, char *buf, size_t cap);
 
 /* ---- token history, prefill with reuse, state files ----------------------------------------
@@ -198,6 +199,23 @@ const int32_t *k3_session_tokens(const k3_session *s);
  * K3_ERR_INTERRUPTED (the interrupt flag was raised: the ids fed so far are kept). */
 int k3_session_prefill(k3_session *s, const int32_t *ids, size_t n, float *logits, int *reused,
                        k3_err *err);
+
+/* What k3_session_prefill_with calls after each pass (--dump-logits, progress, a cancel). */
+typedef struct k3_prefill_hook {
+    void *user;
+    /* The pass just fed ids at positions [pos, pos + n); rows = their logits [n][vocab_size]
+     * when all_logits, else NULL; left = ids still to feed after it. A nonzero status stops
+     * the prefill with it (the ids fed so far are kept, as after an interrupt). */
+    int (*on_pass)(void *user, int pos, int n, const float *rows, size_t left, k3_err *err);
+    int all_logits; /* 1: the logits at every position (lm_head for each id), for on_pass */
+} k3_prefill_hook;
+
+/* k3_session_prefill, calling hook (may be NULL) after each pass of k3_session_chunk ids.
+ * This is the one prefill path: k3_session_prefill is it with no hook.
+ * Errors: those of k3_session_prefill; K3_ERR_GENERIC (out of memory for all_logits rows);
+ * what on_pass returned. */
+int k3_session_prefill_with(k3_session *s, const int32_t *ids, size_t n, float *logits,
+                            int *reused, const k3_prefill_hook *hook, k3_err *err);
 
 /* A flag that k3_session_prefill checks before each chunk (set it from a SIGINT handler or
  * another thread to stop a long prefill); NULL removes it. */

@@ -37,9 +37,16 @@ void k3_run_stats_summary(const k3_run_stats *st, char *buf, size_t cap) {
 
 void k3_run_stats_profile(const k3_run_stats *st, char *buf, size_t cap) {
     const k3_phase_times *t = &st->last;
-    snprintf(buf, cap, "profile: token %ld: total %.2f ms: attn %.2f, router %.2f, expert wait "
+    char what[96]; /* a batched pass is one measurement: its tokens, not one of them */
+    if (t->tokens > 1)
+        snprintf(what, sizeof what, "tokens %ld-%ld (one pass of %ld, %.2f ms per token)",
+                 st->time.tokens - t->tokens + 1, st->time.tokens, t->tokens,
+                 1e3 * t->total_s / (double)t->tokens);
+    else
+        snprintf(what, sizeof what, "token %ld", st->time.tokens);
+    snprintf(buf, cap, "profile: %s: total %.2f ms: attn %.2f, router %.2f, expert wait "
              "%.2f, expert compute %.2f, other moe %.2f, head %.2f, rest %.2f",
-             st->time.tokens, 1e3 * t->total_s, 1e3 * t->attn_s, 1e3 * t->router_s,
+             what, 1e3 * t->total_s, 1e3 * t->attn_s, 1e3 * t->router_s,
              1e3 * t->eload_s, 1e3 * t->expert_s,
              1e3 * (t->moe_s - t->router_s - t->eload_s - t->expert_s), 1e3 * t->head_s,
              1e3 * (t->total_s - t->attn_s - t->moe_s - t->head_s));

@@ -5,12 +5,10 @@
  * returns as content: text that could still grow into a stop string is held back, never sent
  * and then taken back. Reasoning is sent as generated.
  */
-#ifndef _GNU_SOURCE
-#define _GNU_SOURCE 1 /* memmem; the Makefile passes it too, but not every build does */
-#endif
 #include <stdlib.h>
 #include <string.h>
 
+#include "../engine/generate.h"
 #include "srv.h"
 
 /* Bytes a streamed reply may buffer before the worker waits for the client to read. */
@@ -19,16 +17,15 @@
 struct k3_emitter {
     k3_server *s;
     k3_job *j;
-    k3_sbuf hold;  /* content held back: a suffix that may begin a stop string */
-    k3_sbuf event; /* one SSE event being formatted */
-    bool stopped;  /* a stop string matched */
+    k3_stop_text stop; /* content held back: a suffix that may begin a stop string */
+    k3_sbuf event;     /* one SSE event being formatted */
 };
 
 k3_emitter *k3_emitter_new(void) { return calloc(1, sizeof(k3_emitter)); }
 
 void k3_emitter_free(k3_emitter *em) {
     if (!em) return;
-    k3_sbuf_free(&em->hold);
+    k3_stop_text_free(&em->stop);
     k3_sbuf_free(&em->event);
     free(em);
 }
@@ -36,9 +33,9 @@ void k3_emitter_free(k3_emitter *em) {
 void k3_emitter_begin(k3_emitter *em, k3_server *s, k3_job *j) {
     em->s = s;
     em->j = j;
-    em->hold.len = em->event.len = 0;
-    em->hold.oom = em->event.oom = 0;
-    em->stopped = false;
+    em->event.len = 0;
+    em->event.oom = 0;
+    k3_stop_text_reset(&em->stop, (const char *const *)j->p.stop, j->p.n_stop);
 }
 
 /* ---- SSE ------------------------------------------------------------------------------- */
@@ -103,51 +100,18 @@ void k3_emit_start(k3_emitter *em) {
 
 /* ---- stop strings -------------------------------------------------------------------------- */
 
-/* Earliest match of any stop string in h[0..n), or -1. */
-static long find_stop(const k3_srv_params *p, const char *h, size_t n) {
-    long best = -1;
-    for (int i = 0; i < p->n_stop; i++) {
-        const char *m = memmem(h, n, p->stop[i], strlen(p->stop[i]));
-        if (m && (best < 0 || m - h < best)) best = m - h;
-    }
-    return best;
-}
-
-/* Length of the longest suffix of h[0..n) that is a proper prefix of some stop string. */
-static size_t held_suffix(const k3_srv_params *p, const char *h, size_t n) {
-    size_t keep = 0;
-    for (int i = 0; i < p->n_stop; i++) {
-        size_t sl = strlen(p->stop[i]);
-        for (size_t k = (sl - 1 < n ? sl - 1 : n); k > keep; k--)
-            if (!memcmp(h + n - k, p->stop[i], k)) {
-                keep = k;
-                break;
-            }
-    }
-    return keep;
-}
-
 bool k3_emit_text(k3_emitter *em, int channel, const char *text, size_t n) {
     const k3_srv_params *p = &em->j->p;
-    if (em->stopped) return true;
+    if (em->stop.matched) return true;
     if (channel != 0 || p->n_stop == 0) {
         out_text(em, channel, text, n);
         return false;
     }
-    k3_sbuf *h = &em->hold;
-    k3_sbuf_add(h, text, n);
-    long at = find_stop(p, h->p, h->len);
-    if (at >= 0) {
-        out_text(em, 0, h->p, (size_t)at);
-        h->len = 0;
-        em->stopped = true;
-        return true;
-    }
-    size_t keep = held_suffix(p, h->p, h->len);
-    out_text(em, 0, h->p, h->len - keep);
-    memmove(h->p, h->p + h->len - keep, keep);
-    h->len = keep;
-    return false;
+    const char *out;
+    size_t len;
+    bool stopped = k3_stop_text_push(&em->stop, text, n, &out, &len);
+    out_text(em, 0, out, len);
+    return stopped;
 }
 
 /* ---- the end ---------------------------------------------------------------------------------- */
@@ -162,8 +126,10 @@ void k3_srv_usage_json(k3_sbuf *b, const k3_job *j) {
 
 void k3_emit_finish(k3_emitter *em, const char *finish) {
     k3_job *j = em->j;
-    if (finish && !em->stopped && em->hold.len) out_text(em, 0, em->hold.p, em->hold.len);
-    em->hold.len = 0;
+    const char *held;
+    size_t n_held;
+    k3_stop_text_flush(&em->stop, &held, &n_held);
+    if (finish) out_text(em, 0, held, n_held);
     if (!j->p.stream || (!finish && !j->failed)) return; /* cancelled: nobody is listening */
     k3_sbuf *b = &em->event;
     if (j->failed) {

@@ -150,10 +150,11 @@ static enum MHD_Result get_ui(struct MHD_Connection *c, const k3_conn *cc) {
 /* ---- generation endpoints ------------------------------------------------------------------------ */
 
 static void job_log(const k3_server *s, const k3_job *j, int status) {
-    log_line(s, "POST %s %d%s prompt %d (cached %d) + %d tokens, %s, %.3f s", j->path, status,
+    log_line(s, "POST %s %d%s prompt %d (cached %d) + %d tokens, %s, %.3f s%s", j->path, status,
              j->p.stream ? " stream" : "", j->n_prompt_used, j->n_cached, j->n_completion,
              j->finish ? j->finish : (j->failed ? "failed" : "cancelled"),
-             j->t_end > j->t_submit ? j->t_end - j->t_submit : 0.0);
+             j->t_end > j->t_submit ? j->t_end - j->t_submit : 0.0,
+             j->p.effort_mapped ? "; reasoning_effort medium read as " K3_SRV_MEDIUM_EFFORT : "");
 }
 
 static void wait_tick(k3_server *s) {
@@ -270,14 +271,9 @@ static enum MHD_Result post_generate(k3_server *s, struct MHD_Connection *c, k3_
     if (!bad) k3_srv_apply_defaults(root, &s->o, &j->p);
     if (!bad)
         bad = k3_srv_build_prompt(s->eng, root, &j->p, &j->req, &j->prompt, &j->n_prompt, &e);
-    if (!bad && (j->n_prompt >= (size_t)s->ctx ||
-                 (j->p.max_tokens && j->n_prompt + (size_t)j->p.max_tokens > (size_t)s->ctx)))
-        bad = k3_api_fail(&e, 400, "invalid_request_error", "context_length_exceeded",
-                          j->n_prompt < (size_t)s->ctx ? "max_tokens"
-                          : kind == K3_SRV_CHAT ? "messages" : "prompt",
-                          "This model's context is %d tokens; the prompt has %zu and %d more "
-                          "were asked for (k3 serve --ctx raises the context)", s->ctx,
-                          j->n_prompt, j->p.max_tokens);
+    if (!bad)
+        bad = k3_srv_check_context(&j->p, j->n_prompt, s->ctx,
+                                   k3_engine_config(s->eng)->max_position_embeddings, &e);
     if (!bad) {
         j->srv = s;
         j->conn = c;

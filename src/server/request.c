@@ -227,9 +227,14 @@ static int f_reasoning_effort(const cJSON *v, const char *name, parse_ctx *c, k3
         p->thinking = false; /* spec §12.2a: "none" turns thinking off */
         return 0;
     }
+    if (!strcmp(s, "medium")) { /* see K3_SRV_MEDIUM_EFFORT */
+        p->effort_mapped = true;
+        return 0;
+    }
     if (strcmp(s, "low") && strcmp(s, "high") && strcmp(s, "max"))
         return k3_api_fail(e, 400, INVALID, NULL, name, "reasoning_effort '%s' is not one K3 "
-                           "supports: low, high, max (or none for no thinking)", s);
+                           "supports: low, high, max (medium is read as %s; none for no "
+                           "thinking)", s, K3_SRV_MEDIUM_EFFORT);
     return 0;
 }
 
@@ -576,6 +581,9 @@ static int chat_prompt(const k3_engine *eng, cJSON *root, const k3_srv_params *p
     k3_err err = {0};
     k3_segments segs = {0};
     developer_to_system(cJSON_GetObjectItemCaseSensitive(root, "messages"));
+    if (p->effort_mapped && !cJSON_ReplaceItemInObjectCaseSensitive(
+                                root, "reasoning_effort", cJSON_CreateString(K3_SRV_MEDIUM_EFFORT)))
+        return k3_api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     int rc = k3_chat_request_parse(root, req, &err);
     if (!rc) {
         req->thinking = p->thinking; /* also set by chat_template_kwargs / reasoning_effort */
@@ -596,4 +604,24 @@ int k3_srv_build_prompt(const k3_engine *eng, cJSON *root, const k3_srv_params *
         return completion_prompt(eng, cJSON_GetObjectItemCaseSensitive(root, "prompt"), ids, n,
                                  e);
     return chat_prompt(eng, root, p, req, ids, n, e);
+}
+
+int k3_srv_check_context(const k3_srv_params *p, size_t n_prompt, int ctx, int model_max,
+                         k3_api_error *e) {
+    size_t want = n_prompt + (size_t)p->max_tokens;
+    if (n_prompt < (size_t)ctx && (!p->max_tokens || want <= (size_t)ctx)) return 0;
+    const char *param = n_prompt < (size_t)ctx ? "max_tokens"
+                      : p->kind == K3_SRV_CHAT ? "messages" : "prompt";
+    char fix[160];
+    if (ctx < model_max) /* the server was started with less than the model allows */
+        snprintf(fix, sizeof fix, "k3 serve --ctx raises the context, up to the model's %d",
+                 model_max);
+    else if (n_prompt < (size_t)ctx)
+        snprintf(fix, sizeof fix, "that is the model's maximum: ask for at most %zu max_tokens "
+                 "or shorten the prompt", (size_t)ctx - n_prompt);
+    else
+        snprintf(fix, sizeof fix, "that is the model's maximum: shorten the prompt");
+    return k3_api_fail(e, 400, INVALID, "context_length_exceeded", param, "This model's context "
+                       "is %d tokens; the prompt has %zu and %d more were asked for (%s)", ctx,
+                       n_prompt, p->max_tokens, fix);
 }

@@ -74,7 +74,14 @@ typedef struct k3_srv_params {
     bool thinking;           /* chat: generation starts in the thinking channel */
     const char *effort;      /* chat: the server's default effort when the request gives
                                 none (k3_srv_apply_defaults), else NULL */
+    bool effort_mapped;      /* reasoning_effort "medium" was read as K3_SRV_MEDIUM_EFFORT */
 } k3_srv_params;
+
+/* OpenAI's reasoning_effort "medium" (the default of its clients) is not a K3 effort: the
+ * official renderer accepts low, high and max (spec §12.2; its system text lists medium, the
+ * encoder refuses it). The server reads it as the nearest effort at or above it, so a client
+ * gets at least the thinking it asked for, and says so in the request's log line. */
+#define K3_SRV_MEDIUM_EFFORT "high"
 
 /* Checks every top-level field of a completions or chat request (types, ranges, fields k3
  * cannot honour) and fills p; prompt/messages are checked only for shape here.
@@ -94,6 +101,14 @@ void k3_srv_apply_defaults(const cJSON *root, const k3_server_opts *o, k3_srv_pa
 
 int k3_srv_build_prompt(const k3_engine *eng, cJSON *root, const k3_srv_params *p,
                         k3_chat_request *req, int32_t **ids, size_t *n, k3_api_error *e);
+
+/* The context check of a built prompt: n_prompt ids, and max_tokens more when given, must fit
+ * the session's ctx tokens (the prompt itself must leave room for one). Returns 0, or -1 with
+ * e filled (400 context_length_exceeded naming max_tokens, or the prompt / messages when the
+ * prompt alone is too long) saying what to change: `--ctx` while ctx is below the model's
+ * max_position_embeddings (model_max), else fewer max_tokens or a shorter prompt. */
+int k3_srv_check_context(const k3_srv_params *p, size_t n_prompt, int ctx, int model_max,
+                         k3_api_error *e);
 
 /* ---- jobs and the server ---------------------------------------------------------------- */
 

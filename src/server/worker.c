@@ -6,9 +6,10 @@
  * hand it jobs through s->head/tail under s->mu and wait on s->progress; it signals
  * s->progress after every change a connection may wait for.
  *
- * Prefill is fed in batched passes of K3_DEFAULT_CHUNK ids (k3_session_forward) rather than
- * through k3_session_prefill so that the client's socket is looked at between passes (a
- * hang-up cancels before the next one).
+ * Prefill (k3_session_prefill_with, in passes of the session's chunk) and decode (k3_gen_run,
+ * src/engine/generate.h) are the engine's, as in `k3 run` and `k3 chat`; the worker's hooks
+ * look at the client's socket between passes and after every token (a hang-up cancels before
+ * the next one) and turn ids into the reply's text.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE 1 /* POLLRDHUP; the Makefile passes it too, but not every build does */
@@ -23,6 +24,7 @@
 #include <unistd.h>
 
 #include "../chat/parse.h"
+#include "../engine/generate.h"
 #include "../engine/sampler.h"
 #include "../engine/spec.h"
 #include "../tok/tokenizer.h"
@@ -158,20 +160,6 @@ static int feed_failed(k3_worker_state *w, int rc) {
     return rc;
 }
 
-/* Feeds n tokens in one batched pass (the session records them in its history); the logits
- * after the last when want_logits. */
-static int feed_pass(k3_worker_state *w, const int32_t *toks, int n, bool want_logits,
-                     k3_err *err) {
-    int rc = k3_session_forward(w->sess, toks, n, want_logits ? w->logits : NULL, 0, err);
-    if (rc) return feed_failed(w, rc);
-    w->logits_valid = want_logits;
-    return 0;
-}
-
-static int feed(k3_worker_state *w, int32_t tok, bool want_logits, k3_err *err) {
-    return feed_pass(w, &tok, 1, want_logits, err);
-}
-
 /* Prompt tokens whose state can be reused: the kept tokens must be a prefix of the prompt.
  * When they are the whole prompt, the saved logits of its last token are needed too. */
 static size_t reusable(const k3_worker_state *w, const int32_t *prompt, size_t n) {
@@ -244,6 +232,22 @@ out:
     k3_segments_free(&segs);
 }
 
+/* The job and its server, for the engine's hooks. */
+typedef struct job_ctx {
+    k3_server *s;
+    k3_job *j;
+} job_ctx;
+
+/* k3_prefill_hook: between passes, a client that hung up (or a stopping server) cancels. */
+static int prefill_pass(void *user, int pos, int n, const float *rows, size_t left,
+                        k3_err *err) {
+    (void)pos, (void)n, (void)rows;
+    job_ctx *c = user;
+    if (left && job_abandoned(c->s, c->j))
+        return k3_fail(err, K3_ERR_INTERRUPTED, "the request was cancelled");
+    return K3_OK;
+}
+
 /* Prefills what the kept state lacks. Returns 1 when abandoned, 0 done, <0 engine error. */
 static int prefill(k3_server *s, k3_job *j, k3_err *err) {
     k3_worker_state *w = s->ws;
@@ -257,12 +261,16 @@ static int prefill(k3_server *s, k3_job *j, k3_err *err) {
     }
     j->n_cached = (int)reuse;
     j->n_prompt_used = (int)j->n_prompt;
-    for (size_t i = reuse; i < j->n_prompt;) { /* passes of K3_DEFAULT_CHUNK ids */
-        if (job_abandoned(s, j)) return 1;
-        size_t n = j->n_prompt - i < K3_DEFAULT_CHUNK ? j->n_prompt - i : K3_DEFAULT_CHUNK;
-        if (feed_pass(w, j->prompt + i, (int)n, i + n == j->n_prompt, err)) return -1;
-        i += n;
-    }
+    if (reuse == j->n_prompt) return 0; /* the kept state and its logits are the prompt's */
+    if (job_abandoned(s, j)) return 1;
+    w->logits_valid = false;
+    job_ctx c = {s, j};
+    k3_prefill_hook hook = {.user = &c, .on_pass = prefill_pass};
+    int rc = k3_session_prefill_with(w->sess, j->prompt, j->n_prompt, w->logits, NULL, &hook,
+                                     err);
+    if (rc == K3_ERR_INTERRUPTED) return 1; /* the ids fed so far are kept */
+    if (rc) return feed_failed(w, rc), -1;
+    w->logits_valid = true;
     return 0;
 }
 
@@ -287,69 +295,49 @@ static bool show(k3_server *s, k3_job *j, int32_t id, bool cut) {
     return len > 0 && k3_emit_text(w->em, ch, w->text, (size_t)len);
 }
 
-/* One generation's decode state, shared with the speculation callbacks. */
-typedef struct decoding {
-    k3_server *s;
-    k3_job *j;
-    int limit;           /* completion tokens; 0 = none */
-    int fed;             /* ids in the session once those taken so far are fed */
-    const char *finish;  /* why it ended; NULL = abandoned */
-} decoding;
-
-/* Takes one sampled id: counts and shows it; true when the generation ends at it (it is then
- * not fed) with d->finish set, NULL when the client left. */
-static bool take(decoding *d, int32_t id) {
-    k3_server *s = d->s;
-    k3_job *j = d->j;
-    k3_worker_state *w = s->ws;
+/* k3_gen_io.emit: counts the id and shows it; true when a stop string matched. */
+static bool take(void *user, int32_t id) {
+    job_ctx *c = user;
+    k3_worker_state *w = c->s->ws;
     w->last = id;
-    j->n_completion++;
-    if (j->p.kind == K3_SRV_CHAT && w->parser.pos == K3_IN_THINK) j->n_reasoning++;
-    d->finish = "stop";
-    if (show(s, j, id, false) || k3_stops_has(&w->stops, id)) return true;
-    if ((d->limit && j->n_completion >= d->limit) || d->fed >= s->ctx) {
-        d->finish = show(s, j, id, true) ? "stop" : "length";
-        return true;
-    }
-    d->finish = NULL;
-    if (job_abandoned(s, j)) return true;
-    d->fed++;
-    return false;
+    c->j->n_completion++;
+    if (c->j->p.kind == K3_SRV_CHAT && w->parser.pos == K3_IN_THINK) c->j->n_reasoning++;
+    return show(c->s, c->j, id, false);
 }
 
-static bool spec_accepted(void *user, int32_t id) { return take(user, id); }
+/* k3_gen_io.cancelled */
+static bool cancelled(void *user) {
+    job_ctx *c = user;
+    return job_abandoned(c->s, c->j);
+}
 
 /* Decodes until an end-of-message token, a stop string, the token limit, the context's end,
- * or the client leaving. Returns the finish reason, or NULL when abandoned / failed. The
- * last sampled id is never fed; it is left in w->last. With --spec, k3_spec_feed feeds each
- * id with the drafts K3 agrees with (src/engine/spec.h); they go through take() as well. */
+ * or the client leaving (k3_gen_run: the stop rules of src/engine/generate.h, with --spec the
+ * drafts K3 agrees with). Returns the finish reason, or NULL when abandoned / failed. The
+ * last sampled id is never fed; it is left in w->last. */
 static const char *decode(k3_server *s, k3_job *j, k3_err *err, bool *failed) {
     k3_worker_state *w = s->ws;
-    decoding d = {s, j, j->p.max_tokens ? j->p.max_tokens : s->o.max_tokens,
-                  k3_session_pos(w->sess), NULL};
-    k3_spec_io io = {&d, NULL, spec_accepted};
-    for (;;) {
-        int32_t id;
-        if (!w->spec.max_draft || !k3_spec_next(&w->spec, &id))
-            id = k3_sampler_sample(&w->sampler, w->logits);
-        if (take(&d, id)) return d.finish;
-        if (!w->spec.max_draft) {
-            if (feed(w, id, true, err)) break;
-            continue;
-        }
-        bool ended = false;
-        int left = d.limit ? d.limit - j->n_completion - 1 : s->ctx;
-        int rc = k3_spec_feed(&w->spec, w->sess, &w->sampler, id, left, w->logits, &io, &ended,
-                              err);
-        if (rc) {
-            feed_failed(w, rc);
-            break;
-        }
-        w->logits_valid = true;
-        if (ended) return d.finish;
+    int limit = j->p.max_tokens ? j->p.max_tokens : s->o.max_tokens; /* 0 = none */
+    job_ctx c = {s, j};
+    k3_gen g;
+    k3_gen_start(&g, w->sess, &w->sampler, w->logits,
+                 &(k3_gen_params){.max_new = limit ? limit : -1, .stops = &w->stops,
+                                  .spec = &w->spec},
+                 &(k3_gen_io){.user = &c, .emit = take, .cancelled = cancelled});
+    int rc = k3_gen_run(&g, err);
+    if (rc) {
+        feed_failed(w, rc);
+        *failed = true;
+        return NULL;
     }
-    *failed = true;
-    return NULL;
+    switch (g.end) {
+    case K3_GEN_STOP:
+    case K3_GEN_STOP_STRING: return "stop";
+    case K3_GEN_MAX_NEW:
+    case K3_GEN_CONTEXT: /* cut: what the parser or decoder held may complete a stop string */
+        return show(s, j, w->last, true) ? "stop" : "length";
+    default: return NULL; /* the client left, or the server stops */
+    }
 }
 
 /* After a chat reply: what the state means as a conversation, for splice_reply. */

@@ -145,6 +145,12 @@ test('chat: reasoning_effort and a system/developer message reach the prompt', a
   const max = await api.chat.completions.create({ ...base, reasoning_effort: 'max' });
   const dflt = await api.chat.completions.create(base);
   assert.deepEqual(dflt.choices[0].message, max.choices[0].message); // max is the default
+  // medium is not a K3 effort (spec §12.2): it is read as high, and the log says so
+  const high = await api.chat.completions.create({ ...base, reasoning_effort: 'high' });
+  const medium = await api.chat.completions.create({ ...base, reasoning_effort: 'medium' });
+  assert.deepEqual(medium.choices[0].message, high.choices[0].message);
+  assert.equal(medium.usage.prompt_tokens, high.usage.prompt_tokens);
+  assert.match(srv.log(), /reasoning_effort medium read as high/);
   assert.ok(low.usage.prompt_tokens > 0);
   const sys = await api.chat.completions.create({ ...base, messages: [{ role: 'system', content: 'Be brief.' }, user('Hi')] });
   const dev = await api.chat.completions.create({ ...base, messages: [{ role: 'developer', content: 'Be brief.' }, user('Hi')] });

@@ -86,7 +86,7 @@ test('400 for malformed JSON, wrong types and empty messages', async () => {
   isError(await chat({ messages: msgs, stop: [1] }), 400, 'stop');
   isError(await chat({ messages: msgs, stop: ['a', 'b', 'c', 'd', 'e'] }), 400, 'stop');
   isError(await chat({ messages: msgs, stream: 'yes' }), 400, 'stream');
-  isError(await chat({ messages: msgs, reasoning_effort: 'medium' }), 400, 'reasoning_effort');
+  isError(await chat({ messages: msgs, reasoning_effort: 'minimal' }), 400, 'reasoning_effort');
   isError(await raw(srv, 'POST', '/v1/completions', JSON.stringify({ prompt: '' }), AUTH), 400, 'prompt');
   isError(await raw(srv, 'POST', '/v1/completions', JSON.stringify({ prompt: [1e9] }), AUTH), 400, 'prompt');
   isError(await raw(srv, 'POST', '/v1/completions', JSON.stringify({ prompt: ['a', 'b'] }), AUTH), 400, 'prompt');
@@ -146,6 +146,17 @@ test('a prompt longer than the context is a 400 (context_length_exceeded)', asyn
     assert.equal(e.json.error.code, 'context_length_exceeded');
     const e2 = await raw(small, 'POST', '/v1/completions', JSON.stringify({ prompt: 'word', max_tokens: 64 }));
     isError(e2, 400, 'max_tokens');
+    assert.match(e2.json.error.message, /--ctx/); // 64 is below the model's 4096
+  } finally {
+    await small.stop();
+  }
+  // At the model's maximum (the default here) --ctx cannot help: the advice is max_tokens
+  const full = await startServer();
+  try {
+    const e = await raw(full, 'POST', '/v1/completions', JSON.stringify({ prompt: 'word', max_tokens: 5000 }));
+    isError(e, 400, 'max_tokens');
+    assert.doesNotMatch(e.json.error.message, /--ctx/);
+    assert.match(e.json.error.message, /at most \d+ max_tokens/);
   } finally {
     await small.stop();
   }
