@@ -3,8 +3,10 @@
  * hostile router trace (D4), NUL inside a request string (D7) and out-of-range config
  * entries (D9; the undefined behaviour itself shows under `make asan`). The server-level
  * ones (D5, D6, D8) are in tests/server/harden.test.mjs. */
+#include "pack_helpers.h"
 #include "test.h"
 #include "../src/chat/pyjson.h"
+#include "../src/engine/k3.h"
 #include "../src/chat/render.h"
 #include "../src/format/config.h"
 #include "../src/server/srv.h"
@@ -314,7 +316,66 @@ static void test_config_out_of_range(void) {
     config_variant("head_dim", "1000000000", "KDA num_heads");
 }
 
+/* ---- D2: a shard truncated under the in-place spine ------------------------------------------ */
+
+static const int32_t d2_prompt[8] = {1792, 5, 77, 1000, 9, 300, 1500, 2};
+
+static int d2_load(const char *dir, k3_engine **e, k3_session **s, k3_err *err) {
+    unsetenv("K3_SPINE_GB");
+    unsetenv("K3_DEVICE");
+    k3_engine_opts o = {.threads = 2, .spine_budget = 0, .spine = K3_SPINE_BF16}; /* in place */
+    int rc = k3_engine_load(dir, &o, e, err);
+    return rc ? rc : k3_session_new(*e, 64, s, err);
+}
+
+/* The step reads the final norm (the end of the last shard, after every expert) through
+ * the mapping of a shard cut short after load: before the fix the process died of SIGBUS (exit 135). Now the step fails with
+ * K3_ERR_IO naming the shard, and once the shard is back the same prompt gives a clean
+ * session's logits bit for bit (the zero page the handler put in is gone again). */
+static void test_truncated_shard_in_place(void) {
+    char *dir, *shard;
+    uint64_t at;
+    if (ph_nano_tensor("language_model.model.norm.weight", &dir, &shard, &at)) return;
+    long pg = sysconf(_SC_PAGESIZE);
+    size_t len = 0;
+    uint8_t *orig = ph_read(shard, &len);
+    k3_err err = {0};
+    k3_engine *e = NULL, *ref_e = NULL;
+    k3_session *s = NULL, *ref_s = NULL;
+    int rc = orig ? d2_load(dir, &e, &s, &err) : -1;
+    int V = e ? k3_engine_config(e)->vocab_size : 1;
+    float *got = malloc((size_t)V * sizeof *got), *ref = malloc((size_t)V * sizeof *ref);
+    int first = -1, failed = -1, retry = -1, want = -1;
+    char msg[sizeof err.msg] = "";
+    if (!rc) {
+        first = k3_session_prefill(s, d2_prompt, 2, got, NULL, &err);
+        if (!first && !truncate(shard, (off_t)(at & ~(uint64_t)(pg - 1)))) {
+            failed = k3_session_prefill(s, d2_prompt, 8, got, NULL, &err);
+            snprintf(msg, sizeof msg, "%s", err.msg);
+            if (!ph_write(shard, orig, len))
+                retry = k3_session_prefill(s, d2_prompt, 8, got, NULL, &err);
+        }
+    }
+    if (retry == 0 && !d2_load(NANO, &ref_e, &ref_s, &err))
+        want = k3_session_prefill(ref_s, d2_prompt, 8, ref, NULL, &err);
+    k3_session_free(s);
+    k3_engine_free(e);
+    k3_session_free(ref_s);
+    k3_engine_free(ref_e);
+    ph_rmdir(dir);
+    int same = want == 0 && !memcmp(got, ref, (size_t)V * sizeof *got);
+    free(got), free(ref), free(orig), free(dir);
+    CHECK(rc == 0 && first == 0, "setup failed: %s", err.msg);
+    CHECK(failed == K3_ERR_IO, "the step over the cut shard returned %d (%s), want K3_ERR_IO",
+          failed, msg);
+    CHECK(strstr(msg, shard) && strstr(msg, "read past its end"), "%s", msg);
+    free(shard);
+    CHECK(retry == 0, "the retry after restoring the shard failed: %s", err.msg);
+    CHECK(same, "the retry's logits differ from a clean session's (want %d)", want);
+}
+
 const k3_test k3_suite_harden[] = {
+    {"truncated_shard_in_place", test_truncated_shard_in_place},
     {"render_linear_in_messages", test_render_linear_in_messages},
     {"render_linear_in_argument_keys", test_render_linear_in_argument_keys},
     {"render_linear_in_tool_results", test_render_linear_in_tool_results},
