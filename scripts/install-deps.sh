@@ -11,6 +11,9 @@ if [ "${1:-}" = "--with-wide" ]; then PKGS="$PKGS python3-numpy"; fi
 if [ "${1:-}" = "--with-wide" ]; then PKGS="$PKGS gcc-aarch64-linux-gnu qemu-user"; fi
 # ... and tests the AVX-512 kernels on any x86-64 through SIMDe (make test-avx512-emu).
 if [ "${1:-}" = "--with-wide" ]; then PKGS="$PKGS libsimde-dev"; fi
+# ... and fuzzes the parsers with libFuzzer (make fuzz-smoke): Debian's clang brings
+# libclang-rt-14-dev, which holds libFuzzer and the sanitizer runtimes.
+if [ "${1:-}" = "--with-wide" ]; then PKGS="$PKGS clang libclang-rt-14-dev"; fi
 SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
