@@ -485,9 +485,11 @@ int k3_srv_parse_params(const cJSON *root, enum k3_srv_kind kind, int max_tokens
         const struct field *f = NULL;
         for (size_t i = 0; i < sizeof fields / sizeof fields[0] && !f; i++)
             if (!strcmp(fields[i].name, v->string) && (fields[i].kinds & bit)) f = &fields[i];
-        if (!f)
+        if (!f) {
+            k3_srv_params_free(p); /* stop strings taken from earlier fields (found by fuzzing) */
             return k3_api_fail(e, 400, INVALID, "unsupported_parameter", v->string,
                                "Unrecognized request argument supplied: %s", v->string);
+        }
         if (cJSON_IsNull(v)) continue; /* null means "not given" in the OpenAI API */
         if (f->fn(v, f->name, &c, p, e)) {
             k3_srv_params_free(p);
