@@ -122,6 +122,15 @@ asan:
 	    -fno-sanitize-recover=undefined" build-asan/k3 build-asan/k3_tests
 	K3_BIN=build-asan/k3 ASAN_OPTIONS=detect_leaks=1 build-asan/k3_tests
 
+# Chat rendering time for 1k / 10k / 100k messages, argument keys and tool results (issue 20,
+# D1): growth per 10x should be about 10x. Figures in BENCHMARKS.md.
+.PHONY: bench-render
+bench-render: $(BUILD)/bench_render
+	$(BUILD)/bench_render
+
+$(BUILD)/bench_render: scripts/bench_render.c $(BUILD)/libk3.a
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
 # `k3 setup` against nginx on loopback with a fault-injecting proxy (tests/setup/run.sh, ~40 s);
 # prints SKIPPED with the reason when nginx or python3 is missing. K3_BIN picks the binary.
 K3_BIN ?= ./k3
@@ -167,10 +176,48 @@ test-avx512-emu:
 	    $(BUILD)/avx512emu/k3_simd_tests; \
 	fi
 
+# libFuzzer harnesses for k3's parsers (fuzz/README.md): clang with ASan + UBSan, in
+# build-fuzz. `make fuzz` runs each FUZZ_SECONDS (default 60); `make fuzz-smoke` 20 s each
+# (CI). A crash leaves its input in build-fuzz/crashes/: copy it to fuzz/regress/NAME/, where
+# `make test` (tests/test_fuzzregress.c) replays it without libFuzzer.
+FUZZ_CC     ?= clang
+FUZZ_CFLAGS := -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined \
+               -fno-omit-frame-pointer
+FUZZ_NAMES  := $(patsubst fuzz/fuzz_%.c,%,$(wildcard fuzz/fuzz_*.c))
+FUZZ_BINS   := $(FUZZ_NAMES:%=build-fuzz/fuzz_%)
+FUZZ_SECONDS ?= 60
+.PHONY: fuzz fuzz-smoke fuzz-build
+fuzz-build:
+	$(MAKE) BUILD=build-fuzz CC=$(FUZZ_CC) CFLAGS="$(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link" \
+	    build-fuzz/libk3.a
+	$(MAKE) $(FUZZ_BINS)
+
+# clang has no `#pragma GCC target`: the two SIMD files get their ISA from flags (their code
+# still runs only where the dispatcher finds the CPU feature). The kernels are no parser:
+# built without sanitizers, which made them take minutes to compile.
+FUZZ_KERNEL_FLAGS := -O1 -fno-sanitize=address,undefined -Wno-unknown-pragmas
+build-fuzz/src/kernels/%.o: override CFLAGS += $(FUZZ_KERNEL_FLAGS)
+build-fuzz/src/kernels/cpu_avx2.o: override CFLAGS += -mavx2 -mfma
+build-fuzz/src/kernels/cpu_avx512.o: override CFLAGS += -mavx512f -mavx2 -mfma
+
+build-fuzz/fuzz_%: fuzz/fuzz_%.c $(wildcard fuzz/*.h) build-fuzz/libk3.a
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror \
+	    -fopenmp -DK3_FUZZ_LIBFUZZER -o $@ $< build-fuzz/libk3.a $(LDLIBS)
+
+fuzz: fuzz-build
+	FUZZ_SECONDS=$(FUZZ_SECONDS) fuzz/run.sh $(FUZZ_NAMES)
+
+fuzz-smoke:
+	@if ! command -v $(FUZZ_CC) >/dev/null 2>&1; then \
+	    echo "SKIPPED fuzz-smoke: $(FUZZ_CC) is missing (apt-get install clang)"; \
+	else \
+	    $(MAKE) fuzz-build && FUZZ_SECONDS=20 fuzz/run.sh $(FUZZ_NAMES); \
+	fi
+
 deps:
 	./scripts/install-deps.sh
 
 clean:
-	rm -rf build build-asan build-cuda k3
+	rm -rf build build-asan build-cuda build-fuzz k3
 
 -include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TEST_OBJ:.o=.d)

@@ -14,6 +14,9 @@ if [ "${1:-}" = "--with-wide" ]; then PKGS="$PKGS libsimde-dev"; fi
 # The chat page's browser tests (make test-web) drive Debian's Chromium; --with-wide (CI) or
 # --with-web installs it.
 if [ "${1:-}" = "--with-wide" ] || [ "${1:-}" = "--with-web" ]; then PKGS="$PKGS chromium"; fi
+# ... and fuzzes the parsers with libFuzzer (make fuzz-smoke): Debian's clang brings
+# libclang-rt-14-dev, which holds libFuzzer and the sanitizer runtimes.
+if [ "${1:-}" = "--with-wide" ]; then PKGS="$PKGS clang libclang-rt-14-dev"; fi
 SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq

@@ -272,7 +272,7 @@ static void test_python_json(void) {
     check_pyjson("{\"k\": 1, \"j\": 2, \"k\": 3}", K3_PYJSON_SPACED, false, "{\"k\": 3, \"j\": 2}");
     check_pyjson("[0.1, 100.25, 3.0e-5, -7]", K3_PYJSON_COMPACT, false, "[0.1,100.25,3e-05,-7]");
     size_t s, n;
-    k3_py_strip(" \t\xe3\x80\x80x y\n\xc2\xa0", 10, &s, &n); /* U+3000 and U+00A0 are space */
+    k3_py_strip(" \t\xe3\x80\x80x y\n\xc2\xa0", 11, &s, &n); /* U+3000 and U+00A0 are space */
     CHECK(s == 5 && n == 3, "%zu %zu", s, n);
 }
 

@@ -29,7 +29,8 @@
 static k3_engine *load(void) {
     k3_engine *e = NULL;
     k3_err err = {0};
-    k3_engine_opts o = {.experts_in_place = 1};
+    k3_engine_opts o = k3_engine_opts_default();
+    o.experts_in_place = 1;
     CHECK_OR(NULL, k3_engine_load(NANO, &o, &e, &err) == K3_OK, "%s", err.msg);
     return e;
 }

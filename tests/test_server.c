@@ -228,7 +228,8 @@ static void test_json_escaping(void) {
 static void test_medium_effort_is_high(void) {
     k3_engine *e = NULL;
     k3_err err = {0};
-    k3_engine_opts o = {.experts_in_place = 1};
+    k3_engine_opts o = k3_engine_opts_default();
+    o.experts_in_place = 1;
     CHECK(k3_engine_load("tests/fixtures/k3-nano", &o, &e, &err) == K3_OK, "%s", err.msg);
     const char *efforts[] = {"medium", "high", "low"};
     int32_t *ids[3] = {0};

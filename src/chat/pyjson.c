@@ -112,42 +112,71 @@ static void dump_number(k3_strbuf *b, double v) {
     k3_strbuf_puts(b, tmp);
 }
 
-/* The last sibling of `first` (inclusive) with the same key: Python keeps the last value. */
-const cJSON *k3_pyjson_dict_value(const cJSON *first) {
-    const cJSON *v = first;
-    for (const cJSON *c = first->next; c; c = c->next)
-        if (c->string && strcmp(c->string, first->string) == 0) v = c;
-    return v;
+/* Members sorted by (key, position): a key's members are then adjacent, first and last
+ * position at the ends of the run, in O(n log n) instead of a scan per member. */
+typedef struct keyed {
+    const cJSON *m;
+    size_t pos;
+} keyed;
+
+static int cmp_keyed(const void *a, const void *b) {
+    const keyed *x = a, *y = b;
+    int c = strcmp(x->m->string, y->m->string);
+    if (c) return c;
+    return x->pos < y->pos ? -1 : x->pos > y->pos;
 }
 
-int k3_pyjson_dict_dup(const cJSON *obj, const cJSON *item) {
-    for (const cJSON *c = obj->child; c != item; c = c->next)
-        if (c->string && strcmp(c->string, item->string) == 0) return 1;
+static int cmp_first_pos(const void *a, const void *b) {
+    const k3_pyjson_member *x = a, *y = b;
+    return x->pos < y->pos ? -1 : x->pos > y->pos;
+}
+
+int k3_pyjson_dict(const cJSON *obj, k3_pyjson_member **out, size_t *n_out) {
+    size_t n = 0;
+    for (const cJSON *c = obj->child; c; c = c->next) n += c->string != NULL;
+    keyed *all = malloc((n + 1) * sizeof *all);
+    k3_pyjson_member *m = malloc((n + 1) * sizeof *m);
+    if (!all || !m) {
+        free(all);
+        free(m);
+        return -1;
+    }
+    size_t k = 0, pos = 0;
+    for (const cJSON *c = obj->child; c; c = c->next, pos++)
+        if (c->string) all[k++] = (keyed){c, pos};
+    qsort(all, n, sizeof *all, cmp_keyed);
+    size_t u = 0;
+    for (size_t i = 0; i < n;) {
+        size_t j = i + 1;
+        while (j < n && !strcmp(all[j].m->string, all[i].m->string)) j++;
+        m[u++] = (k3_pyjson_member){all[i].m->string, all[j - 1].m, all[i].pos};
+        i = j;
+    }
+    free(all);
+    qsort(m, u, sizeof *m, cmp_first_pos);
+    *out = m;
+    *n_out = u;
     return 0;
 }
 
 static int cmp_key(const void *a, const void *b) {
-    return strcmp((*(const cJSON *const *)a)->string, (*(const cJSON *const *)b)->string);
+    return strcmp(((const k3_pyjson_member *)a)->key, ((const k3_pyjson_member *)b)->key);
 }
 
 static void dump_object(k3_strbuf *b, const cJSON *v, enum k3_pyjson_style st, bool sort) {
-    size_t n = 0;
-    for (const cJSON *c = v->child; c; c = c->next) n++;
-    const cJSON **keys = malloc((n + 1) * sizeof *keys);
-    if (!keys) {
+    k3_pyjson_member *keys;
+    size_t k;
+    if (k3_pyjson_dict(v, &keys, &k)) {
         b->oom = 1;
         return;
     }
-    size_t k = 0;
-    for (const cJSON *c = v->child; c; c = c->next)
-        if (c->string && !k3_pyjson_dict_dup(v, c)) keys[k++] = c;
     if (sort) qsort(keys, k, sizeof *keys, cmp_key);
     k3_strbuf_put(b, "{", 1);
     for (size_t i = 0; i < k; i++) {
         if (i) k3_strbuf_puts(b, st == K3_PYJSON_COMPACT ? "," : ", ");
-        dump_string(b, keys[i]->string);
+        dump_string(b, keys[i].key);
         k3_strbuf_puts(b, st == K3_PYJSON_COMPACT ? ":" : ": ");
-        k3_pyjson_dump(b, k3_pyjson_dict_value(keys[i]), st, sort);
+        k3_pyjson_dump(b, keys[i].value, st, sort);
     }
     k3_strbuf_put(b, "}", 1);
     free(keys);
@@ -181,7 +210,13 @@ void k3_py_strip(const char *s, size_t n, size_t *start, size_t *len) {
     size_t i = 0, first = n, end = 0;
     while (i < n) {
         size_t at = i;
-        uint32_t cp = k3_utf8_next(u, &i);
+        int kind;
+        /* Not yet validated here (reasoning_content, tool-call arguments): a truncated or
+         * invalid sequence is one non-space unit and is never read past n. */
+        size_t unit = k3_utf8_unit(u + i, n - i, &kind);
+        uint32_t cp = 0xFFFD;
+        if (kind == K3_UTF8_VALID) cp = k3_utf8_next(u, &i);
+        else i += unit;
         if (!k3_py_isspace(cp)) {
             if (first == n) first = at;
             end = i;

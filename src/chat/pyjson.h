@@ -40,15 +40,21 @@ enum k3_pyjson_style {
 /* Appends the JSON text of v to b in the given style; keys sorted recursively if sort_keys. */
 void k3_pyjson_dump(k3_strbuf *b, const cJSON *v, enum k3_pyjson_style style, bool sort_keys);
 
-/* Python dict semantics for a JSON object with a repeated key: a member is skipped when an
- * earlier member has its key (k3_pyjson_dict_dup), and the member's value is that of the
- * LAST member with the key (k3_pyjson_dict_value). Iterate: for each child c of obj, skip it
- * if dup, else use dict_value(c). */
-int k3_pyjson_dict_dup(const cJSON *obj, const cJSON *member);
-const cJSON *k3_pyjson_dict_value(const cJSON *member);
+/* Python dict semantics for a JSON object with a repeated key: each key once, at the
+ * position of its FIRST member, with the value of its LAST member. *out (malloc'd, caller
+ * frees) holds the *n distinct keys in first-position order. O(n log n) in the members, so
+ * that a hostile object of many keys costs no more than sorting them (issue 20, D1).
+ * Returns 0, or -1 when out of memory. */
+typedef struct k3_pyjson_member {
+    const char *key;
+    const cJSON *value;
+    size_t pos; /* index of the key's first member in obj */
+} k3_pyjson_member;
+int k3_pyjson_dict(const cJSON *obj, k3_pyjson_member **out, size_t *n);
 
 /* Python's str.strip(): the [*start, *start + *len) range of s[0..n) without leading and
- * trailing Unicode whitespace (str.isspace). s must be valid UTF-8. */
+ * trailing Unicode whitespace (str.isspace). s may hold any bytes: an invalid or truncated
+ * sequence counts as one non-space character, and nothing past s[n) is read. */
 void k3_py_strip(const char *s, size_t n, size_t *start, size_t *len);
 
 #endif

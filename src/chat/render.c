@@ -105,14 +105,27 @@ typedef struct rctx {
     k3_err *err;
     int rc;
     bool emit;
+    size_t budget; /* k3_chat_request.max_segments: 0 = none */
 } rctx;
+
+/* Every non-empty segment encodes to at least one token, so a render with more segments
+ * than the budget has more tokens than the context: stop there rather than render (and
+ * tokenize) the rest of a hostile request (issue 20, D1). */
+static void over_budget(rctx *r) {
+    if (!r->rc && r->budget && r->out->n > r->budget)
+        r->rc = k3_fail(r->err, K3_ERR_INPUT, "request: the prompt is longer than the context "
+                        "of %zu tokens (it has more than %zu segments, each at least one token)",
+                        r->budget, r->budget);
+}
 
 static void seg(rctx *r, const char *text, bool special) {
     if (!r->rc && r->emit) r->rc = k3_segments_push(r->out, text, strlen(text), special, r->err);
+    over_budget(r);
 }
 
 static void seg_n(rctx *r, const char *text, size_t len) {
     if (!r->rc && r->emit) r->rc = k3_segments_push(r->out, text, len, false, r->err);
+    over_budget(r);
 }
 
 /* Attribute values: & → &amp; then " → &quot; (§12.1). */
@@ -239,10 +252,15 @@ static const char *xtml_type(const cJSON *v) {
 
 /* One argument per key in insertion order: strings raw, the rest as Python's json.dumps. */
 static void call_arguments(rctx *r, const cJSON *args) {
-    for (const cJSON *m = args->child; m && !r->rc; m = m->next) {
-        if (k3_pyjson_dict_dup(args, m)) continue;
-        const cJSON *v = k3_pyjson_dict_value(m);
-        const char *attrs[] = {"key", m->string, "type", xtml_type(v), NULL};
+    k3_pyjson_member *keys;
+    size_t n;
+    if (k3_pyjson_dict(args, &keys, &n)) {
+        if (!r->rc) r->rc = k3_fail(r->err, K3_ERR_GENERIC, "out of memory");
+        return;
+    }
+    for (size_t i = 0; i < n && !r->rc; i++) {
+        const cJSON *v = keys[i].value;
+        const char *attrs[] = {"key", keys[i].key, "type", xtml_type(v), NULL};
         open_tag(r, "argument", attrs);
         if (cJSON_IsString(v)) {
             seg_n(r, v->valuestring, strlen(v->valuestring));
@@ -255,6 +273,7 @@ static void call_arguments(rctx *r, const cJSON *args) {
         }
         close_tag(r, "argument");
     }
+    free(keys);
 }
 
 /* arguments: absent/null/blank → none; a JSON object (or its text) → per key; other text
@@ -354,16 +373,63 @@ static void assistant_message(rctx *r, const cJSON *m, bool thinking, size_t i) 
     end_message(r);
 }
 
-/* 1-based position of the call with this id in calls, or 0. */
-static int call_position(const cJSON *calls, const char *id) {
-    int k = 0;
-    const cJSON *call;
-    cJSON_ArrayForEach(call, calls) {
-        k++;
-        const char *cid = str_field(call, "id");
-        if (id && cid && strcmp(cid, id) == 0) return k;
-    }
+/* The tool calls of the last assistant message, indexed once per message so that a long
+ * run of tool results costs O(n log n), not a scan of the calls per result (issue 20, D1). */
+typedef struct call_ref {
+    const char *id; /* NULL when the call has no id string */
+    int pos;        /* 1-based */
+} call_ref;
+
+typedef struct call_index {
+    const cJSON *calls; /* what v and by_id were built from; NULL = not built */
+    const cJSON **v;    /* [n] the calls in order */
+    call_ref *by_id;    /* [n_id] sorted by (id, pos) */
+    size_t n, n_id;
+} call_index;
+
+static int cmp_ref(const void *a, const void *b) {
+    const call_ref *x = a, *y = b;
+    int c = strcmp(x->id, y->id);
+    if (c) return c;
+    return x->pos < y->pos ? -1 : x->pos > y->pos;
+}
+
+static void call_index_free(call_index *ci) {
+    free(ci->v);
+    free(ci->by_id);
+    *ci = (call_index){0};
+}
+
+static int call_index_build(call_index *ci, const cJSON *calls) {
+    if (ci->calls == calls && (ci->v || !calls)) return 0;
+    call_index_free(ci);
+    ci->calls = calls;
+    size_t n = 0;
+    if (cJSON_IsArray(calls))
+        for (const cJSON *c = calls->child; c; c = c->next) n++;
+    ci->v = malloc((n + 1) * sizeof *ci->v);
+    ci->by_id = malloc((n + 1) * sizeof *ci->by_id);
+    if (!ci->v || !ci->by_id) return -1;
+    if (cJSON_IsArray(calls))
+        for (const cJSON *c = calls->child; c; c = c->next) {
+            const char *id = str_field(c, "id");
+            if (id) ci->by_id[ci->n_id++] = (call_ref){id, (int)ci->n + 1};
+            ci->v[ci->n++] = c;
+        }
+    qsort(ci->by_id, ci->n_id, sizeof *ci->by_id, cmp_ref);
     return 0;
+}
+
+/* 1-based position of the first call with this id, or 0. */
+static int call_position(const call_index *ci, const char *id) {
+    if (!id) return 0;
+    size_t lo = 0, hi = ci->n_id; /* first entry with id >= the one asked for */
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (strcmp(ci->by_id[mid].id, id) < 0) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < ci->n_id && !strcmp(ci->by_id[lo].id, id) ? ci->by_id[lo].pos : 0;
 }
 
 typedef struct tool_result {
@@ -380,17 +446,18 @@ static int cmp_result(const void *a, const void *b) {
 
 /* Consecutive tool messages [i, j): reordered by their calls' positions when every id
  * resolves; index counts tool results since the last assistant message (§12.5). */
-static void tool_run(rctx *r, const cJSON *msgs, size_t i, size_t j, const cJSON *calls,
+static void tool_run(rctx *r, const cJSON *start, size_t i, size_t j, call_index *ci,
                      int *index, size_t first) {
     tool_result *run = calloc(j - i, sizeof *run);
-    if (!run) {
+    if (!run || call_index_build(ci, ci->calls)) {
+        free(run);
         r->rc = k3_fail(r->err, K3_ERR_GENERIC, "out of memory");
         return;
     }
     bool all = true;
-    for (size_t k = i; k < j; k++) {
-        const cJSON *m = cJSON_GetArrayItem(msgs, (int)k);
-        run[k - i] = (tool_result){m, k, call_position(calls, str_field(m, "tool_call_id"))};
+    const cJSON *m = start;
+    for (size_t k = i; k < j; k++, m = m->next) {
+        run[k - i] = (tool_result){m, k, call_position(ci, str_field(m, "tool_call_id"))};
         all = all && run[k - i].pos > 0;
     }
     if (all) qsort(run, j - i, sizeof *run, cmp_result);
@@ -398,8 +465,7 @@ static void tool_run(rctx *r, const cJSON *msgs, size_t i, size_t j, const cJSON
         int at = ++*index;
         const char *name = str_field(run[k].m, "tool");
         if (!name) name = str_field(run[k].m, "name");
-        const cJSON *call = at <= cJSON_GetArraySize(calls) ? cJSON_GetArrayItem(calls, at - 1)
-                                                           : NULL;
+        const cJSON *call = (size_t)at <= ci->n ? ci->v[at - 1] : NULL;
         if (!name && call) name = str_field(call_function(call), "name");
         if (!name) {
             fail(r, "messages[%zu]: a tool message needs \"tool\", \"name\" or a matching "
@@ -419,26 +485,32 @@ static void tool_run(rctx *r, const cJSON *msgs, size_t i, size_t j, const cJSON
     free(run);
 }
 
+/* Walks the messages as the linked list they are (indexing a cJSON array is a scan). */
 static void messages(rctx *r, const k3_chat_request *req, size_t first) {
-    const cJSON *msgs = req->messages, *calls = NULL;
-    size_t n = (size_t)cJSON_GetArraySize(msgs);
+    const cJSON *m = req->messages->child;
+    call_index ci = {0};
     int tool_index = 0;
-    for (size_t i = 0; i < n && !r->rc;) {
-        const cJSON *m = cJSON_GetArrayItem(msgs, (int)i);
+    for (size_t i = 0; m && !r->rc;) {
+        if (req->cancelled && i % 256 == 0 && req->cancelled(req->cancel_arg)) {
+            r->rc = k3_fail(r->err, K3_ERR_INTERRUPTED, "request: the client went away");
+            break;
+        }
         const char *role = str_field(m, "role");
         r->emit = i >= first;
         if (!role) {
             fail(r, "messages[%zu] has no \"role\" string", i);
         } else if (!strcmp(role, "tool")) {
             size_t j = i;
-            while (j < n && (role = str_field(cJSON_GetArrayItem(msgs, (int)j), "role")) &&
-                   !strcmp(role, "tool"))
-                j++;
-            tool_run(r, msgs, i, j, calls, &tool_index, first);
+            const cJSON *end = m;
+            while (end && (role = str_field(end, "role")) && !strcmp(role, "tool"))
+                j++, end = end->next;
+            tool_run(r, m, i, j, &ci, &tool_index, first);
             i = j;
+            m = end;
             continue;
         } else if (!strcmp(role, "assistant")) {
-            calls = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
+            call_index_free(&ci);
+            ci.calls = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
             tool_index = 0;
             assistant_message(r, m, req->thinking, i);
         } else if (!strcmp(role, "system")) {
@@ -454,7 +526,9 @@ static void messages(rctx *r, const k3_chat_request *req, size_t first) {
                  i, role);
         }
         i++;
+        m = m->next;
     }
+    call_index_free(&ci);
     r->emit = true;
 }
 
@@ -487,7 +561,7 @@ static void response_format(rctx *r, const cJSON *rf) {
 
 int k3_chat_render(const k3_chat_request *req, size_t first_message, k3_segments *out,
                    k3_err *err) {
-    rctx r = {.out = out, .err = err, .emit = true};
+    rctx r = {.out = out, .err = err, .emit = true, .budget = req->max_segments};
     if (first_message == 0 && !req->no_preamble) {
         if (req->tools) tool_declare(&r, req->tools, false);
         if (req->thinking) {

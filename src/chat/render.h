@@ -71,6 +71,13 @@ typedef struct k3_chat_request {
     bool no_preamble;             /* not from JSON: the model state already holds the tool
                                      declaration and thinking-effort message (continuation
                                      of a saved state); see k3_chat_render */
+    size_t max_segments;          /* not from JSON: 0, or the context in tokens. Every
+                                     non-empty segment is at least one token, so the render
+                                     stops with K3_ERR_INPUT as soon as it has more segments
+                                     than this (the prompt cannot fit) */
+    bool (*cancelled)(void *arg); /* not from JSON: NULL, or asked every 256 messages; true
+                                     stops the render with K3_ERR_INTERRUPTED (client gone) */
+    void *cancel_arg;
 } k3_chat_request;
 
 /* Reads and checks the request-level fields of an OpenAI chat-completions body (messages
@@ -83,7 +90,9 @@ int k3_chat_request_parse(const cJSON *body, k3_chat_request *req, k3_err *err);
  * continuation of a conversation whose messages [0, first_message) are already in the
  * model state: no preamble, only messages [first_message, n) (earlier ones are still read
  * to name tool results), then the trailing messages and generation prompt.
- * Errors: K3_ERR_INPUT naming messages[i] and the field; K3_ERR_GENERIC (out of memory). */
+ * Work is O(n log n) in the messages, tool calls and argument keys (issue 20, D1).
+ * Errors: K3_ERR_INPUT naming messages[i] and the field, or past req->max_segments;
+ * K3_ERR_INTERRUPTED (req->cancelled said so); K3_ERR_GENERIC (out of memory). */
 int k3_chat_render(const k3_chat_request *req, size_t first_message, k3_segments *out,
                    k3_err *err);
 

@@ -7,7 +7,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "../store/store.h"
@@ -15,6 +18,7 @@
 #include "../format/packed.h"
 #include "../format/safetensors.h"
 #include "../util/fileio.h"
+#include "../util/sigbus.h"
 #include "../model/model.h"
 #include "../model/spine.h"
 #include "../model/state_file.h"
@@ -222,6 +226,7 @@ int k3_engine_load(const char *model_dir, const k3_engine_opts *opts, k3_engine 
                        opts->threads);
     k3_engine *e = calloc(1, sizeof *e);
     if (!e) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
+    k3_sigbus_install(); /* a shard truncated under a step fails the step (D2) */
     if (opts->threads > 0) omp_set_num_threads(opts->threads);
     int rc = k3_config_load(model_dir, &e->cfg, err);
     if (!rc) rc = k3_tokenizer_load(model_dir, &e->tok, err);
@@ -370,6 +375,47 @@ static int check_logits(const k3_engine *e, const float *logits, int rows, int f
     return K3_OK;
 }
 
+/* ---- a mapped file truncated under a step (issue 20, D2) -------------------------------------- */
+
+/* Puts the file's pages back where the SIGBUS handler mapped zeros (sigbus.h): the whole
+ * mapping again, MAP_FIXED at the same address. 0, or -1 when it could not be redone. */
+static int remap(const void *map, uint64_t bytes, int fd, const char *path) {
+    int own = fd < 0 ? (fd = open(path, O_RDONLY)) >= 0 : 0;
+    if (fd < 0) return -1;
+    void *m = mmap((void *)map, bytes, PROT_READ, MAP_SHARED | MAP_FIXED, fd, 0);
+    if (own) close(fd);
+    return m == MAP_FAILED ? -1 : 0;
+}
+
+/* After a step: when a fault was survived since `before`, the step's output is garbage.
+ * Names the file the fault was in, restores every mapping and returns K3_ERR_IO. */
+static int mapped_fault(const k3_engine *e, uint64_t before, k3_err *err) {
+    if (k3_sigbus_faults() == before) return K3_OK;
+    const uint8_t *a = k3_sigbus_last_addr();
+    const char *path = "a mapped model file";
+    uint64_t bytes = 0;
+    int ok = 0;
+    for (int i = 0; i < e->ck->n_shards; i++) {
+        const k3_shard *sh = &e->ck->shards[i];
+        if (!sh->map) continue;
+        const uint8_t *m = sh->map;
+        if (a >= m && a < m + sh->file_bytes) path = sh->path, bytes = sh->file_bytes;
+        ok |= remap(sh->map, sh->file_bytes, sh->fd, sh->path);
+    }
+    if (e->pack && e->pack->map) {
+        if (a >= e->pack->map && a < e->pack->map + e->pack->file_bytes)
+            path = e->pack->path, bytes = e->pack->file_bytes;
+        ok |= remap(e->pack->map, e->pack->file_bytes, -1, e->pack->path);
+    }
+    struct stat st;
+    long long now = bytes && stat(path, &st) == 0 ? (long long)st.st_size : -1;
+    return k3_fail(err, K3_ERR_IO, "%s: read past its end while mapped (%lld bytes now, %llu "
+                   "when loaded: the file was truncated or replaced while k3 ran); the step was "
+                   "discarded%s. Restore the file (k3 setup --check names what changed)",
+                   path, now, (unsigned long long)bytes,
+                   ok ? ", and its mapping could not be restored: restart k3" : "");
+}
+
 /* failed_pass: a pass that fails part-way (an expert or a streamed spine layer that cannot be
  * read) has already folded its ids into the KDA and conv state of the layers before the
  * failure, while the position did not move. The history would still look like a prefix of
@@ -385,8 +431,13 @@ int k3_session_step(k3_session *s, int32_t token, float *logits, k3_err *err) {
                        "session or raise --ctx", k3_state_max_ctx(s->state));
     int pos = k3_state_pos(s->state);
     s->tokens[pos] = token;
+    uint64_t faults = k3_sigbus_faults();
+    k3_sigbus_arm();
     int rc = k3_backend_step(s->e->backend, s->dev, s->state, token, logits,
                              s->has_trace ? &s->trace : NULL, err);
+    k3_sigbus_disarm();
+    int fault = mapped_fault(s->e, faults, rc ? NULL : err);
+    if (!rc) rc = fault;
     if (rc) k3_session_reset(s); /* see failed_pass */
     return rc ? rc : check_logits(s->e, logits, 1, pos, err);
 }
@@ -475,10 +526,15 @@ int k3_session_forward(k3_session *s, const int32_t *ids, int n, float *logits, 
         return k3_fail(err, K3_ERR_USAGE, "this backend cannot rewind a pass");
     bool all = flags & K3_FWD_ALL_LOGITS;
     memcpy(s->tokens + pos, ids, (size_t)n * sizeof *ids);
+    uint64_t faults = k3_sigbus_faults();
+    k3_sigbus_arm();
     int rc = k3_backend_forward(s->e->backend, s->dev, s->state, ids, n, logits,
                                 (all ? K3_BATCH_ALL_LOGITS : 0) |
                                 (flags & K3_FWD_REWINDABLE ? K3_BATCH_REWINDABLE : 0),
                                 s->has_trace ? &s->trace : NULL, err);
+    k3_sigbus_disarm();
+    int fault = mapped_fault(s->e, faults, rc ? NULL : err);
+    if (!rc) rc = fault;
     if (rc) k3_session_reset(s); /* see failed_pass */
     return rc ? rc : check_logits(s->e, logits, all ? n : 1, all ? pos : pos + n - 1, err);
 }

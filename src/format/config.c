@@ -80,8 +80,10 @@ static void layer_list(const cJSON *lac, const char *key, int n_layers, bool *ou
     }
     const cJSON *e;
     cJSON_ArrayForEach(e, v) {
-        int l = cJSON_IsNumber(e) && e->valuedouble == floor(e->valuedouble) ? (int)e->valuedouble : 0;
-        if (l < 1 || l > n_layers) {
+        /* range-checked on the double: converting 1e30 to int is undefined behaviour */
+        double d = cJSON_IsNumber(e) ? e->valuedouble : 0;
+        int l = d == floor(d) && d >= 1 && d <= n_layers ? (int)d : 0;
+        if (l < 1) {
             note(p, "linear_attn_config.\"%s\" has a layer outside 1..num_hidden_layers", key);
             return;
         }
@@ -166,7 +168,8 @@ static void read_quant(const cJSON *qc, k3_config *c, problems *p) {
 
 /* Dimensions that must agree with each other for the forward pass to be well defined. */
 static void check_consistency(k3_config *c, problems *p) {
-    if (c->kda_num_heads * c->kda_head_dim == 0 || c->kda_head_dim > 1024 || c->kda_conv_size < 1)
+    if (c->kda_num_heads == 0 || c->kda_head_dim == 0 || c->kda_head_dim > 1024 ||
+        c->kda_num_heads > 1024 || c->kda_conv_size < 1) /* each alone: the product overflows */
         note(p, "%s: KDA num_heads/head_dim/short_conv_kernel_size out of range", "linear_attn_config");
     if (c->num_experts_per_token < 1 || c->num_experts_per_token > c->num_experts)
         note(p, "\"%s\" must be in 1..num_experts", "num_experts_per_token");

@@ -20,6 +20,7 @@
 #include "ui.h"
 
 #define K3_IDLE_TIMEOUT_S 60      /* an idle keep-alive connection is closed after this */
+#define K3_MAX_CONNECTIONS 256    /* default connection limit (one thread each), 1/8 per address */
 #define K3_WAIT_TICK_NS 200000000 /* how often a waiting connection looks at its socket */
 
 enum route { R_NONE, R_MODELS, R_MODEL, R_COMPLETIONS, R_CHAT, R_HEALTH, R_UI };
@@ -33,9 +34,23 @@ typedef struct k3_conn {
     k3_sbuf body;
     bool too_large;
     bool answered;      /* a response was queued while reading the headers */
+    bool http11;        /* the request is HTTP/1.1 (it may be sent an interim 100) */
 } k3_conn;
 
 /* ---- responses ------------------------------------------------------------------------- */
+
+/* Writes one log line with every control byte (newline, ESC, DEL...) as \xNN: request
+ * fields and values reach the log, and must not forge lines or terminal escapes (D8). */
+static void log_write(const char *prefix, const char *line) {
+    char out[4 * 1024 + 1];
+    size_t n = 0;
+    for (const unsigned char *p = (const unsigned char *)line; *p && n + 5 < sizeof out; p++) {
+        if (*p < 0x20 || *p == 0x7f) n += (size_t)snprintf(out + n, 5, "\\x%02x", *p);
+        else out[n++] = (char)*p;
+    }
+    out[n] = 0;
+    fprintf(stderr, "k3 serve: %s%s\n", prefix, out);
+}
 
 static void log_line(const k3_server *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void log_line(const k3_server *s, const char *fmt, ...) {
@@ -45,7 +60,7 @@ static void log_line(const k3_server *s, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "k3 serve: %s\n", line);
+    log_write("", line);
 }
 
 /* Queues `body` (malloc'd, taken over; NULL = out of memory → 500) with status. */
@@ -189,6 +204,16 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
                                           : MHD_CONTENT_READER_END_WITH_ERROR;
         }
         wait_tick(s);
+        /* The client sent FIN: half-closed (still reading) or gone. An SSE comment, which
+         * clients ignore, makes a gone client's kernel answer RST, seen below next tick. */
+        if (!j->probed && j->state != K3_JOB_DONE && k3_srv_client_read_closed(j->fd)) {
+            j->probed = true;
+            static const char ping[] = ": k3\n\n";
+            size_t n = sizeof ping - 1 < max ? sizeof ping - 1 : max;
+            memcpy(buf, ping, n);
+            pthread_mutex_unlock(&s->mu);
+            return (ssize_t)n;
+        }
         /* While queued nobody else watches this socket (the worker does once it runs). */
         if (j->state == K3_JOB_QUEUED && k3_srv_client_gone(j->fd)) {
             k3_job_cancel_locked(s, j);
@@ -225,12 +250,22 @@ static enum MHD_Result start_stream(k3_server *s, struct MHD_Connection *c, k3_j
     return ret;
 }
 
-/* Non-streamed: wait for the worker, watching the socket while queued. */
-static enum MHD_Result finish_plain(k3_server *s, struct MHD_Connection *c, k3_job *j) {
+/* Non-streamed: wait for the worker, watching the socket while queued. A client that sent
+ * FIN may have half-closed and still read (D6): an interim "100 Continue", which HTTP/1.1
+ * clients skip, makes a gone client's kernel answer RST, so only that cancels. MHD writes
+ * nothing on this connection while its thread is here. */
+static enum MHD_Result finish_plain(k3_server *s, struct MHD_Connection *c, k3_job *j,
+                                    bool http11) {
     MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0);
     pthread_mutex_lock(&s->mu);
     while (j->state != K3_JOB_DONE) {
         wait_tick(s);
+        if (http11 && !j->probed && k3_srv_client_read_closed(j->fd)) {
+            static const char interim[] = "HTTP/1.1 100 Continue\r\n\r\n";
+            j->probed = true;
+            if (send(j->fd, interim, sizeof interim - 1, MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
+                k3_job_cancel_locked(s, j);
+        }
         if (j->state == K3_JOB_QUEUED && k3_srv_client_gone(j->fd)) k3_job_cancel_locked(s, j);
     }
     pthread_mutex_unlock(&s->mu);
@@ -260,6 +295,10 @@ static enum MHD_Result post_generate(k3_server *s, struct MHD_Connection *c, k3_
                     "body of your request: it is not valid JSON");
         return reply_error(s, c, "POST", cc->path, &e);
     }
+    if (k3_srv_check_strings(cc->body.p, cc->body.len, root, &e)) {
+        cJSON_Delete(root);
+        return reply_error(s, c, "POST", cc->path, &e);
+    }
     k3_job *j = calloc(1, sizeof *j);
     if (!j) {
         cJSON_Delete(root);
@@ -268,6 +307,11 @@ static enum MHD_Result post_generate(k3_server *s, struct MHD_Connection *c, k3_
     j->root = root; /* owned by the job from here on */
     enum k3_srv_kind kind = cc->route == R_CHAT ? K3_SRV_CHAT : K3_SRV_COMPLETIONS;
     int bad = k3_srv_parse_params(root, kind, s->o.max_tokens, &j->p, &e);
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    j->fd = ci ? ci->connect_fd : -1;
+    j->p.ctx = s->ctx;
+    j->p.client_fd = j->fd;
     if (!bad) k3_srv_apply_defaults(root, &s->o, &j->p);
     if (!bad)
         bad = k3_srv_build_prompt(s->eng, root, &j->p, &j->req, &j->prompt, &j->n_prompt, &e);
@@ -278,9 +322,6 @@ static enum MHD_Result post_generate(k3_server *s, struct MHD_Connection *c, k3_
         j->srv = s;
         j->conn = c;
         j->path = cc->path;
-        const union MHD_ConnectionInfo *ci =
-            MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-        j->fd = ci ? ci->connect_fd : -1;
         j->created = (long long)time(NULL);
         j->t_submit = k3_now_s();
         pthread_mutex_lock(&s->mu);
@@ -294,7 +335,7 @@ static enum MHD_Result post_generate(k3_server *s, struct MHD_Connection *c, k3_
         k3_job_free(j);
         return reply_error(s, c, "POST", cc->path, &e);
     }
-    return j->p.stream ? start_stream(s, c, j) : finish_plain(s, c, j);
+    return j->p.stream ? start_stream(s, c, j) : finish_plain(s, c, j, cc->http11);
 }
 
 /* ---- routing --------------------------------------------------------------------------------- */
@@ -361,12 +402,12 @@ static enum MHD_Result on_headers(k3_server *s, struct MHD_Connection *c, const 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
                                   const char *method, const char *version,
                                   const char *upload, size_t *upload_size, void **con_cls) {
-    (void)version;
     k3_server *s = cls;
     k3_conn *cc = *con_cls;
     if (!cc) {
         if (!(cc = calloc(1, sizeof *cc))) return MHD_NO;
         *con_cls = cc;
+        cc->http11 = version && !strcmp(version, MHD_HTTP_VERSION_1_1);
         return on_headers(s, c, url, method, cc);
     }
     if (*upload_size) {
@@ -409,6 +450,9 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     *con_cls = NULL;
 }
 
+/* libmicrohttpd's own messages. Those about a connection that ended (the client left, or
+ * a stream ended with an error event already sent) are the normal life of a server, logged
+ * per request by job_log already: dropped, so the log shows only real problems (issue 15). */
 static void mhd_log(void *cls, const char *fmt, va_list ap) {
     const k3_server *s = cls;
     if (!s->o.log_requests) return;
@@ -416,7 +460,12 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
     vsnprintf(line, sizeof line, fmt, ap);
     size_t n = strlen(line);
     while (n && line[n - 1] == '\n') line[--n] = 0;
-    fprintf(stderr, "k3 serve: http: %s\n", line);
+    static const char *const benign[] = {
+        "Closing connection (application reported error generating data)", /* stream cut */
+        "Socket has been disconnected", "Failed to send", NULL};
+    for (int i = 0; benign[i]; i++)
+        if (!strncmp(line, benign[i], strlen(benign[i]))) return;
+    log_write("http: ", line);
 }
 
 /* ---- start / stop ------------------------------------------------------------------------------ */
@@ -455,7 +504,7 @@ int k3_server_start(const k3_engine *e, const char *model_dir, const k3_server_o
     s->o = *opts;
     if (!s->o.host) s->o.host = "127.0.0.1";
     if (!s->o.max_body_bytes) s->o.max_body_bytes = 8u << 20;
-    if (!s->o.max_connections) s->o.max_connections = 64;
+    if (!s->o.max_connections) s->o.max_connections = K3_MAX_CONNECTIONS;
     s->started_unix = (long long)time(NULL);
     if (s->o.model_id) snprintf(s->model_id, sizeof s->model_id, "%s", s->o.model_id);
     else default_model_id(model_dir, s->model_id, sizeof s->model_id);
@@ -470,12 +519,16 @@ int k3_server_start(const k3_engine *e, const char *model_dir, const k3_server_o
         k3_server_stop(s);
         return rc;
     }
+    /* Slowloris (D5): connections that trickle a header byte by byte each hold a thread;
+     * one address may hold only a share of them, so the others (and /health) get in. */
+    int per_ip = s->o.max_connections / 8 > 4 ? s->o.max_connections / 8 : 4;
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
                      MHD_USE_AUTO | MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0);
     s->mhd = MHD_start_daemon(flags, (uint16_t)s->o.port, NULL, NULL, on_request, s,
                               MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
                               MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
                               MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->o.max_connections,
+                              MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)per_ip,
                               MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)K3_IDLE_TIMEOUT_S,
                               MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
                               MHD_OPTION_END);

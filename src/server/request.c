@@ -6,6 +6,7 @@
  * names it; an unknown field is a 400 too, as OpenAI does. Nothing is silently dropped.
  */
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -477,7 +478,8 @@ static const struct field {
 
 int k3_srv_parse_params(const cJSON *root, enum k3_srv_kind kind, int max_tokens_ceiling,
                         k3_srv_params *p, k3_api_error *e) {
-    *p = (k3_srv_params){.kind = kind, .temperature = 1.0, .top_p = 1.0, .thinking = true};
+    *p = (k3_srv_params){.kind = kind, .temperature = 1.0, .top_p = 1.0, .thinking = true,
+                         .client_fd = -1};
     parse_ctx c = {.kind = kind, .ceiling = max_tokens_ceiling};
     unsigned bit = kind == K3_SRV_CHAT ? KIND_CHAT : KIND_COMP;
     if (!cJSON_IsObject(root))
@@ -488,9 +490,11 @@ int k3_srv_parse_params(const cJSON *root, enum k3_srv_kind kind, int max_tokens
         const struct field *f = NULL;
         for (size_t i = 0; i < sizeof fields / sizeof fields[0] && !f; i++)
             if (!strcmp(fields[i].name, v->string) && (fields[i].kinds & bit)) f = &fields[i];
-        if (!f)
+        if (!f) {
+            k3_srv_params_free(p); /* stop strings taken from earlier fields (found by fuzzing) */
             return k3_api_fail(e, 400, INVALID, "unsupported_parameter", v->string,
                                "Unrecognized request argument supplied: %s", v->string);
+        }
         if (cJSON_IsNull(v)) continue; /* null means "not given" in the OpenAI API */
         if (f->fn(v, f->name, &c, p, e)) {
             k3_srv_params_free(p);
@@ -576,6 +580,8 @@ static void developer_to_system(cJSON *messages) {
     }
 }
 
+static bool client_gone(void *fd) { return k3_srv_client_gone((int)(intptr_t)fd); }
+
 static int chat_prompt(const k3_engine *eng, cJSON *root, const k3_srv_params *p,
                        k3_chat_request *req, int32_t **ids, size_t *n, k3_api_error *e) {
     k3_err err = {0};
@@ -588,10 +594,20 @@ static int chat_prompt(const k3_engine *eng, cJSON *root, const k3_srv_params *p
     if (!rc) {
         req->thinking = p->thinking; /* also set by chat_template_kwargs / reasoning_effort */
         if (p->effort) snprintf(req->effort, sizeof req->effort, "%s", p->effort);
+        req->max_segments = p->ctx > 0 ? (size_t)p->ctx : 0; /* a hostile request stops early */
+        if (p->client_fd >= 0) {
+            req->cancelled = client_gone;
+            req->cancel_arg = (void *)(intptr_t)p->client_fd;
+        }
         rc = k3_chat_render(req, 0, &segs, &err);
     }
+    bool too_long = rc == K3_ERR_INPUT && req->max_segments && segs.n > req->max_segments;
     if (!rc) rc = k3_segments_encode(k3_engine_tokenizer(eng), &segs, ids, n, &err);
     k3_segments_free(&segs);
+    if (too_long)
+        return k3_api_fail(e, 400, INVALID, "context_length_exceeded", "messages", "This "
+                           "model's context is %d tokens and the prompt is longer (k3 serve "
+                           "--ctx raises the context)", p->ctx);
     if (rc)
         return k3_api_fail(e, rc == K3_ERR_GENERIC ? 500 : 400, INVALID, NULL, "messages", "%s",
                            err.msg);
@@ -624,4 +640,65 @@ int k3_srv_check_context(const k3_srv_params *p, size_t n_prompt, int ctx, int m
     return k3_api_fail(e, 400, INVALID, "context_length_exceeded", param, "This model's context "
                        "is %d tokens; the prompt has %zu and %d more were asked for (%s)", ctx,
                        n_prompt, p->max_tokens, fix);
+}
+
+/* ---- NUL inside strings ---------------------------------------------------------------------- */
+
+/* The first raw "\u0000" escape in body, or NULL. Backslashes occur only inside strings of
+ * valid JSON, so a scan that skips each escape ("\\" included) sees exactly the escapes. */
+static const char *raw_nul_escape(const char *body, size_t len) {
+    for (size_t i = 0; i + 1 < len; i++) {
+        if (body[i] != '\\') continue;
+        if (body[i + 1] == 'u' && i + 5 < len && !memcmp(body + i + 2, "0000", 4))
+            return body + i;
+        i++; /* skip the escaped character */
+    }
+    return NULL;
+}
+
+/* a and b are the same document parsed with and without the NUL escapes replaced: the first
+ * string whose length differs is the one cJSON cut. Writes its path to path. */
+static bool find_cut(const cJSON *a, const cJSON *b, char *path, size_t cap) {
+    size_t at = strlen(path);
+    if (cJSON_IsString(a) && cJSON_IsString(b))
+        return strlen(a->valuestring) != strlen(b->valuestring);
+    int i = 0;
+    for (const cJSON *x = a ? a->child : NULL, *y = b ? b->child : NULL; x && y;
+         x = x->next, y = y->next, i++) {
+        if (cJSON_IsObject(a)) {
+            if (strlen(x->string) != strlen(y->string)) return true; /* a key: name the object */
+            snprintf(path + at, cap - at, "%s%s", at ? "." : "", x->string);
+        } else {
+            snprintf(path + at, cap - at, "[%d]", i);
+        }
+        if (find_cut(x, y, path, cap)) return true;
+        path[at] = 0;
+    }
+    return false;
+}
+
+int k3_srv_check_strings(const char *body, size_t len, const cJSON *root, k3_api_error *e) {
+    const char *nul = raw_nul_escape(body, len);
+    if (!nul) return 0;
+    /* Rare and refused anyway: a second parse with every NUL escape made \u0001 finds the
+     * field to name. */
+    char *copy = malloc(len + 1);
+    if (!copy) return k3_api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    memcpy(copy, body, len);
+    copy[len] = 0;
+    for (size_t off = (size_t)(nul - body);;) {
+        copy[off + 5] = '1';
+        const char *next = raw_nul_escape(copy + off + 6, len - off - 6);
+        if (!next) break;
+        off = (size_t)(next - copy);
+    }
+    cJSON *other = cJSON_ParseWithLength(copy, len);
+    free(copy);
+    char path[160] = "";
+    bool found = other && find_cut(root, other, path, sizeof path);
+    cJSON_Delete(other);
+    const char *where = found && path[0] ? path : NULL;
+    return k3_api_fail(e, 400, INVALID, NULL, where, "'%s' contains a NUL character (\\u0000), "
+                       "which k3 cannot pass to the model (cJSON would cut the string there): "
+                       "remove it", where ? where : "a string of the request");
 }

@@ -34,7 +34,8 @@ typedef struct k3_server_opts {
     int queue;              /* requests allowed to wait while one generates; 0 = 429 at once */
     int ctx;                /* session capacity in tokens; 0 = the engine default */
     size_t max_body_bytes;  /* largest request body accepted (413 above); 0 = 8 MiB */
-    int max_connections;    /* concurrent connections (one thread each); 0 = 64 */
+    int max_connections;    /* concurrent connections (one thread each); 0 = 256, at most
+                               an eighth of them (>= 4) from one address */
     int log_requests;       /* 1: one line per request on stderr */
     int no_reuse;           /* 1: prefill every prompt from an empty state (prompts are still
                                built the same way): the A/B switch for state reuse */

@@ -75,6 +75,9 @@ typedef struct k3_srv_params {
     const char *effort;      /* chat: the server's default effort when the request gives
                                 none (k3_srv_apply_defaults), else NULL */
     bool effort_mapped;      /* reasoning_effort "medium" was read as K3_SRV_MEDIUM_EFFORT */
+    /* not from JSON; set by the connection before k3_srv_build_prompt (0 / -1 = none) */
+    int ctx;                 /* the context in tokens: rendering stops once past it */
+    int client_fd;           /* the client's socket: rendering stops when it is gone */
 } k3_srv_params;
 
 /* OpenAI's reasoning_effort "medium" (the default of its clients) is not a K3 effort: the
@@ -89,6 +92,11 @@ typedef struct k3_srv_params {
 int k3_srv_parse_params(const cJSON *root, enum k3_srv_kind kind, int max_tokens_ceiling,
                         k3_srv_params *p, k3_api_error *e);
 void k3_srv_params_free(k3_srv_params *p);
+
+/* Refuses a body (its raw text and its parse root) with a "\u0000" escape inside a string
+ * or key: cJSON's strings end at the NUL, so the rest would silently vanish from the prompt.
+ * Returns 0, or -1 with e filled (400 naming the field, e.g. "messages[0].content"). */
+int k3_srv_check_strings(const char *body, size_t len, const cJSON *root, k3_api_error *e);
 
 /* Builds the prompt token ids of a validated request: raw completions encode `prompt` as
  * plain text (or take its ids); chat renders `messages` with the K3 chat format
@@ -132,6 +140,8 @@ typedef struct k3_job {
     /* guarded by srv->mu */
     enum k3_job_state state;
     bool cancel;             /* the client is gone or the server stops */
+    bool probed;             /* the client sent FIN: a probe was written to tell a half-close
+                                from a close (http.c) */
     k3_sbuf out;             /* stream: SSE bytes not yet handed to the connection */
     size_t out_taken;
     struct k3_job *next;     /* FIFO link while queued */
@@ -189,8 +199,11 @@ struct k3_server {
     struct k3_worker_state *ws;
 };
 
-/* 1 when the peer of socket fd has closed or reset the connection. */
+/* 1 when the connection on socket fd is dead (reset by the peer, or closed both ways). A
+ * peer that only sent FIN may still be reading (half-close, D6): that is
+ * k3_srv_client_read_closed, and a write tells the two apart (a closed peer answers RST). */
 bool k3_srv_client_gone(int fd);
+bool k3_srv_client_read_closed(int fd);
 
 /* worker.c */
 int k3_worker_start(struct k3_server *s, k3_err *err);

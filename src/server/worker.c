@@ -132,14 +132,20 @@ void k3_job_free(k3_job *j) {
     free(j);
 }
 
-bool k3_srv_client_gone(int fd) {
-    if (fd < 0) return false;
+static short poll_now(int fd) {
+    if (fd < 0) return 0;
     struct pollfd p = {.fd = fd, .events = POLLRDHUP};
     int r;
     do r = poll(&p, 1, 0);
     while (r < 0 && errno == EINTR);
-    return r > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+    return r > 0 ? p.revents : 0;
 }
+
+/* A FIN alone (POLLRDHUP) is also what a client that half-closes after its request sends
+ * (issue 20, D6): only a reset or a dead socket says the client is gone. */
+bool k3_srv_client_gone(int fd) { return poll_now(fd) & (POLLHUP | POLLERR | POLLNVAL); }
+
+bool k3_srv_client_read_closed(int fd) { return poll_now(fd) & POLLRDHUP; }
 
 /* True when the job must end now: its client hung up, or the server is stopping. */
 static bool job_abandoned(k3_server *s, k3_job *j) {

@@ -7,8 +7,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../format/config.h"
 #include "policy.h"
 #include "store.h"
+
+/* Expert ids in a trace: K3 has 896 routed experts; the bound keeps layer * n_experts keys
+ * (K3_MAX_LAYERS * this) well inside int. */
+#define K3_TRACE_MAX_EXPERTS (1 << 20)
 
 /* ==== reading a router trace ============================================================ */
 
@@ -40,10 +45,17 @@ int k3_route_trace_read(const char *path, k3_route_trace *t, k3_err *err) {
         const cJSON *l = cJSON_GetObjectItemCaseSensitive(o, "layer");
         const cJSON *ids = cJSON_GetObjectItemCaseSensitive(o, "ids");
         int k = cJSON_IsArray(ids) ? cJSON_GetArraySize(ids) : 0;
-        int ok = cJSON_IsNumber(l) && l->valueint >= 0 && k > 0 && (!t->k || k == t->k);
+        int ok = cJSON_IsNumber(l) && k > 0 && (!t->k || k == t->k);
         for (const cJSON *e = ok ? ids->child : NULL; e; e = e->next)
-            ok &= cJSON_IsNumber(e) && e->valueint >= 0 && e->valueint < (1 << 20);
-        if (!ok) {
+            ok &= cJSON_IsNumber(e) && e->valuedouble == floor(e->valuedouble) &&
+                  e->valuedouble >= 0 && e->valuedouble < K3_TRACE_MAX_EXPERTS;
+        /* Checked on the double: valueint saturates, and layer * n_experts must fit the int
+         * keys (a hostile layer overflowed it and wrote out of bounds, issue 20 D4). */
+        if (ok && !(l->valuedouble == floor(l->valuedouble) && l->valuedouble >= 0 &&
+                    l->valuedouble < K3_MAX_LAYERS)) {
+            rc = k3_fail(err, K3_ERR_INPUT, "%s:%zu: layer %.0f is not a layer number "
+                         "(an integer in 0..%d)", path, lineno, l->valuedouble, K3_MAX_LAYERS - 1);
+        } else if (!ok) {
             rc = k3_fail(err, K3_ERR_INPUT, "%s:%zu: not a router trace line ({\"layer\":L,"
                          "\"ids\":[...]} with the same number of ids on every line)", path, lineno);
         } else {
