@@ -92,17 +92,4 @@ typedef struct k3_gpu_stats {
 } k3_gpu_stats;
 void k3_gpu_get_stats(const k3_gpu *g, k3_gpu_stats *out);
 
-/* What `k3 bench-gpu` measures of the kernels alone (src/cuda/bench.c). */
-typedef struct k3_gpu_bench {
-    double copy_bps;     /* device-to-device copy, bytes read + written per second */
-    double lm_head_s;    /* K3's lm_head product [163840, 7168] BF16, seconds */
-    double bf16_bps;     /* the BF16 product at [12288, 7168], weight bytes per second */
-    double mxfp4_bps;    /* 16 experts gate+up (one launch), weight bytes per second */
-} k3_gpu_bench;
-
-/* Measures the card's copy bandwidth and every product kernel at K3's decode shapes (median
- * of reps timed launches after warm-up, inputs rotated so the 60 MB L2 cannot hold them) and
- * prints a table against the copy bandwidth to out. Errors: K3_ERR_DEVICE. */
-int k3_gpu_bench_kernels(FILE *out, int reps, k3_gpu_bench *res, k3_err *err);
-
 #endif

@@ -1,5 +1,5 @@
-/* cmd_bench_batch.c — `k3 bench prefill` (batched prefill: tokens/s by chunk size) and
- * `k3 bench spec` (speculative decoding: the cost of a verification pass by its size, then
+/* cmd_bench_batch.c — `k3-lab bench prefill` (batched prefill: tokens/s by chunk size) and
+ * `k3-lab bench spec` (speculative decoding: the cost of a verification pass by its size, then
  * forward passes per token and s/token with and without --spec), each beside the time the
  * weights it reads take to stream at the memory bandwidth of a large copy measured in the same
  * run (the physical limit when weights, not arithmetic, bound a pass). */
@@ -9,10 +9,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../cli/gen.h"
+#include "../cli/model_dir.h"
 #include "../engine/k3.h"
 #include "../engine/spec.h"
-#include "cli.h"
-#include "gen.h"
+#include "lab.h"
 
 typedef struct bopts {
     const char *model_dir;
@@ -21,7 +22,7 @@ typedef struct bopts {
 
 static void usage(FILE *f, const char *what) {
     if (!strcmp(what, "prefill"))
-        fprintf(f, "usage: k3 bench prefill [MODEL_DIR] [--chunks 1,8,32] [--tokens N]\n"
+        fprintf(f, "usage: k3-lab bench prefill [MODEL_DIR] [--chunks 1,8,32] [--tokens N]\n"
                 "                        [--threads N]\n"
                 "Prefills N ids (default 64; a fixed pseudo-random sequence) once per chunk size\n"
                 "after a warm-up pass, and prints prompt tokens/s, the weight bytes each pass reads\n"
@@ -33,7 +34,7 @@ static void usage(FILE *f, const char *what) {
                 "  --threads N    compute threads (default: OMP_NUM_THREADS, else physical cores)\n"
                 "  -h, --help     this help\n", K3_MAX_CHUNK);
     else
-        fprintf(f, "usage: k3 bench spec [MODEL_DIR] [--spec N] [--max-new N] [--threads N]\n"
+        fprintf(f, "usage: k3-lab bench spec [MODEL_DIR] [--spec N] [--max-new N] [--threads N]\n"
                 "First the cost of one verification pass of 1..N+1 ids (rewound each time) against\n"
                 "one single step: a pass of 1 + d ids pays when it yields more ids than it costs\n"
                 "steps (the rule in src/engine/spec.h measures this while decoding).\n"
@@ -59,15 +60,15 @@ static int parse(int argc, char **argv, const char *what, bopts *o) {
             return -1;
         } else if (!strcmp(what, "prefill") ? !strcmp(a, "--spec") || !strcmp(a, "--max-new")
                    : !strcmp(a, "--chunks") || !strcmp(a, "--tokens")) {
-            fprintf(stderr, "k3 bench %s: %s belongs to k3 bench %s (see --help)\n", what, a,
-                    !strcmp(what, "prefill") ? "spec" : "prefill");
+            fprintf(stderr, "k3-lab bench %s: %s belongs to k3-lab bench %s (see --help)\n",
+                    what, a, !strcmp(what, "prefill") ? "spec" : "prefill");
             return K3_ERR_USAGE;
         } else if (!strcmp(a, "--chunks") && v) {
             o->n_chunks = 0;
             for (const char *p = argv[++i]; *p && o->n_chunks < 16; p = *end ? end + 1 : end) {
                 long c = strtol(p, &end, 10);
                 if (end == p || c < 1 || c > K3_MAX_CHUNK || (*end && *end != ',')) {
-                    fprintf(stderr, "k3 bench prefill: --chunks needs sizes in [1, %d]\n",
+                    fprintf(stderr, "k3-lab bench prefill: --chunks needs sizes in [1, %d]\n",
                             K3_MAX_CHUNK);
                     return K3_ERR_USAGE;
                 }
@@ -78,7 +79,7 @@ static int parse(int argc, char **argv, const char *what, bopts *o) {
             long x = strtol(argv[++i], &end, 10);
             int hi = !strcmp(a, "--spec") ? K3_MAX_CHUNK - 1 : 1 << 20;
             if (*end || errno || x < 1 || x > hi) {
-                fprintf(stderr, "k3 bench %s: %s needs an integer in [1, %d]\n", what, a, hi);
+                fprintf(stderr, "k3-lab bench %s: %s needs an integer in [1, %d]\n", what, a, hi);
                 return K3_ERR_USAGE;
             }
             *(!strcmp(a, "--tokens") ? &o->tokens : !strcmp(a, "--threads") ? &o->threads
@@ -86,7 +87,7 @@ static int parse(int argc, char **argv, const char *what, bopts *o) {
         } else if (a[0] != '-' && !o->model_dir) {
             o->model_dir = a;
         } else {
-            fprintf(stderr, "k3 bench %s: unknown option '%s' (see --help)\n", what, a);
+            fprintf(stderr, "k3-lab bench %s: unknown option '%s' (see --help)\n", what, a);
             return K3_ERR_USAGE;
         }
     }
@@ -141,7 +142,7 @@ static uint64_t requests(const k3_session *s) {
     return st.expert_requests;
 }
 
-/* ---- k3 bench prefill --------------------------------------------------------------------- */
+/* ---- k3-lab bench prefill ----------------------------------------------------------------- */
 
 static int bench_prefill(const bopts *o, k3_err *err) {
     k3_engine *e = NULL;
@@ -152,7 +153,7 @@ static int bench_prefill(const bopts *o, k3_err *err) {
     for (int i = 0; i < o->tokens; i++) ids[i] = (int32_t)((i * 7919u + 11u) % (unsigned)c->vocab_size);
     double bw = copy_bw(), expert, spine, base_tps = 0;
     weight_sizes(e, &expert, &spine);
-    printf("k3 bench prefill: %s, %d ids, %d threads; memcpy %.2f GB/s (read + write); spine "
+    printf("k3-lab bench prefill: %s, %d ids, %d threads; memcpy %.2f GB/s (read + write); spine "
            "%.3f GB, one expert %.2f MB\n", o->model_dir, o->tokens, omp_get_max_threads(),
            bw / 1e9, spine / 1e9, expert / 1e6);
     printf("| chunk | passes | prefill s | tokens/s | speed-up | weights read GB | at memcpy rate s "
@@ -183,7 +184,7 @@ static int bench_prefill(const bopts *o, k3_err *err) {
     return rc;
 }
 
-/* ---- k3 bench spec ------------------------------------------------------------------------- */
+/* ---- k3-lab bench spec -------------------------------------------------------------------- */
 
 /* Time of a pass of n ids at the same position (rewound after each), best of `reps`. */
 static int pass_time(k3_session *s, const int32_t *ids, int n, int reps, float *rows, double *best,
@@ -254,8 +255,8 @@ static int bench_spec(const bopts *o, k3_err *err) {
     int V = c->vocab_size, nmax = o->spec + 1;
     double bw = copy_bw(), expert, spine;
     weight_sizes(e, &expert, &spine);
-    printf("k3 bench spec: %s, %d threads; memcpy %.2f GB/s; spine %.3f GB, one expert %.2f MB\n",
-           o->model_dir, omp_get_max_threads(), bw / 1e9, spine / 1e9, expert / 1e6);
+    printf("k3-lab bench spec: %s, %d threads; memcpy %.2f GB/s; spine %.3f GB, one expert "
+           "%.2f MB\n", o->model_dir, omp_get_max_threads(), bw / 1e9, spine / 1e9, expert / 1e6);
     /* 1. what a verification pass of n ids costs against one step */
     int32_t plain[64];
     for (int i = 0; i < 64; i++) plain[i] = (int32_t)((i * 7919u + 11u) % (unsigned)V);

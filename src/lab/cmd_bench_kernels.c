@@ -1,6 +1,6 @@
-/* cmd_bench_kernels.c — `k3 bench kernels`: each product kernel at K3's real shapes, weight
+/* cmd_bench_kernels.c — `k3-lab bench kernels`: each product kernel at K3's real shapes, weight
  * bytes per second beside the memory bandwidth of a large copy measured in the same run, one
- * thread and all threads, on every kernel path this CPU runs. `k3 bench decode`: seconds per
+ * thread and all threads, on every kernel path this CPU runs. `k3-lab bench decode`: seconds per
  * token per layer kind on a real-width checkpoint, extrapolated to K3's 93 layers. */
 #include <dirent.h>
 #include <errno.h>
@@ -14,11 +14,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../cli/model_dir.h"
+#include "../cli/spine_flags.h"
 #include "../engine/k3.h"
 #include "../format/safetensors.h"
 #include "../kernels/kernels.h"
-#include "cli.h"
-#include "spine_flags.h"
+#include "lab.h"
 
 static double now_s(void) {
     struct timespec ts;
@@ -31,18 +32,18 @@ static int parse_pos_int(const char *s, const char *flag, int *out) {
     errno = 0;
     long v = strtol(s, &end, 10);
     if (errno || *end || end == s || v < 1 || v > 1 << 20) {
-        fprintf(stderr, "k3 bench: %s needs a positive integer, got '%s'\n", flag, s);
+        fprintf(stderr, "k3-lab bench: %s needs a positive integer, got '%s'\n", flag, s);
         return K3_ERR_USAGE;
     }
     *out = (int)v;
     return 0;
 }
 
-/* ---- k3 bench kernels ----------------------------------------------------------------- */
+/* ---- k3-lab bench kernels ----------------------------------------------------------------- */
 
 static void kernels_usage(FILE *f) {
     fprintf(f,
-        "usage: k3 bench kernels [--kernels NAME] [--threads N] [--seconds S] [--only TEXT]\n"
+        "usage: k3-lab bench kernels [--kernels NAME] [--threads N] [--seconds S] [--only TEXT]\n"
         "\n"
         "Times every product kernel at K3's shapes (out <- in): BF16 7168->12288, 7168->33792,\n"
         "lm_head 7168->163840, F32 7168->12288, the int8 spine (alone and with --approx)\n"
@@ -187,7 +188,7 @@ static int bench_kernels(int argc, char **argv) {
         else if (!strcmp(a, "--seconds") && v) seconds = atof(argv[++i]);
         else if (!strcmp(a, "--only") && v) filter = argv[++i];
         else {
-            fprintf(stderr, "k3 bench kernels: unknown option or missing value: '%s'\n", a);
+            fprintf(stderr, "k3-lab bench kernels: unknown option or missing value: '%s'\n", a);
             return K3_ERR_USAGE;
         }
         if (rc) return rc;
@@ -197,7 +198,7 @@ static int bench_kernels(int argc, char **argv) {
     if (only) {
         k3_err err = {0};
         if (k3_kernels_select(only, &paths[0], &err)) {
-            fprintf(stderr, "k3 bench kernels: %s\n", err.msg);
+            fprintf(stderr, "k3-lab bench kernels: %s\n", err.msg);
             return err.code;
         }
         np = 1;
@@ -215,7 +216,7 @@ static int bench_kernels(int argc, char **argv) {
     b.x = malloc(32 * 163840 * sizeof(float));
     b.y = malloc(32 * 163840 * sizeof(float));
     if (!src || !dst || !b.w || !b.mx || !b.x || !b.y) {
-        fprintf(stderr, "k3 bench kernels: out of memory (needs about %.1f GB)\n",
+        fprintf(stderr, "k3-lab bench kernels: out of memory (needs about %.1f GB)\n",
                 (2.0 * copy_bytes + b.w_bytes + b.mx_bytes) / 1e9);
         free(src), free(dst), free(b.w), free(b.mx), free(b.x), free(b.y);
         return K3_ERR_GENERIC;
@@ -251,7 +252,7 @@ static int bench_kernels(int argc, char **argv) {
     return 0;
 }
 
-/* ---- k3 bench decode ------------------------------------------------------------------ */
+/* ---- k3-lab bench decode ------------------------------------------------------------------ */
 
 /* K3's layer counts (spec §3, config table): 93 layers, MLA at the 24 one-based positions of
  * full_attn_layers, KDA elsewhere; layer 0 dense, the other 92 MoE; vocabulary 163840. */
@@ -259,7 +260,7 @@ enum { K3_LAYERS = 93, K3_MLA = 24, K3_KDA = 69, K3_DENSE = 1, K3_MOE = 92, K3_V
 
 static void decode_usage(FILE *f) {
     fprintf(f,
-        "usage: k3 bench decode [MODEL_DIR] [--tokens N] [--threads N] [--spine-gb G]\n"
+        "usage: k3-lab bench decode [MODEL_DIR] [--tokens N] [--threads N] [--spine-gb G]\n"
         "\n"
         "Runs N decode steps (logits every step) on MODEL_DIR with every expert used in place\n"
         "from the mapped shards (K3_MMAP_EXPERTS=1: for a real-width checkpoint that fits in\n"
@@ -373,7 +374,7 @@ static int bench_decode(int argc, char **argv) {
         else if (!strcmp(a, "--threads") && v) rc = parse_pos_int(argv[++i], a, &threads);
         else if (a[0] != '-' && !dir) dir = a;
         else {
-            fprintf(stderr, "k3 bench decode: unknown option or missing value: '%s'\n", a);
+            fprintf(stderr, "k3-lab bench decode: unknown option or missing value: '%s'\n", a);
             return K3_ERR_USAGE;
         }
         if (rc) return rc;
@@ -393,7 +394,7 @@ static int bench_decode(int argc, char **argv) {
         char *end;
         double gb = strtod(env, &end);
         if (*end || end == env || !(gb >= 0 && gb < 1e9)) {
-            fprintf(stderr, "k3 bench decode: spine budget (K3_SPINE_GB='%s'): expected a "
+            fprintf(stderr, "k3-lab bench decode: spine budget (K3_SPINE_GB='%s'): expected a "
                     "number of GB >= 0 (and below 1e9)\n", env);
             return K3_ERR_USAGE;
         }
@@ -461,7 +462,7 @@ static int bench_decode(int argc, char **argv) {
            1.0 / floor_s);
     spine_report(e, &st0, tokens, total, dir, bw0);
 done:
-    if (rc) fprintf(stderr, "k3 bench decode: %s\n", err.msg);
+    if (rc) fprintf(stderr, "k3-lab bench decode: %s\n", err.msg);
     free(logits);
     k3_session_free(s);
     k3_engine_free(e);
