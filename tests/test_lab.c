@@ -2,10 +2,13 @@
  * developer tools went (k3-lab, exit 2); k3-lab lists and runs them (trace-gen then replay,
  * checked against the trace's own distinct experts); the typo hint in both. The names are
  * written here, independently of the command tables in src/cli/main.c and src/lab/main.c. */
+#include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../src/cli/waitpolicy.h"
 #include "../src/util/err.h"
 #include "cli_run.h"
 #include "test.h"
@@ -158,11 +161,80 @@ out:
     k3t_rm_dir(dir);
 }
 
+/* k3-lab bench decode on k3-nano (hidden 64, top-4): the per-layer times are printed, the K3
+ * extrapolation is marked not applicable and names the widths that differ (it printed a
+ * "K3 compute floor" of a 64-wide model scaled to 93 layers). */
+static void test_bench_decode_not_k3_wide(void) {
+    k3t_cli r;
+    if (k3t_lab_run("bench decode tests/fixtures/k3-nano --tokens 1", &r)) return;
+    CHECK(r.status == 0, "exit %d, stderr %s", r.status, r.err);
+    CHECK(strstr(r.out, "| KDA mixer | 6 |") && strstr(r.out, "| MLA mixer | 3 |") &&
+          strstr(r.out, "| 69 | n/a |"), "%s", r.out);
+    CHECK(strstr(r.out, "K3 compute floor: not applicable") &&
+          strstr(r.out, "hidden_size 64 (K3: 7168)") && !strstr(r.out, "tokens/s"), "%s", r.out);
+    k3t_cli_free(&r);
+}
+
+/* bench prefill / spec say on stderr what they measure before each wait. */
+static void test_bench_batch_progress(void) {
+    k3t_cli r;
+    if (k3t_lab_run("bench prefill tests/fixtures/k3-nano --tokens 4 --chunks 1,4", &r)) return;
+    CHECK(r.status == 0 && strstr(r.err, "k3-lab bench prefill: measuring the memory bandwidth") &&
+          strstr(r.err, "chunk 1 (1 of 2)") && strstr(r.err, "chunk 4 (2 of 2)") &&
+          !strstr(r.out, "chunk 4 ("), "exit %d, stderr %s", r.status, r.err);
+    k3t_cli_free(&r);
+    if (k3t_lab_run("bench spec tests/fixtures/k3-nano --spec 2 --max-new 2", &r)) return;
+    CHECK(r.status == 0 && strstr(r.err, "k3-lab bench spec: passes of 3 ids (size 3 of 3)") &&
+          strstr(r.err, "(5 of 5)"), "exit %d, stderr %s", r.status, r.err);
+    k3t_cli_free(&r);
+}
+
+/* The wait policy (waitpolicy.h) as libgomp itself reports it (OMP_DISPLAY_ENV, printed when
+ * the runtime starts): with neither variable set, a command that runs the model's threads
+ * re-executes once with GOMP_SPINCOUNT=K3_SPINCOUNT_DEFAULT (the last report shows it, the
+ * first libgomp's own 300000), in both binaries; one that does not (version) is not
+ * re-executed; a policy the user set is left alone. */
+static void test_wait_policy(void) {
+    static const struct { int lab; const char *env, *cmd, *want; int reports; } t[] = {
+        {0, "", "run --help", "GOMP_SPINCOUNT = '" K3_SPINCOUNT_DEFAULT "'", 2},
+        {1, "", "bench kernels --help", "GOMP_SPINCOUNT = '" K3_SPINCOUNT_DEFAULT "'", 2},
+        {0, "", "version", "GOMP_SPINCOUNT = '300000'", 1},
+        {0, "GOMP_SPINCOUNT=777", "run --help", "GOMP_SPINCOUNT = '777'", 1},
+        {0, "OMP_WAIT_POLICY=passive", "chat --help", "GOMP_SPINCOUNT = '0'", 1},
+        {1, "OMP_WAIT_POLICY=active", "bench spec --help", "OMP_WAIT_POLICY = 'ACTIVE'", 1},
+    };
+    for (size_t i = 0; i < sizeof t / sizeof t[0] && !k3_test_stopped(); i++) {
+        char bin[PATH_MAX], args[PATH_MAX + 200];
+        const char *b = t[i].lab ? k3t_lab_bin() : k3t_bin();
+        CHECK(realpath(b, bin), "%s: %s", b, strerror(errno));
+        snprintf(args, sizeof args, "-u OMP_WAIT_POLICY -u GOMP_SPINCOUNT OMP_DISPLAY_ENV=verbose "
+                 "%s '%s' %s", t[i].env, bin, t[i].cmd);
+        k3t_cli r;
+        if (k3t_cli_run_in(NULL, "/usr/bin/env", args, &r)) return;
+        int reports = 0;
+        const char *last = NULL;
+        for (const char *p = r.err; (p = strstr(p, "OPENMP DISPLAY ENVIRONMENT BEGIN")); p++)
+            reports++, last = p;
+        if (!reports) {
+            k3_test_skip("this OpenMP runtime does not print OMP_DISPLAY_ENV (not libgomp)");
+            k3t_cli_free(&r);
+            return;
+        }
+        CHECK(r.status == 0 && reports == t[i].reports && strstr(last, t[i].want),
+              "%s %s %s: exit %d, %d reports (want %d), want %s in the last: %s", t[i].env, b,
+              t[i].cmd, r.status, reports, t[i].reports, t[i].want, last);
+        k3t_cli_free(&r);
+    }
+}
+
 const k3_test k3_suite_lab[] = {
     {"help_lists_user_and_lab_commands", test_help_lists},
     {"k3_names_k3_lab_for_moved_commands", test_moved_commands},
     {"lab_dispatches_every_command", test_lab_dispatch},
     {"typo_hint_in_both_binaries", test_typo_hint},
     {"tracegen_then_replay_through_lab", test_tracegen_replay},
+    {"bench_decode_not_k3_wide_says_so", test_bench_decode_not_k3_wide},
+    {"bench_prefill_spec_progress", test_bench_batch_progress},
+    {"wait_policy_bounded_spin_unless_set", test_wait_policy},
     {0},
 };

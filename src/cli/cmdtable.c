@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "../util/err.h"
+#include "waitpolicy.h"
 
 void k3_program_usage(const k3_program *p, FILE *f) {
     fprintf(f, "%s\n\nusage: %s <command> [options]\n\ncommands:\n", p->title, p->name);
@@ -79,6 +80,7 @@ int k3_program_main(const k3_program *p, int argc, char **argv) {
             fputc('\n', stderr);
             return K3_ERR_USAGE;
         }
+        if (c->threads) k3_wait_policy_apply(argv);
         return c->subs ? c->run(argc - 2, argv + 2) : c->run(argc - 1, argv + 1);
     }
     unknown_command(p, cmd);

@@ -20,6 +20,8 @@ typedef struct k3_command {
                            * NULL: not listed (an alias row) */
     const char *help;     /* its one-line description */
     const char *moved_to; /* NULL, or the program that has the command now ("k3-lab") */
+    int threads;          /* 1: runs the model's OpenMP work, so the wait policy is applied
+                           * first (waitpolicy.h: it re-executes the process once) */
 } k3_command;
 
 typedef struct k3_program {
@@ -35,7 +37,8 @@ void k3_program_usage(const k3_program *p, FILE *f);
 /* Runs the command argv[1] names: -h/--help/help print the usage (stdout, 0); no command
  * prints it to stderr (exit 2); a moved command says which program has it now (exit 2); an
  * unknown one gets one line on stderr with the closest name when it looks like a typo (exit
- * 2). Otherwise returns the command's own exit status. */
+ * 2). Otherwise returns the command's own exit status; argv is main's (a row with `threads`
+ * may re-execute it, see waitpolicy.h). */
 int k3_program_main(const k3_program *p, int argc, char **argv);
 
 #endif

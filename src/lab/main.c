@@ -7,23 +7,23 @@
 
 static const k3_command commands[] = {
     {"bench", "kernels decode", k3_cmd_bench_compute, "bench kernels | decode [DIR]",
-     "kernel GB/s vs memory bandwidth; s/token per layer", NULL},
+     "kernel GB/s vs memory bandwidth; s/token per layer", NULL, 1},
     {"bench", "prefill spec", k3_cmd_bench_batch, "bench prefill | spec [DIR]",
-     "prefill tok/s by --chunk; --spec pass cost and gain", NULL},
+     "prefill tok/s by --chunk; --spec pass cost and gain", NULL, 1},
     {"bench", NULL, k3_cmd_bench, "bench io [MODEL_DIR]",
-     "expert-read throughput vs fio (see --help)", NULL},
+     "expert-read throughput vs fio (see --help)", NULL, 1},
     {"bench-gpu", NULL, k3_cmd_bench_gpu, "bench-gpu [MODEL_DIR]",
-     "GPU kernels and decode vs the card's bandwidth", NULL},
+     "GPU kernels and decode vs the card's bandwidth", NULL, 1},
     {"synth", NULL, k3_cmd_synth, "synth OUT_DIR [options]",
-     "write a synthetic K3-shaped snapshot (tests)", NULL},
+     "write a synthetic K3-shaped snapshot (tests)", NULL, 0},
     {"replay", NULL, k3_cmd_replay, "replay TRACE.jsonl",
-     "expert cache policies vs Belady on a router trace", NULL},
+     "expert cache policies vs Belady on a router trace", NULL, 0},
     {"trace-gen", NULL, k3_cmd_tracegen, "trace-gen OUT.jsonl [options]",
-     "synthetic router trace with K3's locality", NULL},
+     "synthetic router trace with K3's locality", NULL, 0},
     {"version", NULL, k3_cmd_version, "version, --version",
-     "version, CPU kernel paths, CUDA compiled in or not", NULL},
-    {"--version", NULL, k3_cmd_version, NULL, NULL, NULL},
-    {NULL, NULL, NULL, NULL, NULL, NULL},
+     "version, CPU kernel paths, CUDA compiled in or not", NULL, 0},
+    {"--version", NULL, k3_cmd_version, NULL, NULL, NULL, 0},
+    {NULL, NULL, NULL, NULL, NULL, NULL, 0},
 };
 
 static const k3_program lab_prog = {
