@@ -5,6 +5,7 @@
  * run (the physical limit when weights, not arithmetic, bound a pass). */
 #include <errno.h>
 #include <omp.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -95,6 +96,19 @@ static int parse(int argc, char **argv, const char *what, bopts *o) {
     return 0;
 }
 
+/* One progress line on stderr ("k3-lab bench WHAT: ..."): a measurement can take tens of
+ * seconds on a real-width model, and the table on stdout only grows row by row. */
+__attribute__((format(printf, 2, 3))) static void progress(const char *what, const char *fmt,
+                                                            ...) {
+    fflush(stdout); /* the rows so far first */
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "k3-lab bench %s: ", what);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
 /* Read + written bytes per second of a parallel 1 GB memcpy (best of 3). */
 static double copy_bw(void) {
     size_t bytes = (size_t)1 << 30;
@@ -151,6 +165,7 @@ static int bench_prefill(const bopts *o, k3_err *err) {
     const k3_config *c = k3_engine_config(e);
     int32_t *ids = malloc((size_t)o->tokens * sizeof *ids);
     for (int i = 0; i < o->tokens; i++) ids[i] = (int32_t)((i * 7919u + 11u) % (unsigned)c->vocab_size);
+    progress("prefill", "measuring the memory bandwidth (1 GB memcpy, best of 3)");
     double bw = copy_bw(), expert, spine, base_tps = 0;
     weight_sizes(e, &expert, &spine);
     printf("k3-lab bench prefill: %s, %d ids, %d threads; memcpy %.2f GB/s (read + write); spine "
@@ -161,6 +176,8 @@ static int bench_prefill(const bopts *o, k3_err *err) {
     for (int ci = 0; ci < o->n_chunks && !rc; ci++) {
         k3_session *s = NULL;
         int chunk = o->chunks[ci], n = o->tokens;
+        progress("prefill", "chunk %d (%d of %d): a warm-up pass, then %d ids in %d passes", chunk,
+                 ci + 1, o->n_chunks, n, (n + chunk - 1) / chunk);
         if ((rc = k3_session_new(e, n + 8, &s, err))) break;
         k3_session_set_chunk(s, chunk);
         /* warm-up: one pass of this size touches the spine and the scratch */
@@ -253,6 +270,7 @@ static int bench_spec(const bopts *o, k3_err *err) {
     if (rc) return rc;
     const k3_config *c = k3_engine_config(e);
     int V = c->vocab_size, nmax = o->spec + 1;
+    progress("spec", "measuring the memory bandwidth (1 GB memcpy, best of 3)");
     double bw = copy_bw(), expert, spine;
     weight_sizes(e, &expert, &spine);
     printf("k3-lab bench spec: %s, %d threads; memcpy %.2f GB/s; spine %.3f GB, one expert "
@@ -269,6 +287,7 @@ static int bench_spec(const bopts *o, k3_err *err) {
            "|---|---|---|---|\n");
     for (int n = 1; n <= nmax && !rc; n++) {
         double t;
+        progress("spec", "passes of %d ids (size %d of %d), best of 3", n, n, nmax);
         rc = pass_time(s, plain + 16, n, 3, rows, &t, err);
         if (n == 1) t1 = t;
         if (!rc)
@@ -285,6 +304,8 @@ static int bench_spec(const bopts *o, k3_err *err) {
     spec_run *base = calloc(1, sizeof *base), *run = calloc(1, sizeof *run);
     for (int k = 0; k < 6; k++)
         for (int i = 0; i < 8; i++) rep[nrep++] = phrase[i] % V;
+    if (!rc) progress("spec", "generating the repetitive prompt's continuation (%d ids, 1 of 5)",
+                      o->max_new);
     if (!rc) rc = generate(e, rep, nrep, o->max_new, 0, base, err);
     for (int i = 0; i < base->n && !rc; i++) rep[nrep + i] = base->ids[i];
     memcpy(rep + nrep + base->n, rep, (size_t)nrep * sizeof *rep);
@@ -295,9 +316,13 @@ static int bench_spec(const bopts *o, k3_err *err) {
         const int32_t *p = pi ? plain : rep;
         int n = pi ? 64 : nrep;
         const char *name = pi ? "non-repetitive" : "repetitive";
+        progress("spec", "%s prompt: %d ids without --spec (%d of 5)", name, o->max_new,
+                 2 + 2 * pi);
         if ((rc = generate(e, p, n, o->max_new, 0, base, err))) break;
         printf("| %s (%d ids) | off | %.3f | %.3f | — | — | — |\n", name, n, base->s_per_token,
                base->passes_per_token);
+        progress("spec", "%s prompt: %d ids with --spec %d (%d of 5)", name, o->max_new, o->spec,
+                 3 + 2 * pi);
         if ((rc = generate(e, p, n, o->max_new, o->spec, run, err))) break;
         int same = run->n == base->n && !memcmp(run->ids, base->ids, (size_t)base->n * 4);
         printf("| %s (%d ids) | %d | %.3f | %.3f | %ld | %ld | %s |%s%s\n", name, n, o->spec,

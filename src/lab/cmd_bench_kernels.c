@@ -258,6 +258,40 @@ static int bench_kernels(int argc, char **argv) {
  * full_attn_layers, KDA elsewhere; layer 0 dense, the other 92 MoE; vocabulary 163840. */
 enum { K3_LAYERS = 93, K3_MLA = 24, K3_KDA = 69, K3_DENSE = 1, K3_MOE = 92, K3_VOCAB = 163840 };
 
+/* Whether c has K3's per-layer widths (spec §3, config table: every dimension a layer's time
+ * depends on; the expert count, layer count and vocabulary may differ, the extrapolation
+ * scales those). If not, writes the first mismatches ("hidden_size 64 (K3: 7168), ...") to
+ * why: the extrapolated floor would then be meaningless. */
+static int k3_wide(const k3_config *c, char *why, size_t cap) {
+    const struct { const char *name; int here, k3; } f[] = {
+        {"hidden_size", c->hidden_size, 7168},
+        {"intermediate_size", c->intermediate_size, 33792},
+        {"num_attention_heads", c->num_attention_heads, 96},
+        {"q_lora_rank", c->q_lora_rank, 1536},
+        {"kv_lora_rank", c->kv_lora_rank, 512},
+        {"qk_nope_head_dim", c->qk_nope_head_dim, 128},
+        {"qk_rope_head_dim", c->qk_rope_head_dim, 64},
+        {"v_head_dim", c->v_head_dim, 128},
+        {"kda num_heads", c->kda_num_heads, 96},
+        {"kda head_dim", c->kda_head_dim, 128},
+        {"num_experts_per_token", c->num_experts_per_token, 16},
+        {"num_shared_experts", c->num_shared_experts, 2},
+        {"moe_intermediate_size", c->moe_intermediate_size, 3072},
+        {"routed_expert_hidden_size", c->routed_expert_hidden_size, 3584},
+    };
+    size_t len = 0;
+    int bad = 0;
+    why[0] = 0;
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+        if (f[i].here == f[i].k3) continue;
+        if (bad++ < 3 && len < cap)
+            len += (size_t)snprintf(why + len, cap - len, "%s%s %d (K3: %d)", bad > 1 ? ", " : "",
+                                    f[i].name, f[i].here, f[i].k3);
+    }
+    if (bad > 3 && len < cap) snprintf(why + len, cap - len, " and %d more", bad - 3);
+    return !bad;
+}
+
 static void decode_usage(FILE *f) {
     fprintf(f,
         "usage: k3-lab bench decode [MODEL_DIR] [--tokens N] [--threads N] [--spine-gb G]\n"
@@ -267,8 +301,10 @@ static void decode_usage(FILE *f) {
         "RAM, such as k3-wide from make test-wide) and times each layer's token mixer (KDA or\n"
         "MLA) and FFN (dense or MoE) through the trace hook. Prints seconds per token per layer\n"
         "kind and the compute floor of K3's 93 layers (69 KDA + 24 MLA mixers, 1 dense + 92 MoE\n"
-        "FFNs, the rest per layer, lm_head scaled to 163840 rows). The first 2 steps are\n"
-        "warm-up and not counted.\n"
+        "FFNs, the rest per layer, lm_head scaled to 163840 rows); the floor needs a model at\n"
+        "K3's per-layer widths (hidden 7168, top-16 experts, ...: k3-wide, or k3-lab synth\n"
+        "--real --top-k 16), and is marked not applicable for any other. The first 2 steps\n"
+        "are warm-up and not counted.\n"
         "\n"
         "  --tokens N     decode steps (default 10)\n"
         "  --threads N    compute threads (default: OMP_NUM_THREADS or physical cores)\n"
@@ -438,28 +474,42 @@ static int bench_decode(int argc, char **argv) {
 #define MEAN(sum, n) ((n) ? (sum) / (n) : 0.0)
     printf("\n%s: %d layers, %d decode steps at positions 2..%d, %d threads\n\n", dir,
            c->num_hidden_layers, tokens, tokens + 1, omp_get_max_threads());
+    char why[256];
+    int wide = k3_wide(c, why, sizeof why);
     printf("| part | layers here | s/token/layer | K3 layers | K3 s/token |\n");
     printf("|---|---|---|---|---|\n");
-    printf("| KDA mixer | %d | %.4f | %d | %.3f |\n", n_kda, MEAN(kda, n_kda), K3_KDA,
-           MEAN(kda, n_kda) * K3_KDA);
-    printf("| MLA mixer | %d | %.4f | %d | %.3f |\n", n_mla, MEAN(mla, n_mla), K3_MLA,
-           MEAN(mla, n_mla) * K3_MLA);
-    printf("| dense FFN | %d | %.4f | %d | %.3f |\n", n_dense, MEAN(dense, n_dense), K3_DENSE,
-           MEAN(dense, n_dense) * K3_DENSE);
-    printf("| MoE FFN | %d | %.4f | %d | %.3f |\n", n_moe, MEAN(moe, n_moe), K3_MOE,
-           MEAN(moe, n_moe) * K3_MOE);
-    printf("| AttnRes, norms, adds | %d | %.4f | %d | %.3f |\n", c->num_hidden_layers, rest,
-           K3_LAYERS, rest * K3_LAYERS);
-    double head_k3 = head * K3_VOCAB / c->vocab_size;
-    printf("| lm_head (%d rows here) | - | %.4f | 163840 rows | %.3f |\n", c->vocab_size, head,
-           head_k3);
-    double floor_s = MEAN(kda, n_kda) * K3_KDA + MEAN(mla, n_mla) * K3_MLA +
-                     MEAN(dense, n_dense) * K3_DENSE + MEAN(moe, n_moe) * K3_MOE +
-                     rest * K3_LAYERS + head_k3;
+    const struct { const char *name; int here; double s; int k3; } row[] = {
+        {"KDA mixer", n_kda, MEAN(kda, n_kda), K3_KDA},
+        {"MLA mixer", n_mla, MEAN(mla, n_mla), K3_MLA},
+        {"dense FFN", n_dense, MEAN(dense, n_dense), K3_DENSE},
+        {"MoE FFN", n_moe, MEAN(moe, n_moe), K3_MOE},
+        {"AttnRes, norms, adds", c->num_hidden_layers, rest, K3_LAYERS},
+    };
+    double head_k3 = head * K3_VOCAB / c->vocab_size, floor_s = head_k3;
+    for (size_t r = 0; r < sizeof row / sizeof row[0]; r++) {
+        floor_s += row[r].s * row[r].k3;
+        if (wide)
+            printf("| %s | %d | %.4f | %d | %.3f |\n", row[r].name, row[r].here, row[r].s,
+                   row[r].k3, row[r].s * row[r].k3);
+        else
+            printf("| %s | %d | %.4f | %d | n/a |\n", row[r].name, row[r].here, row[r].s,
+                   row[r].k3);
+    }
+    if (wide)
+        printf("| lm_head (%d rows here) | - | %.4f | 163840 rows | %.3f |\n", c->vocab_size,
+               head, head_k3);
+    else
+        printf("| lm_head (%d rows here) | - | %.4f | 163840 rows | n/a |\n", c->vocab_size,
+               head);
 #undef MEAN
-    printf("\nmeasured: %.3f s/token for %d layers; K3 compute floor (93 layers, all weights "
-           "in RAM): %.2f s/token = %.3f tokens/s\n", total, c->num_hidden_layers, floor_s,
-           1.0 / floor_s);
+    if (wide)
+        printf("\nmeasured: %.3f s/token for %d layers; K3 compute floor (93 layers, all "
+               "weights in RAM): %.2f s/token = %.3f tokens/s\n", total, c->num_hidden_layers,
+               floor_s, 1.0 / floor_s);
+    else
+        printf("\nmeasured: %.3f s/token for %d layers; K3 compute floor: not applicable, this "
+               "model is not at K3's per-layer widths (%s): measure k3-wide (make test-wide) or "
+               "k3-lab synth DIR --real --top-k 16\n", total, c->num_hidden_layers, why);
     spine_report(e, &st0, tokens, total, dir, bw0);
 done:
     if (rc) fprintf(stderr, "k3-lab bench decode: %s\n", err.msg);
