@@ -98,7 +98,7 @@ bench-server: k3
 
 # The real-width model (7.1 GB, regenerated from ../shared); prints SKIPPED when it cannot run.
 test-wide: k3 k3-lab $(BUILD)/k3_tests
-	./scripts/test-wide.sh $(BUILD)/k3_tests
+	K3_BIN=./k3 K3_LAB_BIN=./k3-lab ./scripts/test-wide.sh $(BUILD)/k3_tests
 
 # The same tests under AddressSanitizer + UndefinedBehaviorSanitizer, in a separate build dir.
 asan:
