@@ -1,4 +1,5 @@
-# k3 — build, test and sanitizer targets. `make` builds ./k3; `make test` runs every test.
+# k3 — build, test and sanitizer targets. `make` builds ./k3 and the developer binary ./k3-lab
+# (benchmarks, synth, replay, trace-gen, bench-gpu: src/lab); `make test` runs every test.
 CC      ?= cc
 CFLAGS  ?= -O2 -g
 override CFLAGS += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -ffp-contract=off -fno-fast-math \
@@ -18,9 +19,12 @@ CU_SRC  := $(wildcard src/cuda/*.cu)
 endif
 BUILD   ?= build
 
-LIB_SRC  := $(sort $(filter-out src/cli/main.c,$(wildcard src/*/*.c)))
+# src/lab is k3-lab's alone: the shipped k3 links none of it.
+LIB_SRC  := $(sort $(filter-out src/cli/main.c src/lab/%,$(wildcard src/*/*.c)))
+LAB_SRC  := $(sort $(wildcard src/lab/*.c))
 ifneq ($(CUDA),1)
 LIB_SRC  := $(filter-out src/cuda/%,$(LIB_SRC))
+LAB_SRC  := $(filter-out src/lab/cuda_%,$(LAB_SRC))
 endif
 CU_OBJ   := $(CU_SRC:%.cu=$(BUILD)/%.o)
 CLI_SRC  := src/cli/main.c
@@ -33,18 +37,26 @@ LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
 UI_FILES := $(sort $(wildcard src/server/ui/*))
 LIB_OBJ  += $(BUILD)/ui_assets.o
 CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
+LAB_OBJ  := $(LAB_SRC:%.c=$(BUILD)/%.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 
 .PHONY: test-setup bench-setup
 .PHONY: test-neon test-avx512-emu
 .PHONY: all test test-wide test-server test-web bench-server asan bench clean deps FORCE
-all: k3
+all: k3 k3-lab
 
-# copied whenever it differs, so that ./k3 follows the last build's flavour (CUDA=1 or not)
+# copied whenever it differs, so that ./k3 and ./k3-lab follow the last build's flavour
+# (CUDA=1 or not)
 k3: $(BUILD)/k3 FORCE
 	@cmp -s $< $@ || cp $< $@
 
+k3-lab: $(BUILD)/k3-lab FORCE
+	@cmp -s $< $@ || cp $< $@
+
 $(BUILD)/k3: $(CLI_OBJ) $(BUILD)/libk3.a
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/k3-lab: $(LAB_OBJ) $(BUILD)/libk3.a
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/libk3.a: $(LIB_OBJ) $(CU_OBJ)
@@ -83,9 +95,10 @@ $(BUILD)/suites.txt: FORCE
 
 FORCE:
 
-# Every test; the last line of output is "N passed, N failed".
-test: k3 $(BUILD)/k3_tests
-	K3_BIN=./k3 $(BUILD)/k3_tests
+# Every test; the last line of output is "N passed, N failed". K3_LAB_BIN is the developer
+# binary for the tests that run bench, synth, replay or trace-gen.
+test: k3 k3-lab $(BUILD)/k3_tests
+	K3_BIN=./k3 K3_LAB_BIN=./k3-lab $(BUILD)/k3_tests
 
 # `k3 serve` through the official OpenAI client (tests/server, Node's test runner; needs
 # node + npm, and the npm registry or its cache for `npm ci`).
@@ -113,14 +126,15 @@ bench-server: k3
 	K3_BIN=./k3 tests/server/load.sh && QUEUE=8 K3_BIN=./k3 tests/server/load.sh
 
 # The real-width model (7.1 GB, regenerated from ../shared); prints SKIPPED when it cannot run.
-test-wide: k3 $(BUILD)/k3_tests
-	./scripts/test-wide.sh $(BUILD)/k3_tests
+test-wide: k3 k3-lab $(BUILD)/k3_tests
+	K3_BIN=./k3 K3_LAB_BIN=./k3-lab ./scripts/test-wide.sh $(BUILD)/k3_tests
 
 # The same tests under AddressSanitizer + UndefinedBehaviorSanitizer, in a separate build dir.
 asan:
 	$(MAKE) BUILD=build-asan CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer \
-	    -fno-sanitize-recover=undefined" build-asan/k3 build-asan/k3_tests
-	K3_BIN=build-asan/k3 ASAN_OPTIONS=detect_leaks=1 build-asan/k3_tests
+	    -fno-sanitize-recover=undefined" build-asan/k3 build-asan/k3-lab build-asan/k3_tests
+	K3_BIN=build-asan/k3 K3_LAB_BIN=build-asan/k3-lab ASAN_OPTIONS=detect_leaks=1 \
+	    build-asan/k3_tests
 
 # Chat rendering time for 1k / 10k / 100k messages, argument keys and tool results (issue 20,
 # D1): growth per 10x should be about 10x. Figures in BENCHMARKS.md.
@@ -138,8 +152,8 @@ test-setup: k3
 	K3_BIN=$(K3_BIN) tests/setup/run.sh
 
 # On-demand expert fetch over loopback vs curl of the same ranges (tests/setup/bench.sh).
-bench-setup: k3 $(BUILD)/bench_fetch
-	K3_BIN=./k3 BENCH_FETCH=$(BUILD)/bench_fetch tests/setup/bench.sh
+bench-setup: k3 k3-lab $(BUILD)/bench_fetch
+	K3_BIN=./k3 K3_LAB_BIN=./k3-lab BENCH_FETCH=$(BUILD)/bench_fetch tests/setup/bench.sh
 
 $(BUILD)/bench_fetch: tests/setup/bench_fetch.c $(BUILD)/libk3.a
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
@@ -218,6 +232,6 @@ deps:
 	./scripts/install-deps.sh
 
 clean:
-	rm -rf build build-asan build-cuda build-fuzz k3
+	rm -rf build build-asan build-cuda build-fuzz k3 k3-lab
 
--include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TEST_OBJ:.o=.d)
+-include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(LAB_OBJ:.o=.d) $(TEST_OBJ:.o=.d)

@@ -2,8 +2,8 @@
 # gpu-check.sh — the GPU backend's whole check in one go (issue 9), for a machine with an NVIDIA
 # GPU: the GPU tests (every CUDA kernel against the CPU scalar kernel, the k3-nano fixtures on
 # the GPU, greedy tokens against the CPU path, streamed spine + small expert cache, state
-# files), the k3-wide fixtures on the GPU when its generator is at hand, then `k3 bench-gpu` on
-# a synthetic K3-shaped checkpoint; prints a summary table last. Logs go to $OUT (or
+# files), the k3-wide fixtures on the GPU when its generator is at hand, then `k3-lab bench-gpu`
+# on a synthetic K3-shaped checkpoint; prints a summary table last. Logs go to $OUT (or
 # ./gpu-check-out).
 #
 #   scripts/gpu-check.sh prepare   # on a build machine with the Debian deps and nvcc: builds
@@ -26,11 +26,12 @@ set -u -o pipefail
 cd "$(dirname "$0")/.."
 
 prepare() {
-    [ "${K3_PREBUILT:-0}" = 1 ] || make -j"$(nproc)" CUDA=1 build-cuda/k3 build-cuda/k3_tests || exit 1
+    [ "${K3_PREBUILT:-0}" = 1 ] || make -j"$(nproc)" CUDA=1 build-cuda/k3 build-cuda/k3-lab \
+        build-cuda/k3_tests || exit 1
     rm -rf .gpu && mkdir -p .gpu/bin .gpu/lib
-    cp build-cuda/k3 build-cuda/k3_tests .gpu/bin/
+    cp build-cuda/k3 build-cuda/k3-lab build-cuda/k3_tests .gpu/bin/
     # every shared library but glibc's own, so the binaries run where the -dev packages are not
-    ldd build-cuda/k3 build-cuda/k3_tests | awk '/=> \// {print $3}' | sort -u |
+    ldd build-cuda/k3 build-cuda/k3-lab build-cuda/k3_tests | awk '/=> \// {print $3}' | sort -u |
         grep -vE '/(libc|libm|libdl|librt|libpthread|libresolv|ld-linux-x86-64)\.so' |
         while read -r lib; do cp -L "$lib" .gpu/lib/; done
     local shared=${K3_SHARED:-../shared}
@@ -46,13 +47,13 @@ prepare() {
 run() {
     OUT=${OUT:-$PWD/gpu-check-out}
     mkdir -p "$OUT"
-    local K3 T SHARED
+    local K3 LAB T SHARED
     if [ -x .gpu/bin/k3 ]; then
-        K3=.gpu/bin/k3 T=.gpu/bin/k3_tests SHARED=.gpu/shared
+        K3=.gpu/bin/k3 LAB=.gpu/bin/k3-lab T=.gpu/bin/k3_tests SHARED=.gpu/shared
         export LD_LIBRARY_PATH=$PWD/.gpu/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
     else
-        make -j"$(nproc)" CUDA=1 build-cuda/k3 build-cuda/k3_tests 2>&1 | tail -5
-        K3=build-cuda/k3 T=build-cuda/k3_tests SHARED=${K3_SHARED:-../shared}
+        make -j"$(nproc)" CUDA=1 build-cuda/k3 build-cuda/k3-lab build-cuda/k3_tests 2>&1 | tail -5
+        K3=build-cuda/k3 LAB=build-cuda/k3-lab T=build-cuda/k3_tests SHARED=${K3_SHARED:-../shared}
     fi
     if [ "$K3" = .gpu/bin/k3 ] && [ build-cuda/k3 -nt .gpu/bin/k3 ]; then
         echo "note: .gpu/bin/k3 (staged by prepare) is older than build-cuda/k3; it is the one" \
@@ -85,9 +86,9 @@ run() {
     # stages run in order of importance, each capped by the time left (K3_DEADLINE seconds)
     left() { echo $(( ${K3_DEADLINE:-560} - SECONDS )); }
     echo "== 1. GPU tests (kernels vs CPU scalar, k3-nano on the GPU, CPU vs GPU greedy)"
-    K3_BIN=$K3 timeout "${TEST_TIMEOUT:-240}" "$T" cuda 2>&1 | tee "$OUT/tests_cuda.log" | grep -v '^ok'
+    K3_BIN=$K3 K3_LAB_BIN=$LAB timeout "${TEST_TIMEOUT:-240}" "$T" cuda 2>&1 | tee "$OUT/tests_cuda.log" | grep -v '^ok'
     echo "== 2. CPU fixture tests with the same binary"
-    K3_BIN=$K3 timeout 60 "$T" model 2>&1 | tail -1 | tee "$OUT/tests_model.log"
+    K3_BIN=$K3 K3_LAB_BIN=$LAB timeout 60 "$T" model 2>&1 | tail -1 | tee "$OUT/tests_model.log"
     local memcheck="SKIPPED"
     if command -v compute-sanitizer >/dev/null && [ "$(left)" -gt 300 ]; then
         echo "== 3. compute-sanitizer memcheck: k3 run on k3-nano on the GPU"
@@ -99,15 +100,15 @@ run() {
 
     local greedy="SKIPPED"
     if [ "${KERNELS_ONLY:-0}" = 1 ] && [ "${SKIP_BENCH:-0}" != 1 ] && [ "$(left)" -gt 40 ]; then
-        echo "== 4-5. k3 bench-gpu, kernels alone"
-        timeout "$(left)" "$K3" bench-gpu 2>&1 | tee "$OUT/bench.txt"
+        echo "== 4-5. k3-lab bench-gpu, kernels alone"
+        timeout "$(left)" "$LAB" bench-gpu 2>&1 | tee "$OUT/bench.txt"
     elif [ "${SKIP_BENCH:-0}" != 1 ] && [ "$(left)" -gt 150 ]; then
         echo "== 4. synthetic K3-shaped checkpoint (real widths, 4 layers, 32 experts, top-16)"
         if [ ! -f "$SCR/k3-synth/config.json" ]; then
-            timeout "$(left)" "$K3" synth "$SCR/k3-synth" --real --layers 4 --experts 32 --top-k 16 2>&1 | tail -1
+            timeout "$(left)" "$LAB" synth "$SCR/k3-synth" --real --layers 4 --experts 32 --top-k 16 2>&1 | tail -1
         fi
-        echo "== 5. k3 bench-gpu"
-        timeout "$(left)" "$K3" bench-gpu "$SCR/k3-synth" --tokens 32 --warmup 16 2>&1 | tee "$OUT/bench.txt"
+        echo "== 5. k3-lab bench-gpu"
+        timeout "$(left)" "$LAB" bench-gpu "$SCR/k3-synth" --tokens 32 --warmup 16 2>&1 | tee "$OUT/bench.txt"
         if [ "$(left)" -gt 60 ]; then
             echo "== 6. greedy tokens on the synthetic checkpoint, CPU vs GPU"
             local ids=1792,100,200,300,400
@@ -129,7 +130,7 @@ run() {
         if [ ! -f "$SCR/k3-wide/config.json" ]; then
             timeout "$(left)" python3 "$SHARED/tools/make_k3_wide.py" "$SCR/k3-wide" 2>&1 | tail -2
         fi
-        K3_DEVICE=cuda K3_WIDE_DIR=$SCR/k3-wide K3_WIDE_REF=$SHARED/fixtures/k3-wide/reference \
+        K3_BIN=$K3 K3_LAB_BIN=$LAB K3_DEVICE=cuda K3_WIDE_DIR=$SCR/k3-wide K3_WIDE_REF=$SHARED/fixtures/k3-wide/reference \
             K3_TEST_VERBOSE=1 timeout "$(left)" "$T" wide 2>&1 | tee "$OUT/tests_wide_cuda.log" | tail -8
         wide=$(tail -1 "$OUT/tests_wide_cuda.log")
         grep -E '^(FAIL|SKIPPED)' "$OUT/tests_wide_cuda.log" | head -5
@@ -140,7 +141,7 @@ run() {
     local streamed="SKIPPED"
     if [ "${SKIP_STREAM:-0}" != 1 ] && [ -f "$SCR/k3-synth/config.json" ] && [ "$(left)" -gt 60 ]; then
         echo "== 8. decode with a streamed spine (K3_GPU_LAYERS=0: every layer uploaded per token)"
-        K3_GPU_LAYERS=0 timeout "$(left)" "$K3" bench-gpu "$SCR/k3-synth" --tokens 8 --warmup 8 \
+        K3_GPU_LAYERS=0 timeout "$(left)" "$LAB" bench-gpu "$SCR/k3-synth" --tokens 8 --warmup 8 \
             --reps 3 > "$OUT/bench_streamed.txt" 2>&1
         streamed="exit $?"
         grep -E 'streamed|resident|^[0-9]+ |K3 extrapolated|wall clock' "$OUT/bench_streamed.txt" | tail -12

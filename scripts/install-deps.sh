@@ -4,7 +4,7 @@ set -e
 PKGS="build-essential libcjson-dev libpcre2-dev libcurl4-openssl-dev libssl-dev nginx libmicrohttpd-dev wrk libxxhash-dev"
 # Node.js + npm run the server tests (tests/server); keep an existing install.
 command -v npm >/dev/null 2>&1 || PKGS="$PKGS nodejs npm"
-# fio measures the drive's own limit beside the expert store in `k3 bench io`.
+# fio measures the drive's own limit beside the expert store in `k3-lab bench io`.
 PKGS="$PKGS fio"
 if [ "${1:-}" = "--with-wide" ]; then PKGS="$PKGS python3-numpy"; fi
 # CI also cross-compiles the NEON kernels and runs their tests under qemu (make test-neon).

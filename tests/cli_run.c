@@ -19,6 +19,11 @@ const char *k3t_bin(void) {
     return b && *b ? b : "./k3";
 }
 
+const char *k3t_lab_bin(void) {
+    const char *b = getenv("K3_LAB_BIN");
+    return b && *b ? b : "./k3-lab";
+}
+
 /* The whole file as a NUL-terminated string (ph_read), the test failed when missing. */
 static char *slurp(const char *path) {
     char *s = (char *)ph_read(path, NULL);
@@ -83,6 +88,15 @@ int k3t_cli_run_in(const char *cwd, const char *bin, const char *args, k3t_cli *
 }
 
 int k3t_cli_run(const char *args, k3t_cli *r) { return k3t_cli_run_in(NULL, NULL, args, r); }
+
+int k3t_lab_run(const char *args, k3t_cli *r) {
+    *r = (k3t_cli){.status = -1};
+    if (k3_test_stopped()) return -1;
+    char abs[PATH_MAX];
+    CHECK_OR(-1, realpath(k3t_lab_bin(), abs), "K3_LAB_BIN=%s: %s (make test sets it)",
+             k3t_lab_bin(), strerror(errno));
+    return k3t_cli_run_in(NULL, abs, args, r);
+}
 
 void k3t_cli_free(k3t_cli *r) {
     free(r->out);

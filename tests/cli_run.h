@@ -1,6 +1,7 @@
-/* cli_run.h — helpers for tests that run the k3 binary ($K3_BIN, default ./k3) or need a
- * scratch copy of the k3-nano fixture. Every helper records a test failure (test.h) and
- * returns -1 / NULL when something it needs cannot be done. */
+/* cli_run.h — helpers for tests that run the k3 binary ($K3_BIN, default ./k3), the developer
+ * binary k3-lab ($K3_LAB_BIN, default ./k3-lab) or need a scratch copy of the k3-nano fixture.
+ * Every helper records a test failure (test.h) and returns -1 / NULL when something it needs
+ * cannot be done. */
 #ifndef K3_TEST_CLI_RUN_H
 #define K3_TEST_CLI_RUN_H
 
@@ -14,12 +15,17 @@ typedef struct k3t_cli {
 
 /* The k3 binary: $K3_BIN, else ./k3. */
 const char *k3t_bin(void);
+/* The developer binary (bench, synth, replay, trace-gen, bench-gpu): $K3_LAB_BIN, else
+ * ./k3-lab. */
+const char *k3t_lab_bin(void);
 
 /* Runs `cd CWD && BIN ARGS` through /bin/sh (ARGS is shell text; cwd NULL = stay here, bin
  * NULL = k3t_bin() made absolute) with stdin from /dev/null, capturing stdout and stderr. */
 int k3t_cli_run_in(const char *cwd, const char *bin, const char *args, k3t_cli *r);
 /* k3t_cli_run_in(NULL, NULL, args, r). */
 int k3t_cli_run(const char *args, k3t_cli *r);
+/* The same with k3t_lab_bin() made absolute. */
+int k3t_lab_run(const char *args, k3t_cli *r);
 void k3t_cli_free(k3t_cli *r);
 
 /* A new /tmp folder (malloc'd path); k3t_rm_dir removes it and everything in it, then frees

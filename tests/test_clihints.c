@@ -1,9 +1,9 @@
-/* test_clihints.c — messages a user acts on: `k3 bench` with no or an unknown benchmark
+/* test_clihints.c — messages a user acts on: `k3-lab bench` with no or an unknown benchmark
  * names every benchmark (it said "the only benchmark is 'io'"); a trailing comma in an id
  * file is reported on its own line (not the line after it); the --spine-gb help of commands
  * that have no --direct flag does not send the user to --direct; a bad K3_SPINE_GB is quoted
- * back by name (by k3 bench decode before it reads the disk); k3 bench prefill / spec explain
- * every flag with its default; tokenize and detokenize --file - read stdin. */
+ * back by name (by k3-lab bench decode before it reads the disk); k3-lab bench prefill / spec
+ * explain every flag with its default; tokenize and detokenize --file - read stdin. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,11 +18,11 @@ static void test_bench_names_every_benchmark(void) {
     static const char *args[] = {"bench", "bench decdoe", "bench --help"};
     for (int i = 0; i < 3; i++) {
         k3t_cli r = {0};
-        if (k3t_cli_run(args[i], &r)) continue;
+        if (k3t_lab_run(args[i], &r)) continue;
         const char *text = i == 2 ? r.out : r.err;
-        CHECK(r.status == (i == 2 ? 0 : K3_ERR_USAGE), "k3 %s: exit %d", args[i], r.status);
+        CHECK(r.status == (i == 2 ? 0 : K3_ERR_USAGE), "k3-lab %s: exit %d", args[i], r.status);
         CHECK(strstr(text, "kernels") && strstr(text, "decode") && strstr(text, "prefill") &&
-              strstr(text, "spec") && strstr(text, " io"), "k3 %s: %s", args[i], text);
+              strstr(text, "spec") && strstr(text, " io"), "k3-lab %s: %s", args[i], text);
         CHECK(i != 1 || strstr(r.err, "'decdoe'"), "the unknown name is not quoted: %s", r.err);
         k3t_cli_free(&r);
     }
@@ -46,14 +46,15 @@ static void test_trailing_comma_line(void) {
     k3t_rm_dir(dir);
 }
 
-/* serve, quality and bench decode take no --direct: their help must not point there alone. */
+/* serve, quality and (k3-lab) bench decode take no --direct: their help must not point there
+ * alone. */
 static void test_spine_gb_help_direct(void) {
     static const char *cmds[] = {"serve", "quality", "bench decode", "run", "chat"};
     for (int i = 0; i < 5; i++) {
         char args[64];
         snprintf(args, sizeof args, "%s --help", cmds[i]);
         k3t_cli r = {0};
-        if (k3t_cli_run(args, &r)) continue;
+        if (i == 2 ? k3t_lab_run(args, &r) : k3t_cli_run(args, &r)) continue;
         const char *h = strstr(r.out, "--spine-gb G");
         CHECK(h, "k3 %s --help has no --spine-gb", cmds[i]);
         if (h && i < 3)
@@ -74,13 +75,13 @@ static void test_env_value_named(void) {
     k3t_cli_free(&r);
 }
 
-/* k3 bench decode checks K3_SPINE_GB before it measures the disk (up to 2 GB) or loads the
+/* k3-lab bench decode checks K3_SPINE_GB before it measures the disk (up to 2 GB) or loads the
  * model: with a missing model folder the bad value is still what is reported (exit 2, not the
  * missing config.json's 3). */
 static void test_bench_decode_env_first(void) {
     k3t_cli r = {0};
     setenv("K3_SPINE_GB", "lots", 1);
-    int ran = !k3t_cli_run("bench decode /nonexistent/k3-model --tokens 1", &r);
+    int ran = !k3t_lab_run("bench decode /nonexistent/k3-model --tokens 1", &r);
     unsetenv("K3_SPINE_GB");
     if (ran)
         CHECK(r.status == K3_ERR_USAGE && strstr(r.err, "K3_SPINE_GB='lots'"),
@@ -88,7 +89,7 @@ static void test_bench_decode_env_first(void) {
     k3t_cli_free(&r);
 }
 
-/* k3 bench prefill / spec: every flag explained with its default; the other one's flags
+/* k3-lab bench prefill / spec: every flag explained with its default; the other one's flags
  * refused (they were accepted and ignored). */
 static void test_bench_batch_help(void) {
     static const struct { const char *args, *need[4]; } h[] = {
@@ -97,11 +98,11 @@ static void test_bench_batch_help(void) {
     };
     for (int i = 0; i < 2; i++) {
         k3t_cli r = {0};
-        if (k3t_cli_run(h[i].args, &r)) continue;
+        if (k3t_lab_run(h[i].args, &r)) continue;
         for (int k = 0; k < 4; k++)
-            CHECK(strstr(r.out, h[i].need[k]), "k3 %s: no '%s' in: %s", h[i].args, h[i].need[k],
-                  r.out);
-        CHECK(r.status == 0 && strstr(r.out, "OMP_NUM_THREADS"), "k3 %s: exit %d, %s",
+            CHECK(strstr(r.out, h[i].need[k]), "k3-lab %s: no '%s' in: %s", h[i].args,
+                  h[i].need[k], r.out);
+        CHECK(r.status == 0 && strstr(r.out, "OMP_NUM_THREADS"), "k3-lab %s: exit %d, %s",
               h[i].args, r.status, r.out);
         k3t_cli_free(&r);
     }
@@ -109,9 +110,9 @@ static void test_bench_batch_help(void) {
                                   " --chunks 4"};
     for (int i = 0; i < 2; i++) {
         k3t_cli r = {0};
-        if (k3t_cli_run(wrong[i], &r)) continue;
-        CHECK(r.status == K3_ERR_USAGE && strstr(r.err, "belongs to k3 bench"),
-              "k3 %s: exit %d, stderr %s", wrong[i], r.status, r.err);
+        if (k3t_lab_run(wrong[i], &r)) continue;
+        CHECK(r.status == K3_ERR_USAGE && strstr(r.err, "belongs to k3-lab bench"),
+              "k3-lab %s: exit %d, stderr %s", wrong[i], r.status, r.err);
         k3t_cli_free(&r);
     }
 }

@@ -2,7 +2,7 @@
  *  - logits with the store are bit-identical to the in-place (mapped) path on k3-nano for
  *    budgets from one slot to every expert, O_DIRECT and buffered, prefetch on and off, both
  *    policies, shards split over two folders, and a checkpoint whose expert tensors are not
- *    back to back (per-tensor fallback, written by `k3 synth --scatter`);
+ *    back to back (per-tensor fallback, written by `k3-lab synth --scatter`);
  *  - faults: a shard truncated after load inside an expert, an injected EIO, a read that
  *    returns short once and one interrupted by EINTR;
  *  - memory: the cache stays within its budget, a budget below one layer's working set
@@ -24,6 +24,7 @@
 #include "../src/engine/k3_test.h"
 #include "../src/format/safetensors.h"
 #include "../src/store/store.h"
+#include "cli_run.h"
 #include "test.h"
 
 /* One part of the engine's description (k3_engine_describe) in buf [K3_DESCRIBE_CAP]. */
@@ -336,20 +337,17 @@ static void test_budget_is_a_ceiling(void) {
           (unsigned long long)st.misses);
 }
 
-/* ---- synthetic checkpoints (k3 synth) --------------------------------------------------- */
+/* ---- synthetic checkpoints (k3-lab synth) ----------------------------------------------- */
 
-static const char *k3_bin(void) {
-    const char *b = getenv("K3_BIN");
-    return b && *b ? b : "./k3";
-}
-
-/* Runs `$K3_BIN synth DIR args`; returns DIR (static) or NULL. */
+/* Runs `$K3_LAB_BIN synth DIR args`; returns DIR (static) or NULL. */
 static const char *synth(const char *tag, const char *args) {
     static char dir[256];
     snprintf(dir, sizeof dir, "/tmp/k3-store-synth-%d-%s", (int)getpid(), tag);
     char cmd[1024];
-    snprintf(cmd, sizeof cmd, "rm -rf %s && %s synth %s %s >/dev/null", dir, k3_bin(), dir, args);
-    CHECK_OR(NULL, access(k3_bin(), X_OK) == 0, "K3_BIN=%s is not built", k3_bin());
+    snprintf(cmd, sizeof cmd, "rm -rf %s && %s synth %s %s >/dev/null", dir, k3t_lab_bin(), dir,
+             args);
+    CHECK_OR(NULL, access(k3t_lab_bin(), X_OK) == 0, "K3_LAB_BIN=%s is not built",
+             k3t_lab_bin());
     CHECK_OR(NULL, system(cmd) == 0, "failed: %s", cmd);
     return dir;
 }
@@ -389,7 +387,7 @@ static void test_peak_rss_within_plan(void) {
     char log[300], cmd[1024];
     snprintf(log, sizeof log, "%s.log", dir);
     snprintf(cmd, sizeof cmd, "K3_EXPERT_GB=0.1 K3_DIRECT=1 exec %s run %s --prompt-ids 1,2 "
-             "--max-new 1 --ids >/dev/null 2>%s", k3_bin(), dir, log);
+             "--max-new 1 --ids >/dev/null 2>%s", k3t_bin(), dir, log);
     clean_env();
     fflush(NULL);
     pid_t pid = fork();

@@ -946,7 +946,7 @@ cudaError_t launch_experts_v(const k3k_experts *ex, const float *x, float beta, 
 // measured. The last schedule (MX_CHUNK_MAJOR) is the kernel without a copy warp (8 warps,
 // each streaming its own columns through its own 2 stages of 3 steps) on the chunk-major
 // layout, which also serves every shape the step-major layout does not fit. K3_MX_SCHEDULE=i
-// picks entry i of both tables, for `k3 bench-gpu`'s sweep and the kernel tests, which run
+// picks entry i of both tables, for `k3-lab bench-gpu`'s sweep and the kernel tests, which run
 // every entry (preparation and launch must see the same value). Measured on an H200
 // (BENCHMARKS.md, 2026-11-30 14:00 UTC).
 struct mx_sched {

@@ -49,7 +49,7 @@ int k3_spec_draft(const int32_t *tokens, size_t n, int max_draft, int32_t *draft
  * they produced (1 + accepted drafts each) per second of pass time fall below one id per mean
  * single step. What a pass of 1 + d ids costs against a
  * step depends on the machine (2 cores, k3-wide: 5 ids cost 3.7 steps, compute-bound; far less
- * where streaming the weights dominates; `k3 bench spec`), so the rule measures it rather than
+ * where streaming the weights dominates; `k3-lab bench spec`), so the rule measures it rather than
  * assuming an acceptance threshold. The first id of a generation is fed alone to time a step. */
 
 #define K3_SPEC_WINDOW 8

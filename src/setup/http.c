@@ -591,6 +591,20 @@ static int fail_for_good(xfer *x, k3_err *err) {
                    x->r->attempts == 1 ? "" : "s");
 }
 
+/* One line on h->o.log (if set) before a retry waits: what, the attempt to come of the most
+ * allowed, the wait and why. On a terminal it clears the progress bar's line first; the bar
+ * redraws below it. */
+static void log_retry(const k3_http *h, const xfer *x, double wait_s) {
+    if (!h->o.log) return;
+    char shown[1024];
+    k3_url_for_humans(shown, sizeof shown, x->r->url);
+    int tty = isatty(fileno(h->o.log));
+    fprintf(h->o.log, "%sk3 setup: retrying %s%s%s in %.1f s (attempt %d of %d): %s%s\n",
+            tty ? "\r" : "", x->r->what ? x->r->what : "", x->r->what ? " of " : "", shown,
+            wait_s, x->r->attempts + 1, h->o.retries + 1, x->fail, tty ? "\033[K" : "");
+    fflush(h->o.log);
+}
+
 /* ---- the batch loop ------------------------------------------------------------------- */
 
 static void stop_all(k3_http *h, xfer *xs, int n) {
@@ -647,7 +661,9 @@ static int run_batch(k3_http *h, xfer *xs, int n,
             } else if (oc == O_RETRY && x->r->attempts <= h->o.retries) {
                 double d = h->o.backoff_s;
                 for (int k = 1; k < x->r->attempts && d < MAX_BACKOFF_S; k++) d *= 2;
-                x->not_before = k3_now_s() + (d < MAX_BACKOFF_S ? d : MAX_BACKOFF_S);
+                if (d > MAX_BACKOFF_S) d = MAX_BACKOFF_S;
+                x->not_before = k3_now_s() + d;
+                log_retry(h, x, d);
                 if (!x->r->nbytes) x->r->done = 0; /* whole files restart from zero */
                 x->state = X_WAIT;
                 waiting++;

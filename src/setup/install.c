@@ -51,7 +51,7 @@ static int http_open(ctx *c, k3_err *err) {
                        .connections = c->in.net_connections, .retries = c->in.net_retries,
                        .backoff_s = c->in.net_backoff_s, .timeout_s = c->in.net_timeout_s,
                        .interrupt = c->o->interrupt, .on_bytes = sn_progress_add,
-                       .user = &c->prog};
+                       .user = &c->prog, .log = c->log};
     return k3_http_new(&ho, &c->http, err);
 }
 

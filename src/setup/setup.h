@@ -105,6 +105,8 @@ typedef struct k3_http_opts {
     /* Called on the fetching thread for every body byte range written (progress bars). */
     void (*on_bytes)(void *user, uint64_t nbytes);
     void *user;
+    FILE *log;                /* one line per retry ("k3 setup: retrying WHAT in S s (attempt
+                                 N of M): why"); NULL: retries are silent */
 } k3_http_opts;
 
 /* One request: the byte range [offset, offset + nbytes) of url, or the whole file when

@@ -273,7 +273,7 @@ static void resolve(k3_store *st, const k3_store_settings *set) {
     st->n_threads = set->load_threads > 0 ? set->load_threads : 4;
     st->max_pf_running = st->n_threads > 1 ? st->n_threads - 1 : 1;
     /* S3-FIFO by default: closest to Belady of the online policies on K3-like traces
-     * (BENCHMARKS.md, k3 replay) */
+     * (BENCHMARKS.md, k3-lab replay) */
     st->policy_kind = set->policy == K3_POLICY_LRU ? K3_POLICY_LRU : K3_POLICY_S3FIFO;
     const k3_mem_plan *p = &st->plan;
     uint64_t all = st->n_mapped * st->expert_bytes;

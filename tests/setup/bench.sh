@@ -1,6 +1,6 @@
 #!/bin/bash
 # tests/setup/bench.sh — on-demand expert fetch over loopback (make bench-setup).
-# A synthetic snapshot with K3's real expert size (k3 synth --real-experts: 17,547,264 B per
+# A synthetic snapshot with K3's real expert size (k3-lab synth --real-experts: 17,547,264 B per
 # expert) is served by nginx; a --stream install of it then fetches every expert on demand
 # with k3's client (tests/setup/bench_fetch: k3_stream_read from N threads, as the store's
 # reader threads do, each span checked and kept as a raw-span file with fdatasync), against the
@@ -8,12 +8,13 @@
 # (N curl processes, keep-alive), once discarding the bytes (the loopback HTTP limit) and once
 # writing one file per expert without fsync (HTTP + page cache). Requests per expert are
 # counted from nginx's own access log. Prints a markdown table (best of REPEAT runs).
-# Env: K3_BIN (./k3), BENCH_FETCH (build/bench_fetch), LAYERS (3), EXPERTS (16), REPEAT (2).
+# Env: K3_BIN (./k3), K3_LAB_BIN (./k3-lab), BENCH_FETCH (build/bench_fetch), LAYERS (3), EXPERTS (16), REPEAT (2).
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
 HERE=$ROOT/tests/setup
 K3=$(readlink -f "${K3_BIN:-./k3}")
+LAB=$(readlink -f "${K3_LAB_BIN:-./k3-lab}")
 BF=$(readlink -f "${BENCH_FETCH:-build/bench_fetch}")
 NGINX=$(command -v nginx || true)
 [ -z "$NGINX" ] && [ -x /usr/sbin/nginx ] && NGINX=/usr/sbin/nginx
@@ -21,8 +22,8 @@ for tool in "$NGINX" curl python3; do
     command -v "$tool" >/dev/null || { echo "SKIPPED bench-setup: ${tool:-nginx} is missing"; exit 0; }
 done
 T0=$(mktemp -d /tmp/k3-setup-bench.XXXXXX)
-"$K3" synth "$T0/src" --layers "${LAYERS:-3}" --experts "${EXPERTS:-16}" --real-experts >/dev/null 2>&1 ||
-    { echo "bench-setup: k3 synth failed"; rm -rf "$T0"; exit 1; }
+"$LAB" synth "$T0/src" --layers "${LAYERS:-3}" --experts "${EXPERTS:-16}" --real-experts >/dev/null 2>&1 ||
+    { echo "bench-setup: k3-lab synth failed"; rm -rf "$T0"; exit 1; }
 SRC=$T0/src
 source "$HERE/lib.sh"
 trap 'cleanup; rm -rf "$T0"' EXIT

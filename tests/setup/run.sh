@@ -209,6 +209,8 @@ group_faults() {
     check "wrong Content-Range: exit 10 after the retries" [ $rc = 10 ]
     check "wrong Content-Range: says so, names the URL" grep -q "wrong Content-Range.*gave up after 3 attempts" "$T/f-bad.err"
     check "wrong Content-Range: the URL is named" grep -q "$PEP/moonshotai/Kimi-K3/resolve/$COMMIT/$s" "$T/f-bad.err"
+    check "retries: one line each, attempt 2 and 3 of 3 with the wait and the reason" bash -c \
+        "[ \$(grep -c 'k3 setup: retrying .*/$s in [0-9.]* s (attempt [23] of 3): .*wrong Content-Range' '$T/f-bad.err') = 2 ] && grep -q 'attempt 3 of 3' '$T/f-bad.err'"
     check "errors never show the token" bash -c "! grep -q sekrit '$T/f-bad.err'"
     check "wrong Content-Range: no corrupt file" no_false_files "$T/f-bad"
     check "wrong Content-Range: the shard is not in place" [ ! -e "$T/f-bad/$s" ]
@@ -217,7 +219,7 @@ group_faults() {
     check "wrong Content-Range: a later run completes" same_as_source "$T/f-bad"
     rules "status $s -1 404"
     setup "$T/f-404" --full --endpoint "$PEP" 2>"$T/f-404.err"; rc=$?
-    check "404: exit 10, no retry" bash -c "[ $rc = 10 ] && grep -q 'HTTP 404.*(1 attempt)' '$T/f-404.err'"
+    check "404: exit 10, no retry" bash -c "[ $rc = 10 ] && grep -q 'HTTP 404.*(1 attempt)' '$T/f-404.err' && ! grep -q retrying '$T/f-404.err'"
     check "404: the URL is named" grep -q "resolve/$COMMIT/$s" "$T/f-404.err"
     check "404: no corrupt file" no_false_files "$T/f-404"
     rules "status generation_config.json -1 404"

@@ -1,18 +1,20 @@
-/* cmd_bench_batch.c — `k3 bench prefill` (batched prefill: tokens/s by chunk size) and
- * `k3 bench spec` (speculative decoding: the cost of a verification pass by its size, then
+/* cmd_bench_batch.c — `k3-lab bench prefill` (batched prefill: tokens/s by chunk size) and
+ * `k3-lab bench spec` (speculative decoding: the cost of a verification pass by its size, then
  * forward passes per token and s/token with and without --spec), each beside the time the
  * weights it reads take to stream at the memory bandwidth of a large copy measured in the same
  * run (the physical limit when weights, not arithmetic, bound a pass). */
 #include <errno.h>
 #include <omp.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../cli/gen.h"
+#include "../cli/model_dir.h"
 #include "../engine/k3.h"
 #include "../engine/spec.h"
-#include "cli.h"
-#include "gen.h"
+#include "lab.h"
 #include "../util/clock.h"
 
 typedef struct bopts {
@@ -22,7 +24,7 @@ typedef struct bopts {
 
 static void usage(FILE *f, const char *what) {
     if (!strcmp(what, "prefill"))
-        fprintf(f, "usage: k3 bench prefill [MODEL_DIR] [--chunks 1,8,32] [--tokens N]\n"
+        fprintf(f, "usage: k3-lab bench prefill [MODEL_DIR] [--chunks 1,8,32] [--tokens N]\n"
                 "                        [--threads N]\n"
                 "Prefills N ids (default 64; a fixed pseudo-random sequence) once per chunk size\n"
                 "after a warm-up pass, and prints prompt tokens/s, the weight bytes each pass reads\n"
@@ -34,7 +36,7 @@ static void usage(FILE *f, const char *what) {
                 "  --threads N    compute threads (default: OMP_NUM_THREADS, else physical cores)\n"
                 "  -h, --help     this help\n", K3_MAX_CHUNK);
     else
-        fprintf(f, "usage: k3 bench spec [MODEL_DIR] [--spec N] [--max-new N] [--threads N]\n"
+        fprintf(f, "usage: k3-lab bench spec [MODEL_DIR] [--spec N] [--max-new N] [--threads N]\n"
                 "First the cost of one verification pass of 1..N+1 ids (rewound each time) against\n"
                 "one single step: a pass of 1 + d ids pays when it yields more ids than it costs\n"
                 "steps (the rule in src/engine/spec.h measures this while decoding).\n"
@@ -60,15 +62,15 @@ static int parse(int argc, char **argv, const char *what, bopts *o) {
             return -1;
         } else if (!strcmp(what, "prefill") ? !strcmp(a, "--spec") || !strcmp(a, "--max-new")
                    : !strcmp(a, "--chunks") || !strcmp(a, "--tokens")) {
-            fprintf(stderr, "k3 bench %s: %s belongs to k3 bench %s (see --help)\n", what, a,
-                    !strcmp(what, "prefill") ? "spec" : "prefill");
+            fprintf(stderr, "k3-lab bench %s: %s belongs to k3-lab bench %s (see --help)\n",
+                    what, a, !strcmp(what, "prefill") ? "spec" : "prefill");
             return K3_ERR_USAGE;
         } else if (!strcmp(a, "--chunks") && v) {
             o->n_chunks = 0;
             for (const char *p = argv[++i]; *p && o->n_chunks < 16; p = *end ? end + 1 : end) {
                 long c = strtol(p, &end, 10);
                 if (end == p || c < 1 || c > K3_MAX_CHUNK || (*end && *end != ',')) {
-                    fprintf(stderr, "k3 bench prefill: --chunks needs sizes in [1, %d]\n",
+                    fprintf(stderr, "k3-lab bench prefill: --chunks needs sizes in [1, %d]\n",
                             K3_MAX_CHUNK);
                     return K3_ERR_USAGE;
                 }
@@ -79,7 +81,7 @@ static int parse(int argc, char **argv, const char *what, bopts *o) {
             long x = strtol(argv[++i], &end, 10);
             int hi = !strcmp(a, "--spec") ? K3_MAX_CHUNK - 1 : 1 << 20;
             if (*end || errno || x < 1 || x > hi) {
-                fprintf(stderr, "k3 bench %s: %s needs an integer in [1, %d]\n", what, a, hi);
+                fprintf(stderr, "k3-lab bench %s: %s needs an integer in [1, %d]\n", what, a, hi);
                 return K3_ERR_USAGE;
             }
             *(!strcmp(a, "--tokens") ? &o->tokens : !strcmp(a, "--threads") ? &o->threads
@@ -87,12 +89,25 @@ static int parse(int argc, char **argv, const char *what, bopts *o) {
         } else if (a[0] != '-' && !o->model_dir) {
             o->model_dir = a;
         } else {
-            fprintf(stderr, "k3 bench %s: unknown option '%s' (see --help)\n", what, a);
+            fprintf(stderr, "k3-lab bench %s: unknown option '%s' (see --help)\n", what, a);
             return K3_ERR_USAGE;
         }
     }
     if (!o->model_dir) o->model_dir = k3_default_model_dir();
     return 0;
+}
+
+/* One progress line on stderr ("k3-lab bench WHAT: ..."): a measurement can take tens of
+ * seconds on a real-width model, and the table on stdout only grows row by row. */
+__attribute__((format(printf, 2, 3))) static void progress(const char *what, const char *fmt,
+                                                            ...) {
+    fflush(stdout); /* the rows so far first */
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "k3-lab bench %s: ", what);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
 }
 
 /* Read + written bytes per second of a parallel 1 GB memcpy (best of 3). */
@@ -144,7 +159,7 @@ static uint64_t requests(const k3_session *s) {
     return st.expert_requests;
 }
 
-/* ---- k3 bench prefill --------------------------------------------------------------------- */
+/* ---- k3-lab bench prefill ----------------------------------------------------------------- */
 
 static int bench_prefill(const bopts *o, k3_err *err) {
     k3_engine *e = NULL;
@@ -153,9 +168,10 @@ static int bench_prefill(const bopts *o, k3_err *err) {
     const k3_config *c = k3_engine_config(e);
     int32_t *ids = malloc((size_t)o->tokens * sizeof *ids);
     for (int i = 0; i < o->tokens; i++) ids[i] = (int32_t)((i * 7919u + 11u) % (unsigned)c->vocab_size);
+    progress("prefill", "measuring the memory bandwidth (1 GB memcpy, best of 3)");
     double bw = copy_bw(), expert, spine, base_tps = 0;
     weight_sizes(e, &expert, &spine);
-    printf("k3 bench prefill: %s, %d ids, %d threads; memcpy %.2f GB/s (read + write); spine "
+    printf("k3-lab bench prefill: %s, %d ids, %d threads; memcpy %.2f GB/s (read + write); spine "
            "%.3f GB, one expert %.2f MB\n", o->model_dir, o->tokens, omp_get_max_threads(),
            bw / 1e9, spine / 1e9, expert / 1e6);
     printf("| chunk | passes | prefill s | tokens/s | speed-up | weights read GB | at memcpy rate s "
@@ -163,6 +179,8 @@ static int bench_prefill(const bopts *o, k3_err *err) {
     for (int ci = 0; ci < o->n_chunks && !rc; ci++) {
         k3_session *s = NULL;
         int chunk = o->chunks[ci], n = o->tokens;
+        progress("prefill", "chunk %d (%d of %d): a warm-up pass, then %d ids in %d passes", chunk,
+                 ci + 1, o->n_chunks, n, (n + chunk - 1) / chunk);
         if ((rc = k3_session_new(e, n + 8, &s, err))) break;
         k3_session_set_chunk(s, chunk);
         /* warm-up: one pass of this size touches the spine and the scratch */
@@ -186,7 +204,7 @@ static int bench_prefill(const bopts *o, k3_err *err) {
     return rc;
 }
 
-/* ---- k3 bench spec ------------------------------------------------------------------------- */
+/* ---- k3-lab bench spec -------------------------------------------------------------------- */
 
 /* Time of a pass of n ids at the same position (rewound after each), best of `reps`. */
 static int pass_time(k3_session *s, const int32_t *ids, int n, int reps, float *rows, double *best,
@@ -255,10 +273,11 @@ static int bench_spec(const bopts *o, k3_err *err) {
     if (rc) return rc;
     const k3_config *c = k3_engine_config(e);
     int V = c->vocab_size, nmax = o->spec + 1;
+    progress("spec", "measuring the memory bandwidth (1 GB memcpy, best of 3)");
     double bw = copy_bw(), expert, spine;
     weight_sizes(e, &expert, &spine);
-    printf("k3 bench spec: %s, %d threads; memcpy %.2f GB/s; spine %.3f GB, one expert %.2f MB\n",
-           o->model_dir, omp_get_max_threads(), bw / 1e9, spine / 1e9, expert / 1e6);
+    printf("k3-lab bench spec: %s, %d threads; memcpy %.2f GB/s; spine %.3f GB, one expert "
+           "%.2f MB\n", o->model_dir, omp_get_max_threads(), bw / 1e9, spine / 1e9, expert / 1e6);
     /* 1. what a verification pass of n ids costs against one step */
     int32_t plain[64];
     for (int i = 0; i < 64; i++) plain[i] = (int32_t)((i * 7919u + 11u) % (unsigned)V);
@@ -271,6 +290,7 @@ static int bench_spec(const bopts *o, k3_err *err) {
            "|---|---|---|---|\n");
     for (int n = 1; n <= nmax && !rc; n++) {
         double t;
+        progress("spec", "passes of %d ids (size %d of %d), best of 3", n, n, nmax);
         rc = pass_time(s, plain + 16, n, 3, rows, &t, err);
         if (n == 1) t1 = t;
         if (!rc)
@@ -287,6 +307,8 @@ static int bench_spec(const bopts *o, k3_err *err) {
     spec_run *base = calloc(1, sizeof *base), *run = calloc(1, sizeof *run);
     for (int k = 0; k < 6; k++)
         for (int i = 0; i < 8; i++) rep[nrep++] = phrase[i] % V;
+    if (!rc) progress("spec", "generating the repetitive prompt's continuation (%d ids, 1 of 5)",
+                      o->max_new);
     if (!rc) rc = generate(e, rep, nrep, o->max_new, 0, base, err);
     for (int i = 0; i < base->n && !rc; i++) rep[nrep + i] = base->ids[i];
     memcpy(rep + nrep + base->n, rep, (size_t)nrep * sizeof *rep);
@@ -297,9 +319,13 @@ static int bench_spec(const bopts *o, k3_err *err) {
         const int32_t *p = pi ? plain : rep;
         int n = pi ? 64 : nrep;
         const char *name = pi ? "non-repetitive" : "repetitive";
+        progress("spec", "%s prompt: %d ids without --spec (%d of 5)", name, o->max_new,
+                 2 + 2 * pi);
         if ((rc = generate(e, p, n, o->max_new, 0, base, err))) break;
         printf("| %s (%d ids) | off | %.3f | %.3f | — | — | — |\n", name, n, base->s_per_token,
                base->passes_per_token);
+        progress("spec", "%s prompt: %d ids with --spec %d (%d of 5)", name, o->max_new, o->spec,
+                 3 + 2 * pi);
         if ((rc = generate(e, p, n, o->max_new, o->spec, run, err))) break;
         int same = run->n == base->n && !memcmp(run->ids, base->ids, (size_t)base->n * 4);
         printf("| %s (%d ids) | %d | %.3f | %.3f | %ld | %ld | %s |%s%s\n", name, n, o->spec,
@@ -319,6 +345,6 @@ int k3_cmd_bench_batch(int argc, char **argv) {
     if (rc) return rc < 0 ? 0 : rc;
     k3_err err = {0};
     rc = !strcmp(what, "prefill") ? bench_prefill(&o, &err) : bench_spec(&o, &err);
-    if (rc) fprintf(stderr, "k3 bench %s: %s\n", what, err.msg);
+    if (rc) fprintf(stderr, "k3-lab bench %s: %s\n", what, err.msg);
     return rc;
 }

@@ -1,6 +1,6 @@
-/* cmd_bench_gpu.c — `k3 bench-gpu`: the CUDA backend against the card's copy bandwidth measured
- * in the same run: every kernel at K3's decode shapes, then, with MODEL_DIR (a K3-shaped
- * checkpoint such as `k3 synth --real`), decode seconds per token per layer kind with the
+/* cmd_bench_gpu.c — `k3-lab bench-gpu`: the CUDA backend against the card's copy bandwidth
+ * measured in the same run: every kernel at K3's decode shapes, then, with MODEL_DIR (a K3-shaped
+ * checkpoint such as `k3-lab synth --real`), decode seconds per token per layer kind with the
  * spine resident, extrapolated to K3's 93 layers and compared with the HBM floor. */
 #include <errno.h>
 #include <stdio.h>
@@ -9,7 +9,7 @@
 #include <time.h>
 
 #include "../engine/k3.h"
-#include "cli.h"
+#include "lab.h"
 #include "../util/parse.h"
 #ifdef K3_WITH_CUDA
 #include "../cuda/gpu.h"
@@ -18,14 +18,14 @@
 
 static void usage(FILE *f) {
     fprintf(f,
-        "usage: k3 bench-gpu [MODEL_DIR] [options]\n"
+        "usage: k3-lab bench-gpu [MODEL_DIR] [options]\n"
         "\n"
-        "Measures the GPU backend (a k3 built with make CUDA=1, on a CUDA device):\n"
+        "Measures the GPU backend (a k3-lab built with make CUDA=1, on a CUDA device):\n"
         " 1. the device-to-device copy bandwidth (bytes read + written per second), then every\n"
         "    product kernel at K3's decode shapes (batch 1: BF16 and int8 matvecs, the 16\n"
         "    routed MXFP4 experts of a layer in one launch) and the KDA and MLA mixers, each\n"
         "    as GB/s of weight bytes and as a share of that copy bandwidth;\n"
-        " 2. with MODEL_DIR (a checkpoint at K3's widths, e.g. k3 synth DIR --real --layers 4\n"
+        " 2. with MODEL_DIR (a checkpoint at K3's widths, e.g. k3-lab synth DIR --real --layers 4\n"
         "    --experts 32 --top-k 16): greedy decode on the GPU with the spine resident and the\n"
         "    experts cached, each layer timed with device events; seconds per token per layer\n"
         "    kind, extrapolated to K3 (1 KDA+dense, 68 KDA+MoE and 24 MLA+MoE layers, 896\n"
@@ -144,7 +144,7 @@ static int bench_model(const char *dir, int warmup, int tokens, double gpu_gb,
     }
     if (rc == -1) {
         rc = k3_fail(err, K3_ERR_USAGE, "%s lacks a layer kind of K3: no extrapolation (use at "
-                     "least 4 layers with k3 synth)", dir);
+                     "least 4 layers with k3-lab synth)", dir);
         goto done;
     }
     double head_b = 163840.0 * c->hidden_size * 2 + c->hidden_size * 6.0;
@@ -167,7 +167,7 @@ done:
 static int parse_int(const char *s, const char *flag, int lo, int *out) {
     k3_err err = {0};
     if (!k3_parse_int(s, flag, lo, 1 << 20, out, &err)) return 0;
-    fprintf(stderr, "k3 bench-gpu: %s\n", err.msg);
+    fprintf(stderr, "k3-lab bench-gpu: %s\n", err.msg);
     return K3_ERR_USAGE;
 }
 
@@ -187,13 +187,13 @@ int k3_cmd_bench_gpu(int argc, char **argv) {
         else if (!strcmp(a, "--gpu-gb") && has) {
             k3_err err = {0};
             if (k3_parse_double(argv[++i], a, 0, 1e6, &gpu_gb, &err)) {
-                fprintf(stderr, "k3 bench-gpu: %s\n", err.msg);
+                fprintf(stderr, "k3-lab bench-gpu: %s\n", err.msg);
                 rc = K3_ERR_USAGE;
             }
         }
         else if (a[0] != '-' && !dir) dir = a;
         else {
-            fprintf(stderr, "k3 bench-gpu: unknown option or missing value: '%s'\n", a);
+            fprintf(stderr, "k3-lab bench-gpu: unknown option or missing value: '%s'\n", a);
             rc = K3_ERR_USAGE;
         }
     }
@@ -210,11 +210,12 @@ int k3_cmd_bench_gpu(int argc, char **argv) {
     k3_gpu_set_tuning(&t);
     rc = k3_gpu_bench_kernels(stdout, reps, &t, &kb, &err);
     if (!rc && dir) rc = bench_model(dir, warmup, tokens, gpu_gb, &kb, &err);
-    if (rc) fprintf(stderr, "k3 bench-gpu: %s\n", err.msg);
+    if (rc) fprintf(stderr, "k3-lab bench-gpu: %s\n", err.msg);
     return rc;
 #else
     (void)dir, (void)tokens, (void)warmup, (void)reps, (void)gpu_gb;
-    fprintf(stderr, "k3 bench-gpu: this k3 was built without CUDA (rebuild with make CUDA=1)\n");
+    fprintf(stderr, "k3-lab bench-gpu: this k3-lab was built without CUDA (rebuild with make "
+            "CUDA=1)\n");
     return K3_ERR_DEVICE;
 #endif
 }

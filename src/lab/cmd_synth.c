@@ -1,4 +1,4 @@
-/* cmd_synth.c — `k3 synth`: writes a synthetic snapshot in the exact K3 layout (config.json,
+/* cmd_synth.c — `k3-lab synth`: writes a synthetic snapshot in the exact K3 layout (config.json,
  * model.safetensors.index.json, shards, tokenizer files) with random weights, for tests and
  * benchmarks of the expert store at real expert sizes on a small machine. */
 #include <cjson/cJSON.h>
@@ -11,9 +11,10 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "../cli/model_dir.h"
 #include "../util/err.h"
 #include "../util/fileio.h"
-#include "cli.h"
+#include "lab.h"
 
 typedef struct synth_opts {
     const char *out;
@@ -26,7 +27,7 @@ typedef struct synth_opts {
 
 static void synth_usage(FILE *f) {
     fprintf(f,
-        "usage: k3 synth OUT_DIR [options]\n"
+        "usage: k3-lab synth OUT_DIR [options]\n"
         "\n"
         "Writes a synthetic Kimi K3 snapshot with random weights in the exact checkpoint layout\n"
         "(spec §10: names, dtypes, shapes, MXFP4 experts whose six tensors lie back to back,\n"
@@ -396,7 +397,7 @@ static int opt_int(const char *flag, const char *v, int lo, int *out) {
     char *end;
     long x = strtol(v, &end, 10);
     if (*end || end == v || x < lo || x > (1 << 30)) {
-        fprintf(stderr, "k3 synth: %s needs an integer >= %d, got '%s'\n", flag, lo, v);
+        fprintf(stderr, "k3-lab synth: %s needs an integer >= %d, got '%s'\n", flag, lo, v);
         return K3_ERR_USAGE;
     }
     *out = (int)x;
@@ -442,18 +443,19 @@ static int parse_args(int argc, char **argv, synth_opts *o) {
         else if (!strcmp(a, "--seed") && v) { o->seed = strtoull(v, NULL, 10) | 1; i++; }
         else if (a[0] != '-' && !o->out) o->out = a;
         else {
-            fprintf(stderr, "k3 synth: unknown option or missing value: '%s' (see k3 synth --help)\n", a);
+            fprintf(stderr, "k3-lab synth: unknown option or missing value: '%s' (see k3-lab "
+                    "synth --help)\n", a);
             return K3_ERR_USAGE;
         }
         if (rc) return rc;
     }
     if (!o->out) {
-        fprintf(stderr, "k3 synth: give the output folder (see k3 synth --help)\n");
+        fprintf(stderr, "k3-lab synth: give the output folder (see k3-lab synth --help)\n");
         return K3_ERR_USAGE;
     }
     apply_defaults(o, real, real_experts);
     if (o->top_k > o->experts || o->latent % 32 || o->moe_inter % 32 || o->hidden % 32) {
-        fprintf(stderr, "k3 synth: need top-k <= experts and latent, moe-inter, hidden "
+        fprintf(stderr, "k3-lab synth: need top-k <= experts and latent, moe-inter, hidden "
                         "multiples of 32\n");
         return K3_ERR_USAGE;
     }
@@ -489,7 +491,7 @@ static int synth(const synth_opts *o, k3_err *err) {
     if (!rc) {
         uint64_t one = (uint64_t)o->moe_inter * o->latent / 2 * 3 +
                        (uint64_t)o->moe_inter * o->latent / 32 * 3;
-        printf("k3 synth: wrote %s: %d layers, hidden %d, %d experts x %d MoE layers (top-%d) "
+        printf("k3-lab synth: wrote %s: %d layers, hidden %d, %d experts x %d MoE layers (top-%d) "
                "of %llu bytes, %.3f GB in %d shards%s\n", o->out, o->layers, o->hidden,
                o->experts, o->layers - 1, o->top_k, (unsigned long long)one, (double)total / 1e9,
                n_shards, o->scatter ? " (expert tensors scattered)" : "");
@@ -506,6 +508,6 @@ int k3_cmd_synth(int argc, char **argv) {
     if (rc) return rc < 0 ? 0 : rc;
     k3_err err = {0};
     rc = synth(&o, &err);
-    if (rc) fprintf(stderr, "k3 synth: %s\n", err.msg);
+    if (rc) fprintf(stderr, "k3-lab synth: %s\n", err.msg);
     return rc;
 }

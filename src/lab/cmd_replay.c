@@ -1,18 +1,19 @@
-/* cmd_replay.c — `k3 replay` (a router trace against the cache policies and Belady's MIN) and
- * `k3 trace-gen` (synthetic traces with K3's published routing locality). src/store/replay.h. */
+/* cmd_replay.c — `k3-lab replay` (a router trace against the cache policies and Belady's MIN)
+ * and `k3-lab trace-gen` (synthetic traces with K3's published routing locality).
+ * src/store/replay.h. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../store/replay.h"
 #include "../store/store.h"
-#include "cli.h"
+#include "lab.h"
 
 static void replay_usage(FILE *f) {
     fprintf(f,
-        "usage: k3 replay TRACE.jsonl [--percent P1,P2,...] [--slots S1,S2,...]\n"
+        "usage: k3-lab replay TRACE.jsonl [--percent P1,P2,...] [--slots S1,S2,...]\n"
         "\n"
-        "Replays a router trace (k3 run --router-trace, or k3 trace-gen) against each expert\n"
+        "Replays a router trace (k3 run --router-trace, or k3-lab trace-gen) against each expert\n"
         "cache policy of the store (lru, s3fifo: the same code, pins included) and Belady's\n"
         "offline MIN, and prints their hit rates per budget.\n"
         "\n"
@@ -23,7 +24,7 @@ static void replay_usage(FILE *f) {
 
 static void tracegen_usage(FILE *f) {
     fprintf(f,
-        "usage: k3 trace-gen OUT.jsonl [options]\n"
+        "usage: k3-lab trace-gen OUT.jsonl [options]\n"
         "\n"
         "Writes a synthetic router trace whose locality matches what is published for K3's\n"
         "routing: consecutive tokens share ~31%% of a layer's experts and the 16 hottest of 896\n"
@@ -99,7 +100,7 @@ int k3_cmd_replay(int argc, char **argv) {
     k3_err err = {0};
     int rc = k3_route_trace_read(path, &t, &err);
     if (rc) {
-        fprintf(stderr, "k3 replay: %s\n", err.msg);
+        fprintf(stderr, "k3-lab replay: %s\n", err.msg);
         return rc;
     }
     int slots[16], nb = nsl ? nsl : npct, traced = 0;
@@ -114,7 +115,7 @@ int k3_cmd_replay(int argc, char **argv) {
     k3_route_trace_free(&t);
     return 0;
 bad:
-    fprintf(stderr, "k3 replay: bad arguments (see k3 replay --help)\n");
+    fprintf(stderr, "k3-lab replay: bad arguments (see k3-lab replay --help)\n");
     return K3_ERR_USAGE;
 }
 
@@ -140,7 +141,7 @@ int k3_cmd_tracegen(int argc, char **argv) {
     if (!path) goto bad;
     FILE *f = fopen(path, "w");
     if (!f) {
-        fprintf(stderr, "k3 trace-gen: %s: cannot create\n", path);
+        fprintf(stderr, "k3-lab trace-gen: %s: cannot create\n", path);
         return K3_ERR_IO;
     }
     k3_tracegen_stats st;
@@ -148,16 +149,16 @@ int k3_cmd_tracegen(int argc, char **argv) {
     int rc = k3_tracegen(&o, f, &st, &err);
     if (fclose(f) != 0 && !rc) rc = k3_fail(&err, K3_ERR_IO, "%s: write failed", path);
     if (rc) {
-        fprintf(stderr, "k3 trace-gen: %s\n", err.msg);
+        fprintf(stderr, "k3-lab trace-gen: %s\n", err.msg);
         return rc;
     }
-    printf("k3 trace-gen: wrote %s: %d tokens x %d layers, top-%d of %d; calibrated zipf s = "
+    printf("k3-lab trace-gen: wrote %s: %d tokens x %d layers, top-%d of %d; calibrated zipf s = "
            "%.3f, reuse p = %.3f; measured overlap %.1f%% (target %.1f%%), top-%d mass %.1f%% "
            "(target %.1f%%)\n", path, o.tokens, o.layers, o.top_k, o.experts, st.zipf_s,
            st.reuse, 100 * st.overlap, 100 * o.overlap, o.hot, 100 * st.hot_mass,
            100 * o.hot_mass);
     return 0;
 bad:
-    fprintf(stderr, "k3 trace-gen: bad arguments (see k3 trace-gen --help)\n");
+    fprintf(stderr, "k3-lab trace-gen: bad arguments (see k3-lab trace-gen --help)\n");
     return K3_ERR_USAGE;
 }

@@ -1,5 +1,5 @@
-/* bench.c — `k3 bench-gpu` part 1 (gpu.h): the card's device-to-device copy bandwidth and the
- * kernels at K3's decode shapes (batch 1), each against that copy bandwidth, in one run.
+/* cuda_bench.c — `k3-lab bench-gpu` part 1 (lab.h): the card's device-to-device copy bandwidth
+ * and the kernels at K3's decode shapes (batch 1), each against that copy bandwidth, in one run.
  *
  * Method (/work/.library/device/METHOD.md): random finite inputs, never zeros; 3 warm-up
  * launches; then 7 batches of launches timed with events, the median batch mean reported;
@@ -11,14 +11,14 @@
  * cost against its streaming rate) and prints the host's enqueue time per launch;
  * only_experts skips every other kernel (for profilers); no_pdl launches without
  * programmatic dependent launch (kernels.cu), for comparison. */
-#include "gpu.h"
-
 #include <cuda_runtime_api.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "kern.h"
+#include "../cuda/gpu.h"
+#include "../cuda/kern.h"
+#include "lab.h"
 #include "../util/clock.h"
 
 #define CK(call)                                                                            \

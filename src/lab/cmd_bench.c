@@ -1,4 +1,4 @@
-/* cmd_bench.c — `k3 bench io`: expert-read throughput and per-layer latency of the store's
+/* cmd_bench.c — `k3-lab bench io`: expert-read throughput and per-layer latency of the store's
  * reader against fio on the same files (random expert-sized direct reads, same thread count),
  * and optionally a short decode with K3_PIPE off and on (how much read time compute hides). */
 #include <cjson/cJSON.h>
@@ -8,11 +8,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "../cli/model_dir.h"
 #include "../engine/k3.h"
 #include "../format/config.h"
 #include "../format/safetensors.h"
 #include "../store/store.h"
-#include "cli.h"
+#include "lab.h"
 #include "../util/clock.h"
 
 typedef struct bench_opts {
@@ -23,7 +24,7 @@ typedef struct bench_opts {
 
 static void bench_usage(FILE *f) {
     fprintf(f,
-        "usage: k3 bench io [MODEL_DIR] [options]\n"
+        "usage: k3-lab bench io [MODEL_DIR] [options]\n"
         "\n"
         "Reads random experts through the expert store's reader pool (a layer's top-k misses\n"
         "submitted together, as in decode) and reports GB/s and per-layer latency, then runs fio\n"
@@ -197,8 +198,8 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
     bool help = argc >= 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"));
     if (argc < 2 || strcmp(argv[1], "io")) {
         fprintf(help ? stdout : stderr, "%s%s%s%s: kernels, decode, prefill, spec or io "
-                "(k3 bench NAME --help)\n", help ? "usage: k3 bench NAME; NAME is one of"
-                : "k3 bench: ", help || argc < 2 ? "" : "unknown benchmark '",
+                "(k3-lab bench NAME --help)\n", help ? "usage: k3-lab bench NAME; NAME is one of"
+                : "k3-lab bench: ", help || argc < 2 ? "" : "unknown benchmark '",
                 help || argc < 2 ? "" : argv[1], help ? "" : argc < 2 ? "name a benchmark"
                 : "'; name one of");
         return help ? -1 : K3_ERR_USAGE;
@@ -213,12 +214,12 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
         else if (!strcmp(a, "--no-fio")) o->fio = 0;
         else if (a[0] != '-' && !o->dir) o->dir = a;
         else {
-            fprintf(stderr, "k3 bench io: unknown option or missing value: '%s'\n", a);
+            fprintf(stderr, "k3-lab bench io: unknown option or missing value: '%s'\n", a);
             return K3_ERR_USAGE;
         }
     }
     if (o->threads < 1 || o->threads > 256 || !(o->seconds > 0) || o->decode < 0) {
-        fprintf(stderr, "k3 bench io: need 1 <= --threads <= 256, --seconds > 0\n");
+        fprintf(stderr, "k3-lab bench io: need 1 <= --threads <= 256, --seconds > 0\n");
         return K3_ERR_USAGE;
     }
     if (!o->dir) o->dir = k3_default_model_dir();
@@ -253,13 +254,13 @@ int k3_cmd_bench(int argc, char **argv) {
     if (!rc) rc = store_io(&o, &c, ck, 0, &all_experts, &mine, &err);
     if (!rc) rc = store_io(&o, &c, ck, 1, &all_experts, &piped, &err);
     if (have_fio && run_fio(&o, ck, bs, &fio2) == 0) {
-        printf("k3 bench io: fio before %.3f GB/s, after %.3f GB/s; the table uses the mean\n",
+        printf("k3-lab bench io: fio before %.3f GB/s, after %.3f GB/s; the table uses the mean\n",
                fio.gbps, fio2.gbps);
         fio.gbps = (fio.gbps + fio2.gbps) / 2;
         fio.read_ms = (fio.read_ms + fio2.read_ms) / 2;
     }
     if (!rc) {
-        printf("k3 bench io: %s: experts of %llu bytes (%.1f GB in all), top-%d, %d threads, "
+        printf("k3-lab bench io: %s: experts of %llu bytes (%.1f GB in all), top-%d, %d threads, "
                "%.0f s each, store reads %s\n\n", o.dir, (unsigned long long)span,
                (double)all_experts / 1e9, c.num_experts_per_token, o.threads, o.seconds,
                o.direct ? "O_DIRECT" : "buffered");
@@ -297,6 +298,6 @@ int k3_cmd_bench(int argc, char **argv) {
         }
     }
     k3_checkpoint_close(ck);
-    if (rc) fprintf(stderr, "k3 bench io: %s\n", err.msg);
+    if (rc) fprintf(stderr, "k3-lab bench io: %s\n", err.msg);
     return rc;
 }

@@ -1,6 +1,6 @@
-/* cmd_bench_kernels.c — `k3 bench kernels`: each product kernel at K3's real shapes, weight
+/* cmd_bench_kernels.c — `k3-lab bench kernels`: each product kernel at K3's real shapes, weight
  * bytes per second beside the memory bandwidth of a large copy measured in the same run, one
- * thread and all threads, on every kernel path this CPU runs. `k3 bench decode`: seconds per
+ * thread and all threads, on every kernel path this CPU runs. `k3-lab bench decode`: seconds per
  * token per layer kind on a real-width checkpoint, extrapolated to K3's 93 layers. */
 #include <dirent.h>
 #include <errno.h>
@@ -14,25 +14,26 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../cli/model_dir.h"
 #include "../engine/k3.h"
 #include "../format/safetensors.h"
 #include "../kernels/kernels.h"
-#include "cli.h"
+#include "lab.h"
 #include "../util/clock.h"
 #include "../util/parse.h"
 
 static int parse_pos_int(const char *s, const char *flag, int *out) {
     k3_err err = {0};
     if (!k3_parse_int(s, flag, 1, 1 << 20, out, &err)) return 0;
-    fprintf(stderr, "k3 bench: %s\n", err.msg);
+    fprintf(stderr, "k3-lab bench: %s\n", err.msg);
     return K3_ERR_USAGE;
 }
 
-/* ---- k3 bench kernels ----------------------------------------------------------------- */
+/* ---- k3-lab bench kernels ----------------------------------------------------------------- */
 
 static void kernels_usage(FILE *f) {
     fprintf(f,
-        "usage: k3 bench kernels [--kernels NAME] [--threads N] [--seconds S] [--only TEXT]\n"
+        "usage: k3-lab bench kernels [--kernels NAME] [--threads N] [--seconds S] [--only TEXT]\n"
         "\n"
         "Times every product kernel at K3's shapes (out <- in): BF16 7168->12288, 7168->33792,\n"
         "lm_head 7168->163840, F32 7168->12288, the int8 spine (alone and with --approx)\n"
@@ -177,7 +178,7 @@ static int bench_kernels(int argc, char **argv) {
         else if (!strcmp(a, "--seconds") && v) seconds = atof(argv[++i]);
         else if (!strcmp(a, "--only") && v) filter = argv[++i];
         else {
-            fprintf(stderr, "k3 bench kernels: unknown option or missing value: '%s'\n", a);
+            fprintf(stderr, "k3-lab bench kernels: unknown option or missing value: '%s'\n", a);
             return K3_ERR_USAGE;
         }
         if (rc) return rc;
@@ -187,7 +188,7 @@ static int bench_kernels(int argc, char **argv) {
     if (only) {
         k3_err err = {0};
         if (k3_kernels_select(only, &paths[0], &err)) {
-            fprintf(stderr, "k3 bench kernels: %s\n", err.msg);
+            fprintf(stderr, "k3-lab bench kernels: %s\n", err.msg);
             return err.code;
         }
         np = 1;
@@ -205,7 +206,7 @@ static int bench_kernels(int argc, char **argv) {
     b.x = malloc(32 * 163840 * sizeof(float));
     b.y = malloc(32 * 163840 * sizeof(float));
     if (!src || !dst || !b.w || !b.mx || !b.x || !b.y) {
-        fprintf(stderr, "k3 bench kernels: out of memory (needs about %.1f GB)\n",
+        fprintf(stderr, "k3-lab bench kernels: out of memory (needs about %.1f GB)\n",
                 (2.0 * copy_bytes + b.w_bytes + b.mx_bytes) / 1e9);
         free(src), free(dst), free(b.w), free(b.mx), free(b.x), free(b.y);
         return K3_ERR_GENERIC;
@@ -241,23 +242,59 @@ static int bench_kernels(int argc, char **argv) {
     return 0;
 }
 
-/* ---- k3 bench decode ------------------------------------------------------------------ */
+/* ---- k3-lab bench decode ------------------------------------------------------------------ */
 
 /* K3's layer counts (spec §3, config table): 93 layers, MLA at the 24 one-based positions of
  * full_attn_layers, KDA elsewhere; layer 0 dense, the other 92 MoE; vocabulary 163840. */
 enum { K3_LAYERS = 93, K3_MLA = 24, K3_KDA = 69, K3_DENSE = 1, K3_MOE = 92, K3_VOCAB = 163840 };
 
+/* Whether c has K3's per-layer widths (spec §3, config table: every dimension a layer's time
+ * depends on; the expert count, layer count and vocabulary may differ, the extrapolation
+ * scales those). If not, writes the first mismatches ("hidden_size 64 (K3: 7168), ...") to
+ * why: the extrapolated floor would then be meaningless. */
+static int k3_wide(const k3_config *c, char *why, size_t cap) {
+    const struct { const char *name; int here, k3; } f[] = {
+        {"hidden_size", c->hidden_size, 7168},
+        {"intermediate_size", c->intermediate_size, 33792},
+        {"num_attention_heads", c->num_attention_heads, 96},
+        {"q_lora_rank", c->q_lora_rank, 1536},
+        {"kv_lora_rank", c->kv_lora_rank, 512},
+        {"qk_nope_head_dim", c->qk_nope_head_dim, 128},
+        {"qk_rope_head_dim", c->qk_rope_head_dim, 64},
+        {"v_head_dim", c->v_head_dim, 128},
+        {"kda num_heads", c->kda_num_heads, 96},
+        {"kda head_dim", c->kda_head_dim, 128},
+        {"num_experts_per_token", c->num_experts_per_token, 16},
+        {"num_shared_experts", c->num_shared_experts, 2},
+        {"moe_intermediate_size", c->moe_intermediate_size, 3072},
+        {"routed_expert_hidden_size", c->routed_expert_hidden_size, 3584},
+    };
+    size_t len = 0;
+    int bad = 0;
+    why[0] = 0;
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+        if (f[i].here == f[i].k3) continue;
+        if (bad++ < 3 && len < cap)
+            len += (size_t)snprintf(why + len, cap - len, "%s%s %d (K3: %d)", bad > 1 ? ", " : "",
+                                    f[i].name, f[i].here, f[i].k3);
+    }
+    if (bad > 3 && len < cap) snprintf(why + len, cap - len, " and %d more", bad - 3);
+    return !bad;
+}
+
 static void decode_usage(FILE *f) {
     fprintf(f,
-        "usage: k3 bench decode [MODEL_DIR] [--tokens N] [--threads N] [--spine-gb G]\n"
+        "usage: k3-lab bench decode [MODEL_DIR] [--tokens N] [--threads N] [--spine-gb G]\n"
         "\n"
         "Runs N decode steps (logits every step) on MODEL_DIR with every expert used in place\n"
         "from the mapped shards (K3_MMAP_EXPERTS=1: for a real-width checkpoint that fits in\n"
         "RAM, such as k3-wide from make test-wide) and times each layer's token mixer (KDA or\n"
         "MLA) and FFN (dense or MoE) through the trace hook. Prints seconds per token per layer\n"
         "kind and the compute floor of K3's 93 layers (69 KDA + 24 MLA mixers, 1 dense + 92 MoE\n"
-        "FFNs, the rest per layer, lm_head scaled to 163840 rows). The first 2 steps are\n"
-        "warm-up and not counted.\n"
+        "FFNs, the rest per layer, lm_head scaled to 163840 rows); the floor needs a model at\n"
+        "K3's per-layer widths (hidden 7168, top-16 experts, ...: k3-wide, or k3-lab synth\n"
+        "--real --top-k 16), and is marked not applicable for any other. The first 2 steps\n"
+        "are warm-up and not counted.\n"
         "\n"
         "  --tokens N     decode steps (default 10)\n"
         "  --threads N    compute threads (default: OMP_NUM_THREADS or physical cores)\n"
@@ -365,7 +402,7 @@ static int bench_decode(int argc, char **argv) {
         else if (!strcmp(a, "--threads") && v) rc = parse_pos_int(argv[++i], a, &threads);
         else if (a[0] != '-' && !dir) dir = a;
         else {
-            fprintf(stderr, "k3 bench decode: unknown option or missing value: '%s'\n", a);
+            fprintf(stderr, "k3-lab bench decode: unknown option or missing value: '%s'\n", a);
             return K3_ERR_USAGE;
         }
         if (rc) return rc;
@@ -381,7 +418,7 @@ static int bench_decode(int argc, char **argv) {
     const char *env = getenv("K3_SPINE_GB");
     if (!gb_text && env && *env) gb_text = env, gb_name = "K3_SPINE_GB";
     if (gb_text && k3_parse_double(gb_text, gb_name, 0, 1e6, &spine_gb, &err)) {
-        fprintf(stderr, "k3 bench decode: %s\n", err.msg);
+        fprintf(stderr, "k3-lab bench decode: %s\n", err.msg);
         return K3_ERR_USAGE;
     }
     k3_engine_opts eo = k3_engine_opts_default();
@@ -428,31 +465,45 @@ static int bench_decode(int argc, char **argv) {
 #define MEAN(sum, n) ((n) ? (sum) / (n) : 0.0)
     printf("\n%s: %d layers, %d decode steps at positions 2..%d, %d threads\n\n", dir,
            c->num_hidden_layers, tokens, tokens + 1, omp_get_max_threads());
+    char why[256];
+    int wide = k3_wide(c, why, sizeof why);
     printf("| part | layers here | s/token/layer | K3 layers | K3 s/token |\n");
     printf("|---|---|---|---|---|\n");
-    printf("| KDA mixer | %d | %.4f | %d | %.3f |\n", n_kda, MEAN(kda, n_kda), K3_KDA,
-           MEAN(kda, n_kda) * K3_KDA);
-    printf("| MLA mixer | %d | %.4f | %d | %.3f |\n", n_mla, MEAN(mla, n_mla), K3_MLA,
-           MEAN(mla, n_mla) * K3_MLA);
-    printf("| dense FFN | %d | %.4f | %d | %.3f |\n", n_dense, MEAN(dense, n_dense), K3_DENSE,
-           MEAN(dense, n_dense) * K3_DENSE);
-    printf("| MoE FFN | %d | %.4f | %d | %.3f |\n", n_moe, MEAN(moe, n_moe), K3_MOE,
-           MEAN(moe, n_moe) * K3_MOE);
-    printf("| AttnRes, norms, adds | %d | %.4f | %d | %.3f |\n", c->num_hidden_layers, rest,
-           K3_LAYERS, rest * K3_LAYERS);
-    double head_k3 = head * K3_VOCAB / c->vocab_size;
-    printf("| lm_head (%d rows here) | - | %.4f | 163840 rows | %.3f |\n", c->vocab_size, head,
-           head_k3);
-    double floor_s = MEAN(kda, n_kda) * K3_KDA + MEAN(mla, n_mla) * K3_MLA +
-                     MEAN(dense, n_dense) * K3_DENSE + MEAN(moe, n_moe) * K3_MOE +
-                     rest * K3_LAYERS + head_k3;
+    const struct { const char *name; int here; double s; int k3; } row[] = {
+        {"KDA mixer", n_kda, MEAN(kda, n_kda), K3_KDA},
+        {"MLA mixer", n_mla, MEAN(mla, n_mla), K3_MLA},
+        {"dense FFN", n_dense, MEAN(dense, n_dense), K3_DENSE},
+        {"MoE FFN", n_moe, MEAN(moe, n_moe), K3_MOE},
+        {"AttnRes, norms, adds", c->num_hidden_layers, rest, K3_LAYERS},
+    };
+    double head_k3 = head * K3_VOCAB / c->vocab_size, floor_s = head_k3;
+    for (size_t r = 0; r < sizeof row / sizeof row[0]; r++) {
+        floor_s += row[r].s * row[r].k3;
+        if (wide)
+            printf("| %s | %d | %.4f | %d | %.3f |\n", row[r].name, row[r].here, row[r].s,
+                   row[r].k3, row[r].s * row[r].k3);
+        else
+            printf("| %s | %d | %.4f | %d | n/a |\n", row[r].name, row[r].here, row[r].s,
+                   row[r].k3);
+    }
+    if (wide)
+        printf("| lm_head (%d rows here) | - | %.4f | 163840 rows | %.3f |\n", c->vocab_size,
+               head, head_k3);
+    else
+        printf("| lm_head (%d rows here) | - | %.4f | 163840 rows | n/a |\n", c->vocab_size,
+               head);
 #undef MEAN
-    printf("\nmeasured: %.3f s/token for %d layers; K3 compute floor (93 layers, all weights "
-           "in RAM): %.2f s/token = %.3f tokens/s\n", total, c->num_hidden_layers, floor_s,
-           1.0 / floor_s);
+    if (wide)
+        printf("\nmeasured: %.3f s/token for %d layers; K3 compute floor (93 layers, all "
+               "weights in RAM): %.2f s/token = %.3f tokens/s\n", total, c->num_hidden_layers,
+               floor_s, 1.0 / floor_s);
+    else
+        printf("\nmeasured: %.3f s/token for %d layers; K3 compute floor: not applicable, this "
+               "model is not at K3's per-layer widths (%s): measure k3-wide (make test-wide) or "
+               "k3-lab synth DIR --real --top-k 16\n", total, c->num_hidden_layers, why);
     spine_report(e, &st0, tokens, total, dir, bw0);
 done:
-    if (rc) fprintf(stderr, "k3 bench decode: %s\n", err.msg);
+    if (rc) fprintf(stderr, "k3-lab bench decode: %s\n", err.msg);
     free(logits);
     k3_session_free(s);
     k3_engine_free(e);
