@@ -45,8 +45,19 @@ static const vcase cases[] = {
     {CHAT, "{" M ",\"logprobs\":true}", "logprobs"},
     {CHAT, "{" M ",\"presence_penalty\":0.1}", "presence_penalty"},
     {CHAT, "{" M ",\"logit_bias\":{\"1\":2}}", "logit_bias"},
-    {CHAT, "{" M ",\"tools\":[{\"type\":\"function\"}]}", "tools"},
-    {CHAT, "{" M ",\"tool_choice\":{\"type\":\"function\"}}", "tool_choice"},
+    {CHAT, "{" M ",\"tools\":[{\"type\":\"function\"}]}", "tools[0].function"},
+    {CHAT, "{" M ",\"tools\":[{\"type\":\"retrieval\"}]}", "tools[0].type"},
+    {CHAT, "{" M ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"\"}}]}",
+     "tools[0].function.name"},
+    {CHAT, "{" M ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\","
+           "\"parameters\":{\"type\":\"object\"}}}],\"tool_choice\":\"required\","
+           "\"parallel_tool_calls\":false}", NULL},
+    {CHAT, "{" M ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],"
+           "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"f\"}}}",
+     "tool_choice"},
+    {CHAT, "{" M ",\"tool_choice\":\"required\"}", "tool_choice"},
+    {CHAT, "{" M ",\"tool_choice\":\"any\"}", "tool_choice"},
+    {CHAT, "{" M ",\"parallel_tool_calls\":1}", "parallel_tool_calls"},
     {CHAT, "{" M ",\"response_format\":{\"type\":\"json_object\"}}", "response_format"},
     {CHAT, "{" M ",\"prompt\":\"x\"}", "prompt"},
     {CHAT, "{" M ",\"echo\":false}", "echo"},

@@ -91,6 +91,9 @@ static int parse_args(int argc, char **argv, serve_args *a) {
         if (parse_num(env, "K3_SERVER_MAX_TOKENS", 1, 1 << 30, &v)) return K3_ERR_USAGE;
         a->so.max_tokens = (int)v;
     }
+    /* Tests only, deliberately not in --help: replies replaced by a script (server.h). */
+    env = getenv("K3_TEST_SCRIPTED_REPLY");
+    if (env && env[0]) a->so.scripted_reply = env;
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;

@@ -8,6 +8,7 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE 1 /* memmem; the Makefile passes it too, but not every build does */
 #endif
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -99,6 +100,52 @@ static void out_text(k3_emitter *em, int channel, const char *text, size_t n) {
 
 void k3_emit_start(k3_emitter *em) {
     if (em->j->p.stream && em->j->p.kind == K3_SRV_CHAT) send_delta(em, -1, "", 0);
+}
+
+/* ---- tool calls ---------------------------------------------------------------------------- */
+
+/* One streamed tool-call delta: {"index":0,"delta":{"tool_calls":[{"index":K, ...}]}}. */
+static void tool_delta(k3_emitter *em, int index, const char *id, const char *name,
+                       const char *args, size_t n) {
+    k3_sbuf *b = &em->event;
+    event_head(em);
+    k3_sbuf_printf(b, "{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":%d,", index);
+    if (id) {
+        k3_sbuf_printf(b, "\"id\":\"%s\",\"type\":\"function\",\"function\":{\"name\":\"", id);
+        k3_sbuf_json_str(b, name, strlen(name));
+        k3_sbuf_str(b, "\",\"arguments\":\"\"}}]}");
+    } else {
+        k3_sbuf_str(b, "\"function\":{\"arguments\":\"");
+        k3_sbuf_json_str(b, args, n);
+        k3_sbuf_str(b, "\"}}]}");
+    }
+    k3_sbuf_str(b, ",\"logprobs\":null,\"finish_reason\":null}");
+    event_tail(em);
+}
+
+void k3_emit_tool_call(k3_emitter *em, int index, const char *name, const char *arguments,
+                       const size_t *piece_ends, size_t n_pieces) {
+    k3_job *j = em->j;
+    char id[80];
+    /* j->id is "chatcmpl-k3…": unique per server run; the index makes it unique per call. */
+    snprintf(id, sizeof id, "call_%s_%d", j->id + strlen("chatcmpl-"), index);
+    j->n_tool_calls++;
+    if (j->p.stream) {
+        tool_delta(em, index, id, name, NULL, 0);
+        size_t from = 0;
+        for (size_t k = 0; k < n_pieces; k++) {
+            tool_delta(em, index, NULL, NULL, arguments + from, piece_ends[k] - from);
+            from = piece_ends[k];
+        }
+        return;
+    }
+    k3_sbuf *b = &j->tool_calls;
+    k3_sbuf_printf(b, "%s{\"id\":\"%s\",\"type\":\"function\",\"function\":{\"name\":\"",
+                   b->len ? "," : "", id);
+    k3_sbuf_json_str(b, name, strlen(name));
+    k3_sbuf_str(b, "\",\"arguments\":\"");
+    k3_sbuf_json_str(b, arguments, strlen(arguments));
+    k3_sbuf_str(b, "\"}}");
 }
 
 /* ---- stop strings -------------------------------------------------------------------------- */
@@ -198,9 +245,20 @@ char *k3_srv_reply_json(const k3_server *s, const k3_job *j) {
     k3_sbuf_json_str(&b, s->model_id, strlen(s->model_id));
     k3_sbuf_str(&b, "\",\"choices\":[{\"index\":0,");
     if (chat) {
-        k3_sbuf_str(&b, "\"message\":{\"role\":\"assistant\",\"content\":\"");
-        k3_sbuf_json_str(&b, j->content.p ? j->content.p : "", j->content.len);
-        k3_sbuf_str(&b, "\",\"reasoning_content\":");
+        k3_sbuf_str(&b, "\"message\":{\"role\":\"assistant\",\"content\":");
+        if (j->n_tool_calls && !j->content.len) { /* OpenAI: null beside tool calls */
+            k3_sbuf_str(&b, "null");
+        } else {
+            k3_sbuf_str(&b, "\"");
+            k3_sbuf_json_str(&b, j->content.p ? j->content.p : "", j->content.len);
+            k3_sbuf_str(&b, "\"");
+        }
+        if (j->n_tool_calls) {
+            k3_sbuf_str(&b, ",\"tool_calls\":[");
+            k3_sbuf_add(&b, j->tool_calls.p, j->tool_calls.len);
+            k3_sbuf_str(&b, "]");
+        }
+        k3_sbuf_str(&b, ",\"reasoning_content\":");
         if (j->p.thinking) {
             k3_sbuf_str(&b, "\"");
             k3_sbuf_json_str(&b, j->reasoning.p ? j->reasoning.p : "", j->reasoning.len);
@@ -217,7 +275,7 @@ char *k3_srv_reply_json(const k3_server *s, const k3_job *j) {
     k3_sbuf_printf(&b, "\"logprobs\":null,\"finish_reason\":\"%s\"}],\"usage\":", j->finish);
     k3_srv_usage_json(&b, j);
     k3_sbuf_str(&b, "}\n");
-    if (b.oom || j->content.oom || j->reasoning.oom) {
+    if (b.oom || j->content.oom || j->reasoning.oom || j->tool_calls.oom) {
         k3_sbuf_free(&b);
         return NULL;
     }

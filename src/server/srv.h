@@ -72,6 +72,10 @@ typedef struct k3_srv_params {
     int n_stop;
     bool stream, include_usage;
     bool thinking;           /* chat: generation starts in the thinking channel */
+    bool tools;              /* chat: tools were offered; the reply's tools block is parsed
+                                into tool calls (src/chat/toolcall.h) */
+    bool tool_required;      /* tool_choice "required" */
+    bool parallel_tool_calls;/* false: generation ends after the first complete call */
 } k3_srv_params;
 
 /* Checks every top-level field of a completions or chat request (types, ranges, fields k3
@@ -117,7 +121,11 @@ typedef struct k3_job {
 
     /* written by the worker while RUNNING; read by the connection once DONE */
     k3_sbuf content, reasoning;  /* non-stream: the reply so far */
-    const char *finish;          /* "stop", "length", or NULL (cancelled / failed) */
+    const char *finish;          /* "stop", "length", "tool_calls", "malformed_tool_call",
+                                    or NULL (cancelled / failed) */
+    k3_sbuf tool_calls;          /* non-stream: the message.tool_calls items, comma-joined */
+    int n_tool_calls;
+    char tool_error[160];        /* a malformed or cut tools block: why (also logged) */
     int n_prompt_used;           /* prompt tokens after any reuse splice */
     int n_cached;                /* prompt tokens whose state was reused */
     int n_completion, n_reasoning;
@@ -181,6 +189,11 @@ bool k3_emit_text(k3_emitter *em, int channel, const char *text, size_t n);
 void k3_emit_finish(k3_emitter *em, const char *finish);
 /* Stream: the first chunk (role) once the job starts. */
 void k3_emit_start(k3_emitter *em);
+/* A complete tool call (index = its position, 0-based): stream: a delta with index, id,
+ * type and name, then one delta per argument piece (arguments[0, piece_ends[k]) ...);
+ * non-stream: appended to j->tool_calls. The call id is derived from the job id. */
+void k3_emit_tool_call(k3_emitter *em, int index, const char *name, const char *arguments,
+                       const size_t *piece_ends, size_t n_pieces);
 
 /* Final non-stream JSON body of a finished job; malloc'd. */
 char *k3_srv_reply_json(const struct k3_server *s, const k3_job *j);

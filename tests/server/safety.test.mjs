@@ -97,8 +97,9 @@ test('400 for malformed JSON, wrong types and empty messages', async () => {
 test('400 naming each field k3 cannot honour; never silently ignored', async () => {
   const tool = { type: 'function', function: { name: 'f', parameters: { type: 'object' } } };
   const cases = [
-    [{ tools: [tool] }, 'tools'],
+    [{ tools: [{ type: 'retrieval' }] }, 'tools[0].type'],
     [{ tool_choice: 'required' }, 'tool_choice'],
+    [{ tools: [tool], tool_choice: { type: 'function', function: { name: 'f' } } }, 'tool_choice'],
     [{ logprobs: true }, 'logprobs'],
     [{ top_logprobs: 3 }, 'top_logprobs'],
     [{ n: 2 }, 'n'],
