@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "anthropic.h"
 #include "srv.h"
 
 /* Bytes a streamed reply may buffer before the worker waits for the client to read. */
@@ -23,6 +24,7 @@ struct k3_emitter {
     k3_sbuf hold;  /* content held back: a suffix that may begin a stop string */
     k3_sbuf event; /* one SSE event being formatted */
     bool stopped;  /* a stop string matched */
+    k3_anth_stream as; /* Anthropic stream: the open content block */
 };
 
 k3_emitter *k3_emitter_new(void) { return calloc(1, sizeof(k3_emitter)); }
@@ -40,6 +42,7 @@ void k3_emitter_begin(k3_emitter *em, k3_server *s, k3_job *j) {
     em->hold.len = em->event.len = 0;
     em->hold.oom = em->event.oom = 0;
     em->stopped = false;
+    j->stop_index = -1;
 }
 
 /* ---- SSE ------------------------------------------------------------------------------- */
@@ -77,6 +80,11 @@ static void event_tail(k3_emitter *em) {
 /* One choice delta: channel 0 = content (or text), 1 = reasoning_content, -1 = role only. */
 static void send_delta(k3_emitter *em, int channel, const char *text, size_t n) {
     k3_sbuf *b = &em->event;
+    if (em->j->anthropic) {
+        if (channel >= 0) k3_anth_text(&em->as, b, channel, text, n);
+        push_event(em);
+        return;
+    }
     event_head(em);
     if (em->j->p.kind == K3_SRV_CHAT) {
         if (channel < 0) k3_sbuf_str(b, "{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"");
@@ -99,6 +107,11 @@ static void out_text(k3_emitter *em, int channel, const char *text, size_t n) {
 }
 
 void k3_emit_start(k3_emitter *em) {
+    if (em->j->p.stream && em->j->anthropic) {
+        k3_anth_message_start(&em->as, &em->event, em->s, em->j);
+        push_event(em);
+        return;
+    }
     if (em->j->p.stream && em->j->p.kind == K3_SRV_CHAT) send_delta(em, -1, "", 0);
 }
 
@@ -127,9 +140,20 @@ void k3_emit_tool_call(k3_emitter *em, int index, const char *name, const char *
                        const size_t *piece_ends, size_t n_pieces) {
     k3_job *j = em->j;
     char id[80];
-    /* j->id is "chatcmpl-k3…": unique per server run; the index makes it unique per call. */
-    snprintf(id, sizeof id, "call_%s_%d", j->id + strlen("chatcmpl-"), index);
+    /* j->id is "chatcmpl-k3…" / "msg_k3…": unique per server run; + the index per call. */
+    const char *serial = strstr(j->id, "k3");
+    snprintf(id, sizeof id, "%s_%s_%d", j->anthropic ? "toolu" : "call", serial ? serial : j->id,
+             index);
     j->n_tool_calls++;
+    if (j->anthropic) {
+        if (j->p.stream) {
+            k3_anth_tool_use(&em->as, &em->event, id, name, arguments, piece_ends, n_pieces);
+            push_event(em);
+        } else {
+            k3_anth_tool_use_json(&j->tool_calls, id, name, arguments);
+        }
+        return;
+    }
     if (j->p.stream) {
         tool_delta(em, index, id, name, NULL, 0);
         size_t from = 0;
@@ -150,12 +174,12 @@ void k3_emit_tool_call(k3_emitter *em, int index, const char *name, const char *
 
 /* ---- stop strings -------------------------------------------------------------------------- */
 
-/* Earliest match of any stop string in h[0..n), or -1. */
-static long find_stop(const k3_srv_params *p, const char *h, size_t n) {
+/* Earliest match of any stop string in h[0..n), or -1; *which = its index. */
+static long find_stop(const k3_srv_params *p, const char *h, size_t n, int *which) {
     long best = -1;
     for (int i = 0; i < p->n_stop; i++) {
         const char *m = memmem(h, n, p->stop[i], strlen(p->stop[i]));
-        if (m && (best < 0 || m - h < best)) best = m - h;
+        if (m && (best < 0 || m - h < best)) best = m - h, *which = i;
     }
     return best;
 }
@@ -183,7 +207,7 @@ bool k3_emit_text(k3_emitter *em, int channel, const char *text, size_t n) {
     }
     k3_sbuf *h = &em->hold;
     k3_sbuf_add(h, text, n);
-    long at = find_stop(p, h->p, h->len);
+    long at = find_stop(p, h->p, h->len, &em->j->stop_index);
     if (at >= 0) {
         out_text(em, 0, h->p, (size_t)at);
         h->len = 0;
@@ -213,6 +237,12 @@ void k3_emit_finish(k3_emitter *em, const char *finish) {
     em->hold.len = 0;
     if (!j->p.stream || (!finish && !j->failed)) return; /* cancelled: nobody is listening */
     k3_sbuf *b = &em->event;
+    if (j->anthropic) {
+        if (j->failed) k3_anth_error_event(b, &j->err);
+        else k3_anth_finish(&em->as, b, j);
+        push_event(em);
+        return;
+    }
     if (j->failed) {
         char *err = k3_api_error_json(&j->err);
         k3_sbuf_str(b, "data: ");
@@ -238,6 +268,7 @@ void k3_emit_finish(k3_emitter *em, const char *finish) {
 }
 
 char *k3_srv_reply_json(const k3_server *s, const k3_job *j) {
+    if (j->anthropic) return k3_anth_reply_json(s, j);
     k3_sbuf b = {0};
     bool chat = j->p.kind == K3_SRV_CHAT;
     k3_sbuf_printf(&b, "{\"id\":\"%s\",\"object\":\"%s\",\"created\":%lld,\"model\":\"", j->id,

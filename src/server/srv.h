@@ -108,6 +108,7 @@ typedef struct k3_job {
     int32_t *prompt;         /* canonical prompt ids; the worker may splice (worker.c) */
     size_t n_prompt;
     int fd;                  /* client socket, polled for hang-up; -1 = unknown */
+    bool anthropic;          /* POST /v1/messages: replies in Anthropic's shapes (anthropic.h) */
     char id[48];
     long long created;       /* Unix seconds */
     double t_submit;         /* monotonic seconds */
@@ -125,6 +126,7 @@ typedef struct k3_job {
                                     or NULL (cancelled / failed) */
     k3_sbuf tool_calls;          /* non-stream: the message.tool_calls items, comma-joined */
     int n_tool_calls;
+    int stop_index;              /* the stop string that matched (p.stop[i]), or -1 */
     char tool_error[160];        /* a malformed or cut tools block: why (also logged) */
     int n_prompt_used;           /* prompt tokens after any reuse splice */
     int n_cached;                /* prompt tokens whose state was reused */
