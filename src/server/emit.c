@@ -303,7 +303,10 @@ char *k3_srv_reply_json(const k3_server *s, const k3_job *j) {
         k3_sbuf_json_str(&b, j->content.p ? j->content.p : "", j->content.len);
         k3_sbuf_str(&b, "\",");
     }
-    k3_sbuf_printf(&b, "\"logprobs\":null,\"finish_reason\":\"%s\"}],\"usage\":", j->finish);
+    k3_sbuf_str(&b, "\"logprobs\":");
+    if (j->p.logprobs) k3_logprobs_json(&b, &j->lp, chat);
+    else k3_sbuf_str(&b, "null");
+    k3_sbuf_printf(&b, ",\"finish_reason\":\"%s\"}],\"usage\":", j->finish);
     k3_srv_usage_json(&b, j);
     k3_sbuf_str(&b, "}\n");
     if (b.oom || j->content.oom || j->reasoning.oom || j->tool_calls.oom) {

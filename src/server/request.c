@@ -227,6 +227,39 @@ static int f_reasoning_effort(const cJSON *v, const char *name, parse_ctx *c, k3
     return 0;
 }
 
+/* logprobs: chat a boolean (top_logprobs gives the alternatives), completions an integer
+ * (the alternatives per token). Not streamed (a 400 says so). */
+static int f_logprobs(const cJSON *v, const char *name, parse_ctx *c, k3_srv_params *p,
+                      k3_api_error *e) {
+    if (c->kind == K3_SRV_CHAT) {
+        if (!cJSON_IsBool(v)) return type_error(name, "a boolean", v, e);
+        p->logprobs = cJSON_IsTrue(v);
+        return 0;
+    }
+    long long n;
+    if (get_int(v, name, 0, 20, &n, e)) return -1;
+    p->logprobs = true;
+    p->top_logprobs = (int)n;
+    return 0;
+}
+
+static int f_top_logprobs(const cJSON *v, const char *name, parse_ctx *c, k3_srv_params *p,
+                          k3_api_error *e) {
+    (void)c;
+    long long n;
+    if (get_int(v, name, 0, 20, &n, e)) return -1;
+    p->top_logprobs = (int)n;
+    return 0;
+}
+
+static int f_echo(const cJSON *v, const char *name, parse_ctx *c, k3_srv_params *p,
+                  k3_api_error *e) {
+    (void)c;
+    if (!cJSON_IsBool(v)) return type_error(name, "a boolean", v, e);
+    p->echo = cJSON_IsTrue(v);
+    return 0;
+}
+
 /* ---- fields accepted only with their neutral value ---------------------------------------- */
 
 static int f_n(const cJSON *v, const char *name, parse_ctx *c, k3_srv_params *p,
@@ -495,9 +528,9 @@ static const struct field {
     {"service_tier", KIND_CHAT, f_string},
     {"parallel_tool_calls", KIND_CHAT, f_parallel_tool_calls},
     {"n", KIND_COMP | KIND_CHAT, f_n},
-    {"logprobs", KIND_COMP | KIND_CHAT, f_false_only},
-    {"top_logprobs", KIND_CHAT, f_zero_only},
-    {"echo", KIND_COMP, f_false_only},
+    {"logprobs", KIND_COMP | KIND_CHAT, f_logprobs},
+    {"top_logprobs", KIND_CHAT, f_top_logprobs},
+    {"echo", KIND_COMP, f_echo},
     {"store", KIND_CHAT, f_false_only},
     {"frequency_penalty", KIND_COMP | KIND_CHAT, f_zero_only},
     {"presence_penalty", KIND_COMP | KIND_CHAT, f_zero_only},
@@ -548,6 +581,17 @@ int k3_srv_parse_params(const cJSON *root, enum k3_srv_kind kind, int max_tokens
         k3_srv_params_free(p);
         return k3_api_fail(e, 400, INVALID, NULL, "tool_choice", "tool_choice \"required\" "
                            "needs a non-empty 'tools' list");
+    }
+    const char *lp_bad = kind == K3_SRV_CHAT && p->top_logprobs && !p->logprobs
+                         ? "'top_logprobs' needs 'logprobs': true"
+                         : p->stream && (p->logprobs || p->echo)
+                         ? "k3 returns logprobs and echo in non-streamed replies only; "
+                           "set 'stream': false" : NULL;
+    if (lp_bad) {
+        k3_srv_params_free(p);
+        return k3_api_fail(e, 400, INVALID, "unsupported_parameter",
+                           p->top_logprobs && !p->logprobs ? "top_logprobs"
+                           : p->logprobs ? "logprobs" : "echo", "%s", lp_bad);
     }
     if (kind == K3_SRV_COMPLETIONS && !c.has_max_tokens) /* OpenAI's completions default */
         p->max_tokens = max_tokens_ceiling > 0 && max_tokens_ceiling < 256 ? max_tokens_ceiling

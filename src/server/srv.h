@@ -19,6 +19,7 @@
 
 #include "../chat/render.h"
 #include "../engine/k3.h"
+#include "../tok/tokenizer.h"
 #include "server.h"
 
 /* ---- growable byte buffer ------------------------------------------------------------- */
@@ -76,6 +77,9 @@ typedef struct k3_srv_params {
                                 into tool calls (src/chat/toolcall.h) */
     bool tool_required;      /* tool_choice "required" */
     bool parallel_tool_calls;/* false: generation ends after the first complete call */
+    bool logprobs;           /* chat logprobs: true / completions logprobs: N given */
+    int top_logprobs;        /* 0..20 alternatives per token */
+    bool echo;               /* completions: the prompt is returned with its logprobs */
 } k3_srv_params;
 
 /* Checks every top-level field of a completions or chat request (types, ranges, fields k3
@@ -92,6 +96,27 @@ void k3_srv_params_free(k3_srv_params *p);
  * when out of memory). */
 int k3_srv_build_prompt(const k3_engine *eng, cJSON *root, const k3_srv_params *p,
                         k3_chat_request *req, int32_t **ids, size_t *n, k3_api_error *e);
+
+/* ---- log probabilities (logprobs.c) ------------------------------------------------------- */
+
+/* The logprobs of a reply as JSON pieces: chat entries, or completions' four arrays. Values
+ * are log_softmax of the exact float32 logits (the model's distribution, not the sampler's
+ * after temperature / top-p / top-k). */
+typedef struct k3_logprobs {
+    k3_sbuf content;                     /* chat: {token, logprob, bytes, top_logprobs}, ... */
+    k3_sbuf tokens, values, top, offsets;/* completions */
+    size_t offset;                       /* bytes of the tokens so far (text_offset) */
+    int n;
+} k3_logprobs;
+
+/* Appends the entry of token `id` drawn from `logits` (vocab floats; NULL = nothing predicted
+ * it: the first prompt token, completions only) with its `top` (<= 20) likeliest ids. */
+void k3_logprobs_add(k3_logprobs *lp, const k3_tokenizer *t, const float *logits, int vocab,
+                     int32_t id, int top, bool chat);
+/* The "logprobs" value: {"content": [...]} (chat) or {"tokens", "token_logprobs",
+ * "top_logprobs", "text_offset"} (completions). */
+void k3_logprobs_json(k3_sbuf *b, const k3_logprobs *lp, bool chat);
+void k3_logprobs_free(k3_logprobs *lp);
 
 /* ---- jobs and the server ---------------------------------------------------------------- */
 
@@ -127,6 +152,7 @@ typedef struct k3_job {
     k3_sbuf tool_calls;          /* non-stream: the message.tool_calls items, comma-joined */
     int n_tool_calls;
     int stop_index;              /* the stop string that matched (p.stop[i]), or -1 */
+    k3_logprobs lp;              /* p.logprobs: per token, prompt tokens first with echo */
     char tool_error[160];        /* a malformed or cut tools block: why (also logged) */
     int n_prompt_used;           /* prompt tokens after any reuse splice */
     int n_cached;                /* prompt tokens whose state was reused */

@@ -138,6 +138,7 @@ void k3_job_free(k3_job *j) {
     k3_sbuf_free(&j->content);
     k3_sbuf_free(&j->reasoning);
     k3_sbuf_free(&j->tool_calls);
+    k3_logprobs_free(&j->lp);
     free(j);
 }
 
@@ -255,11 +256,53 @@ out:
     k3_segments_free(&segs);
 }
 
+/* Completions with echo: the whole prompt is prefilled with the logits of every position, so
+ * each prompt token gets its logprob (the first none); the text is given back first. */
+static int prefill_echo(k3_server *s, k3_job *j, k3_err *err) {
+    k3_worker_state *w = s->ws;
+    const k3_tokenizer *tok = k3_engine_tokenizer(s->eng);
+    char *text = NULL;
+    size_t len = 0;
+    if (k3_tokenizer_decode(tok, j->prompt, j->n_prompt, &text, &len, err)) return -1;
+    k3_sbuf_add(&j->content, text, len);
+    free(text);
+    float *rows = malloc((size_t)K3_DEFAULT_CHUNK * (size_t)w->vocab * sizeof *rows);
+    if (!rows) {
+        k3_fail(err, K3_ERR_GENERIC, "out of memory");
+        return -1;
+    }
+    k3_session_reset(w->sess);
+    if (j->p.logprobs)
+        k3_logprobs_add(&j->lp, tok, NULL, w->vocab, j->prompt[0], 0, false);
+    int rc = 0;
+    for (size_t i = 0; i < j->n_prompt && !rc;) {
+        if (job_abandoned(s, j)) {
+            rc = 1;
+            break;
+        }
+        size_t n = j->n_prompt - i < K3_DEFAULT_CHUNK ? j->n_prompt - i : K3_DEFAULT_CHUNK;
+        if ((rc = k3_session_forward(w->sess, j->prompt + i, (int)n, rows, K3_FWD_ALL_LOGITS,
+                                     err))) {
+            feed_failed(w, rc);
+            rc = -1;
+            break;
+        }
+        for (size_t r = 0; r < n && i + r + 1 < j->n_prompt && j->p.logprobs; r++)
+            k3_logprobs_add(&j->lp, tok, rows + r * (size_t)w->vocab, w->vocab,
+                            j->prompt[i + r + 1], j->p.top_logprobs, false);
+        memcpy(w->logits, rows + (n - 1) * (size_t)w->vocab, (size_t)w->vocab * sizeof *rows);
+        i += n;
+    }
+    free(rows);
+    w->logits_valid = rc == 0;
+    return rc;
+}
+
 /* Prefills what the kept state lacks. Returns 1 when abandoned, 0 done, <0 engine error. */
 static int prefill(k3_server *s, k3_job *j, k3_err *err) {
     k3_worker_state *w = s->ws;
     if (j->p.kind == K3_SRV_CHAT) splice_reply(s, j);
-    size_t reuse = s->o.no_reuse ? 0 : reusable(w, j->prompt, j->n_prompt);
+    size_t reuse = s->o.no_reuse || j->p.echo ? 0 : reusable(w, j->prompt, j->n_prompt);
     w->virt_msgs = 0; /* from here on the state is this job's */
     last_chat_clear(&w->last_chat);
     if (!reuse) {
@@ -268,6 +311,7 @@ static int prefill(k3_server *s, k3_job *j, k3_err *err) {
     }
     j->n_cached = (int)reuse;
     j->n_prompt_used = (int)j->n_prompt;
+    if (j->p.echo) return prefill_echo(s, j, err);
     for (size_t i = reuse; i < j->n_prompt;) { /* passes of K3_DEFAULT_CHUNK ids */
         if (job_abandoned(s, j)) return 1;
         size_t n = j->n_prompt - i < K3_DEFAULT_CHUNK ? j->n_prompt - i : K3_DEFAULT_CHUNK;
@@ -388,6 +432,9 @@ static const char *decode(k3_server *s, k3_job *j, k3_err *err, bool *failed) {
                                                   : w->stops.ids[0];
         else if (!w->spec.max_draft || !k3_spec_next(&w->spec, &id))
             id = k3_sampler_sample(&w->sampler, w->logits);
+        if (j->p.logprobs && !k3_stops_has(&w->stops, id)) /* the logits it was drawn from */
+            k3_logprobs_add(&j->lp, k3_engine_tokenizer(s->eng), w->logits, w->vocab, id,
+                            j->p.top_logprobs, j->p.kind == K3_SRV_CHAT);
         if (take(&d, id)) return d.finish;
         if (!w->spec.max_draft) {
             if (feed(w, id, true, err)) break;
@@ -455,7 +502,8 @@ static int start_sampling(k3_server *s, k3_job *j, k3_err *err) {
     k3_sampler_free(&w->sampler);
     k3_spec_free(&w->spec);
     int rc = k3_sampler_init(&w->sampler, &so, w->vocab, err);
-    if (!rc) rc = k3_spec_init(&w->spec, s->o.spec, w->sess, &w->sampler, err);
+    /* logprobs need the logits of every taken id: no speculation (drafts skip them) */
+    if (!rc) rc = k3_spec_init(&w->spec, p->logprobs ? 0 : s->o.spec, w->sess, &w->sampler, err);
     k3_reply_parser_free(&w->parser);
     k3_reply_parser_init(&w->parser, k3_engine_tokenizer(s->eng), &w->stops, p->thinking);
     k3_toolcall_parser_free(&w->tc);
