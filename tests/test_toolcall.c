@@ -5,6 +5,7 @@
  * split of the id sequence into pieces must give the same result. Malformed and cut-off
  * blocks come back as text with a reason. */
 #include "test.h"
+#include "../src/chat/conv.h"
 #include "../src/chat/parse.h"
 #include "../src/chat/render.h"
 #include "../src/chat/toolcall.h"
@@ -519,7 +520,70 @@ static void test_fallback_and_empty(void) {
     k3_tokenizer_free(t);
 }
 
+/* k3 chat's side: a conversation with tools declared turns a reply's tools block into the
+ * assistant message's tool_calls, and after the tool result its next prompt is exactly the
+ * whole conversation rendered from scratch. */
+static void test_conversation_round_trip(void) {
+    k3_tokenizer *t = load_tok();
+    if (!t) return;
+    k3_err err = {0};
+    cJSON *tools = cJSON_Parse("[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
+                               "\"parameters\":{\"type\":\"object\"}}}]");
+    cJSON *body = cJSON_Parse("{\"messages\":[{\"role\":\"user\",\"content\":\"Weather?\"},"
+        "{\"role\":\"assistant\",\"content\":\"\",\"reasoning_content\":\"Tool.\",\"tool_calls\":"
+        "[{\"id\":\"call_1_1\",\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
+        "\"arguments\":\"{\\\"city\\\": \\\"Paris\\\"}\"}}]}]}");
+    cJSON_AddItemToObject(body, "tools", cJSON_Duplicate(tools, 1));
+    int32_t *reply = NULL;
+    size_t n = 0;
+    if (reply_ids(t, body, &reply, &n)) return;
+    k3_conv c;
+    CHECK(k3_conv_init(&c, t, &err) == K3_OK);
+    CHECK(k3_conv_set_tools(&c, tools, &err) == K3_OK, "%s", err.msg);
+    CHECK(k3_conv_add(&c, "user", "Weather?", &err) == K3_OK);
+    CHECK(k3_conv_prompt(&c, &err) == K3_OK, "%s", err.msg);
+    k3_stops stops;
+    k3_stops_init(&stops, t, 163586);
+    k3_reply_parser p;
+    k3_reply_parser_init(&p, t, &stops, true);
+    char *buf = malloc(k3_reply_parser_out_cap(t));
+    enum k3_channel ch;
+    for (size_t i = 0; i < n; i++) k3_reply_parser_push(&p, reply[i], buf, k3_reply_parser_out_cap(t), &ch);
+    free(buf);
+    CHECK(p.ended && reply[n - 1] == 163586);
+    CHECK(k3_conv_commit(&c, reply, n - 1, &p, &err) == K3_OK, "%s", err.msg); /* without the stop */
+    k3_reply_parser_free(&p);
+    const cJSON *m = cJSON_GetArrayItem(c.messages, 1);
+    const cJSON *call = cJSON_GetArrayItem(cJSON_GetObjectItem(m, "tool_calls"), 0);
+    const cJSON *f = cJSON_GetObjectItem(call, "function");
+    CHECK(call && !strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(call, "id")), "call_1_1"));
+    CHECK(!strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(f, "name")), "get_weather"));
+    CHECK(!strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(f, "arguments")), "{\"city\": \"Paris\"}"),
+          "%s", cJSON_GetStringValue(cJSON_GetObjectItem(f, "arguments")));
+    CHECK(k3_conv_pending_tools(&c) == 1);
+    CHECK(k3_conv_add(&c, "tool", "sunny", &err) == K3_OK);
+    CHECK(k3_conv_pending_tools(&c) == 0);
+    CHECK(k3_conv_prompt(&c, &err) == K3_OK, "%s", err.msg);
+    /* the whole conversation, rendered from scratch */
+    cJSON *tool = cJSON_CreateObject();
+    cJSON_AddStringToObject(tool, "role", "tool");
+    cJSON_AddStringToObject(tool, "content", "sunny");
+    cJSON_AddItemToArray(cJSON_GetObjectItem(body, "messages"), tool);
+    int32_t *whole = NULL;
+    size_t nw = 0;
+    if (encode_body(t, body, &whole, &nw)) return;
+    CHECK(nw == c.prompt.n && !memcmp(whole, c.prompt.v, nw * sizeof *whole),
+          "continued prompt %zu ids, whole render %zu", c.prompt.n, nw);
+    free(whole);
+    free(reply);
+    cJSON_Delete(body);
+    cJSON_Delete(tools);
+    k3_conv_free(&c);
+    k3_tokenizer_free(t);
+}
+
 const k3_test k3_suite_toolcall[] = {
+    {"conversation_round_trip", test_conversation_round_trip},
     {"chat_json_calls_roundtrip", test_chat_json_calls_roundtrip},
     {"generated_calls_roundtrip", test_generated_calls_roundtrip},
     {"malformed_blocks", test_malformed_blocks},

@@ -313,3 +313,28 @@ int k3_toolcall_finish(k3_toolcall_parser *p) {
         p->rest = text_of(p, p->call_start, p->n_ids, NULL);
     return p->oom ? -1 : 0;
 }
+
+int k3_toolcall_parse_reply(const k3_tokenizer *t, const k3_stops *stops, bool thinking,
+                            const int32_t *ids, size_t n, k3_toolcall_parser *out) {
+    k3_reply_parser rp;
+    k3_reply_parser_init(&rp, t, stops, thinking);
+    k3_toolcall_parser_init(out, t);
+    size_t cap = k3_reply_parser_out_cap(t);
+    char *buf = malloc(cap);
+    bool entered = false;
+    int rc = buf ? 0 : -1;
+    for (size_t i = 0; i < n && !rc && !rp.ended; i++) {
+        enum k3_channel ch;
+        enum k3_reply_pos before = rp.pos;
+        if (k3_reply_parser_push(&rp, ids[i], buf, cap, &ch) < 0) rc = -1;
+        if (!rc && k3_toolcall_in_block(&rp, before, ids[i])) {
+            entered = true;
+            rc = k3_toolcall_push(out, &ids[i], 1);
+        }
+        if (rp.pos == K3_IN_TOOLS) entered = true;
+    }
+    if (!rc && entered) rc = k3_toolcall_finish(out);
+    free(buf);
+    k3_reply_parser_free(&rp);
+    return rc < 0 ? -1 : entered;
+}

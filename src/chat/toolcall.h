@@ -98,4 +98,10 @@ int k3_toolcall_finish(k3_toolcall_parser *p);
  * <|close|>tools<|sep|>, never the stop id). */
 bool k3_toolcall_in_block(const k3_reply_parser *rp, enum k3_reply_pos before, int32_t id);
 
+/* A whole generated reply (ids after the generation prompt, without the stop id) → *out
+ * (initialised here; free it with k3_toolcall_parser_free). Returns 1 when the reply has a
+ * tools block (then finished: see out->status), 0 when it has none, -1 out of memory. */
+int k3_toolcall_parse_reply(const k3_tokenizer *t, const k3_stops *stops, bool thinking,
+                            const int32_t *ids, size_t n, k3_toolcall_parser *out);
+
 #endif
