@@ -115,6 +115,17 @@ void k3_emit_start(k3_emitter *em) {
     if (em->j->p.stream && em->j->p.kind == K3_SRV_CHAT) send_delta(em, -1, "", 0);
 }
 
+void k3_emit_logprobs(k3_emitter *em, const k3_logprobs *one) {
+    k3_sbuf *b = &em->event;
+    bool chat = em->j->p.kind == K3_SRV_CHAT;
+    event_head(em);
+    k3_sbuf_str(b, chat ? "{\"index\":0,\"delta\":{},\"logprobs\":"
+                        : "{\"index\":0,\"text\":\"\",\"logprobs\":");
+    k3_logprobs_json(b, one, chat);
+    k3_sbuf_str(b, ",\"finish_reason\":null}");
+    event_tail(em);
+}
+
 /* ---- tool calls ---------------------------------------------------------------------------- */
 
 /* One streamed tool-call delta: {"index":0,"delta":{"tool_calls":[{"index":K, ...}]}}. */

@@ -228,7 +228,7 @@ static int f_reasoning_effort(const cJSON *v, const char *name, parse_ctx *c, k3
 }
 
 /* logprobs: chat a boolean (top_logprobs gives the alternatives), completions an integer
- * (the alternatives per token). Not streamed (a 400 says so). */
+ * (the alternatives per token). Streamed: one chunk per token carries its entry. */
 static int f_logprobs(const cJSON *v, const char *name, parse_ctx *c, k3_srv_params *p,
                       k3_api_error *e) {
     if (c->kind == K3_SRV_CHAT) {
@@ -584,9 +584,9 @@ int k3_srv_parse_params(const cJSON *root, enum k3_srv_kind kind, int max_tokens
     }
     const char *lp_bad = kind == K3_SRV_CHAT && p->top_logprobs && !p->logprobs
                          ? "'top_logprobs' needs 'logprobs': true"
-                         : p->stream && (p->logprobs || p->echo)
-                         ? "k3 returns logprobs and echo in non-streamed replies only; "
-                           "set 'stream': false" : NULL;
+                         : p->stream && p->echo
+                         ? "k3 echoes the prompt in non-streamed replies only; set 'stream': "
+                           "false" : NULL;
     if (lp_bad) {
         k3_srv_params_free(p);
         return k3_api_fail(e, 400, INVALID, "unsupported_parameter",

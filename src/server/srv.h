@@ -215,6 +215,8 @@ void k3_emitter_begin(k3_emitter *em, struct k3_server *s, k3_job *j);
 bool k3_emit_text(k3_emitter *em, int channel, const char *text, size_t n);
 /* Flushes held-back text and writes the final chunk(s) (stream) for finish reason `finish`. */
 void k3_emit_finish(k3_emitter *em, const char *finish);
+/* Stream: a chunk with an empty delta carrying the logprobs of one token (`one`). */
+void k3_emit_logprobs(k3_emitter *em, const k3_logprobs *one);
 /* Stream: the first chunk (role) once the job starts. */
 void k3_emit_start(k3_emitter *em);
 /* A complete tool call (index = its position, 0-based): stream: a delta with index, id,

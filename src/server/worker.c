@@ -383,6 +383,22 @@ static const char *end_tools(k3_server *s, k3_job *j, const char *finish) {
     return tc->n_calls ? "tool_calls" : finish;
 }
 
+/* The logprobs of the id just chosen from w->logits: kept for the reply, or streamed. */
+static void add_logprobs(k3_server *s, k3_job *j, int32_t id) {
+    k3_worker_state *w = s->ws;
+    bool chat = j->p.kind == K3_SRV_CHAT;
+    const k3_tokenizer *tok = k3_engine_tokenizer(s->eng);
+    if (!j->p.stream) {
+        k3_logprobs_add(&j->lp, tok, w->logits, w->vocab, id, j->p.top_logprobs, chat);
+        return;
+    }
+    k3_logprobs one = {.offset = j->lp.offset}; /* text_offset continues over the reply */
+    k3_logprobs_add(&one, tok, w->logits, w->vocab, id, j->p.top_logprobs, chat);
+    j->lp.offset = one.offset;
+    k3_emit_logprobs(w->em, &one);
+    k3_logprobs_free(&one);
+}
+
 /* One generation's decode state, shared with the speculation callbacks. */
 typedef struct decoding {
     k3_server *s;
@@ -433,8 +449,7 @@ static const char *decode(k3_server *s, k3_job *j, k3_err *err, bool *failed) {
         else if (!w->spec.max_draft || !k3_spec_next(&w->spec, &id))
             id = k3_sampler_sample(&w->sampler, w->logits);
         if (j->p.logprobs && !k3_stops_has(&w->stops, id)) /* the logits it was drawn from */
-            k3_logprobs_add(&j->lp, k3_engine_tokenizer(s->eng), w->logits, w->vocab, id,
-                            j->p.top_logprobs, j->p.kind == K3_SRV_CHAT);
+            add_logprobs(s, j, id);
         if (take(&d, id)) return d.finish;
         if (!w->spec.max_draft) {
             if (feed(w, id, true, err)) break;

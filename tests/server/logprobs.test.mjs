@@ -83,6 +83,12 @@ test('chat: logprobs.content per generated token with bytes and top_logprobs', a
     assert.ok(Array.isArray(content[k].bytes));
     if (!content[k].token.startsWith('bytes:')) assert.deepEqual(content[k].bytes, [...Buffer.from(content[k].token)]);
   }
+  // Streamed: each token's entry comes in a chunk of its own; together they are the same.
+  const stream = await api.chat.completions.create({ model: MODEL_ID, ...body, max_tokens: n, temperature: 0,
+    logprobs: true, top_logprobs: 3, stream: true });
+  const streamed = [];
+  for await (const ch of stream) streamed.push(...(ch.choices[0]?.logprobs?.content ?? []));
+  assert.deepEqual(streamed, content);
   // Sampling at a temperature does not change the values: they are the model's distribution.
   const hot = await api.chat.completions.create({ model: MODEL_ID, ...body, max_tokens: 1, temperature: 1.5,
     seed: 7, logprobs: true });

@@ -100,7 +100,7 @@ test('400 naming each field k3 cannot honour; never silently ignored', async () 
     [{ tools: [{ type: 'retrieval' }] }, 'tools[0].type'],
     [{ tool_choice: 'required' }, 'tool_choice'],
     [{ tools: [tool], tool_choice: { type: 'function', function: { name: 'f' } } }, 'tool_choice'],
-    [{ logprobs: true, stream: true }, 'logprobs'],
+    [{ logprobs: 'yes' }, 'logprobs'],
     [{ top_logprobs: 3 }, 'top_logprobs'],
     [{ n: 2 }, 'n'],
     [{ frequency_penalty: 0.5 }, 'frequency_penalty'],
