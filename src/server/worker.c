@@ -323,7 +323,7 @@ static int prefill(k3_server *s, k3_job *j, k3_err *err) {
 
 /* Chat with tools: gives the tools block's ids to the tool-call parser and each call it
  * completes to the emitter. */
-static void take_tools(k3_server *s, k3_job *j, enum k3_reply_pos before, int32_t id) {
+static void take_tools(k3_server *s, enum k3_reply_pos before, int32_t id) {
     k3_worker_state *w = s->ws;
     if (!k3_toolcall_in_block(&w->parser, before, id)) return;
     w->tc_entered = true;
@@ -333,7 +333,6 @@ static void take_tools(k3_server *s, k3_job *j, enum k3_reply_pos before, int32_
         k3_emit_tool_call(w->em, (int)w->tc_sent, c->name, c->arguments.p, c->piece_ends,
                           c->n_pieces);
     }
-    (void)j;
 }
 
 /* Turns one sampled id into visible text (through the channel parser for chat) and emits
@@ -349,7 +348,7 @@ static bool show(k3_server *s, k3_job *j, int32_t id, bool cut) {
                   : k3_reply_parser_push(&w->parser, id, w->text, w->text_cap, &c);
         ch = c == K3_CH_THINK;
         if (j->p.tools) { /* the block becomes tool calls; without tools it shows as content */
-            if (!cut) take_tools(s, j, before, id);
+            if (!cut) take_tools(s, before, id);
             if (c == K3_CH_TOOLS) len = 0;
         }
     } else if (cut) {
