@@ -330,7 +330,7 @@ static cJSON *gen_call(int k) {
     static const char *const NAMES[] = {"get_weather", "search.docs", "db-get", "f",
                                         "run_\xe6\x9d\xb1", "a&b\"c"};
     cJSON *call = cJSON_CreateObject(), *f = cJSON_CreateObject();
-    char id[16];
+    char id[24];
     snprintf(id, sizeof id, "call_%d", k);
     cJSON_AddStringToObject(call, "id", id);
     cJSON_AddStringToObject(call, "type", "function");
