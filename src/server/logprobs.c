@@ -24,6 +24,7 @@ static double log_norm(const float *l, int vocab) {
 /* The `top` ids with the largest logits, largest first (ties: lower id first). */
 static int top_ids(const float *l, int vocab, int top, int32_t *ids) {
     int n = 0;
+    if (top <= 0) return 0;
     for (int i = 0; i < vocab; i++) {
         if (n == top && l[i] <= l[ids[n - 1]]) continue;
         int k = n < top ? n++ : n - 1;
