@@ -43,6 +43,7 @@ typedef struct k3_conv {
     k3_id_list closing;   /* ids that close the last reply, not yet fed */
     size_t rendered;      /* messages [0, rendered) are in committed */
     bool no_preamble;     /* committed came from a state file: render without a preamble */
+    cJSON *tools;         /* declared tools (an OpenAI "tools" array), or NULL */
     k3_id_list prompt;    /* the last k3_conv_prompt result */
 } k3_conv;
 
@@ -58,7 +59,17 @@ void k3_conv_reset(k3_conv *c);
 void k3_conv_set_thinking(k3_conv *c, bool on);
 int k3_conv_set_effort(k3_conv *c, const char *effort, k3_err *err);
 
-/* Appends a message (role "system" or "user") with text content. Errors: K3_ERR_GENERIC. */
+/* Declares tools (an OpenAI "tools" JSON array, copied; NULL = none): the tool declaration
+ * leads the prompt (§12.5), so the next prompt is a full render; replies' tools blocks then
+ * become the assistant message's tool_calls (ids "call_M_K": message M, call K).
+ * Errors: K3_ERR_INPUT (not an array of {"type":"function","function":{"name":…}}). */
+int k3_conv_set_tools(k3_conv *c, const cJSON *tools, k3_err *err);
+
+/* Tool calls of the last assistant message still without a tool message after it. */
+int k3_conv_pending_tools(const k3_conv *c);
+
+/* Appends a message (role "system", "user" or "tool") with text content; a tool message
+ * answers the next pending call by position (the renderer names it). Errors: K3_ERR_GENERIC. */
 int k3_conv_add(k3_conv *c, const char *role, const char *text, k3_err *err);
 /* Removes the last message (e.g. one whose prompt could not be built). */
 void k3_conv_pop(k3_conv *c);

@@ -24,6 +24,7 @@
 
 typedef struct chat_opts {
     const char *model_dir;
+    const char *tools_file; /* --tools FILE */
     int max_new;
     bool verbose;
     k3_cli_chat_opts co;
@@ -44,11 +45,16 @@ static const char chat_commands[] =
     "  /stats               tokens prefilled, reused and generated; context used;\n"
     "                       speculation (--spec)\n"
     "  /max-new N           cap the next replies at N tokens\n"
+    "  /tool RESULT         answer the model's next pending tool call (with --tools); the\n"
+    "                       reply continues once every call has its result\n"
     "  /help, /exit\n";
 
 static const k3_opt chat_rows[] = {
     {.flag = "--max-new", K3_OPT_CMD(chat_opts, max_new), .field = "max_new", .type = K3_OPT_INT,
      .lo = 1, .hi = 1 << 30, .def = "1024", .meta = "N", .help = "at most N tokens per reply"},
+    {.flag = "--tools", K3_OPT_CMD(chat_opts, tools_file), .field = "tools", .type = K3_OPT_STR,
+     .meta = "FILE", .help = "declare tools (an OpenAI \"tools\" JSON array) to the model; its\n"
+                             "tool calls are shown with their arguments"},
 };
 
 static const k3_cli_command chat_cmd = {
@@ -220,8 +226,23 @@ static void turn_summary(chat *c, int n_new, int reused, double prefill_s,
         k3_gen_end_name(g->end), hits);
 }
 
-static int turn(chat *c, const char *text, k3_err *err) {
-    int rc = k3_conv_add(&c->conv, "user", text, err);
+/* The tool calls of the reply just committed, for the user to answer with /tool. */
+static void show_tool_calls(const chat *c) {
+    const cJSON *m = cJSON_GetArrayItem(c->conv.messages,
+                                        cJSON_GetArraySize(c->conv.messages) - 1);
+    const cJSON *call;
+    int k = 0;
+    cJSON_ArrayForEach(call, cJSON_GetObjectItemCaseSensitive(m, "tool_calls")) {
+        const cJSON *f = cJSON_GetObjectItemCaseSensitive(call, "function");
+        printf("[tool call %d] %s %s\n", ++k,
+               cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(f, "name")),
+               cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(f, "arguments")));
+    }
+    if (k) dim(c, "(answer with /tool RESULT, one per call in order)\n");
+}
+
+static int turn(chat *c, const char *role, const char *text, k3_err *err) {
+    int rc = k3_conv_add(&c->conv, role, text, err);
     if (!rc && (rc = k3_conv_prompt(&c->conv, err))) k3_conv_pop(&c->conv);
     if (rc) return rc;
     size_t n = c->conv.prompt.n;
@@ -255,6 +276,7 @@ static int turn(chat *c, const char *text, k3_err *err) {
     if (!rc) {
         turn_summary(c, n_new, reused, prefill_s, &g);
         rc = k3_conv_commit(&c->conv, g.ids, g.n, &p, err);
+        if (!rc) show_tool_calls(c);
         c->turns++;
         c->generated += g.n_sampled;
         c->decode_s += g.decode_s;
@@ -346,6 +368,20 @@ static int command(chat *c, const char *line) {
         if (!(rc = load(c, arg, &err)))
             dim(c, "(loaded %d messages; the next turn prefills them)\n",
                 cJSON_GetArraySize(c->conv.messages));
+    } else if (!strcmp(cmd, "tool") && arg[0]) {
+        int pending = k3_conv_pending_tools(&c->conv);
+        if (!pending) {
+            printf("no tool call is waiting for a result\n");
+        } else if (pending > 1) {
+            if (!(rc = k3_conv_add(&c->conv, "tool", arg, &err)))
+                dim(c, "(%d more tool results expected)\n", pending - 1);
+        } else {
+            rc = turn(c, "tool", arg, &err);
+            if (rc == K3_ERR_INTERRUPTED) {
+                dim(c, "(%s; the result is kept)\n", err.msg);
+                rc = K3_OK;
+            }
+        }
     } else if (!strcmp(cmd, "stats")) {
         stats(c);
     } else if (!strcmp(cmd, "max-new") && atoi(arg) > 0) {
@@ -408,7 +444,7 @@ static int repl(chat *c, k3_err *err) {
             quit = command(c, msg);
         } else if (msg[strspn(msg, " \t\n")]) {
             k3_err terr = {0};
-            int trc = turn(c, msg, &terr);
+            int trc = turn(c, "user", msg, &terr);
             if (trc == K3_ERR_INTERRUPTED)
                 dim(c, "(%s; the message is kept)\n", terr.msg);
             else if (trc) {
@@ -423,6 +459,20 @@ static int repl(chat *c, k3_err *err) {
             return failed;
         }
     }
+}
+
+/* --tools FILE: an OpenAI "tools" array (or a request body holding one). */
+static int load_tools(k3_conv *conv, const char *path, k3_err *err) {
+    char *buf;
+    size_t len;
+    int rc = k3_read_file(path, (size_t)16 << 20, &buf, &len, err);
+    if (rc) return rc;
+    cJSON *j = cJSON_ParseWithLength(buf, len);
+    free(buf);
+    const cJSON *tools = cJSON_IsObject(j) ? cJSON_GetObjectItemCaseSensitive(j, "tools") : j;
+    rc = j ? k3_conv_set_tools(conv, tools, err) : k3_fail(err, K3_ERR_INPUT, "not valid JSON");
+    cJSON_Delete(j);
+    return rc ? k3_err_prefix(err, "--tools %s", path) : K3_OK;
 }
 
 static int chat_main(const chat_opts *o, k3_err *err) {
@@ -445,6 +495,7 @@ static int chat_main(const chat_opts *o, k3_err *err) {
     if (!rc && o->co.spec && c.spec.never) fprintf(stderr, "k3: --spec is off: %s\n", c.spec.why);
     if (!rc && !(c.logits = malloc((size_t)k3_engine_config(e)->vocab_size * sizeof(float))))
         rc = k3_fail(err, K3_ERR_GENERIC, "out of memory");
+    if (!rc && o->tools_file) rc = load_tools(&c.conv, o->tools_file, err);
     if (!rc) {
         k3_conv_set_thinking(&c.conv, !o->co.no_think);
         rc = k3_conv_set_effort(&c.conv, o->co.effort ? o->co.effort : "max", err);

@@ -70,6 +70,7 @@ static const k3_cli_command serve_cmd = {
         "  GET  /v1/models, /v1/models/ID   the one served model\n"
         "  POST /v1/chat/completions        chat (K3 chat format; thinking as reasoning_content)\n"
         "  POST /v1/completions             raw text completion of a prompt\n"
+        "  POST /v1/messages                the Anthropic Messages API (and /count_tokens)\n"
         "  GET  /health                     liveness and queue state (no key needed)\n"
         "  GET  /                           the chat page, for a browser (no key needed)\n"
         "Each path also works without the /v1 prefix. Streaming (\"stream\": true) uses\n"
@@ -94,6 +95,9 @@ static int parse_args(int argc, char **argv, serve_args *a) {
     a->so.ctx = a->cc.ctx;
     a->so.spec = a->co.spec;
     a->so.chunk = a->co.chunk;
+    /* Tests only, deliberately not in --help: replies replaced by a script (server.h). */
+    const char *script = getenv("K3_TEST_SCRIPTED_REPLY");
+    if (script && script[0]) a->so.scripted_reply = script;
     return 0;
 }
 

@@ -63,7 +63,11 @@ int k3_gen_step(k3_gen *g, k3_err *err) {
     }
     k3_spec *sp = spec_of(g);
     int32_t id;
-    if (!sp || !k3_spec_next(sp, &id)) id = k3_sampler_sample(g->sm, g->logits);
+    if (g->io.choose && g->io.choose(g->io.user, &id)) {
+        /* the caller's id (a scripted reply) */
+    } else if (!sp || !k3_spec_next(sp, &id)) {
+        id = k3_sampler_sample(g->sm, g->logits);
+    }
     if (take(g, id)) return K3_OK;
     int rc;
     if (sp) { /* id, and maybe drafts K3 agrees with (taken through spec_accepted) */
@@ -95,6 +99,7 @@ void k3_stop_text_reset(k3_stop_text *st, const char *const *strings, int n) {
     for (int i = 0; i < st->n; i++) st->s[i] = strings[i];
     st->len = st->released = 0;
     st->matched = st->oom = false;
+    st->which = -1;
 }
 
 void k3_stop_text_free(k3_stop_text *st) {
@@ -103,11 +108,11 @@ void k3_stop_text_free(k3_stop_text *st) {
 }
 
 /* Earliest start of any stop string in h[0, n), or -1. */
-static long find_stop(const k3_stop_text *st, const char *h, size_t n) {
+static long find_stop(const k3_stop_text *st, const char *h, size_t n, int *which) {
     long best = -1;
     for (int i = 0; i < st->n; i++) {
         const char *m = memmem(h, n, st->s[i], strlen(st->s[i]));
-        if (m && (best < 0 || m - h < best)) best = m - h;
+        if (m && (best < 0 || m - h < best)) best = m - h, *which = i;
     }
     return best;
 }
@@ -151,7 +156,7 @@ bool k3_stop_text_push(k3_stop_text *st, const char *text, size_t n, const char 
     if (n) memcpy(st->hold + st->len, text, n);
     st->len += n;
     *out = st->hold;
-    long at = find_stop(st, st->hold, st->len);
+    long at = find_stop(st, st->hold, st->len, &st->which);
     if (at >= 0) {
         *out_n = (size_t)at;
         st->len = 0;

@@ -56,6 +56,9 @@ typedef struct k3_gen_io {
     /* Asked after each id that no other rule ended; true = K3_GEN_INTERRUPTED (e.g. the
      * server's client hung up). */
     bool (*cancelled)(void *user);
+    /* Test-only (the server's scripted replies): when it returns true, *id replaces the
+     * sampled one. Leave it NULL with speculation. */
+    bool (*choose)(void *user, int32_t *id);
 } k3_gen_io;
 
 typedef struct k3_gen_params {
@@ -114,6 +117,7 @@ typedef struct k3_stop_text {
     char *hold;                      /* [cap]: released bytes first, then the held suffix */
     size_t len, cap, released;
     bool matched;                    /* a stop string matched; later text is dropped */
+    int which;                       /* the index of the string that matched, else -1 */
     bool oom;                        /* out of memory: text was dropped */
 } k3_stop_text;
 

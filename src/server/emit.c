@@ -5,9 +5,11 @@
  * returns as content: text that could still grow into a stop string is held back, never sent
  * and then taken back. Reasoning is sent as generated.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "anthropic.h"
 #include "../engine/generate.h"
 #include "srv.h"
 
@@ -19,6 +21,7 @@ struct k3_emitter {
     k3_job *j;
     k3_stop_text stop; /* content held back: a suffix that may begin a stop string */
     k3_sbuf event;     /* one SSE event being formatted */
+    k3_anth_stream as; /* Anthropic stream: the open content block */
 };
 
 k3_emitter *k3_emitter_new(void) { return calloc(1, sizeof(k3_emitter)); }
@@ -36,6 +39,7 @@ void k3_emitter_begin(k3_emitter *em, k3_server *s, k3_job *j) {
     em->event.len = 0;
     em->event.oom = 0;
     k3_stop_text_reset(&em->stop, (const char *const *)j->p.stop, j->p.n_stop);
+    j->stop_index = -1;
 }
 
 /* ---- SSE ------------------------------------------------------------------------------- */
@@ -73,6 +77,11 @@ static void event_tail(k3_emitter *em) {
 /* One choice delta: channel 0 = content (or text), 1 = reasoning_content, -1 = role only. */
 static void send_delta(k3_emitter *em, int channel, const char *text, size_t n) {
     k3_sbuf *b = &em->event;
+    if (em->j->anthropic) {
+        if (channel >= 0) k3_anth_text(&em->as, b, channel, text, n);
+        push_event(em);
+        return;
+    }
     event_head(em);
     if (em->j->p.kind == K3_SRV_CHAT) {
         if (channel < 0) k3_sbuf_str(b, "{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"");
@@ -95,7 +104,80 @@ static void out_text(k3_emitter *em, int channel, const char *text, size_t n) {
 }
 
 void k3_emit_start(k3_emitter *em) {
+    if (em->j->p.stream && em->j->anthropic) {
+        k3_anth_message_start(&em->as, &em->event, em->s, em->j);
+        push_event(em);
+        return;
+    }
     if (em->j->p.stream && em->j->p.kind == K3_SRV_CHAT) send_delta(em, -1, "", 0);
+}
+
+void k3_emit_logprobs(k3_emitter *em, const k3_logprobs *one) {
+    k3_sbuf *b = &em->event;
+    bool chat = em->j->p.kind == K3_SRV_CHAT;
+    event_head(em);
+    k3_sbuf_str(b, chat ? "{\"index\":0,\"delta\":{},\"logprobs\":"
+                        : "{\"index\":0,\"text\":\"\",\"logprobs\":");
+    k3_logprobs_json(b, one, chat);
+    k3_sbuf_str(b, ",\"finish_reason\":null}");
+    event_tail(em);
+}
+
+/* ---- tool calls ---------------------------------------------------------------------------- */
+
+/* One streamed tool-call delta: {"index":0,"delta":{"tool_calls":[{"index":K, ...}]}}. */
+static void tool_delta(k3_emitter *em, int index, const char *id, const char *name,
+                       const char *args, size_t n) {
+    k3_sbuf *b = &em->event;
+    event_head(em);
+    k3_sbuf_printf(b, "{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":%d,", index);
+    if (id) {
+        k3_sbuf_printf(b, "\"id\":\"%s\",\"type\":\"function\",\"function\":{\"name\":\"", id);
+        k3_sbuf_json_str(b, name, strlen(name));
+        k3_sbuf_str(b, "\",\"arguments\":\"\"}}]}");
+    } else {
+        k3_sbuf_str(b, "\"function\":{\"arguments\":\"");
+        k3_sbuf_json_str(b, args, n);
+        k3_sbuf_str(b, "\"}}]}");
+    }
+    k3_sbuf_str(b, ",\"logprobs\":null,\"finish_reason\":null}");
+    event_tail(em);
+}
+
+void k3_emit_tool_call(k3_emitter *em, int index, const char *name, const char *arguments,
+                       const size_t *piece_ends, size_t n_pieces) {
+    k3_job *j = em->j;
+    char id[80];
+    /* j->id is "chatcmpl-k3…" / "msg_k3…": unique per server run; + the index per call. */
+    const char *serial = strstr(j->id, "k3");
+    snprintf(id, sizeof id, "%s_%s_%d", j->anthropic ? "toolu" : "call", serial ? serial : j->id,
+             index);
+    j->n_tool_calls++;
+    if (j->anthropic) {
+        if (j->p.stream) {
+            k3_anth_tool_use(&em->as, &em->event, id, name, arguments, piece_ends, n_pieces);
+            push_event(em);
+        } else {
+            k3_anth_tool_use_json(&j->tool_calls, id, name, arguments);
+        }
+        return;
+    }
+    if (j->p.stream) {
+        tool_delta(em, index, id, name, NULL, 0);
+        size_t from = 0;
+        for (size_t k = 0; k < n_pieces; k++) {
+            tool_delta(em, index, NULL, NULL, arguments + from, piece_ends[k] - from);
+            from = piece_ends[k];
+        }
+        return;
+    }
+    k3_sbuf *b = &j->tool_calls;
+    k3_sbuf_printf(b, "%s{\"id\":\"%s\",\"type\":\"function\",\"function\":{\"name\":\"",
+                   b->len ? "," : "", id);
+    k3_sbuf_json_str(b, name, strlen(name));
+    k3_sbuf_str(b, "\",\"arguments\":\"");
+    k3_sbuf_json_str(b, arguments, strlen(arguments));
+    k3_sbuf_str(b, "\"}}");
 }
 
 /* ---- stop strings -------------------------------------------------------------------------- */
@@ -111,6 +193,7 @@ bool k3_emit_text(k3_emitter *em, int channel, const char *text, size_t n) {
     size_t len;
     bool stopped = k3_stop_text_push(&em->stop, text, n, &out, &len);
     out_text(em, 0, out, len);
+    if (stopped) em->j->stop_index = em->stop.which;
     return stopped;
 }
 
@@ -132,6 +215,12 @@ void k3_emit_finish(k3_emitter *em, const char *finish) {
     if (finish) out_text(em, 0, held, n_held);
     if (!j->p.stream || (!finish && !j->failed)) return; /* cancelled: nobody is listening */
     k3_sbuf *b = &em->event;
+    if (j->anthropic) {
+        if (j->failed) k3_anth_error_event(b, &j->err);
+        else k3_anth_finish(&em->as, b, j);
+        push_event(em);
+        return;
+    }
     if (j->failed) {
         char *err = k3_api_error_json(&j->err);
         k3_sbuf_str(b, "data: ");
@@ -157,6 +246,7 @@ void k3_emit_finish(k3_emitter *em, const char *finish) {
 }
 
 char *k3_srv_reply_json(const k3_server *s, const k3_job *j) {
+    if (j->anthropic) return k3_anth_reply_json(s, j);
     k3_sbuf b = {0};
     bool chat = j->p.kind == K3_SRV_CHAT;
     k3_sbuf_printf(&b, "{\"id\":\"%s\",\"object\":\"%s\",\"created\":%lld,\"model\":\"", j->id,
@@ -164,9 +254,20 @@ char *k3_srv_reply_json(const k3_server *s, const k3_job *j) {
     k3_sbuf_json_str(&b, s->model_id, strlen(s->model_id));
     k3_sbuf_str(&b, "\",\"choices\":[{\"index\":0,");
     if (chat) {
-        k3_sbuf_str(&b, "\"message\":{\"role\":\"assistant\",\"content\":\"");
-        k3_sbuf_json_str(&b, j->content.p ? j->content.p : "", j->content.len);
-        k3_sbuf_str(&b, "\",\"reasoning_content\":");
+        k3_sbuf_str(&b, "\"message\":{\"role\":\"assistant\",\"content\":");
+        if (j->n_tool_calls && !j->content.len) { /* OpenAI: null beside tool calls */
+            k3_sbuf_str(&b, "null");
+        } else {
+            k3_sbuf_str(&b, "\"");
+            k3_sbuf_json_str(&b, j->content.p ? j->content.p : "", j->content.len);
+            k3_sbuf_str(&b, "\"");
+        }
+        if (j->n_tool_calls) {
+            k3_sbuf_str(&b, ",\"tool_calls\":[");
+            k3_sbuf_add(&b, j->tool_calls.p, j->tool_calls.len);
+            k3_sbuf_str(&b, "]");
+        }
+        k3_sbuf_str(&b, ",\"reasoning_content\":");
         if (j->p.thinking) {
             k3_sbuf_str(&b, "\"");
             k3_sbuf_json_str(&b, j->reasoning.p ? j->reasoning.p : "", j->reasoning.len);
@@ -180,10 +281,13 @@ char *k3_srv_reply_json(const k3_server *s, const k3_job *j) {
         k3_sbuf_json_str(&b, j->content.p ? j->content.p : "", j->content.len);
         k3_sbuf_str(&b, "\",");
     }
-    k3_sbuf_printf(&b, "\"logprobs\":null,\"finish_reason\":\"%s\"}],\"usage\":", j->finish);
+    k3_sbuf_str(&b, "\"logprobs\":");
+    if (j->p.logprobs) k3_logprobs_json(&b, &j->lp, chat);
+    else k3_sbuf_str(&b, "null");
+    k3_sbuf_printf(&b, ",\"finish_reason\":\"%s\"}],\"usage\":", j->finish);
     k3_srv_usage_json(&b, j);
     k3_sbuf_str(&b, "}\n");
-    if (b.oom || j->content.oom || j->reasoning.oom) {
+    if (b.oom || j->content.oom || j->reasoning.oom || j->tool_calls.oom) {
         k3_sbuf_free(&b);
         return NULL;
     }

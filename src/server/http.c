@@ -15,6 +15,7 @@
 #include <sys/socket.h>
 #include <time.h>
 
+#include "anthropic.h"
 #include "srv.h"
 #include "../util/clock.h"
 #include "ui.h"
@@ -23,7 +24,8 @@
 #define K3_MAX_CONNECTIONS 256    /* default connection limit (one thread each), 1/8 per address */
 #define K3_WAIT_TICK_NS 200000000 /* how often a waiting connection looks at its socket */
 
-enum route { R_NONE, R_MODELS, R_MODEL, R_COMPLETIONS, R_CHAT, R_HEALTH, R_UI };
+enum route { R_NONE, R_MODELS, R_MODEL, R_COMPLETIONS, R_CHAT, R_HEALTH, R_UI, R_MESSAGES,
+             R_COUNT_TOKENS };
 
 typedef struct k3_conn {
     enum route route;
@@ -94,7 +96,9 @@ static enum MHD_Result reply_error(const k3_server *s, struct MHD_Connection *c,
     if (e->status == 401) hname = "WWW-Authenticate", hvalue = "Bearer";
     else if (e->status == 429 || e->status == 503) hname = "Retry-After", hvalue = "1";
     else if (e->status == 405) hname = "Allow", hvalue = e->allow;
-    return reply(c, (unsigned)e->status, k3_api_error_json(e), hname, hvalue);
+    bool anthropic = path && !strncmp(path, "/v1/messages", 12); /* its own error shape */
+    return reply(c, (unsigned)e->status, anthropic ? k3_anth_error_json(e) : k3_api_error_json(e),
+                 hname, hvalue);
 }
 
 /* ---- GET endpoints ------------------------------------------------------------------------- */
@@ -304,8 +308,18 @@ static enum MHD_Result post_generate(k3_server *s, struct MHD_Connection *c, k3_
         cJSON_Delete(root);
         return reply(c, 500, NULL, NULL, NULL);
     }
+    if (cc->route == R_MESSAGES || cc->route == R_COUNT_TOKENS) { /* anthropic.h */
+        cJSON *chat = k3_anth_to_chat(root, cc->route == R_COUNT_TOKENS, &e);
+        cJSON_Delete(root);
+        if (!chat) {
+            free(j);
+            return reply_error(s, c, "POST", cc->path, &e);
+        }
+        root = chat;
+        j->anthropic = true;
+    }
     j->root = root; /* owned by the job from here on */
-    enum k3_srv_kind kind = cc->route == R_CHAT ? K3_SRV_CHAT : K3_SRV_COMPLETIONS;
+    enum k3_srv_kind kind = cc->route == R_COMPLETIONS ? K3_SRV_COMPLETIONS : K3_SRV_CHAT;
     int bad = k3_srv_parse_params(root, kind, s->o.max_tokens, &j->p, &e);
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
@@ -315,6 +329,13 @@ static enum MHD_Result post_generate(k3_server *s, struct MHD_Connection *c, k3_
     if (!bad) k3_srv_apply_defaults(root, &s->o, &j->p);
     if (!bad)
         bad = k3_srv_build_prompt(s->eng, root, &j->p, &j->req, &j->prompt, &j->n_prompt, &e);
+    if (!bad && cc->route == R_COUNT_TOKENS) { /* the prompt is all it asks about */
+        char *body = malloc(64);
+        if (body) snprintf(body, 64, "{\"input_tokens\":%zu}\n", j->n_prompt);
+        log_line(s, "POST %s 200 %zu tokens", cc->path, j->n_prompt);
+        k3_job_free(j);
+        return reply(c, 200, body, NULL, NULL);
+    }
     if (!bad)
         bad = k3_srv_check_context(&j->p, j->n_prompt, s->ctx,
                                    k3_engine_config(s->eng)->max_position_embeddings, &e);
@@ -327,7 +348,8 @@ static enum MHD_Result post_generate(k3_server *s, struct MHD_Connection *c, k3_
         pthread_mutex_lock(&s->mu);
         unsigned long long serial = ++s->n_ids;
         pthread_mutex_unlock(&s->mu);
-        snprintf(j->id, sizeof j->id, "%s-k3%llx%llx", kind == K3_SRV_CHAT ? "chatcmpl" : "cmpl",
+        snprintf(j->id, sizeof j->id, "%s%sk3%llx%llx", j->anthropic ? "msg" :
+                 kind == K3_SRV_CHAT ? "chatcmpl" : "cmpl", j->anthropic ? "_" : "-",
                  (unsigned long long)s->started_unix, serial);
         bad = k3_job_submit(s, j, &e);
     }
@@ -347,6 +369,9 @@ static enum route route_of(const char *url, k3_conn *cc) {
     if (!strcmp(url, "/completions")) return cc->path = "/v1/completions", R_COMPLETIONS;
     if (!strcmp(url, "/chat/completions")) return cc->path = "/v1/chat/completions", R_CHAT;
     if (!strcmp(url, "/health")) return cc->path = "/health", R_HEALTH;
+    if (!strcmp(url, "/messages")) return cc->path = "/v1/messages", R_MESSAGES;
+    if (!strcmp(url, "/messages/count_tokens"))
+        return cc->path = "/v1/messages/count_tokens", R_COUNT_TOKENS;
     if (!strncmp(url, "/models/", 8) && url[8] && strlen(url + 8) < sizeof cc->model) {
         snprintf(cc->model, sizeof cc->model, "%s", url + 8);
         return cc->path = "/v1/models/ID", R_MODEL;
@@ -365,6 +390,8 @@ static bool same_secret(const char *a, const char *b) {
 static bool authorized(const k3_server *s, struct MHD_Connection *c) {
     if (!s->o.api_key || !s->o.api_key[0]) return true;
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+    const char *x = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key"); /* Anthropic */
+    if (x && same_secret(x, s->o.api_key)) return true;
     if (!h || strncasecmp(h, "Bearer ", 7)) return false;
     return same_secret(h + 7, s->o.api_key);
 }
@@ -374,7 +401,8 @@ static enum MHD_Result on_headers(k3_server *s, struct MHD_Connection *c, const 
                                   const char *method, k3_conn *cc) {
     k3_api_error e = {0};
     cc->route = route_of(url, cc);
-    bool post = cc->route == R_COMPLETIONS || cc->route == R_CHAT;
+    bool post = cc->route == R_COMPLETIONS || cc->route == R_CHAT || cc->route == R_MESSAGES ||
+                cc->route == R_COUNT_TOKENS;
     if (cc->route == R_NONE)
         k3_api_fail(&e, 404, "invalid_request_error", "unknown_url", NULL,
                     "Invalid URL (%s %s)", method, url);

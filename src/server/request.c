@@ -1,7 +1,7 @@
 /* request.c — validation of completions / chat-completions request bodies (see srv.h).
  *
  * Every top-level field is looked up in one table. A field k3 honours is checked for type
- * and range; a field it cannot honour (tools offered for calling, logprobs, penalties,
+ * and range; a field it cannot honour (logprobs, penalties,
  * images, n > 1, ...) is accepted only with its neutral value and is otherwise a 400 that
  * names it; an unknown field is a 400 too, as OpenAI does. Nothing is silently dropped.
  */
@@ -84,12 +84,6 @@ static int f_object(const cJSON *v, const char *name, parse_ctx *c, k3_srv_param
                     k3_api_error *e) {
     (void)c, (void)p;
     return cJSON_IsObject(v) ? 0 : type_error(name, "an object", v, e);
-}
-
-static int f_bool_ignored(const cJSON *v, const char *name, parse_ctx *c, k3_srv_params *p,
-                          k3_api_error *e) {
-    (void)c, (void)p;
-    return cJSON_IsBool(v) ? 0 : type_error(name, "a boolean", v, e);
 }
 
 static int f_max_tokens(const cJSON *v, const char *name, parse_ctx *c, k3_srv_params *p,
@@ -239,6 +233,39 @@ static int f_reasoning_effort(const cJSON *v, const char *name, parse_ctx *c, k3
     return 0;
 }
 
+/* logprobs: chat a boolean (top_logprobs gives the alternatives), completions an integer
+ * (the alternatives per token). Streamed: one chunk per token carries its entry. */
+static int f_logprobs(const cJSON *v, const char *name, parse_ctx *c, k3_srv_params *p,
+                      k3_api_error *e) {
+    if (c->kind == K3_SRV_CHAT) {
+        if (!cJSON_IsBool(v)) return type_error(name, "a boolean", v, e);
+        p->logprobs = cJSON_IsTrue(v);
+        return 0;
+    }
+    long long n;
+    if (get_int(v, name, 0, 20, &n, e)) return -1;
+    p->logprobs = true;
+    p->top_logprobs = (int)n;
+    return 0;
+}
+
+static int f_top_logprobs(const cJSON *v, const char *name, parse_ctx *c, k3_srv_params *p,
+                          k3_api_error *e) {
+    (void)c;
+    long long n;
+    if (get_int(v, name, 0, 20, &n, e)) return -1;
+    p->top_logprobs = (int)n;
+    return 0;
+}
+
+static int f_echo(const cJSON *v, const char *name, parse_ctx *c, k3_srv_params *p,
+                  k3_api_error *e) {
+    (void)c;
+    if (!cJSON_IsBool(v)) return type_error(name, "a boolean", v, e);
+    p->echo = cJSON_IsTrue(v);
+    return 0;
+}
+
 /* ---- fields accepted only with their neutral value ---------------------------------------- */
 
 static int f_n(const cJSON *v, const char *name, parse_ctx *c, k3_srv_params *p,
@@ -274,18 +301,69 @@ static int f_empty_only(const cJSON *v, const char *name, parse_ctx *c, k3_srv_p
                         k3_api_error *e) {
     (void)c, (void)p;
     if ((cJSON_IsArray(v) || cJSON_IsObject(v)) && !v->child) return 0;
-    if (!strcmp(name, "tools") || !strcmp(name, "functions"))
-        return cannot(name, "k3 serve does not offer tools for the model to call", e);
+    if (!strcmp(name, "functions"))
+        return cannot(name, "the deprecated 'functions' API is not supported; use 'tools'", e);
     if (!strcmp(name, "logit_bias")) return cannot(name, "logit bias is not supported", e);
     return cannot(name, "only an empty value is supported", e);
 }
 
+/* tools: functions with JSON Schema parameters, rendered as K3's tool declaration (§12.5). */
+static int f_tools(const cJSON *v, const char *name, parse_ctx *c, k3_srv_params *p,
+                   k3_api_error *e) {
+    (void)c;
+    if (!cJSON_IsArray(v)) return type_error(name, "an array", v, e);
+    int i = 0;
+    const cJSON *t;
+    cJSON_ArrayForEach(t, v) {
+        char at[64];
+        snprintf(at, sizeof at, "tools[%d]", i);
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(t, "type");
+        const cJSON *f = cJSON_GetObjectItemCaseSensitive(t, "function");
+        if (!cJSON_IsObject(t)) return type_error(at, "an object", t, e);
+        if (!cJSON_IsString(type) || strcmp(type->valuestring, "function")) {
+            snprintf(at, sizeof at, "tools[%d].type", i);
+            return cannot(at, "k3 offers tools of type \"function\" only", e);
+        }
+        snprintf(at, sizeof at, "tools[%d].function", i);
+        if (!f) return k3_api_fail(e, 400, INVALID, NULL, at, "'%s' is required", at);
+        if (!cJSON_IsObject(f)) return type_error(at, "an object", f, e);
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(f, "name");
+        snprintf(at, sizeof at, "tools[%d].function.name", i);
+        if (!cJSON_IsString(fn) || !fn->valuestring[0])
+            return k3_api_fail(e, 400, INVALID, NULL, at, "'%s' must be a non-empty string", at);
+        const cJSON *params = cJSON_GetObjectItemCaseSensitive(f, "parameters");
+        snprintf(at, sizeof at, "tools[%d].function.parameters", i);
+        if (params && !cJSON_IsNull(params) && !cJSON_IsObject(params))
+            return type_error(at, "a JSON Schema object", params, e);
+        i++;
+    }
+    p->tools = i > 0;
+    return 0;
+}
+
+/* tool_choice: "auto", "none", "required" render as the official renderer does (§12.5,
+ * render.c); a named function has no verified K3 rendering, so it is refused by name. */
 static int f_tool_choice(const cJSON *v, const char *name, parse_ctx *c, k3_srv_params *p,
                          k3_api_error *e) {
-    (void)c, (void)p;
-    if (cJSON_IsString(v) && (!strcmp(v->valuestring, "none") || !strcmp(v->valuestring, "auto")))
-        return 0; /* with no tools offered, both mean "answer in text" */
-    return cannot(name, "k3 serve does not offer tools for the model to call", e);
+    (void)c;
+    if (cJSON_IsObject(v))
+        return cannot(name, "a named tool_choice ({\"type\": \"function\", ...}) has no "
+                      "verified rendering in K3's chat format; use \"auto\", \"required\" or "
+                      "\"none\" and name the tool in a message", e);
+    if (!cJSON_IsString(v) || (strcmp(v->valuestring, "none") && strcmp(v->valuestring, "auto") &&
+                               strcmp(v->valuestring, "required")))
+        return k3_api_fail(e, 400, INVALID, NULL, name, "'%s' must be \"auto\", \"none\" or "
+                           "\"required\"", name);
+    p->tool_required = !strcmp(v->valuestring, "required");
+    return 0;
+}
+
+static int f_parallel_tool_calls(const cJSON *v, const char *name, parse_ctx *c,
+                                 k3_srv_params *p, k3_api_error *e) {
+    (void)c;
+    if (!cJSON_IsBool(v)) return type_error(name, "a boolean", v, e);
+    p->parallel_tool_calls = cJSON_IsTrue(v);
+    return 0;
 }
 
 static int f_response_format(const cJSON *v, const char *name, parse_ctx *c, k3_srv_params *p,
@@ -454,16 +532,16 @@ static const struct field {
     {"user", KIND_COMP | KIND_CHAT, f_string},
     {"metadata", KIND_CHAT, f_object},
     {"service_tier", KIND_CHAT, f_string},
-    {"parallel_tool_calls", KIND_CHAT, f_bool_ignored},
+    {"parallel_tool_calls", KIND_CHAT, f_parallel_tool_calls},
     {"n", KIND_COMP | KIND_CHAT, f_n},
-    {"logprobs", KIND_COMP | KIND_CHAT, f_false_only},
-    {"top_logprobs", KIND_CHAT, f_zero_only},
-    {"echo", KIND_COMP, f_false_only},
+    {"logprobs", KIND_COMP | KIND_CHAT, f_logprobs},
+    {"top_logprobs", KIND_CHAT, f_top_logprobs},
+    {"echo", KIND_COMP, f_echo},
     {"store", KIND_CHAT, f_false_only},
     {"frequency_penalty", KIND_COMP | KIND_CHAT, f_zero_only},
     {"presence_penalty", KIND_COMP | KIND_CHAT, f_zero_only},
     {"logit_bias", KIND_COMP | KIND_CHAT, f_empty_only},
-    {"tools", KIND_CHAT, f_empty_only},
+    {"tools", KIND_CHAT, f_tools},
     {"functions", KIND_CHAT, f_empty_only},
     {"tool_choice", KIND_CHAT, f_tool_choice},
     {"function_call", KIND_CHAT, f_never},
@@ -479,7 +557,7 @@ static const struct field {
 int k3_srv_parse_params(const cJSON *root, enum k3_srv_kind kind, int max_tokens_ceiling,
                         k3_srv_params *p, k3_api_error *e) {
     *p = (k3_srv_params){.kind = kind, .temperature = 1.0, .top_p = 1.0, .thinking = true,
-                         .client_fd = -1};
+                         .client_fd = -1, .parallel_tool_calls = true};
     parse_ctx c = {.kind = kind, .ceiling = max_tokens_ceiling};
     unsigned bit = kind == K3_SRV_CHAT ? KIND_CHAT : KIND_COMP;
     if (!cJSON_IsObject(root))
@@ -506,6 +584,22 @@ int k3_srv_parse_params(const cJSON *root, enum k3_srv_kind kind, int max_tokens
     if (!x || cJSON_IsNull(x)) {
         k3_srv_params_free(p);
         return k3_api_fail(e, 400, INVALID, NULL, need, "'%s' is required", need);
+    }
+    if (p->tool_required && !p->tools) {
+        k3_srv_params_free(p);
+        return k3_api_fail(e, 400, INVALID, NULL, "tool_choice", "tool_choice \"required\" "
+                           "needs a non-empty 'tools' list");
+    }
+    const char *lp_bad = kind == K3_SRV_CHAT && p->top_logprobs && !p->logprobs
+                         ? "'top_logprobs' needs 'logprobs': true"
+                         : p->stream && p->echo
+                         ? "k3 echoes the prompt in non-streamed replies only; set 'stream': "
+                           "false" : NULL;
+    if (lp_bad) {
+        k3_srv_params_free(p);
+        return k3_api_fail(e, 400, INVALID, "unsupported_parameter",
+                           p->top_logprobs && !p->logprobs ? "top_logprobs"
+                           : p->logprobs ? "logprobs" : "echo", "%s", lp_bad);
     }
     if (kind == K3_SRV_COMPLETIONS && !c.has_max_tokens) /* OpenAI's completions default */
         p->max_tokens = max_tokens_ceiling > 0 && max_tokens_ceiling < 256 ? max_tokens_ceiling

@@ -46,6 +46,11 @@ typedef struct k3_server_opts {
                                CLI's default is 1, OpenAI's) */
     const char *effort;     /* chat requests without reasoning_effort / thinking_effort think
                                at this effort ("low", "high", "max"); NULL = "max" */
+    const char *scripted_reply; /* TESTS ONLY: a JSON file holding an array of strings; the
+                               i-th generation's ids are string i % n (encoded with special
+                               tokens allowed) instead of sampled ones, then end-of-message.
+                               Lets tests make the random-weight fixture "call" tools. The
+                               CLI sets it from K3_TEST_SCRIPTED_REPLY; no help lists it. */
 } k3_server_opts;
 
 typedef struct k3_server k3_server;

@@ -19,6 +19,7 @@
 
 #include "../chat/render.h"
 #include "../engine/k3.h"
+#include "../tok/tokenizer.h"
 #include "server.h"
 
 /* ---- growable byte buffer ------------------------------------------------------------- */
@@ -78,6 +79,13 @@ typedef struct k3_srv_params {
     /* not from JSON; set by the connection before k3_srv_build_prompt (0 / -1 = none) */
     int ctx;                 /* the context in tokens: rendering stops once past it */
     int client_fd;           /* the client's socket: rendering stops when it is gone */
+    bool tools;              /* chat: tools were offered; the reply's tools block is parsed
+                                into tool calls (src/chat/toolcall.h) */
+    bool tool_required;      /* tool_choice "required" */
+    bool parallel_tool_calls;/* false: generation ends after the first complete call */
+    bool logprobs;           /* chat logprobs: true / completions logprobs: N given */
+    int top_logprobs;        /* 0..20 alternatives per token */
+    bool echo;               /* completions: the prompt is returned with its logprobs */
 } k3_srv_params;
 
 /* OpenAI's reasoning_effort "medium" (the default of its clients) is not a K3 effort: the
@@ -118,6 +126,27 @@ int k3_srv_build_prompt(const k3_engine *eng, cJSON *root, const k3_srv_params *
 int k3_srv_check_context(const k3_srv_params *p, size_t n_prompt, int ctx, int model_max,
                          k3_api_error *e);
 
+/* ---- log probabilities (logprobs.c) ------------------------------------------------------- */
+
+/* The logprobs of a reply as JSON pieces: chat entries, or completions' four arrays. Values
+ * are log_softmax of the exact float32 logits (the model's distribution, not the sampler's
+ * after temperature / top-p / top-k). */
+typedef struct k3_logprobs {
+    k3_sbuf content;                     /* chat: {token, logprob, bytes, top_logprobs}, ... */
+    k3_sbuf tokens, values, top, offsets;/* completions */
+    size_t offset;                       /* bytes of the tokens so far (text_offset) */
+    int n;
+} k3_logprobs;
+
+/* Appends the entry of token `id` drawn from `logits` (vocab floats; NULL = nothing predicted
+ * it: the first prompt token, completions only) with its `top` (<= 20) likeliest ids. */
+void k3_logprobs_add(k3_logprobs *lp, const k3_tokenizer *t, const float *logits, int vocab,
+                     int32_t id, int top, bool chat);
+/* The "logprobs" value: {"content": [...]} (chat) or {"tokens", "token_logprobs",
+ * "top_logprobs", "text_offset"} (completions). */
+void k3_logprobs_json(k3_sbuf *b, const k3_logprobs *lp, bool chat);
+void k3_logprobs_free(k3_logprobs *lp);
+
 /* ---- jobs and the server ---------------------------------------------------------------- */
 
 enum k3_job_state { K3_JOB_QUEUED, K3_JOB_RUNNING, K3_JOB_DONE };
@@ -133,6 +162,7 @@ typedef struct k3_job {
     int32_t *prompt;         /* canonical prompt ids; the worker may splice (worker.c) */
     size_t n_prompt;
     int fd;                  /* client socket, polled for hang-up; -1 = unknown */
+    bool anthropic;          /* POST /v1/messages: replies in Anthropic's shapes (anthropic.h) */
     char id[48];
     long long created;       /* Unix seconds */
     double t_submit;         /* monotonic seconds */
@@ -148,7 +178,13 @@ typedef struct k3_job {
 
     /* written by the worker while RUNNING; read by the connection once DONE */
     k3_sbuf content, reasoning;  /* non-stream: the reply so far */
-    const char *finish;          /* "stop", "length", or NULL (cancelled / failed) */
+    const char *finish;          /* "stop", "length", "tool_calls", "malformed_tool_call",
+                                    or NULL (cancelled / failed) */
+    k3_sbuf tool_calls;          /* non-stream: the message.tool_calls items, comma-joined */
+    int n_tool_calls;
+    int stop_index;              /* the stop string that matched (p.stop[i]), or -1 */
+    k3_logprobs lp;              /* p.logprobs: per token, prompt tokens first with echo */
+    char tool_error[160];        /* a malformed or cut tools block: why (also logged) */
     int n_prompt_used;           /* prompt tokens after any reuse splice */
     int n_cached;                /* prompt tokens whose state was reused */
     int n_completion, n_reasoning;
@@ -231,8 +267,15 @@ void k3_emitter_begin(k3_emitter *em, struct k3_server *s, k3_job *j);
 bool k3_emit_text(k3_emitter *em, int channel, const char *text, size_t n);
 /* Flushes held-back text and writes the final chunk(s) (stream) for finish reason `finish`. */
 void k3_emit_finish(k3_emitter *em, const char *finish);
+/* Stream: a chunk with an empty delta carrying the logprobs of one token (`one`). */
+void k3_emit_logprobs(k3_emitter *em, const k3_logprobs *one);
 /* Stream: the first chunk (role) once the job starts. */
 void k3_emit_start(k3_emitter *em);
+/* A complete tool call (index = its position, 0-based): stream: a delta with index, id,
+ * type and name, then one delta per argument piece (arguments[0, piece_ends[k]) ...);
+ * non-stream: appended to j->tool_calls. The call id is derived from the job id. */
+void k3_emit_tool_call(k3_emitter *em, int index, const char *name, const char *arguments,
+                       const size_t *piece_ends, size_t n_pieces);
 
 /* Final non-stream JSON body of a finished job; malloc'd. */
 char *k3_srv_reply_json(const struct k3_server *s, const k3_job *j);

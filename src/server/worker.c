@@ -25,9 +25,11 @@
 
 #include "../chat/parse.h"
 #include "../engine/generate.h"
+#include "../chat/toolcall.h"
 #include "../engine/sampler.h"
 #include "../engine/spec.h"
 #include "../tok/tokenizer.h"
+#include "../util/fileio.h"
 #include "srv.h"
 #include "../util/clock.h"
 
@@ -61,6 +63,15 @@ typedef struct k3_worker_state {
     k3_sampler sampler;
     k3_spec spec;         /* --spec (max_draft 0 = off), set up per job with the sampler */
     k3_reply_parser parser;
+    k3_toolcall_parser tc;/* chat with tools: the reply's tools block (toolcall.h) */
+    bool tc_entered;      /* the reply reached its tools block */
+    size_t tc_sent;       /* calls of tc already given to the emitter */
+    /* Test-only scripted replies (k3_server_opts.scripted_reply): generation i takes the ids
+     * of reply i % n_script instead of sampling, then the end-of-message id. */
+    int32_t **script;
+    size_t *script_len, n_script, script_next, script_at;
+    int32_t *script_cur;
+    size_t script_cur_len;
     k3_detok_stream ds;   /* raw completions */
     char *text;           /* one push of visible text */
     size_t text_cap;
@@ -129,6 +140,8 @@ void k3_job_free(k3_job *j) {
     k3_sbuf_free(&j->out);
     k3_sbuf_free(&j->content);
     k3_sbuf_free(&j->reasoning);
+    k3_sbuf_free(&j->tool_calls);
+    k3_logprobs_free(&j->lp);
     free(j);
 }
 
@@ -254,11 +267,53 @@ static int prefill_pass(void *user, int pos, int n, const float *rows, size_t le
     return K3_OK;
 }
 
+/* Completions with echo: the whole prompt is prefilled with the logits of every position, so
+ * each prompt token gets its logprob (the first none); the text is given back first. */
+static int prefill_echo(k3_server *s, k3_job *j, k3_err *err) {
+    k3_worker_state *w = s->ws;
+    const k3_tokenizer *tok = k3_engine_tokenizer(s->eng);
+    char *text = NULL;
+    size_t len = 0;
+    if (k3_tokenizer_decode(tok, j->prompt, j->n_prompt, &text, &len, err)) return -1;
+    k3_sbuf_add(&j->content, text, len);
+    free(text);
+    float *rows = malloc((size_t)K3_DEFAULT_CHUNK * (size_t)w->vocab * sizeof *rows);
+    if (!rows) {
+        k3_fail(err, K3_ERR_GENERIC, "out of memory");
+        return -1;
+    }
+    k3_session_reset(w->sess);
+    if (j->p.logprobs)
+        k3_logprobs_add(&j->lp, tok, NULL, w->vocab, j->prompt[0], 0, false);
+    int rc = 0;
+    for (size_t i = 0; i < j->n_prompt && !rc;) {
+        if (job_abandoned(s, j)) {
+            rc = 1;
+            break;
+        }
+        size_t n = j->n_prompt - i < K3_DEFAULT_CHUNK ? j->n_prompt - i : K3_DEFAULT_CHUNK;
+        if ((rc = k3_session_forward(w->sess, j->prompt + i, (int)n, rows, K3_FWD_ALL_LOGITS,
+                                     err))) {
+            feed_failed(w, rc);
+            rc = -1;
+            break;
+        }
+        for (size_t r = 0; r < n && i + r + 1 < j->n_prompt && j->p.logprobs; r++)
+            k3_logprobs_add(&j->lp, tok, rows + r * (size_t)w->vocab, w->vocab,
+                            j->prompt[i + r + 1], j->p.top_logprobs, false);
+        memcpy(w->logits, rows + (n - 1) * (size_t)w->vocab, (size_t)w->vocab * sizeof *rows);
+        i += n;
+    }
+    free(rows);
+    w->logits_valid = rc == 0;
+    return rc;
+}
+
 /* Prefills what the kept state lacks. Returns 1 when abandoned, 0 done, <0 engine error. */
 static int prefill(k3_server *s, k3_job *j, k3_err *err) {
     k3_worker_state *w = s->ws;
     if (j->p.kind == K3_SRV_CHAT) splice_reply(s, j);
-    size_t reuse = s->o.no_reuse ? 0 : reusable(w, j->prompt, j->n_prompt);
+    size_t reuse = s->o.no_reuse || j->p.echo ? 0 : reusable(w, j->prompt, j->n_prompt);
     w->virt_msgs = 0; /* from here on the state is this job's */
     last_chat_clear(&w->last_chat);
     if (!reuse) {
@@ -267,6 +322,7 @@ static int prefill(k3_server *s, k3_job *j, k3_err *err) {
     }
     j->n_cached = (int)reuse;
     j->n_prompt_used = (int)j->n_prompt;
+    if (j->p.echo) return prefill_echo(s, j, err);
     if (reuse == j->n_prompt) return 0; /* the kept state and its logits are the prompt's */
     if (job_abandoned(s, j)) return 1;
     w->logits_valid = false;
@@ -280,6 +336,20 @@ static int prefill(k3_server *s, k3_job *j, k3_err *err) {
     return 0;
 }
 
+/* Chat with tools: gives the tools block's ids to the tool-call parser and each call it
+ * completes to the emitter. */
+static void take_tools(k3_server *s, enum k3_reply_pos before, int32_t id) {
+    k3_worker_state *w = s->ws;
+    if (!k3_toolcall_in_block(&w->parser, before, id)) return;
+    w->tc_entered = true;
+    k3_toolcall_push(&w->tc, &id, 1);
+    for (; w->tc_sent < w->tc.n_calls; w->tc_sent++) {
+        const k3_tool_call *c = &w->tc.calls[w->tc_sent];
+        k3_emit_tool_call(w->em, (int)w->tc_sent, c->name, c->arguments.p, c->piece_ends,
+                          c->n_pieces);
+    }
+}
+
 /* Turns one sampled id into visible text (through the channel parser for chat) and emits
  * it. Returns true when a stop string matched. */
 static bool show(k3_server *s, k3_job *j, int32_t id, bool cut) {
@@ -288,9 +358,14 @@ static bool show(k3_server *s, k3_job *j, int32_t id, bool cut) {
     int ch = 0;
     if (j->p.kind == K3_SRV_CHAT) {
         enum k3_channel c;
+        enum k3_reply_pos before = w->parser.pos;
         len = cut ? k3_reply_parser_finish(&w->parser, w->text, w->text_cap, &c)
                   : k3_reply_parser_push(&w->parser, id, w->text, w->text_cap, &c);
-        ch = c == K3_CH_THINK; /* tools were not offered: a tools block shows as content */
+        ch = c == K3_CH_THINK;
+        if (j->p.tools) { /* the block becomes tool calls; without tools it shows as content */
+            if (!cut) take_tools(s, before, id);
+            if (c == K3_CH_TOOLS) len = 0;
+        }
     } else if (cut) {
         len = k3_detok_stream_flush(&w->ds, w->text, w->text_cap);
     } else {
@@ -301,6 +376,43 @@ static bool show(k3_server *s, k3_job *j, int32_t id, bool cut) {
     return len > 0 && k3_emit_text(w->em, ch, w->text, (size_t)len);
 }
 
+/* After a chat reply with tools: the finish reason says what the tools block became, and a
+ * malformed or cut block's text (from its first incomplete call) is given back as content. */
+static const char *end_tools(k3_server *s, k3_job *j, const char *finish) {
+    k3_worker_state *w = s->ws;
+    if (!w->tc_entered) return finish;
+    const k3_toolcall_parser *tc = &w->tc;
+    if (k3_toolcall_finish(&w->tc)) {
+        snprintf(j->tool_error, sizeof j->tool_error, "out of memory in the tools block");
+    } else if (tc->status == K3_TOOLCALL_MALFORMED ||
+               (tc->status == K3_TOOLCALL_CUT && tc->rest[0])) {
+        /* (a block cut right after a complete call — parallel_tool_calls false — is fine) */
+        snprintf(j->tool_error, sizeof j->tool_error, "%s", tc->reason);
+        k3_emit_text(w->em, 0, tc->rest, strlen(tc->rest));
+    }
+    if (j->tool_error[0]) {
+        fprintf(stderr, "k3 serve: %s: malformed tool call: %s\n", j->id, j->tool_error);
+        return !strcmp(finish, "length") ? finish : "malformed_tool_call";
+    }
+    return tc->n_calls ? "tool_calls" : finish;
+}
+
+/* The logprobs of the id just chosen from w->logits: kept for the reply, or streamed. */
+static void add_logprobs(k3_server *s, k3_job *j, int32_t id) {
+    k3_worker_state *w = s->ws;
+    bool chat = j->p.kind == K3_SRV_CHAT;
+    const k3_tokenizer *tok = k3_engine_tokenizer(s->eng);
+    if (!j->p.stream) {
+        k3_logprobs_add(&j->lp, tok, w->logits, w->vocab, id, j->p.top_logprobs, chat);
+        return;
+    }
+    k3_logprobs one = {.offset = j->lp.offset}; /* text_offset continues over the reply */
+    k3_logprobs_add(&one, tok, w->logits, w->vocab, id, j->p.top_logprobs, chat);
+    j->lp.offset = one.offset;
+    k3_emit_logprobs(w->em, &one);
+    k3_logprobs_free(&one);
+}
+
 /* k3_gen_io.emit: counts the id and shows it; true when a stop string matched. */
 static bool take(void *user, int32_t id) {
     job_ctx *c = user;
@@ -308,7 +420,18 @@ static bool take(void *user, int32_t id) {
     w->last = id;
     c->j->n_completion++;
     if (c->j->p.kind == K3_SRV_CHAT && w->parser.pos == K3_IN_THINK) c->j->n_reasoning++;
-    return show(c->s, c->j, id, false);
+    if (c->j->p.logprobs && !k3_stops_has(&w->stops, id)) /* the logits it was drawn from */
+        add_logprobs(c->s, c->j, id);
+    if (show(c->s, c->j, id, false)) return true;
+    /* parallel_tool_calls false: the reply ends after its first complete call */
+    return c->j->p.tools && !c->j->p.parallel_tool_calls && w->tc.n_calls;
+}
+
+/* k3_gen_io.choose, test-only: the scripted reply, then the end of the message. */
+static bool scripted(void *user, int32_t *id) {
+    k3_worker_state *w = ((job_ctx *)user)->s->ws;
+    *id = w->script_at < w->script_cur_len ? w->script_cur[w->script_at++] : w->stops.ids[0];
+    return true;
 }
 
 /* k3_gen_io.cancelled */
@@ -328,8 +451,10 @@ static const char *decode(k3_server *s, k3_job *j, k3_err *err, bool *failed) {
     k3_gen g;
     k3_gen_start(&g, w->sess, &w->sampler, w->logits,
                  &(k3_gen_params){.max_new = limit ? limit : -1, .stops = &w->stops,
-                                  .spec = &w->spec},
-                 &(k3_gen_io){.user = &c, .emit = take, .cancelled = cancelled});
+                                  /* drafts skip the logits logprobs read */
+                                  .spec = j->p.logprobs || w->n_script ? NULL : &w->spec},
+                 &(k3_gen_io){.user = &c, .emit = take, .cancelled = cancelled,
+                              .choose = w->n_script ? scripted : NULL});
     int rc = k3_gen_run(&g, err);
     if (rc) {
         feed_failed(w, rc);
@@ -393,10 +518,21 @@ static int start_sampling(k3_server *s, k3_job *j, k3_err *err) {
     k3_sampler_free(&w->sampler);
     k3_spec_free(&w->spec);
     int rc = k3_sampler_init(&w->sampler, &so, w->vocab, err);
-    if (!rc) rc = k3_spec_init(&w->spec, s->o.spec, w->sess, &w->sampler, err);
+    /* logprobs need the logits of every taken id: no speculation (drafts skip them) */
+    if (!rc) rc = k3_spec_init(&w->spec, p->logprobs ? 0 : s->o.spec, w->sess, &w->sampler, err);
     k3_reply_parser_free(&w->parser);
     k3_reply_parser_init(&w->parser, k3_engine_tokenizer(s->eng), &w->stops, p->thinking);
+    k3_toolcall_parser_free(&w->tc);
+    k3_toolcall_parser_init(&w->tc, k3_engine_tokenizer(s->eng));
+    w->tc_entered = false;
+    w->tc_sent = 0;
     w->ds = (k3_detok_stream){0};
+    if (w->n_script) { /* test-only: this generation's scripted reply */
+        size_t k = w->script_next++ % w->n_script;
+        w->script_cur = w->script[k];
+        w->script_cur_len = w->script_len[k];
+        w->script_at = 0;
+    }
     return rc;
 }
 
@@ -418,6 +554,7 @@ static void run_job(k3_server *s, k3_job *j) {
         j->failed = true;
         k3_api_fail(&j->err, 500, "server_error", NULL, NULL, "generation failed: %s", err.msg);
     }
+    if (finish && j->p.kind == K3_SRV_CHAT && j->p.tools) finish = end_tools(s, j, finish);
     if (finish && j->p.kind == K3_SRV_CHAT) remember_reply(s, j);
     j->finish = finish;
     j->t_end = k3_now_s();
@@ -467,12 +604,47 @@ static void worker_state_free(k3_worker_state *w) {
     k3_spec_free(&w->spec);
     k3_sampler_free(&w->sampler);
     k3_reply_parser_free(&w->parser);
+    k3_toolcall_parser_free(&w->tc);
+    for (size_t i = 0; i < w->n_script; i++) free(w->script[i]);
+    free(w->script);
+    free(w->script_len);
     last_chat_clear(&w->last_chat);
     free(w->logits);
     free(w->virt);
     free(w->text);
     k3_emitter_free(w->em);
     free(w);
+}
+
+/* Test-only: reads opts.scripted_reply (server.h) into w->script. */
+static int load_script(k3_worker_state *w, const char *path, const k3_tokenizer *tok,
+                       k3_err *err) {
+    char *buf;
+    size_t len;
+    int rc = k3_read_file(path, (size_t)16 << 20, &buf, &len, err);
+    if (rc) return rc;
+    cJSON *arr = cJSON_ParseWithLength(buf, len);
+    free(buf);
+    int n = cJSON_IsArray(arr) ? cJSON_GetArraySize(arr) : 0;
+    w->script = calloc(n ? (size_t)n : 1, sizeof *w->script);
+    w->script_len = calloc(n ? (size_t)n : 1, sizeof *w->script_len);
+    if (!n || !w->script || !w->script_len) {
+        cJSON_Delete(arr);
+        return k3_fail(err, K3_ERR_INPUT, "%s: a scripted reply file must hold a non-empty JSON "
+                       "array of strings", path);
+    }
+    const cJSON *r;
+    cJSON_ArrayForEach(r, arr) {
+        if (!cJSON_IsString(r)) rc = k3_fail(err, K3_ERR_INPUT, "%s: entry %zu is not a string",
+                                             path, w->n_script);
+        if (!rc) rc = k3_tokenizer_encode(tok, r->valuestring, strlen(r->valuestring), true,
+                                          &w->script[w->n_script], &w->script_len[w->n_script],
+                                          err);
+        if (rc) break;
+        w->n_script++;
+    }
+    cJSON_Delete(arr);
+    return rc;
 }
 
 int k3_worker_start(k3_server *s, k3_err *err) {
@@ -496,6 +668,7 @@ int k3_worker_start(k3_server *s, k3_err *err) {
     w->em = k3_emitter_new();
     if (!w->logits || !w->virt || !w->text || !w->em)
         return k3_fail(err, K3_ERR_GENERIC, "out of memory");
+    if (s->o.scripted_reply && (rc = load_script(w, s->o.scripted_reply, tok, err))) return rc;
     if (pthread_create(&s->worker, NULL, worker_main, s))
         return k3_fail(err, K3_ERR_GENERIC, "cannot start the worker thread");
     s->worker_started = true;

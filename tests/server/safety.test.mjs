@@ -97,9 +97,10 @@ test('400 for malformed JSON, wrong types and empty messages', async () => {
 test('400 naming each field k3 cannot honour; never silently ignored', async () => {
   const tool = { type: 'function', function: { name: 'f', parameters: { type: 'object' } } };
   const cases = [
-    [{ tools: [tool] }, 'tools'],
+    [{ tools: [{ type: 'retrieval' }] }, 'tools[0].type'],
     [{ tool_choice: 'required' }, 'tool_choice'],
-    [{ logprobs: true }, 'logprobs'],
+    [{ tools: [tool], tool_choice: { type: 'function', function: { name: 'f' } } }, 'tool_choice'],
+    [{ logprobs: 'yes' }, 'logprobs'],
     [{ top_logprobs: 3 }, 'top_logprobs'],
     [{ n: 2 }, 'n'],
     [{ frequency_penalty: 0.5 }, 'frequency_penalty'],
@@ -118,7 +119,7 @@ test('400 naming each field k3 cannot honour; never silently ignored', async () 
     [{ messages: [{ role: 'user', content: 'a', audio: {} }] }, 'messages[0].audio'],
   ];
   for (const [extra, param] of cases) isError(await chat({ messages: msgs, max_tokens: 1, ...extra }), 400, param);
-  const comp = [[{ echo: true }, 'echo'], [{ best_of: 3 }, 'best_of'], [{ suffix: 'x' }, 'suffix'], [{ logprobs: 2 }, 'logprobs']];
+  const comp = [[{ echo: true, stream: true }, 'echo'], [{ best_of: 3 }, 'best_of'], [{ suffix: 'x' }, 'suffix'], [{ logprobs: 21 }, 'logprobs']];
   for (const [extra, param] of comp)
     isError(await raw(srv, 'POST', '/v1/completions', JSON.stringify({ prompt: 'a', ...extra }), AUTH), 400, param);
   // Neutral values of the same fields are fine.
