@@ -24,7 +24,7 @@ int k3_cmd_bench_gpu(int argc, char **argv);
 /* k3 version / k3 --version (cmd_version.c). */
 int k3_cmd_version(int argc, char **argv);
 
-/* The bundled fixture model's folder (tests/fixtures/k3-nano beside the executable, else
+/* The bundled fixture model's folder (tests/fixtures/k3-tiny-kjv beside the executable, else
  * relative to the working directory); used when no MODEL_DIR is given. */
 const char *k3_default_model_dir(void);
 

@@ -8,7 +8,7 @@
 #include "../util/err.h"
 #include "cli.h"
 
-#define BUNDLED_MODEL "tests/fixtures/k3-nano"
+#define BUNDLED_MODEL "tests/fixtures/k3-tiny-kjv"
 
 static void usage(FILE *f) {
     fprintf(f,
