@@ -289,7 +289,8 @@ void fixture_check_decode(const char *model_dir, const char *ref_dir, const fixt
     else if (!(worst <= tol->decode_vs_prefill))
         k3_test_fail(__FILE__, __LINE__, "cached decode vs full prefill: max |Δ| %g > %g", worst,
                      tol->decode_vs_prefill);
-    if (getenv("K3_TEST_VERBOSE")) printf("  cached decode vs full prefill: max |Δ| %.3g\n", worst);
+    if (getenv("K3_TEST_VERBOSE"))
+        printf("  cached decode vs full prefill: max |Δ| %.3g\n", worst);
     free(logits);
     free(ids);
 done:

@@ -363,6 +363,7 @@ static int write_config(const synth_opts *o, const char *tmpl_dir, k3_err *err) 
         {"attn_res_block_size", 4}}; /* k3-nano's, whatever the bundled template model has */
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) set_int(tc, f[i].k, f[i].v);
     set_int(root, "vocab_size", o->vocab);
+    set_int(cJSON_GetObjectItemCaseSensitive(root, "vision_config"), "text_hidden_size", o->hidden);
     set_int(lac, "num_heads", o->kda_heads);
     set_int(lac, "head_dim", o->kda_head_dim);
     cJSON *full = cJSON_CreateArray(), *kda = cJSON_CreateArray();
