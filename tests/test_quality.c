@@ -7,7 +7,7 @@
  *    and stay under thresholds chosen from the first measurement (BENCHMARKS.md);
  *  - the quality gates proper, on the TRAINED k3-tiny-kjv and held-out KJV text (Philippians,
  *    not in its training split): the same figures, recomputed, within thresholds set just
- *    beyond the measured values (BENCHMARKS.md, "quality gates from a trained model"). */
+ *    beyond the measured values (BENCHMARKS.md, "k3-tiny-kjv"). */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdlib.h>
