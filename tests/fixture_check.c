@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "../src/engine/k3.h"
+#include "../src/kernels/kernels.h"
 #include "../src/util/fileio.h"
 #include "test.h"
 
@@ -302,10 +303,27 @@ void fixture_check_decode(const char *model_dir, const char *ref_dir, const fixt
     else if (!(worst <= tol->decode_vs_prefill))
         k3_test_fail(__FILE__, __LINE__, "cached decode vs full prefill: max |Δ| %g > %g", worst,
                      tol->decode_vs_prefill);
+    if (getenv("K3_TEST_VERBOSE"))
+        printf("  cached decode vs full prefill: max |Δ| %.3g\n", worst);
     free(logits);
     free(ids);
 done:
     k3_session_free(s);
     k3_engine_free(e);
     cJSON_Delete(j);
+}
+
+/* ---- every kernel path ------------------------------------------------------------------- */
+
+void fixture_on_every_path(void (*check)(void)) {
+    const k3_kernels *all[8];
+    int n = k3_kernels_available(all, 8);
+    char *saved = getenv("K3_KERNELS") ? strdup(getenv("K3_KERNELS")) : NULL;
+    for (int i = 0; i < n && !k3_test_stopped(); i++) {
+        printf("        (kernel path %s)\n", k3_kernels_name(all[i]));
+        setenv("K3_KERNELS", k3_kernels_name(all[i]), 1);
+        check();
+    }
+    if (saved) setenv("K3_KERNELS", saved, 1); else unsetenv("K3_KERNELS");
+    free(saved);
 }

@@ -15,4 +15,9 @@ void fixture_check_trace(const char *model_dir, const char *ref_dir, const char 
                          const fixture_tol *tol);
 void fixture_check_decode(const char *model_dir, const char *ref_dir, const fixture_tol *tol);
 
+/* Runs check once per kernel path this CPU runs (scalar, and avx2 / avx512 / neon where
+ * present), with K3_KERNELS naming the path (the engine reads it at load); K3_KERNELS is
+ * restored afterwards. Stops at the first failing path. */
+void fixture_on_every_path(void (*check)(void));
+
 #endif

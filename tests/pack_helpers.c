@@ -141,33 +141,37 @@ int ph_k3(const char *args, char **out, char **err) {
     return st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
-static char *g_nano_pack;
-static void drop_nano_pack(void) {
-    ph_rmdir(g_nano_pack);
-    free(g_nano_pack);
+static char *g_pack[2]; /* NANO, KJV_DIR */
+static void drop_packs(void) {
+    for (int i = 0; i < 2; i++) {
+        ph_rmdir(g_pack[i]);
+        free(g_pack[i]);
+    }
 }
 
-const char *ph_nano_pack(void) {
-    if (g_nano_pack) return g_nano_pack;
+/* `k3 pack model --out DIR` into a fresh folder, once per process (slot). */
+static const char *pack_once(int slot, const char *model) {
+    static int registered;
+    if (g_pack[slot]) return g_pack[slot];
     char *dir = ph_tmpdir();
     if (!dir) return NULL;
-    size_t n = strlen(dir) + 64;
+    size_t n = strlen(dir) + strlen(model) + 32;
     char *args = malloc(n), *err = NULL;
-    snprintf(args, n, NANO " --out %s -q", dir);
-    char *full = malloc(n + 8);
-    snprintf(full, n + 8, "pack %s", args);
-    int st = ph_k3(full, NULL, &err);
+    snprintf(args, n, "pack %s --out %s -q", model, dir);
+    int st = ph_k3(args, NULL, &err);
     free(args);
-    free(full);
     if (st != 0) {
-        k3_test_fail(__FILE__, __LINE__, "k3 pack " NANO " exited %d: %s", st, err ? err : "");
+        k3_test_fail(__FILE__, __LINE__, "k3 pack %s exited %d: %s", model, st, err ? err : "");
         free(err);
         ph_rmdir(dir);
         free(dir);
         return NULL;
     }
     free(err);
-    g_nano_pack = dir;
-    atexit(drop_nano_pack);
+    g_pack[slot] = dir;
+    if (!registered++) atexit(drop_packs);
     return dir;
 }
+
+const char *ph_nano_pack(void) { return pack_once(0, NANO); }
+const char *ph_kjv_pack(void) { return pack_once(1, KJV_DIR); }

@@ -41,5 +41,8 @@ int ph_wide(const char **model, const char **ref);
 /* A folder holding a complete pack of k3-nano with its quality file, built on first use by
  * `k3 pack` and removed at exit; NULL (and the calling test skipped/failed) if unavailable. */
 const char *ph_nano_pack(void);
+/* The same for tests/fixtures/k3-tiny-kjv (KJV). */
+#define KJV_DIR "tests/fixtures/k3-tiny-kjv"
+const char *ph_kjv_pack(void);
 
 #endif

@@ -130,7 +130,7 @@ static void test_copied_binary_without_model(void) {
         k3t_cli r;
         if (k3t_cli_run_in(dir, bin, args[i], &r)) break;
         CHECK(r.status == K3_ERR_IO, "k3 %s: exit %d, stderr %s", args[i], r.status, r.err);
-        CHECK(strstr(r.err, "no MODEL_DIR given") && strstr(r.err, "tests/fixtures/k3-nano") &&
+        CHECK(strstr(r.err, "no MODEL_DIR given") && strstr(r.err, "tests/fixtures/k3-tiny-kjv") &&
               strstr(r.err, dir) && strstr(r.err, "k3 run /path/to/Kimi-K3"),
               "k3 %s: stderr %s", args[i], r.err);
         k3t_cli_free(&r);

@@ -68,6 +68,20 @@ static void nano_prompts(void) { fixture_check_prompts(NANO, NANO_REF, &nano_tol
 static void nano_trace(void) { fixture_check_trace(NANO, NANO_REF, "trace_len7.json", &nano_tol); }
 static void nano_decode(void) { fixture_check_decode(NANO, NANO_REF, &nano_tol); }
 
+/* The trained k3-tiny-kjv (hidden 128, top-2 of 16, AttnRes block 3): same checks, on the GPU. */
+#define KJV "tests/fixtures/k3-tiny-kjv"
+static void kjv_prompts(void) { fixture_check_prompts(KJV, KJV "/reference", &nano_tol); }
+static void kjv_trace(void) {
+    fixture_check_trace(KJV, KJV "/reference", "trace_len9.json", &nano_tol);
+}
+static void kjv_decode(void) { fixture_check_decode(KJV, KJV "/reference", &nano_tol); }
+static void test_kjv_fixture(void) {
+    if (!have_gpu()) return;
+    with_env("cuda", NULL, NULL, kjv_trace);
+    if (!k3_test_stopped()) with_env("cuda", NULL, NULL, kjv_prompts);
+    if (!k3_test_stopped()) with_env("cuda", NULL, NULL, kjv_decode);
+}
+
 static void test_nano_trace(void) {
     if (have_gpu()) with_env("cuda", NULL, NULL, nano_trace);
 }
@@ -773,6 +787,7 @@ const k3_test k3_suite_cuda[] = {
     {"cuda_nano_prompts_logits_routing_greedy", test_nano_prompts},
     {"cuda_nano_decode_vs_prefill", test_nano_decode},
     {"cuda_nano_streamed_spine_small_expert_cache", test_nano_streamed_small_cache},
+    {"cuda_kjv_trace_prompts_decode_vs_prefill", test_kjv_fixture},
     {"cuda_greedy_matches_cpu", test_greedy_matches_cpu},
     {"cuda_state_file_roundtrip", test_state_file_roundtrip},
     {"cuda_gpu_gb_env_finite", test_gpu_gb_env_finite},

@@ -2,7 +2,9 @@
  * never into the fixture): which tensors are packed (counted from tests/fixtures/README.md),
  * every stored value against the quantization rule recomputed from the BF16 source,
  * determinism, resume after an interruption, --verify, corrupt/truncated files and a pack from
- * another model refused with K3_ERR_PACK, and the engine's spine selection (int8/bf16/auto). */
+ * another model refused with K3_ERR_PACK, and the engine's spine selection (int8/bf16/auto);
+ * on the trained k3-tiny-kjv, the tensor count and the quality figures `k3 pack` stores, gated
+ * from their measurement (BENCHMARKS.md). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +27,9 @@ static const char *describe(const k3_engine *e, int part, char *buf) {
  * KDA (q, k, v, g, o, f_a, f_b, b: 8 each); layer 0 dense (3), layers 1-8 MoE (latent down, up
  * and three shared-expert projections: 5 each); plus lm_head. */
 #define NANO_PACKED (6 * 8 + 3 * 6 + 3 + 8 * 5 + 1)
+/* k3-tiny-kjv (its README): 6 layers, zero-based 2 and 5 MLA, the other four KDA; layer 0
+ * dense, layers 1-5 MoE; plus lm_head. */
+#define KJV_PACKED (4 * 8 + 2 * 6 + 3 + 5 * 5 + 1)
 
 static char *pack_path(const char *dir) { return ph_join(dir, K3_PACK_FILE); }
 
@@ -402,6 +407,42 @@ static void test_quality_file(void) {
           "implausible or missing --approx figures");
 }
 
+/* k3 pack's stored figures on k3-tiny-kjv (the built-in text, 64 ids with [BOS]: 63
+ * predictions). Measured 2026-12-01, identical on the avx512, avx2 and scalar paths: exact NLL
+ * 6.2775 (the built-in text is not KJV English), int8 mean KL 0.00573, top-1 98.41% (62/63),
+ * max |Δlogit| 1.95; --approx KL 0.00581, 98.41%, 1.91. Gates just beyond: one more flipped
+ * argmax fails. */
+static void test_kjv_pack_figures(void) {
+    const char *dir = ph_kjv_pack();
+    if (!dir) return;
+    char *qp = ph_join(dir, K3_PACK_QUALITY_FILE), *pp = pack_path(dir);
+    k3_pack_quality q;
+    k3_pack *p = NULL;
+    k3_err err;
+    int rq = k3_pack_quality_read(qp, &q, &err), rp = rq ? -1 : k3_pack_open(pp, &p, &err);
+    uint64_t sum = rp ? 0 : p->header_checksum;
+    int n = rp ? 0 : (int)p->n_tensors;
+    k3_pack_close(p);
+    free(qp);
+    free(pp);
+    CHECK(rq == 0 && rp == 0, "%s", err.msg);
+    CHECK(n == KJV_PACKED, "%d tensors packed, want %d", n, KJV_PACKED);
+    CHECK(q.pack_checksum == sum, "quality file refers to another pack");
+    CHECK(q.predictions == 63, "%d predictions", q.predictions);
+    CHECK(q.nll_exact > 6.2 && q.nll_exact < 6.35, "exact NLL %g", q.nll_exact);
+    const k3_pack_figures *g[2] = {&q.int8, &q.approx};
+    CHECK(q.has_approx, "no --approx figures stored");
+    for (int m = 0; m < 2; m++) {
+        const char *name = m ? "approx" : "int8";
+        CHECK(g[m]->mean_kl > 0 && g[m]->mean_kl <= 0.007, "%s mean KL %g", name, g[m]->mean_kl);
+        CHECK(g[m]->top1 >= 0.98, "%s top-1 %g", name, g[m]->top1);
+        CHECK(g[m]->max_abs_dlogit > 0 && g[m]->max_abs_dlogit <= 2.5, "%s max |dlogit| %g", name,
+              g[m]->max_abs_dlogit);
+        CHECK(fabs(g[m]->nll - q.nll_exact) <= 0.005, "%s NLL %g vs exact %g", name, g[m]->nll,
+              q.nll_exact);
+    }
+}
+
 const k3_test k3_suite_pack[] = {
     {"pack_selects_spine_matrices", test_selection},
     {"pack_values_follow_rule", test_values_follow_rule},
@@ -413,5 +454,6 @@ const k3_test k3_suite_pack[] = {
     {"pack_engine_spine_modes", test_engine_spine_modes},
     {"pack_quality_file", test_quality_file},
     {"engine_describe_parts", test_engine_describe},
+    {"kjv_pack_quality_figures", test_kjv_pack_figures},
     {0},
 };

@@ -19,23 +19,9 @@ static void prompts(void) { fixture_check_prompts(NANO, NANO_REF, &nano_tol); }
 static void trace(void) { fixture_check_trace(NANO, NANO_REF, "trace_len7.json", &nano_tol); }
 static void decode(void) { fixture_check_decode(NANO, NANO_REF, &nano_tol); }
 
-/* Runs check with K3_KERNELS naming each path in turn (the engine reads it at load). */
-static void on_every_path(void (*check)(void)) {
-    const k3_kernels *all[8];
-    int n = k3_kernels_available(all, 8);
-    char *saved = getenv("K3_KERNELS") ? strdup(getenv("K3_KERNELS")) : NULL;
-    for (int i = 0; i < n && !k3_test_stopped(); i++) {
-        printf("        (kernel path %s)\n", k3_kernels_name(all[i]));
-        setenv("K3_KERNELS", k3_kernels_name(all[i]), 1);
-        check();
-    }
-    if (saved) setenv("K3_KERNELS", saved, 1); else unsetenv("K3_KERNELS");
-    free(saved);
-}
-
-static void test_prompts(void) { on_every_path(prompts); }
-static void test_trace(void) { on_every_path(trace); }
-static void test_decode(void) { on_every_path(decode); }
+static void test_prompts(void) { fixture_on_every_path(prompts); }
+static void test_trace(void) { fixture_on_every_path(trace); }
+static void test_decode(void) { fixture_on_every_path(decode); }
 
 /* stdout + stderr of `K3_KERNELS=path $K3_BIN run ...` and its exit status. */
 static int run_k3(const char *path, char *out, size_t cap) {

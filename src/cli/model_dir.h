@@ -4,7 +4,7 @@
 #define K3_CLI_MODEL_DIR_H
 
 /* The bundled model's folder, relative to the repository root. */
-#define K3_BUNDLED_MODEL "tests/fixtures/k3-nano"
+#define K3_BUNDLED_MODEL "tests/fixtures/k3-tiny-kjv"
 
 /* The bundled fixture model's folder: K3_BUNDLED_MODEL beside the executable, or one folder up
  * (build/k3), else relative to the working directory. When none of them holds a config.json,

@@ -360,9 +360,11 @@ static int write_config(const synth_opts *o, const char *tmpl_dir, k3_err *err) 
         {"qk_rope_head_dim", o->rope}, {"v_head_dim", o->v_dim}, {"num_experts", o->experts},
         {"num_experts_per_token", o->top_k}, {"num_shared_experts", o->shared},
         {"moe_intermediate_size", o->moe_inter}, {"routed_expert_hidden_size", o->latent},
-        {"first_k_dense_replace", 1}};
+        {"first_k_dense_replace", 1},
+        {"attn_res_block_size", 4}}; /* k3-nano's, whatever the bundled template model has */
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) set_int(tc, f[i].k, f[i].v);
     set_int(root, "vocab_size", o->vocab);
+    set_int(cJSON_GetObjectItemCaseSensitive(root, "vision_config"), "text_hidden_size", o->hidden);
     set_int(lac, "num_heads", o->kda_heads);
     set_int(lac, "head_dim", o->kda_head_dim);
     cJSON *full = cJSON_CreateArray(), *kda = cJSON_CreateArray();

@@ -159,7 +159,7 @@ test('a prompt longer than the context is a 400 (context_length_exceeded)', asyn
     assert.doesNotMatch(e.json.error.message, /--ctx/);
     assert.match(e.json.error.message, /at most \d+ max_tokens/);
   } finally {
-    await small.stop();
+    await full.stop();
   }
 });
 
