@@ -19,6 +19,10 @@ void k3_cli_store_usage(FILE *f) {
         "                       on when the cache holds 2 x top-k experts)\n"
         "  --cache-policy P     s3fifo or lru (K3_CACHE_POLICY; default s3fifo)\n"
         "  --dirs D1:D2         extra folders holding shards, e.g. on other drives (K3_DIRS)\n"
+        "  --expert-disk-gb GB  streaming install (k3 setup --stream): disk for the experts\n"
+        "                       fetched on demand, GB (0: keep none; default: leave max(10%%,\n"
+        "                       min(20 GB, 25%%)) of its file system free), evicted in\n"
+        "                       --cache-policy order\n"
         "  --mmap-experts       no cache: experts used in place from the mapped shards\n"
         "                       (K3_MMAP_EXPERTS=1; the reference path)\n"
         "  --profile            one line per token on stderr: attention, router, expert wait,\n"
@@ -39,7 +43,7 @@ int k3_cli_store_flag(const char *cmd, int argc, char **argv, int *i, k3_cli_sto
     if (!strcmp(a, "--mmap-experts")) { o->mmap_experts = 1; return 1; }
     if (!strcmp(a, "--profile")) { o->profile = 1; return 1; }
     static const char *const with_value[] = {"--expert-gb", "--load-threads", "--direct",
-        "--pipe", "--cache-policy", "--dirs", "--router-trace"};
+        "--pipe", "--cache-policy", "--dirs", "--router-trace", "--expert-disk-gb"};
     size_t k = 0;
     while (k < sizeof with_value / sizeof *with_value && strcmp(a, with_value[k])) k++;
     if (k == sizeof with_value / sizeof *with_value) return 0;
@@ -72,7 +76,13 @@ int k3_cli_store_flag(const char *cmd, int argc, char **argv, int *i, k3_cli_sto
         o->cache_policy = v;
         break;
     case 5: o->dirs = v; break;
-    default: o->router_trace = v; break;
+    case 6: o->router_trace = v; break;
+    default:
+        o->expert_disk_gb = strtod(v, &end);
+        if (*end || !(o->expert_disk_gb >= 0 && o->expert_disk_gb < 1e9))
+            return bad(cmd, a, v, "a number of GB >= 0");
+        o->expert_disk_budget = 1;
+        break;
     }
     return 1;
 }
@@ -85,6 +95,8 @@ void k3_cli_store_engine_opts(const k3_cli_store_opts *o, k3_engine_opts *eo) {
     eo->cache_policy = o->cache_policy;
     eo->dirs = o->dirs;
     eo->experts_in_place = o->mmap_experts;
+    eo->expert_disk_budget = o->expert_disk_budget;
+    eo->expert_disk_gb = o->expert_disk_gb;
 }
 
 /* One JSON object per (step, layer), flushed so a killed run keeps every finished line. */

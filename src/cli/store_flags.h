@@ -1,6 +1,6 @@
 /* store_flags.h — the expert-store flags shared by k3 run and k3 chat (--expert-gb,
- * --load-threads, --direct, --pipe, --cache-policy, --dirs, --mmap-experts, --profile,
- * --router-trace), and what they install on a session: the router trace, the per-token
+ * --load-threads, --direct, --pipe, --cache-policy, --dirs, --expert-disk-gb, --mmap-experts,
+ * --profile, --router-trace), and what they install on a session: the router trace, the per-token
  * profile line and the end-of-run summary. */
 #ifndef K3_CLI_STORE_FLAGS_H
 #define K3_CLI_STORE_FLAGS_H
@@ -10,6 +10,8 @@
 
 typedef struct k3_cli_store_opts {
     double expert_gb;
+    double expert_disk_gb;     /* --expert-disk-gb, when expert_disk_budget */
+    int expert_disk_budget;
     int load_threads, direct, pipe, mmap_experts, profile;
     const char *cache_policy, *dirs, *router_trace;
 } k3_cli_store_opts;

@@ -187,9 +187,12 @@ static int stream_read(void *user, int layer, int expert, int shard, uint64_t of
 
 /* An install made by `k3 setup --stream` (src/setup/setup.h): its incomplete shards are found
  * in DIR/.k3/partial, and the experts not yet on disk come from the network. */
-static int open_stream(k3_engine *e, const char *model_dir, k3_store_settings *ss, k3_err *err) {
+static int open_stream(k3_engine *e, const char *model_dir, const k3_engine_opts *o,
+                       k3_store_settings *ss, k3_err *err) {
     k3_http_opts http = {.token = getenv("HF_TOKEN")};
-    int rc = k3_stream_open(model_dir, &http, &e->stream, err);
+    k3_stream_opts so = {.http = &http, .disk_budget_bytes = -1, .policy = ss->policy};
+    if (o && o->expert_disk_budget) so.disk_budget_bytes = (int64_t)(o->expert_disk_gb * 1e9);
+    int rc = k3_stream_open_opts(model_dir, &so, &e->stream, err);
     if (rc || !e->stream) return rc;
     if (ss->in_place)
         return k3_fail(err, K3_ERR_USAGE, "%s is a streaming install: experts cannot be used "
@@ -271,7 +274,7 @@ int k3_engine_load(const char *model_dir, const k3_engine_opts *opts, k3_engine 
                      "is %d", model_dir, k3_tokenizer_vocab_size(e->tok), e->cfg.vocab_size);
     k3_store_settings ss;
     if (!rc) rc = store_settings(opts, &ss, err);
-    if (!rc) rc = open_stream(e, model_dir, &ss, err);
+    if (!rc) rc = open_stream(e, model_dir, opts, &ss, err);
     if (!rc) rc = k3_checkpoint_open_dirs(model_dir, ss.dirs, &e->ck, err);
     if (!rc) rc = open_spine(e, model_dir, opts, err);
     if (!rc) rc = k3_model_bind_packed(&e->model, &e->cfg, e->ck, e->pack, e->approx, err);

@@ -56,6 +56,10 @@ typedef struct k3_engine_opts {
     const char *cache_policy; /* K3_CACHE_POLICY: "lru" or "s3fifo" */
     const char *dirs;         /* K3_DIRS: extra ':'-separated folders holding shards */
     int experts_in_place;     /* K3_MMAP_EXPERTS=1: no cache, experts used from the mapping */
+    /* A streaming install's fetched experts on disk (k3_stream_opts, src/setup/setup.h). */
+    int expert_disk_budget;   /* 1: expert_disk_gb applies (0 included: keep none); 0: keep
+                               * what leaves a margin of the file system free */
+    double expert_disk_gb;    /* --expert-disk-gb: GB of DEST/.k3/experts */
     /* Where sessions run (src/engine/backend.h): "cpu", "cuda" or "auto" (the GPU when this
      * build has CUDA and a device answers); NULL = $K3_DEVICE, else "cpu". */
     const char *device;
