@@ -190,7 +190,7 @@ static int stream_read(void *user, int layer, int expert, int shard, uint64_t of
 static int open_stream(k3_engine *e, const char *model_dir, const k3_engine_opts *o,
                        k3_store_settings *ss, k3_err *err) {
     k3_http_opts http = {.token = getenv("HF_TOKEN")};
-    k3_stream_opts so = {.http = &http, .disk_budget_bytes = -1, .policy = ss->policy};
+    k3_stream_opts so = {.http = &http, .disk_budget_bytes = -1};
     if (o && o->expert_disk_budget) so.disk_budget_bytes = (int64_t)(o->expert_disk_gb * 1e9);
     int rc = k3_stream_open_opts(model_dir, &so, &e->stream, err);
     if (rc || !e->stream) return rc;

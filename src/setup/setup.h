@@ -48,7 +48,8 @@
  *   .k3/experts/<layer>/<expert>.bin                raw-span cache: the expert's span verbatim
  *                                                   (shard bytes [span.offset, span.offset +
  *                                                   span.nbytes)); present = complete (written
- *                                                   to a temporary name, length-checked, renamed)
+ *                                                   to a temporary name, length-checked, renamed);
+ *                                                   within a disk budget (k3_stream_opts)
  *   *.k3tmp                                         a small file being written (then renamed)
  *
  * Nothing incomplete ever sits in DEST under a shard's name, so another tool reading DEST
@@ -218,17 +219,16 @@ typedef struct k3_stream_opts {
      *        already) less a margin of max(10% of the file system, min(20 GB, 25% of it));
      *   0    keep nothing: every expert not in a shard is fetched each time it is read;
      *   > 0  exactly this many bytes.
-     * When a new expert does not fit, kept experts are evicted (their files unlinked) in the
-     * order of `policy`; one that is being fetched, written or read is never evicted, and an
+     * When a new expert does not fit, kept experts are evicted (their files unlinked), least
+     * recently used first (why not the RAM cache's S3-FIFO: setup_internal.h, sn_disk); one
+     * that is being fetched, written or read is never evicted, and an
      * expert that does not fit beside those is served without being kept. The budget is
      * applied at open too (kept files beyond it are evicted). One process per install: two
      * processes streaming into one DEST each keep their own count. */
     int64_t disk_budget_bytes;
-    int policy;                /* enum k3_cache_policy (src/store/store.h); 0: S3-FIFO, the
-                                  store's default, so the disk evicts as the RAM cache does */
 } k3_stream_opts;
 
-/* k3_stream_open with the raw-span cache's budget and policy (o may be NULL: the defaults).
+/* k3_stream_open with the raw-span cache's budget (o may be NULL: the defaults).
  * Errors: as k3_stream_open; K3_ERR_IO also when the default budget cannot read the free
  * space of DEST's file system. */
 int k3_stream_open_opts(const char *dir, const k3_stream_opts *o, k3_stream **out, k3_err *err);
@@ -266,7 +266,7 @@ typedef struct k3_stream_summary {
 void k3_stream_summary_get(const k3_stream *s, k3_stream_summary *out);
 
 /* One line for the startup banner: experts local, what finishing would fetch, the command,
- * and the raw-span cache's budget (how it was set, bytes kept, the eviction policy). */
+ * and the raw-span cache's budget (how it was set, bytes kept, the eviction order). */
 void k3_stream_describe(const k3_stream *s, char *buf, size_t cap);
 
 /* Experts fetched over HTTP since k3_stream_open, and HTTP requests made for them (every

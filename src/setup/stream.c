@@ -13,7 +13,6 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
-#include "../store/store.h"
 
 struct k3_stream {
     sn_install in;
@@ -38,12 +37,13 @@ struct k3_stream {
 
 /* ---- the disk budget's bookkeeping (setup_internal.h) ---------------------------------- */
 
-int sn_disk_init(sn_disk *d, int policy, int n, const uint64_t *bytes, uint64_t budget,
-                 k3_err *err) {
-    *d = (sn_disk){.bytes = bytes, .n = n, .budget = budget};
+int sn_disk_init(sn_disk *d, int n, const uint64_t *bytes, uint64_t budget, k3_err *err) {
+    *d = (sn_disk){.bytes = bytes, .n = n, .budget = budget, .head = -1, .tail = -1};
+    d->prev = malloc(((size_t)n + 1) * sizeof *d->prev);
+    d->next = malloc(((size_t)n + 1) * sizeof *d->next);
     d->pins = calloc((size_t)n + 1, sizeof *d->pins);
     d->state = calloc((size_t)n + 1, 1);
-    if (!d->pins || !d->state || k3_policy_init(&d->pol, policy, n > 0 ? n : 1, n > 0 ? n : 1)) {
+    if (!d->prev || !d->next || !d->pins || !d->state) {
         sn_disk_free(d);
         return k3_fail(err, K3_ERR_GENERIC, "out of memory (expert disk budget)");
     }
@@ -51,10 +51,26 @@ int sn_disk_init(sn_disk *d, int policy, int n, const uint64_t *bytes, uint64_t 
 }
 
 void sn_disk_free(sn_disk *d) {
-    k3_policy_free(&d->pol);
+    free(d->prev);
+    free(d->next);
     free(d->pins);
     free(d->state);
     *d = (sn_disk){0};
+}
+
+static void lru_push_head(sn_disk *d, int i) {
+    d->prev[i] = -1;
+    d->next[i] = d->head;
+    if (d->head >= 0) d->prev[d->head] = i;
+    else d->tail = i;
+    d->head = i;
+}
+
+static void lru_unlink(sn_disk *d, int i) {
+    if (d->prev[i] >= 0) d->next[d->prev[i]] = d->next[i];
+    else d->head = d->next[i];
+    if (d->next[i] >= 0) d->prev[d->next[i]] = d->prev[i];
+    else d->tail = d->prev[i];
 }
 
 static void disk_note_peak(sn_disk *d) {
@@ -65,18 +81,22 @@ void sn_disk_found(sn_disk *d, int i) {
     if (d->state[i] != SN_DISK_EMPTY) return;
     d->state[i] = SN_DISK_KEPT;
     d->kept_bytes += d->bytes[i];
-    k3_policy_insert(&d->pol, i, i);
+    lru_push_head(d, i);
     disk_note_peak(d);
 }
 
 int sn_disk_make_room(sn_disk *d, uint64_t extra, void (*evict)(void *user, int i), void *user) {
+    int v = d->tail;
     while (d->kept_bytes + extra > d->budget) {
-        int v = k3_policy_victim(&d->pol, d->pins);
-        if (v < 0) return 0; /* every kept span is pinned */
+        while (v >= 0 && d->pins[v] > 0) v = d->prev[v]; /* pinned: being read or fetched */
+        if (v < 0) return 0;
+        int older = d->prev[v];
+        lru_unlink(d, v);
         d->state[v] = SN_DISK_EMPTY;
         d->kept_bytes -= d->bytes[v];
         d->evicted++;
         if (evict) evict(user, v);
+        v = older;
     }
     return 1;
 }
@@ -95,7 +115,7 @@ void sn_disk_commit(sn_disk *d, int i, bool ok) {
     if (d->state[i] != SN_DISK_WRITING) return;
     if (ok) {
         d->state[i] = SN_DISK_KEPT;
-        k3_policy_insert(&d->pol, i, i);
+        lru_push_head(d, i);
     } else {
         d->state[i] = SN_DISK_EMPTY;
         d->kept_bytes -= d->bytes[i];
@@ -103,7 +123,9 @@ void sn_disk_commit(sn_disk *d, int i, bool ok) {
 }
 
 void sn_disk_hit(sn_disk *d, int i) {
-    if (d->state[i] == SN_DISK_KEPT) k3_policy_hit(&d->pol, i);
+    if (d->state[i] != SN_DISK_KEPT || d->head == i) return;
+    lru_unlink(d, i);
+    lru_push_head(d, i);
 }
 
 uint64_t sn_disk_margin(uint64_t fs_bytes) {
@@ -147,8 +169,9 @@ static int by_mtime(const void *a, const void *b) {
     return x->mtime_ns < y->mtime_ns ? -1 : x->mtime_ns > y->mtime_ns ? 1 : x->span - y->span;
 }
 
-/* The budget, and the raw-span files already kept, oldest first into the policy (so that
- * eviction starts with them), then evicted down to the budget. */
+/* The budget, and the raw-span files already kept, oldest (by mtime: the fetch; atime is
+ * often not kept) first into the LRU list, so eviction starts with them; then evicted down to
+ * the budget. */
 static int open_disk(k3_stream *s, const k3_stream_opts *o, k3_err *err) {
     int n = s->in.n_spans;
     found_span *found = calloc((size_t)n + 1, sizeof *found);
@@ -186,8 +209,7 @@ static int open_disk(k3_stream *s, const k3_stream_opts *o, k3_err *err) {
         s->margin_bytes = sn_disk_margin(s->fs_bytes);
         budget = kept + (avail > s->margin_bytes ? avail - s->margin_bytes : 0);
     }
-    int policy = o && o->policy == K3_POLICY_LRU ? K3_POLICY_LRU : K3_POLICY_S3FIFO;
-    int rc = sn_disk_init(&s->disk, policy, n, s->span_bytes, budget, err);
+    int rc = sn_disk_init(&s->disk, n, s->span_bytes, budget, err);
     qsort(found, (size_t)n_found, sizeof *found, by_mtime);
     for (int i = 0; !rc && i < n_found; i++) sn_disk_found(&s->disk, found[i].span);
     free(found);
@@ -497,12 +519,12 @@ void k3_stream_describe(const k3_stream *s, char *buf, size_t cap) {
                      sn_human(h, sizeof h, sum.finish_bytes), s->in.dest);
     if (n >= 0 && (size_t)n < cap)
         snprintf(buf + n, cap - (size_t)n, "; fetched experts on disk: %s of a %s budget%s, "
-                 "evicted by %s (the RAM cache's policy)", sn_human(kept, sizeof kept,
-                 d.kept_bytes), sn_human(budget, sizeof budget, d.budget_bytes), why,
-                 k3_cache_policy_name(s->disk.pol.kind));
+                 "least recently used evicted first", sn_human(kept, sizeof kept, d.kept_bytes),
+                 sn_human(budget, sizeof budget, d.budget_bytes), why);
 }
 
 void k3_stream_disk_get(const k3_stream *s, k3_stream_disk *out) {
+    /* the lock is not part of the stream's value: taking it keeps the reader const */
     pthread_mutex_lock((pthread_mutex_t *)&s->disk_mu);
     *out = (k3_stream_disk){.kept_bytes = s->disk.kept_bytes, .peak_bytes = s->disk.peak_bytes,
                             .budget_bytes = s->disk.budget, .evicted = s->disk.evicted};
