@@ -1,7 +1,7 @@
 /* store_flags.h — the expert-store flags shared by k3 run and k3 chat (--expert-gb,
  * --load-threads, --direct, --pipe, --cache-policy, --dirs, --expert-disk-gb, --mmap-experts,
- * --profile, --router-trace), and what they install on a session: the router trace, the per-token
- * profile line and the end-of-run summary. */
+ * --profile, --router-trace), and what they install on a session: the router trace, the
+ * per-token profile line and the end-of-run summary. */
 #ifndef K3_CLI_STORE_FLAGS_H
 #define K3_CLI_STORE_FLAGS_H
 

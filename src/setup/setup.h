@@ -48,8 +48,9 @@
  *   .k3/experts/<layer>/<expert>.bin                raw-span cache: the expert's span verbatim
  *                                                   (shard bytes [span.offset, span.offset +
  *                                                   span.nbytes)); present = complete (written
- *                                                   to a temporary name, length-checked, renamed);
- *                                                   within a disk budget (k3_stream_opts)
+ *                                                   to a temporary name, length-checked,
+ *                                                   renamed); within a disk budget
+ *                                                   (k3_stream_opts)
  *   *.k3tmp                                         a small file being written (then renamed)
  *
  * Nothing incomplete ever sits in DEST under a shard's name, so another tool reading DEST
@@ -221,10 +222,10 @@ typedef struct k3_stream_opts {
      *   > 0  exactly this many bytes.
      * When a new expert does not fit, kept experts are evicted (their files unlinked), least
      * recently used first (why not the RAM cache's S3-FIFO: setup_internal.h, sn_disk); one
-     * that is being fetched, written or read is never evicted, and an
-     * expert that does not fit beside those is served without being kept. The budget is
-     * applied at open too (kept files beyond it are evicted). One process per install: two
-     * processes streaming into one DEST each keep their own count. */
+     * that is being fetched, written or read is never evicted, and an expert that does not
+     * fit beside those is served without being kept (so is one whose write finds the disk
+     * full). The budget is applied at open too (kept files beyond it are evicted). One
+     * process per install: two processes streaming into one DEST each keep their own count. */
     int64_t disk_budget_bytes;
 } k3_stream_opts;
 
