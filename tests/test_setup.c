@@ -183,11 +183,73 @@ static void test_urls(void) {
     CHECK(k3_http_new(&o, &h, &err) == K3_ERR_USAGE && !h, "ftp endpoint accepted");
 }
 
+/* The disk budget's bookkeeping (sn_disk): spans of 10 bytes under a 30-byte budget. The
+ * victim is the least recently used span that is neither pinned (being read or fetched) nor
+ * WRITING (its rename in progress); a span that fits beside those is not kept; the budget
+ * holds after every reserve. */
+static int evicted[16], n_evicted;
+static void note_evict(void *user, int i) {
+    (void)user;
+    evicted[n_evicted++] = i;
+}
+
+static void test_disk_budget_pins(void) {
+    uint64_t bytes[6] = {10, 10, 10, 10, 10, 40};
+    sn_disk d;
+    k3_err err = {0};
+    n_evicted = 0;
+    CHECK(sn_disk_init(&d, 6, bytes, 30, &err) == 0);
+    for (int i = 0; i < 3; i++) { /* 0, 1, 2 kept: 30 bytes, full */
+        CHECK(sn_disk_reserve(&d, i, note_evict, NULL) == 1);
+        CHECK(sn_disk_reserve(&d, i, note_evict, NULL) == 0, "span %d reserved twice", i);
+        sn_disk_commit(&d, i, true);
+    }
+    CHECK(d.kept_bytes == 30 && n_evicted == 0);
+    sn_disk_hit(&d, 0);           /* recency now 1 (least), 2, 0 */
+    d.pins[1] = 1;                /* 1 is being read: 2 is the victim */
+    CHECK(sn_disk_reserve(&d, 3, note_evict, NULL) == 1);
+    CHECK(n_evicted == 1 && evicted[0] == 2, "evicted %d", evicted[0]);
+    CHECK(d.state[2] == SN_DISK_EMPTY && d.state[3] == SN_DISK_WRITING);
+    CHECK(d.kept_bytes == 30, "kept %llu", (unsigned long long)d.kept_bytes);
+    /* 3 is WRITING (not yet renamed), 0 and 1 pinned: nothing may go, 4 is not kept */
+    d.pins[0] = 1;
+    CHECK(sn_disk_reserve(&d, 4, note_evict, NULL) == 0 && n_evicted == 1);
+    CHECK(d.kept_bytes <= d.budget);
+    sn_disk_commit(&d, 3, true);  /* recency 1, 0, 3 */
+    d.pins[0] = 0;                /* read done: 0 may go now, 1 (still pinned) and 3 stay */
+    CHECK(sn_disk_reserve(&d, 4, note_evict, NULL) == 1);
+    CHECK(n_evicted == 2 && evicted[1] == 0, "evicted %d", evicted[1]);
+    sn_disk_commit(&d, 4, false); /* a failed write gives its bytes back */
+    CHECK(d.kept_bytes == 20 && d.state[4] == SN_DISK_EMPTY);
+    CHECK(sn_disk_reserve(&d, 5, note_evict, NULL) == 0, "a span above the budget kept");
+    CHECK(d.peak_bytes == 30 && d.evicted == 2);
+    /* a smaller budget (as at open) evicts down to it, pinned spans excepted */
+    d.budget = 0;
+    CHECK(sn_disk_make_room(&d, 0, note_evict, NULL) == 0, "pinned span 1 evicted");
+    CHECK(d.kept_bytes == 10 && d.state[1] == SN_DISK_KEPT && d.state[3] == SN_DISK_EMPTY);
+    CHECK(n_evicted == 3 && evicted[2] == 3);
+    d.pins[1] = 0;
+    CHECK(sn_disk_make_room(&d, 0, note_evict, NULL) == 1 && d.kept_bytes == 0);
+    CHECK(n_evicted == 4 && evicted[3] == 1 && d.head == -1 && d.tail == -1);
+    sn_disk_free(&d);
+}
+
+/* The default budget's margin: max(10%, min(20 GB, 25%)) of the file system. */
+static void test_disk_margin(void) {
+    CHECK(sn_disk_margin(1000000000000ull) == 100000000000ull);  /* 1 TB: 10% = 100 GB */
+    CHECK(sn_disk_margin(100000000000ull) == 20000000000ull);    /* 100 GB: the 20 GB floor */
+    CHECK(sn_disk_margin(40000000000ull) == 10000000000ull);     /* 40 GB: a quarter */
+    CHECK(sn_disk_margin(1000000000ull) == 250000000ull);        /* 1 GB: a quarter */
+    CHECK(sn_disk_margin(0) == 0);
+}
+
 const k3_test k3_suite_setup[] = {
     {"ranges_vs_bitmap", test_ranges_vs_bitmap},
     {"journal_torn_and_foreign", test_journal_torn_and_foreign},
     {"spans_of_nano", test_spans_of_nano},
     {"manifest_roundtrip", test_manifest_roundtrip},
     {"urls", test_urls},
+    {"disk_budget_pins", test_disk_budget_pins},
+    {"disk_margin", test_disk_margin},
     {0},
 };

@@ -24,7 +24,9 @@ int k3_cli_model_load(const char *model_dir, k3_engine_opts *eo, const k3_cli_co
                       k3_cli_model *m, k3_err *err) {
     *m = (k3_cli_model){0};
     k3_http_opts http = {.token = cc ? cc->hf_token : NULL};
-    int rc = k3_stream_open(model_dir, &http, &m->stream, err);
+    k3_stream_opts so = {.http = &http, .disk_budget_bytes = -1};
+    if (cc && cc->expert_disk_gb >= 0) so.disk_budget_bytes = (int64_t)(cc->expert_disk_gb * 1e9);
+    int rc = k3_stream_open_opts(model_dir, &so, &m->stream, err);
     if (rc) return rc;
     if (m->stream) {
         if (eo->experts_in_place) {

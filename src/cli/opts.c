@@ -85,6 +85,11 @@ static const k3_opt table[] = {
      .group = K3_OG_STORE, .help = "s3fifo or lru"},
     {.flag = "--dirs", .env = "K3_DIRS", K3_OPT_ENG(dirs), .type = K3_OPT_STR, .meta = "D1:D2",
      .group = K3_OG_STORE, .help = "extra folders holding shards, e.g. on other drives"},
+    {.flag = "--expert-disk-gb", .field = "expert_disk_gb", K3_OPT_COM(expert_disk_gb),
+     .type = K3_OPT_DOUBLE, .lo = -1, .hi = 1e6, .def = "-1", .meta = "GB", .group = K3_OG_STORE,
+     .help = "streaming install (k3 setup --stream): disk for the experts fetched on\n"
+             "demand, the least recently used evicted first (0: keep none; -1: leave\n"
+             "max(10%, min(20 GB, 25%)) of its file system free)"},
     {.flag = "--mmap-experts", .env = "K3_MMAP_EXPERTS", K3_OPT_ENG(experts_in_place),
      .type = K3_OPT_SWITCH, .value = 1, .lo = 0, .hi = 1, .group = K3_OG_STORE,
      .help = "no cache: experts used in place from the mapped shards (the reference\n"

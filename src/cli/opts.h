@@ -33,6 +33,8 @@ typedef struct k3_cli_common {
     const char *router_trace;  /* --router-trace PATH */
     int profile;               /* --profile / K3_PROFILE: 0, 1 (one line per pass), 2 (+ layers) */
     const char *hf_token;      /* HF_TOKEN: a streaming install's downloads */
+    double expert_disk_gb;     /* --expert-disk-gb: a streaming install's fetched experts on
+                                  disk, GB; < 0: leave a margin of the file system free */
 } k3_cli_common;
 
 /* Where a row writes. */

@@ -48,7 +48,9 @@
  *   .k3/experts/<layer>/<expert>.bin                raw-span cache: the expert's span verbatim
  *                                                   (shard bytes [span.offset, span.offset +
  *                                                   span.nbytes)); present = complete (written
- *                                                   to a temporary name, length-checked, renamed)
+ *                                                   to a temporary name, length-checked,
+ *                                                   renamed); within a disk budget
+ *                                                   (k3_stream_opts)
  *   *.k3tmp                                         a small file being written (then renamed)
  *
  * Nothing incomplete ever sits in DEST under a shard's name, so another tool reading DEST
@@ -211,7 +213,36 @@ typedef struct k3_expert_span {
  * NULL) supplies only token, interrupt and on_bytes.
  * Errors: K3_ERR_IO, K3_ERR_CHECKPOINT (manifest or journal malformed). */
 int k3_stream_open(const char *dir, const k3_http_opts *http, k3_stream **out, k3_err *err);
+
+/* How the experts fetched at run time are kept in DEST/.k3/experts (the raw-span cache). */
+typedef struct k3_stream_opts {
+    const k3_http_opts *http;  /* as k3_stream_open's http (may be NULL) */
+    /* Bytes the raw-span files may take, temporary files being written included:
+     *   < 0  the default: what DEST's file system has free at open (plus what is kept
+     *        already) less a margin of max(10% of the file system, min(20 GB, 25% of it));
+     *   0    keep nothing: every expert not in a shard is fetched each time it is read;
+     *   > 0  exactly this many bytes.
+     * When a new expert does not fit, kept experts are evicted (their files unlinked), least
+     * recently used first (why not the RAM cache's S3-FIFO: setup_internal.h, sn_disk); one
+     * that is being fetched, written or read is never evicted, and an expert that does not
+     * fit beside those is served without being kept (so is one whose write finds the disk
+     * full). The budget is applied at open too (kept files beyond it are evicted). One
+     * process per install: two processes streaming into one DEST each keep their own count. */
+    int64_t disk_budget_bytes;
+} k3_stream_opts;
+
+/* k3_stream_open with the raw-span cache's budget (o may be NULL: the defaults).
+ * Errors: as k3_stream_open; K3_ERR_IO also when the default budget cannot read the free
+ * space of DEST's file system. */
+int k3_stream_open_opts(const char *dir, const k3_stream_opts *o, k3_stream **out, k3_err *err);
 void k3_stream_close(k3_stream *s);
+
+/* The raw-span cache against its budget: bytes now (files and writes in progress), the most
+ * ever since open, the budget, and experts evicted since open. */
+typedef struct k3_stream_disk {
+    uint64_t kept_bytes, peak_bytes, budget_bytes, evicted;
+} k3_stream_disk;
+void k3_stream_disk_get(const k3_stream *s, k3_stream_disk *out);
 
 /* The path of shard `name` (a file name from the index): the complete shard if present, else
  * its partial file. Returns buf. */
@@ -237,7 +268,8 @@ typedef struct k3_stream_summary {
 } k3_stream_summary;
 void k3_stream_summary_get(const k3_stream *s, k3_stream_summary *out);
 
-/* One line for the startup banner: experts local, what finishing would fetch, the command. */
+/* One line for the startup banner: experts local, what finishing would fetch, the command,
+ * and the raw-span cache's budget (how it was set, bytes kept, the eviction order). */
 void k3_stream_describe(const k3_stream *s, char *buf, size_t cap);
 
 /* Experts fetched over HTTP since k3_stream_open, and HTTP requests made for them (every

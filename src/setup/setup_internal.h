@@ -120,6 +120,48 @@ int sn_write_atomic(const char *dest, const char *name, const void *buf, size_t 
 /* `k3 setup --check` (check.c); found: whether DEST has a manifest. */
 int sn_check(const k3_setup_opts *o, bool found, k3_err *err);
 
+/* ---- disk budget of the raw-span cache (stream.c) ------------------------------------ */
+/* The bookkeeping of .k3/experts under a byte budget, without the files (the caller holds
+ * its lock and unlinks the victims): span i is EMPTY, WRITING (bytes reserved, not yet
+ * renamed into place) or KEPT (its file is complete and on the LRU list).
+ * Invariants: kept_bytes (KEPT and WRITING spans' sizes) <= budget after every reserve;
+ * a victim is always KEPT with pins[i] == 0, so a span being fetched, written or read is
+ * never evicted.
+ * Why LRU and not the RAM cache's S3-FIFO (src/store/policy.h): setup may include only util
+ * (tests/test_arch.c, docs/ARCHITECTURE.md), and once the engine takes its expert source
+ * from the CLI nothing links the stream to the store. Moving policy.[ch] to util would let
+ * this list become a k3_policy (insert, hit, victim with pins: the same three calls). */
+enum { SN_DISK_EMPTY = 0, SN_DISK_WRITING = 1, SN_DISK_KEPT = 2 };
+typedef struct sn_disk {
+    int *prev, *next;         /* [n]: the LRU list of KEPT spans, head = most recently used */
+    int head, tail;
+    int *pins;                /* [n]: readers and fetchers of span i now */
+    uint8_t *state;           /* [n]: SN_DISK_* */
+    const uint64_t *bytes;    /* [n]: the size of span i's file (borrowed) */
+    int n;
+    uint64_t budget, kept_bytes, peak_bytes, evicted;
+} sn_disk;
+
+/* Errors: K3_ERR_GENERIC (out of memory). */
+int sn_disk_init(sn_disk *d, int n, const uint64_t *bytes, uint64_t budget, k3_err *err);
+void sn_disk_free(sn_disk *d);
+/* Span i's complete file is on disk (found at open, or written by another process): KEPT,
+ * the most recently used (open adds the files it finds oldest first). */
+void sn_disk_found(sn_disk *d, int i);
+/* Evicts until kept_bytes + extra <= budget (or nothing evictable is left); each victim is
+ * reported to evict() (which unlinks its file) and becomes EMPTY. Returns 1 when it fits. */
+int sn_disk_make_room(sn_disk *d, uint64_t extra, void (*evict)(void *user, int i), void *user);
+/* Reserves span i's bytes for writing (evicting as needed): 1 reserved (WRITING), 0 not (it
+ * is already KEPT or WRITING, or does not fit beside the pinned spans: do not keep it). */
+int sn_disk_reserve(sn_disk *d, int i, void (*evict)(void *user, int i), void *user);
+/* The write of a reserved span ended: ok → KEPT (the most recently used), else EMPTY. */
+void sn_disk_commit(sn_disk *d, int i, bool ok);
+/* A read found span i's file: it becomes the most recently used. */
+void sn_disk_hit(sn_disk *d, int i);
+/* The default budget's free-space margin for a file system of fs_bytes:
+ * max(10% of it, min(20 GB, 25% of it)). */
+uint64_t sn_disk_margin(uint64_t fs_bytes);
+
 /* ---- progress ------------------------------------------------------------------------- */
 typedef struct sn_progress {
     FILE *out;

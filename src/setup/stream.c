@@ -10,7 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
+
 
 struct k3_stream {
     sn_install in;
@@ -24,7 +26,113 @@ struct k3_stream {
     pthread_mutex_t mu;
     pthread_cond_t freed;
     uint64_t fetched;         /* experts fetched over HTTP since open */
+    /* the raw-span cache's budget: disk is guarded by disk_mu (held for bookkeeping and
+     * unlinks, never across a fetch or a read) */
+    pthread_mutex_t disk_mu;
+    sn_disk disk;
+    uint64_t *span_bytes;     /* [n_spans]: each raw-span file's size (disk.bytes) */
+    bool budget_default;      /* the budget came from the free-space margin */
+    uint64_t fs_bytes, margin_bytes; /* that file system's size and the margin kept free */
 };
+
+/* ---- the disk budget's bookkeeping (setup_internal.h) ---------------------------------- */
+
+int sn_disk_init(sn_disk *d, int n, const uint64_t *bytes, uint64_t budget, k3_err *err) {
+    *d = (sn_disk){.bytes = bytes, .n = n, .budget = budget, .head = -1, .tail = -1};
+    d->prev = malloc(((size_t)n + 1) * sizeof *d->prev);
+    d->next = malloc(((size_t)n + 1) * sizeof *d->next);
+    d->pins = calloc((size_t)n + 1, sizeof *d->pins);
+    d->state = calloc((size_t)n + 1, 1);
+    if (!d->prev || !d->next || !d->pins || !d->state) {
+        sn_disk_free(d);
+        return k3_fail(err, K3_ERR_GENERIC, "out of memory (expert disk budget)");
+    }
+    return K3_OK;
+}
+
+void sn_disk_free(sn_disk *d) {
+    free(d->prev);
+    free(d->next);
+    free(d->pins);
+    free(d->state);
+    *d = (sn_disk){0};
+}
+
+static void lru_push_head(sn_disk *d, int i) {
+    d->prev[i] = -1;
+    d->next[i] = d->head;
+    if (d->head >= 0) d->prev[d->head] = i;
+    else d->tail = i;
+    d->head = i;
+}
+
+static void lru_unlink(sn_disk *d, int i) {
+    if (d->prev[i] >= 0) d->next[d->prev[i]] = d->next[i];
+    else d->head = d->next[i];
+    if (d->next[i] >= 0) d->prev[d->next[i]] = d->prev[i];
+    else d->tail = d->prev[i];
+}
+
+static void disk_note_peak(sn_disk *d) {
+    if (d->kept_bytes > d->peak_bytes) d->peak_bytes = d->kept_bytes;
+}
+
+void sn_disk_found(sn_disk *d, int i) {
+    if (d->state[i] != SN_DISK_EMPTY) return;
+    d->state[i] = SN_DISK_KEPT;
+    d->kept_bytes += d->bytes[i];
+    lru_push_head(d, i);
+    disk_note_peak(d);
+}
+
+int sn_disk_make_room(sn_disk *d, uint64_t extra, void (*evict)(void *user, int i), void *user) {
+    int v = d->tail;
+    while (d->kept_bytes + extra > d->budget) {
+        while (v >= 0 && d->pins[v] > 0) v = d->prev[v]; /* pinned: being read or fetched */
+        if (v < 0) return 0;
+        int older = d->prev[v];
+        lru_unlink(d, v);
+        d->state[v] = SN_DISK_EMPTY;
+        d->kept_bytes -= d->bytes[v];
+        d->evicted++;
+        if (evict) evict(user, v);
+        v = older;
+    }
+    return 1;
+}
+
+int sn_disk_reserve(sn_disk *d, int i, void (*evict)(void *user, int i), void *user) {
+    if (d->state[i] != SN_DISK_EMPTY || d->bytes[i] > d->budget ||
+        !sn_disk_make_room(d, d->bytes[i], evict, user))
+        return 0;
+    d->state[i] = SN_DISK_WRITING;
+    d->kept_bytes += d->bytes[i];
+    disk_note_peak(d);
+    return 1;
+}
+
+void sn_disk_commit(sn_disk *d, int i, bool ok) {
+    if (d->state[i] != SN_DISK_WRITING) return;
+    if (ok) {
+        d->state[i] = SN_DISK_KEPT;
+        lru_push_head(d, i);
+    } else {
+        d->state[i] = SN_DISK_EMPTY;
+        d->kept_bytes -= d->bytes[i];
+    }
+}
+
+void sn_disk_hit(sn_disk *d, int i) {
+    if (d->state[i] != SN_DISK_KEPT || d->head == i) return;
+    lru_unlink(d, i);
+    lru_push_head(d, i);
+}
+
+uint64_t sn_disk_margin(uint64_t fs_bytes) {
+    uint64_t tenth = fs_bytes / 10, quarter = fs_bytes / 4, floor_ = 20000000000ull;
+    if (floor_ > quarter) floor_ = quarter;
+    return tenth > floor_ ? tenth : floor_;
+}
 
 static void stream_free(k3_stream *s) {
     for (int i = 0; i < s->n_clients; i++) k3_http_free(s->clients[i]);
@@ -32,7 +140,10 @@ static void stream_free(k3_stream *s) {
     free(s->busy);
     free(s->span_of);
     free(s->token);
+    sn_disk_free(&s->disk);
+    free(s->span_bytes);
     sn_install_free(&s->in);
+    pthread_mutex_destroy(&s->disk_mu);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->freed);
     free(s);
@@ -42,11 +153,82 @@ void k3_stream_close(k3_stream *s) {
     if (s) stream_free(s);
 }
 
+/* The victim's raw-span file goes (disk_mu held). Unlinking a file a reader has open is safe
+ * (the reader keeps its bytes), but readers pin their span, so none is chosen. */
+static void evict_span(void *user, int i) {
+    k3_stream *s = user;
+    char path[4096];
+    unlink(sn_span_path(path, sizeof path, s->in.dest, s->in.spans[i].layer,
+                        s->in.spans[i].expert));
+}
+
+typedef struct { int64_t mtime_ns; int span; } found_span;
+
+static int by_mtime(const void *a, const void *b) {
+    const found_span *x = a, *y = b;
+    return x->mtime_ns < y->mtime_ns ? -1 : x->mtime_ns > y->mtime_ns ? 1 : x->span - y->span;
+}
+
+/* The budget, and the raw-span files already kept, oldest (by mtime: the fetch; atime is
+ * often not kept) first into the LRU list, so eviction starts with them; then evicted down to
+ * the budget. */
+static int open_disk(k3_stream *s, const k3_stream_opts *o, k3_err *err) {
+    int n = s->in.n_spans;
+    found_span *found = calloc((size_t)n + 1, sizeof *found);
+    if (!found || !(s->span_bytes = calloc((size_t)n + 1, sizeof *s->span_bytes))) {
+        free(found);
+        return k3_fail(err, K3_ERR_GENERIC, "out of memory");
+    }
+    int n_found = 0;
+    uint64_t kept = 0;
+    for (int i = 0; i < n; i++) {
+        const k3_expert_span *sp = &s->in.spans[i];
+        char path[4096];
+        struct stat st;
+        s->span_bytes[i] = sp->nbytes;
+        if (stat(sn_span_path(path, sizeof path, s->in.dest, sp->layer, sp->expert), &st) == 0 &&
+            (uint64_t)st.st_size == sp->nbytes) {
+            found[n_found++] = (found_span){(int64_t)st.st_mtim.tv_sec * 1000000000 +
+                                            st.st_mtim.tv_nsec, i};
+            kept += sp->nbytes;
+        }
+    }
+    uint64_t budget = o && o->disk_budget_bytes >= 0 ? (uint64_t)o->disk_budget_bytes : 0;
+    if (!o || o->disk_budget_bytes < 0) {
+        char dir[4096];
+        struct statvfs v;
+        snprintf(dir, sizeof dir, "%s/" SN_DIR, s->in.dest);
+        if (statvfs(dir, &v) != 0) {
+            free(found);
+            return k3_fail(err, K3_ERR_IO, "%s: cannot read free space for the expert disk "
+                           "budget: %s (give one with --expert-disk-gb)", dir, strerror(errno));
+        }
+        uint64_t avail = (uint64_t)v.f_bavail * v.f_frsize;
+        s->budget_default = true;
+        s->fs_bytes = (uint64_t)v.f_blocks * v.f_frsize;
+        s->margin_bytes = sn_disk_margin(s->fs_bytes);
+        budget = kept + (avail > s->margin_bytes ? avail - s->margin_bytes : 0);
+    }
+    int rc = sn_disk_init(&s->disk, n, s->span_bytes, budget, err);
+    qsort(found, (size_t)n_found, sizeof *found, by_mtime);
+    for (int i = 0; !rc && i < n_found; i++) sn_disk_found(&s->disk, found[i].span);
+    free(found);
+    if (!rc) sn_disk_make_room(&s->disk, 0, evict_span, s);
+    return rc;
+}
+
 int k3_stream_open(const char *dir, const k3_http_opts *http, k3_stream **out, k3_err *err) {
+    k3_stream_opts o = {.http = http, .disk_budget_bytes = -1};
+    return k3_stream_open_opts(dir, &o, out, err);
+}
+
+int k3_stream_open_opts(const char *dir, const k3_stream_opts *o, k3_stream **out, k3_err *err) {
+    const k3_http_opts *http = o ? o->http : NULL;
     *out = NULL;
     k3_stream *s = calloc(1, sizeof *s);
     if (!s) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
     pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->disk_mu, NULL);
     pthread_cond_init(&s->freed, NULL);
     bool found = false;
     int rc = sn_manifest_read(dir, &s->in, &found, err);
@@ -91,6 +273,7 @@ int k3_stream_open(const char *dir, const k3_http_opts *http, k3_stream **out, k
     s->clients = calloc((size_t)s->n_clients, sizeof *s->clients);
     s->busy = calloc((size_t)s->n_clients, sizeof *s->busy);
     if (!rc && (!s->clients || !s->busy)) rc = k3_fail(err, K3_ERR_GENERIC, "out of memory");
+    if (!rc) rc = open_disk(s, o, err);
     if (rc) {
         stream_free(s);
         return rc;
@@ -143,9 +326,11 @@ static int read_file_range(const char *path, uint64_t file_bytes, uint64_t at, v
     return 1;
 }
 
-/* Keeps the fetched bytes as the expert's raw-span file: temporary name, fdatasync, rename. */
+/* Keeps the fetched bytes as the expert's raw-span file: temporary name, fdatasync, rename.
+ * *full is set when the file system is full (ENOSPC, EDQUOT): the caller serves the bytes
+ * without keeping them rather than failing a read whose bytes arrived. */
 static int keep_span(const k3_stream *s, int layer, const char *path, const void *buf,
-                     uint64_t n, k3_err *err) {
+                     uint64_t n, bool *full, k3_err *err) {
     char dir[4096], tmp[4200];
     snprintf(dir, sizeof dir, "%s/" SN_DIR "/experts/%d", s->in.dest, layer);
     int rc = sn_mkdirs(dir, err);
@@ -165,6 +350,7 @@ static int keep_span(const k3_stream *s, int layer, const char *path, const void
         int e = errno;
         close(fd);
         unlink(tmp);
+        *full = e == ENOSPC || e == EDQUOT;
         return k3_fail(err, K3_ERR_IO, "%s: write failed: %s", tmp, strerror(e ? e : EIO));
     }
     close(fd);
@@ -197,9 +383,47 @@ static void give_back(k3_stream *s, int i) {
     pthread_mutex_unlock(&s->mu);
 }
 
+/* One HTTP request for span idx's bytes; kept as its raw-span file when the budget has room. */
+static int fetch_span(k3_stream *s, int idx, const char *path, uint64_t offset,
+                      uint64_t nbytes, void *dst, k3_err *err) {
+    const k3_expert_span *sp = &s->in.spans[idx];
+    const sn_shard *sh = &s->in.shards[sp->shard];
+    int layer = sp->layer, expert = sp->expert;
+    char url[2048], what[96];
+    /* one request for the whole span; dst takes it directly when that is what was asked */
+    bool whole = offset == sp->offset && nbytes == sp->nbytes;
+    void *buf = whole ? dst : malloc(sp->nbytes ? sp->nbytes : 1);
+    if (!buf) return k3_fail(err, K3_ERR_GENERIC, "out of memory (expert span)");
+    snprintf(what, sizeof what, "expert %d of layer %d", expert, layer);
+    k3_http_req r = {.url = k3_hub_url(url, sizeof url, s->in.endpoint, s->in.repo,
+                                       s->in.revision, sh->name),
+                     .offset = sp->offset, .nbytes = sp->nbytes, .dst = buf, .fd = -1,
+                     .expect_total = sh->bytes, .what = what};
+    int c = borrow(s, err), rc = c < 0 ? -c : K3_OK;
+    if (!rc) {
+        rc = k3_http_fetch(s->clients[c], &r, 1, NULL, NULL, err);
+        give_back(s, c);
+    }
+    if (!rc) {
+        __atomic_add_fetch(&s->fetched, 1, __ATOMIC_RELAXED);
+        pthread_mutex_lock(&s->disk_mu);
+        int room = sn_disk_reserve(&s->disk, idx, evict_span, s);
+        pthread_mutex_unlock(&s->disk_mu);
+        bool full = false;
+        if (room) rc = keep_span(s, layer, path, buf, sp->nbytes, &full, err);
+        if (full) rc = K3_OK; /* served, not kept */
+        pthread_mutex_lock(&s->disk_mu);
+        if (room) sn_disk_commit(&s->disk, idx, !rc && !full);
+        pthread_mutex_unlock(&s->disk_mu);
+    }
+    if (!rc && !whole) memcpy(dst, (char *)buf + (offset - sp->offset), nbytes);
+    if (!whole) free(buf);
+    return rc;
+}
+
 int k3_stream_read(k3_stream *s, int layer, int expert, const char *shard_name,
                    uint64_t offset, uint64_t nbytes, void *dst, k3_err *err) {
-    char path[4096], url[2048], what[96];
+    char path[4096];
     int idx = layer >= 0 && layer < s->in.n_layers_seen && expert >= 0 &&
                       expert < s->key_experts ? s->span_of[layer * s->key_experts + expert] : -1;
     const k3_expert_span *sp = idx >= 0 ? &s->in.spans[idx] : NULL;
@@ -216,28 +440,26 @@ int k3_stream_read(k3_stream *s, int layer, int expert, const char *shard_name,
         if (got) return got < 0 ? -got : K3_OK;
     }
     sn_span_path(path, sizeof path, s->in.dest, layer, expert);
+    /* pinned from here to the end: neither its file nor its write in progress is evicted */
+    pthread_mutex_lock(&s->disk_mu);
+    s->disk.pins[idx]++;
+    pthread_mutex_unlock(&s->disk_mu);
     int got = read_file_range(path, sp->nbytes, offset - sp->offset, dst, nbytes, err);
-    if (got) return got < 0 ? -got : K3_OK;
-    /* one request for the whole span; dst takes it directly when that is what was asked */
-    bool whole = offset == sp->offset && nbytes == sp->nbytes;
-    void *buf = whole ? dst : malloc(sp->nbytes ? sp->nbytes : 1);
-    if (!buf) return k3_fail(err, K3_ERR_GENERIC, "out of memory (expert span)");
-    snprintf(what, sizeof what, "expert %d of layer %d", expert, layer);
-    k3_http_req r = {.url = k3_hub_url(url, sizeof url, s->in.endpoint, s->in.repo,
-                                       s->in.revision, shard_name),
-                     .offset = sp->offset, .nbytes = sp->nbytes, .dst = buf, .fd = -1,
-                     .expect_total = sh->bytes, .what = what};
-    int c = borrow(s, err), rc = c < 0 ? -c : K3_OK;
-    if (!rc) {
-        rc = k3_http_fetch(s->clients[c], &r, 1, NULL, NULL, err);
-        give_back(s, c);
+    if (got > 0) {
+        pthread_mutex_lock(&s->disk_mu);
+        if (s->disk.state[idx] == SN_DISK_EMPTY) { /* kept by another process meanwhile */
+            sn_disk_found(&s->disk, idx);
+            sn_disk_make_room(&s->disk, 0, evict_span, s);
+        }
+        sn_disk_hit(&s->disk, idx);
+        s->disk.pins[idx]--;
+        pthread_mutex_unlock(&s->disk_mu);
+        return K3_OK;
     }
-    if (!rc) {
-        __atomic_add_fetch(&s->fetched, 1, __ATOMIC_RELAXED);
-        rc = keep_span(s, layer, path, buf, sp->nbytes, err);
-    }
-    if (!rc && !whole) memcpy(dst, (char *)buf + (offset - sp->offset), nbytes);
-    if (!whole) free(buf);
+    int rc = got < 0 ? -got : fetch_span(s, idx, path, offset, nbytes, dst, err);
+    pthread_mutex_lock(&s->disk_mu);
+    s->disk.pins[idx]--;
+    pthread_mutex_unlock(&s->disk_mu);
     return rc;
 }
 
@@ -282,11 +504,31 @@ void k3_stream_describe(const k3_stream *s, char *buf, size_t cap) {
     k3_stream_summary sum;
     char h[32];
     k3_stream_summary_get(s, &sum);
-    snprintf(buf, cap, "streaming install: %llu of %llu experts local, the others are fetched "
-             "when first used (one range request each) and kept; finishing fetches %s: "
-             "k3 setup %s --finish", (unsigned long long)sum.experts_local,
-             (unsigned long long)sum.experts_total, sn_human(h, sizeof h, sum.finish_bytes),
-             s->in.dest);
+    k3_stream_disk d;
+    k3_stream_disk_get(s, &d);
+    char kept[32], budget[32], why[160] = "", margin[32], fs[32];
+    if (s->budget_default)
+        snprintf(why, sizeof why, " (what leaves %s of the %s file system free: max(10%%, "
+                 "min(20 GB, 25%%)); --expert-disk-gb sets it)",
+                 sn_human(margin, sizeof margin, s->margin_bytes),
+                 sn_human(fs, sizeof fs, s->fs_bytes));
+    int n = snprintf(buf, cap, "streaming install: %llu of %llu experts local, the others are "
+                     "fetched when first used (one range request each) and kept; finishing "
+                     "fetches %s: k3 setup %s --finish", (unsigned long long)sum.experts_local,
+                     (unsigned long long)sum.experts_total,
+                     sn_human(h, sizeof h, sum.finish_bytes), s->in.dest);
+    if (n >= 0 && (size_t)n < cap)
+        snprintf(buf + n, cap - (size_t)n, "; fetched experts on disk: %s of a %s budget%s, "
+                 "least recently used evicted first", sn_human(kept, sizeof kept, d.kept_bytes),
+                 sn_human(budget, sizeof budget, d.budget_bytes), why);
+}
+
+void k3_stream_disk_get(const k3_stream *s, k3_stream_disk *out) {
+    /* the lock is not part of the stream's value: taking it keeps the reader const */
+    pthread_mutex_lock((pthread_mutex_t *)&s->disk_mu);
+    *out = (k3_stream_disk){.kept_bytes = s->disk.kept_bytes, .peak_bytes = s->disk.peak_bytes,
+                            .budget_bytes = s->disk.budget, .evicted = s->disk.evicted};
+    pthread_mutex_unlock((pthread_mutex_t *)&s->disk_mu);
 }
 
 uint64_t k3_stream_requests(const k3_stream *s) {

@@ -1,7 +1,7 @@
 #!/bin/bash
 # tests/setup/run.sh GROUP... — `k3 setup` against nginx on loopback, serving the k3-nano
 # fixture under the Hugging Face hub layout, plus a fault-injecting proxy (faultproxy.py).
-# Groups: full stream streamrun auto faults resume (default: all). Needs nginx and python3; exits 77
+# Groups: full stream streamrun budget auto faults resume (default: all). Needs nginx and python3; exits 77
 # SKIPPED and the reason when one is missing (exit 0). Ends with "N passed, N failed"; exit 0
 # when every check passed.
 # K3_BIN selects the binary (default ./k3); K3_KEEP_TMP=1 keeps the temp folder.
@@ -166,6 +166,62 @@ group_streamrun() {
     unset K3_PIPE
 }
 
+# A disk budget for the experts a streaming run keeps (k3_stream_opts): the raw-span folder
+# never exceeds it (replayed from an strace of k3's creates, renames and unlinks there,
+# temporary files counted; SKIPPED without strace), evicted experts are
+# fetched again when needed, and the logits stay bit-identical to the local snapshot.
+experts_bytes() { # DEST: bytes of every file under DEST/.k3/experts
+    find "$1/.k3/experts" -type f -printf '%s\n' 2>/dev/null | awk '{s += $1} END {print s + 0}'
+}
+run_traced() { # DEST OUT ERR TRACE ARGS...: k3 run under strace (its file creates, renames, unlinks)
+    local d=$1 out=$2 errf=$3 tr=$4
+    shift 4
+    strace -f -qq -o "$tr" -e trace=openat,rename,renameat,renameat2,unlink,unlinkat \
+        "$K3" run "$d" "$@" >"$out" 2>"$errf"
+}
+group_budget() {
+    start_proxy
+    local d=$T/bud rc ids=1792,100,200,300,1813,7 span=1632 n_req n_uniq max budget left
+    local args="--prompt-ids $ids --max-new 6 --ids"
+    "$K3" run "$FIX" $args --dump-logits "$T/bl.bin" -q >"$T/bl.ids" 2>/dev/null
+    setup "$d" --stream --endpoint "$PEP" 2>/dev/null
+    export K3_PIPE=0
+    budget=$((20 * span)) # 20 of the 181 experts this prompt uses (each span is 1632 bytes)
+    : > "$T/proxy.log"
+    if command -v strace >/dev/null && strace -f -qq -o /dev/null true 2>/dev/null; then
+        run_traced "$d" "$T/b1.ids" "$T/b1.err" "$T/b1.trace" $args --dump-logits "$T/b1.bin" \
+            --expert-disk-gb "$(awk "BEGIN {printf \"%.9f\", $budget / 1e9}")" --load-threads 4 \
+            --expert-gb 0.00002; rc=$? # a RAM cache of a few experts: evicted ones are read again
+        max=$(python3 "$HERE/verify.py" disk-trace "$FIX" "$T/b1.trace")
+        check "budget: .k3/experts never above $budget bytes (at most $max by the trace)" bash -c "[ $max -le $budget ] && [ $max -ge $((budget / 2)) ]"
+    else
+        echo "SKIPPED budget: the size of .k3/experts over time (strace is missing or not allowed)"
+        "$K3" run "$d" $args --dump-logits "$T/b1.bin" --load-threads 4 --expert-gb 0.00002 \
+            --expert-disk-gb "$(awk "BEGIN {printf \"%.9f\", $budget / 1e9}")" >"$T/b1.ids" 2>"$T/b1.err"; rc=$?
+    fi
+    left=$(experts_bytes "$d")
+    check "budget: $left bytes kept at the end, within the budget" [ $left -le $budget ]
+    check "budget: generation exit 0" [ $rc = 0 ]
+    check "budget: logits bit-identical to the local snapshot" cmp -s "$T/bl.bin" "$T/b1.bin"
+    check "budget: same tokens" cmp -s "$T/bl.ids" "$T/b1.ids"
+    check "budget: startup states the budget" grep -q "fetched experts on disk: 0 B of a 32.6 kB budget, least recently used evicted first" "$T/b1.err"
+    n_req=$(grep -c 'safetensors bytes=' "$T/proxy.log")
+    n_uniq=$(grep 'safetensors bytes=' "$T/proxy.log" | cut -d' ' -f1,2 | sort -u | wc -l)
+    check "budget: evicted experts fetched again ($n_uniq experts, $n_req requests)" bash -c "[ $n_uniq -gt 20 ] && [ $n_req -gt $n_uniq ]"
+    # a budget of 0 keeps nothing; a default run keeps everything, and a smaller budget
+    # at the next open evicts down to it before anything is read
+    "$K3" run "$d" $args --dump-logits "$T/b2.bin" --expert-disk-gb 0 >/dev/null 2>&1
+    left=$(experts_bytes "$d")
+    check "budget: 0 keeps nothing ($left bytes left), same logits" bash -c "[ $left = 0 ] && cmp -s '$T/bl.bin' '$T/b2.bin'"
+    "$K3" run "$d" $args -q >/dev/null 2>&1
+    check "budget: the default keeps every fetched expert" bash -c "[ \$(find '$d/.k3/experts' -name '*.bin' | wc -l) = $n_uniq ]"
+    check "budget: the default is stated with its margin" bash -c "'$K3' run '$d' $args --max-new 1 2>&1 >/dev/null | grep -q 'of a .* budget (what leaves .* of the .* file system free: max(10%, min(20 GB, 25%))'"
+    "$K3" run "$d" $args --dump-logits "$T/b3.bin" --expert-disk-gb 0.00001 >/dev/null 2>&1
+    left=$(experts_bytes "$d")
+    check "budget: shrunk at open: $left bytes left <= 10000, same logits" bash -c "[ $left -le 10000 ] && [ $left -gt 0 ] && cmp -s '$T/bl.bin' '$T/b3.bin'"
+    unset K3_PIPE
+}
+
 group_auto() {
     local rc need_stream need_full
     read need_stream need_full < <(python3 "$HERE/verify.py" need "$FIX")
@@ -277,7 +333,7 @@ group_resume() {
 }
 
 start_nginx
-GROUPS_TO_RUN=${*:-full stream streamrun auto faults resume}
+GROUPS_TO_RUN=${*:-full stream streamrun budget auto faults resume}
 for g in $GROUPS_TO_RUN; do
     echo "== $g"
     "group_$g"

@@ -11,6 +11,11 @@ safetensors headers itself, so nothing here trusts k3's own accounting.
   verify.py journal DEST SHARD       -> the journaled ranges "a-b" (one per line, merged)
   verify.py overlap LOG JOURNALS...  -> exit 1 if a logged range request re-fetched bytes
                                         that a journal (or a complete shard) already held
+  verify.py disk-trace SRC TRACE     -> the most bytes DEST/.k3/experts can have held, from an
+                                        `strace -f` of creates, renames and unlinks there: a
+                                        file counts at its full span size (from SRC's headers)
+                                        from the start of the call that creates it to the end
+                                        of the call that removes it (an over-estimate)
 """
 import json, os, re, struct, sys
 
@@ -121,10 +126,65 @@ def overlap(log, jfiles):
     sys.exit(1 if bad else 0)
 
 
+def span_bytes(src):
+    lo, hi = {}, {}
+    for s in shards(src):
+        for name, a, b, k in header(os.path.join(src, s))[1]:
+            if k == "expert":
+                key = tuple(map(int, EXPERT.search(name).groups()))
+                lo[key], hi[key] = min(lo.get(key, a), a), max(hi.get(key, b), b)
+    return {k: hi[k] - lo[k] for k in lo}
+
+
+def disk_trace(src, trace):
+    size = span_bytes(src)
+    path_re = re.compile(r'"([^"]*/\.k3/experts/(\d+)/(\d+)\.bin[^"]*)"')
+    live, pending, now, most = {}, {}, 0, 0
+
+    def add(path):
+        nonlocal now, most
+        if path not in live:
+            m = path_re.search('"' + path + '"')
+            live[path] = size[(int(m.group(2)), int(m.group(3)))]
+            now += live[path]
+            most = max(most, now)
+
+    def drop(path):
+        nonlocal now
+        now -= live.pop(path, 0)
+
+    for line in open(trace):
+        pid, rest = line.split(None, 1)
+        if "resumed>" in rest:  # the end of a call whose start was printed earlier
+            call, paths = pending.pop(pid, (None, []))
+            rest = (call or "") + "(" + " ".join(f'"{p}"' for p in paths) + rest.split("resumed>", 1)[1]
+        name = rest.split("(", 1)[0].strip()
+        paths = [m.group(1) for m in path_re.finditer(rest)]
+        if "<unfinished" in rest:
+            pending[pid] = (name, paths)
+            if name == "openat" and "O_CREAT" in rest:
+                add(paths[0])  # counted from the call's start
+            continue
+        ok = re.search(r"=\s*0\s*$", rest) is not None or (name == "openat" and "= -1" not in rest)
+        if name == "openat" and "O_CREAT" in rest and paths:
+            add(paths[0])
+            if not ok:
+                drop(paths[0])
+        elif name.startswith("rename") and len(paths) == 2 and ok:
+            n = live.pop(paths[0], 0)
+            now -= n
+            drop(paths[1])
+            add(paths[1])
+        elif name.startswith("unlink") and paths and ok:
+            drop(paths[0])
+    print(most)
+
+
 cmd = sys.argv[1]
 if cmd == "need": need(sys.argv[2])
 elif cmd == "stream-ok": stream_ok(sys.argv[2], sys.argv[3])
 elif cmd == "experts": experts(sys.argv[2])
 elif cmd == "journal": print(",".join(f"{a}-{b}" for a, b in journal(sys.argv[2], sys.argv[3])))
 elif cmd == "overlap": overlap(sys.argv[2], sys.argv[3:])
+elif cmd == "disk-trace": disk_trace(sys.argv[2], sys.argv[3])
 else: sys.exit("unknown command " + cmd)
