@@ -25,6 +25,7 @@
 #include "../src/format/safetensors.h"
 #include "../src/store/store.h"
 #include "cli_run.h"
+#include "../src/store/store_internal.h"
 #include "test.h"
 
 /* One part of the engine's description (k3_engine_describe) in buf [K3_DESCRIBE_CAP]. */
@@ -423,7 +424,127 @@ static void test_peak_rss_within_plan(void) {
           "did not exercise the cache", peak / 1e6, plan[2] * 1e3);
 }
 
+/* ---- prefetch predictors next to MLA layers; the order of a burst of reads ------------- */
+
+/* k3-nano's full_attn_layers are [4, 8, 9] (one-based): layers 3, 7 and 8 are MLA, so the
+ * lookahead (layer l's router on layer l-1's MoE input) is blind for l in {3, 4, 7, 8}. */
+static const int nano_blind[9] = {0, 0, 0, 1, 1, 0, 0, 1, 1};
+
+/* The predictor read at each layer: the previous token's next to an MLA layer, whatever
+ * K3_PIPE asks for; the store reads prefetches only from that predictor. */
+static void test_mla_adjacent_layers_use_prev(void) {
+    const int pipes[] = {K3_PIPE_LOOKAHEAD, K3_PIPE_ALL, K3_PIPE_PREV, K3_PIPE_OFF};
+    for (size_t i = 0; i < 4 && !k3_test_stopped(); i++) {
+        k3_engine *e = NULL;
+        k3_err err = {0};
+        k3_engine_opts o = {.threads = 1, .expert_slots = 256, .pipe = pipes[i]};
+        clean_env();
+        int rc = k3_engine_load(NANO, &o, &e, &err);
+        CHECK(rc == 0, "load failed: %s", err.msg);
+        if (rc) return;
+        k3_store *st = k3_engine_store(e);
+        for (int l = 0; l < 9; l++) {
+            int want = pipes[i] == K3_PIPE_OFF ? 0 : pipes[i] == K3_PIPE_PREV ? 1 :
+                       nano_blind[l] ? 1 : pipes[i];
+            CHECK(k3_store_layer_pipe(st, l) == want, "K3_PIPE %d, layer %d: predictors %d, "
+                  "want %d", pipes[i], l, k3_store_layer_pipe(st, l), want);
+        }
+        if (pipes[i] == K3_PIPE_LOOKAHEAD) { /* reads: prev at 4, lookahead at 2, nothing else */
+            k3_store_client *c = NULL;
+            CHECK(k3_store_client_new(st, &c, &err) == 0, "client: %s", err.msg);
+            const int ids[4] = {0, 5, 9, 31};
+            const struct { int layer, source, reads; } ask[] = {
+                {4, K3_PIPE_LOOKAHEAD, 0}, {4, K3_PIPE_PREV, 4},
+                {2, K3_PIPE_PREV, 0}, {2, K3_PIPE_LOOKAHEAD, 4}, {3, K3_PIPE_LOOKAHEAD, 0}};
+            k3_store_stats a, b;
+            for (size_t q = 0; c && q < sizeof ask / sizeof *ask; q++) {
+                k3_store_get_stats(st, &a);
+                k3_store_prefetch(c, ask[q].layer, ids, 4, ask[q].source);
+                k3_store_get_stats(st, &b);
+                CHECK(b.prefetch_reads - a.prefetch_reads == (uint64_t)ask[q].reads,
+                      "layer %d source %d: %llu prefetch reads, want %d", ask[q].layer,
+                      ask[q].source, (unsigned long long)(b.prefetch_reads - a.prefetch_reads),
+                      ask[q].reads);
+            }
+            k3_store_client_free(c);
+        }
+        k3_engine_free(e);
+    }
+}
+
+/* A decode with both predictors: bit-identical logits; the lookahead is routed (and scored)
+ * only at layers 2, 5, 6 (layer 1 follows the dense layer 0, which predicts nothing), the
+ * previous token's choice at every MoE layer from 2 on once a token has passed. */
+static void test_mla_fallback_decode(void) {
+    int vocab = 0;
+    float *ref = reference(NANO, &vocab);
+    if (!ref) return;
+    expect_identical(NANO, ref, vocab, (k3_engine_opts){.threads = 2, .expert_slots = 40,
+                     .pipe = K3_PIPE_LOOKAHEAD}, "K3_PIPE lookahead, 40 slots");
+    expect_identical(NANO, ref, vocab, (k3_engine_opts){.threads = 2, .expert_slots = 9,
+                     .pipe = K3_PIPE_ALL}, "K3_PIPE all, 9 slots");
+    k3_engine *e = NULL;
+    k3_session *s = NULL;
+    k3_err err = {0};
+    k3_engine_opts o = {.threads = 2, .expert_slots = 40, .pipe = K3_PIPE_ALL};
+    clean_env();
+    int rc = k3_engine_load(NANO, &o, &e, &err);
+    if (!rc) rc = k3_session_new(e, 64, &s, &err);
+    float *got = malloc((size_t)vocab * sizeof *got);
+    int same = got != NULL;
+    for (int t = 0; !rc && got && t < N_TOK; t++) {
+        rc = k3_session_step(s, prompt[t], got, &err);
+        same &= !rc && memcmp(got, ref + (size_t)t * vocab, (size_t)vocab * sizeof *got) == 0;
+    }
+    k3_store_stats ss = {0};
+    if (!rc) k3_store_get_stats(k3_engine_store(e), &ss);
+    free(got);
+    k3_session_free(s);
+    k3_engine_free(e);
+    free(ref);
+    CHECK(rc == 0 && same, "decode failed or differs: %s", err.msg);
+    uint64_t la_layers = 0, prev_layers = 0;
+    for (int l = 2; l < 9; l++) la_layers += !nano_blind[l], prev_layers++;
+    CHECK(ss.recall_total[K3_PIPE_LOOKAHEAD] == N_TOK * la_layers * 4,
+          "lookahead scored %llu times, want %llu (%d tokens x layers 2, 5, 6 x top-4)",
+          (unsigned long long)ss.recall_total[K3_PIPE_LOOKAHEAD],
+          (unsigned long long)(N_TOK * la_layers * 4), N_TOK);
+    CHECK(ss.recall_total[K3_PIPE_PREV] == (N_TOK - 1) * prev_layers * 4,
+          "prev scored %llu times, want %llu", (unsigned long long)ss.recall_total[K3_PIPE_PREV],
+          (unsigned long long)((N_TOK - 1) * prev_layers * 4));
+    CHECK(ss.read_busy_s > 0 && ss.read_busy_s <= ss.read_s + 1e-9,
+          "read busy %.6f s must be in (0, summed read time %.6f s]", ss.read_busy_s, ss.read_s);
+}
+
+/* One burst of reads (k3_store_order_reads) on a hand-built store: 3 shards, shards 0 and 2
+ * on drive 7, shard 1 on drive 9. The burst must come sorted by (shard, offset) per drive,
+ * and interleaved: the i-th read of each drive before the (i+1)-th of any. */
+static void test_burst_sorted_and_interleaved(void) {
+    enum { E = 8 };
+    k3_expert_loc loc[E] = {0};
+    const int shard[E] = {2, 0, 1, 0, 1, 2, 1, 0};
+    const uint64_t off[E] = {4096, 8192, 12288, 4096, 4096, 0, 8192, 0};
+    for (int i = 0; i < E; i++) loc[i].shard[0] = shard[i], loc[i].off[0] = off[i];
+    dev_t dev[3] = {7, 9, 7};
+    k3_slot slots[E];
+    for (int i = 0; i < E; i++) slots[i] = (k3_slot){.key = E - 1 - i}; /* slot i holds E-1-i */
+    k3_store st = {.n_experts = E, .loc = loc, .dev = dev, .slots = slots};
+    int batch[E], rank[E];
+    for (int i = 0; i < E; i++) batch[i] = i;
+    k3_store_order_reads(&st, batch, rank, E);
+    /* expected, worked by hand: drive 7 in (shard, offset) order: keys 7 (0,0), 3 (0,4096),
+     * 1 (0,8192), 5 (2,0), 0 (2,4096); drive 9: 4 (1,4096), 6 (1,8192), 2 (1,12288);
+     * interleaved by rank, (shard, offset) order within a rank: 7, 4, 3, 6, 1, 2, 5, 0. */
+    const int want_keys[E] = {7, 4, 3, 6, 1, 2, 5, 0};
+    for (int i = 0; i < E; i++)
+        CHECK(slots[batch[i]].key == want_keys[i], "read %d: expert %d, want %d", i,
+              slots[batch[i]].key, want_keys[i]);
+}
+
 const k3_test k3_suite_store[] = {
+    {"mla_adjacent_layers_prefetch_the_previous_choice", test_mla_adjacent_layers_use_prev},
+    {"mla_fallback_decode_bit_identical_and_scored", test_mla_fallback_decode},
+    {"burst_sorted_by_file_offset_interleaved_by_drive", test_burst_sorted_and_interleaved},
     {"budgets_directio_pipe_policies_bit_identical", test_budgets_bit_identical},
     {"shards_in_two_folders_bit_identical", test_two_folders},
     {"truncated_after_load_fails_naming_shard_layer_expert", test_truncated_after_load},

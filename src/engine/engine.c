@@ -144,7 +144,7 @@ void k3_session_stats(const k3_session *s, k3_run_stats *out) {
         .hits = ss.hits, .prefetch_hits = ss.prefetch_hits, .prefetch_late = ss.prefetch_late,
         .misses = ss.misses, .prefetch_reads = ss.prefetch_reads,
         .prefetch_wasted = ss.prefetch_wasted, .reads = ss.reads, .bytes_read = ss.bytes_read,
-        .read_s = ss.read_s, .cache_bytes = p->cache_bytes,
+        .read_s = ss.read_s, .read_busy_s = ss.read_busy_s, .cache_bytes = p->cache_bytes,
         .peak_cache_bytes = ss.peak_slots_used * k3_store_slot_bytes(s->e->store),
         .plan_bytes = p->base_bytes + p->spine_bytes + p->cache_bytes + p->state_bytes};
     k3_state_times(s->state, &out->time, &out->last);

@@ -165,6 +165,7 @@ typedef struct k3_run_stats {
     uint64_t expert_requests, hits, prefetch_hits, prefetch_late, misses; /* engine-wide */
     uint64_t prefetch_reads, prefetch_wasted, reads, bytes_read;
     double read_s;                  /* summed over reader threads */
+    double read_busy_s;             /* wall time with an expert read in progress */
     double recall_prev, recall_lookahead; /* fraction of chosen experts predicted; -1 = none */
     uint64_t cache_bytes, peak_cache_bytes; /* expert arena; most of it ever occupied */
     uint64_t plan_bytes, peak_rss_bytes;    /* the startup memory plan; measured peak RSS */
@@ -177,7 +178,9 @@ typedef struct k3_run_stats {
 
 void k3_session_stats(const k3_session *s, k3_run_stats *out);
 /* The end-of-run line (no newline): time total / attn / moe (eload) / head, expert requests,
- * hit rate without and with prefetch hits, GB streamed, GB/s, prefetch recall, peak RSS. */
+ * hit rate without and with prefetch hits, GB streamed, GB/s, prefetch recall, peak RSS, and
+ * the share of read time hidden behind compute: 1 - waited / read, for the experts (eload
+ * against read_busy_s), the streamed spine (spine_wait_s against spine_read_s) and both. */
 void k3_run_stats_summary(const k3_run_stats *st, char *buf, size_t cap);
 /* The K3_PROFILE line for the last step, or for the last batched pass as a whole (its tokens
  * and the time per token: the phases of a pass are not per token) (no newline). */

@@ -6,6 +6,14 @@
 
 static double pct(uint64_t a, uint64_t b) { return b ? 100.0 * (double)a / (double)b : 0.0; }
 
+/* Percent of read time not waited for: 1 - waited / read, clamped to [0, 100] (a pass may
+ * also wait for a read that another pass's compute did not cover); 0 when nothing was read. */
+static double hidden(double waited, double read) {
+    if (!(read > 0)) return 0.0;
+    double h = 100.0 * (1.0 - waited / read);
+    return h < 0 ? 0.0 : h > 100 ? 100.0 : h;
+}
+
 static void recall_text(double r, char *buf, size_t cap) {
     if (r < 0) snprintf(buf, cap, "n/a");
     else snprintf(buf, cap, "%.1f%%", 100 * r);
@@ -33,6 +41,13 @@ void k3_run_stats_summary(const k3_run_stats *st, char *buf, size_t cap) {
         snprintf(buf + len, cap - len, "; spine budget: %.3f GB streamed (%.2f GB/s while "
                  "reading), passes waited %.3f s", sgb,
                  st->spine_read_s > 0 ? sgb / st->spine_read_s : 0.0, st->spine_wait_s);
+    len = strlen(buf);
+    double er = st->read_busy_s, ew = st->time.eload_s;
+    double sr = st->spine_streams ? st->spine_read_s : 0, sw = st->spine_streams ? st->spine_wait_s : 0;
+    if (er + sr > 0 && len < cap)
+        snprintf(buf + len, cap - len, "; reads hidden behind compute: %.0f%% (experts %.0f%%: "
+                 "waited %.3f of %.3f s reading; spine %.0f%%: waited %.3f of %.3f s)",
+                 hidden(ew + sw, er + sr), hidden(ew, er), ew, er, hidden(sw, sr), sw, sr);
 }
 
 void k3_run_stats_profile(const k3_run_stats *st, char *buf, size_t cap) {

@@ -79,12 +79,14 @@ static void experts_forward(const k3_model *m, k3_state *s, const float *z, int 
 
 /* K3_PIPE: while this layer computes, fetch what the next MoE layer will probably choose —
  * its router applied to this layer's input (lookahead), and its choice for the previous
- * token. The store also scores both guesses when the next layer routes (recall). */
+ * token. The store also scores both guesses when the next layer routes (recall). Next to an
+ * MLA layer the store reads only the previous token's choice (k3_store_layer_pipe), so the
+ * lookahead is not routed there. */
 void k3_moe_prefetch_next(const k3_model *m, int layer, k3_state *s, const float *x) {
     const k3_config *c = &m->cfg;
     int next = layer + 1, K = c->num_experts_per_token;
     if (next >= c->num_hidden_layers || !m->layers[next].is_moe) return;
-    if (k3_store_pipe(m->store) & K3_PIPE_LOOKAHEAD) {
+    if (k3_store_layer_pipe(m->store, next) & K3_PIPE_LOOKAHEAD) {
         route(m, &m->layers[next].moe, x, s->la_router, s->la_biased, s->la_topk, s->la_topk_w);
         k3_store_prefetch(s->store, next, s->la_topk, K, K3_PIPE_LOOKAHEAD);
     }

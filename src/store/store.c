@@ -90,9 +90,7 @@ static void q_remove(k3_store *st, k3_queue *q, int s) {
     sl->qprev = sl->qnext = -1;
 }
 
-/* Sorts the batch by (shard, offset), then interleaves devices (the i-th read of every drive
- * before the (i+1)-th of any) so that reads to different drives run at once. rank is scratch
- * of n ints. */
+/* Orders slots by (shard, offset) of their experts (for k3_store_order_reads). */
 static int by_file_offset(const void *a, const void *b, void *ctx) {
     const k3_store *st = ctx;
     const k3_expert_loc *x = &st->loc[st->slots[*(const int *)a].key];
@@ -105,21 +103,27 @@ static dev_t slot_dev(const k3_store *st, int s) {
     return st->dev[st->loc[st->slots[s].key].shard[0]];
 }
 
-static void submit(k3_store *st, int *batch, int *rank, int n, int job) {
-    if (!n) return;
-    qsort_r(batch, (size_t)n, sizeof *batch, by_file_offset, st);
-    int max_rank = 0;
+void k3_store_order_reads(const k3_store *st, int *batch, int *rank, int n) {
+    qsort_r(batch, (size_t)n, sizeof *batch, by_file_offset, (void *)st);
     for (int i = 0; i < n; i++) {
         rank[i] = 0;
         for (int j = 0; j < i; j++) rank[i] += slot_dev(st, batch[j]) == slot_dev(st, batch[i]);
-        if (rank[i] > max_rank) max_rank = rank[i];
     }
-    for (int r = 0; r <= max_rank; r++)
-        for (int i = 0; i < n; i++) {
-            if (rank[i] != r) continue;
-            st->slots[batch[i]].job = (uint8_t)job;
-            q_push(st, job == JOB_DEMAND ? &st->dq : &st->pq, batch[i]);
-        }
+    for (int i = 1; i < n; i++) { /* stable insertion sort by rank: keeps (shard, offset) order
+                                   * within a rank; n is one layer's misses, small */
+        int r = rank[i], b = batch[i], j = i;
+        for (; j > 0 && rank[j - 1] > r; j--) rank[j] = rank[j - 1], batch[j] = batch[j - 1];
+        rank[j] = r, batch[j] = b;
+    }
+}
+
+static void submit(k3_store *st, int *batch, int *rank, int n, int job) {
+    if (!n) return;
+    k3_store_order_reads(st, batch, rank, n);
+    for (int i = 0; i < n; i++) {
+        st->slots[batch[i]].job = (uint8_t)job;
+        q_push(st, job == JOB_DEMAND ? &st->dq : &st->pq, batch[i]);
+    }
     pthread_cond_broadcast(&st->work);
 }
 
@@ -205,12 +209,14 @@ void *k3_store_reader_main(void *arg) {
         sl->job = JOB_RUNNING;
         int key = sl->key, shard = 0;
         uint64_t at = 0, bytes = 0;
-        pthread_mutex_unlock(&st->mu);
         double t0 = k3_now_s();
+        if (st->n_running++ == 0) st->busy_since = t0;
+        pthread_mutex_unlock(&st->mu);
         int e = k3_store_read_expert(st, key, st->arena + (size_t)s * st->slot_bytes, &shard, &at,
                                      &bytes);
-        double dt = k3_now_s() - t0;
+        double t1 = k3_now_s(), dt = t1 - t0;
         pthread_mutex_lock(&st->mu);
+        if (--st->n_running == 0) st->stats.read_busy_s += t1 - st->busy_since;
         st->pf_running -= is_pf;
         sl->job = JOB_NONE;
         st->stats.reads++;
@@ -285,6 +291,22 @@ static void resolve(k3_store *st, const k3_store_settings *set) {
     else st->pipe = set->pipe == K3_PIPE_OFF ? 0 : set->pipe;
 }
 
+/* Per layer, the predictors that read (k3_store_layer_pipe): layer l is predicted while
+ * layer l-1 computes, so its lookahead routes layer l-1's MoE input across layer l's mixer;
+ * next to an MLA layer (l or l-1 is one) that guess is blind, and the previous token's
+ * choice is read instead. */
+static int plan_layer_pipe(k3_store *st, const k3_config *cfg, k3_err *err) {
+    st->layer_pipe = calloc((size_t)st->n_layers, 1);
+    if (!st->layer_pipe) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
+    for (int l = 0; l < st->n_layers; l++) {
+        int blind = cfg->layer_is_mla[l] || (l > 0 && cfg->layer_is_mla[l - 1]);
+        int p = st->pipe;
+        if (blind && (p & K3_PIPE_LOOKAHEAD)) p = (p & ~K3_PIPE_LOOKAHEAD) | K3_PIPE_PREV;
+        st->layer_pipe[l] = (uint8_t)p;
+    }
+    return K3_OK;
+}
+
 int k3_store_open(const k3_checkpoint *ck, const k3_config *cfg, const k3_store_settings *set,
                   k3_mem_plan *plan, k3_store **out, k3_err *err) {
     k3_store *st = calloc(1, sizeof *st);
@@ -312,6 +334,7 @@ int k3_store_open(const k3_checkpoint *ck, const k3_config *cfg, const k3_store_
         st->slot_bytes = k3_store_slot_size(st);
         if (!rc) rc = plan_slots(st, set, err);
         if (!rc) resolve(st, set);
+        if (!rc) rc = plan_layer_pipe(st, cfg, err);
         if (!rc) rc = k3_store_open_files(st, err);
         if (!rc) rc = alloc_cache(st, err);
         if (!rc) rc = start_readers(st, err);
@@ -355,6 +378,7 @@ void k3_store_close(k3_store *st) {
     free(st->pins);
     free(st->free_slots);
     free(st->where);
+    free(st->layer_pipe);
     free(st->loc);
     free(st);
 }
@@ -384,6 +408,9 @@ uint64_t k3_store_expert_bytes(const k3_store *st) { return st->n_mapped * st->e
 uint64_t k3_store_slot_bytes(const k3_store *st) { return st->slot_bytes; }
 int k3_store_n_slots(const k3_store *st) { return st->n_slots; }
 int k3_store_pipe(const k3_store *st) { return st->pipe; }
+int k3_store_layer_pipe(const k3_store *st, int layer) {
+    return st->layer_pipe && layer >= 0 && layer < st->n_layers ? st->layer_pipe[layer] : 0;
+}
 
 void k3_store_get_stats(k3_store *st, k3_store_stats *out) {
     pthread_mutex_lock(&st->mu);
@@ -677,7 +704,7 @@ void k3_store_prefetch(k3_store_client *c, int layer, const int *ids, int k, int
     memcpy(c->pred + at * st->top_k, ids, (size_t)k * sizeof *ids);
     c->has_pred[at] = 1;
     int nb = 0;
-    for (int j = 0; !st->in_place && (st->pipe & source) && j < k; j++) {
+    for (int j = 0; !st->in_place && (k3_store_layer_pipe(st, layer) & source) && j < k; j++) {
         int key = layer * st->n_experts + ids[j];
         if (st->where[key] >= 0) continue;
         /* leave the next layer's demand its top-k claimable slots */

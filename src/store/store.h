@@ -99,6 +99,12 @@ uint64_t k3_store_expert_bytes(const k3_store *st); /* bytes of all routed exper
 uint64_t k3_store_slot_bytes(const k3_store *st);   /* 0 in the in-place mode */
 int k3_store_n_slots(const k3_store *st);
 int k3_store_pipe(const k3_store *st);              /* resolved K3_PIPE mask (0 = off) */
+/* The predictors whose prefetches are read for MoE layer `layer` (a K3_PIPE mask). The
+ * lookahead (layer l+1's router on layer l's MoE input) is blind next to an MLA layer: on
+ * real K3 its recall@16 is 59% elsewhere but 1-2% when layer l+1 or layer l is MLA
+ * (full_attn_layers), so there the previous token's choice is read instead, also when
+ * K3_PIPE asks for the lookahead alone. 0 for a layer outside [0, n_layers). */
+int k3_store_layer_pipe(const k3_store *st, int layer);
 
 /* Per-session handle (pins of the layer in progress, prediction history).
  * Errors: K3_ERR_GENERIC (out of memory). */
@@ -140,8 +146,9 @@ void k3_store_done(k3_store_client *c, int j);
 void k3_store_end(k3_store_client *c);
 
 /* Asks for layer's experts ids[k] ahead of need (source: K3_PIPE_PREV or K3_PIPE_LOOKAHEAD):
- * queues reads for those neither cached nor in flight, within the prefetch rules above. The
- * prediction is also remembered for recall when `layer` begins. */
+ * queues reads for those neither cached nor in flight, within the prefetch rules above, when
+ * source is in k3_store_layer_pipe(layer). The prediction is also remembered for recall when
+ * `layer` begins. */
 void k3_store_prefetch(k3_store_client *c, int layer, const int *ids, int k, int source);
 
 /* The previous token's choice at layer, or NULL when there is none yet. */
@@ -158,6 +165,8 @@ typedef struct k3_store_stats {
     uint64_t reads;          /* completed expert reads (demand + prefetch) */
     uint64_t bytes_read;     /* bytes transferred from the shards */
     double read_s;           /* summed duration of the reads (over all reader threads) */
+    double read_busy_s;      /* wall time during which at least one read was in progress
+                              * (the share hidden behind compute is 1 - waited / this) */
     uint64_t recall_hits[3], recall_total[3]; /* by source (K3_PIPE_PREV, _LOOKAHEAD) */
     uint64_t peak_slots_used;/* most slots ever holding or awaiting an expert */
     uint64_t evictions;

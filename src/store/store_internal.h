@@ -60,6 +60,8 @@ struct k3_store {
     int direct, dontneed, direct_refused;
     /* settings, resolved */
     int in_place, pipe, policy_kind, n_threads;
+    uint8_t *layer_pipe;                /* [n_layers] predictors read for each layer: pipe,
+                                         * with lookahead replaced by prev next to MLA layers */
     /* cache */
     uint8_t *arena;
     size_t arena_bytes, slot_bytes;
@@ -79,6 +81,8 @@ struct k3_store {
     pthread_cond_t work, done;
     int stop;
     k3_store_stats stats;
+    int n_running;                      /* reads in progress (for stats.read_busy_s) */
+    double busy_since;                  /* when n_running last went from 0 to 1 */
     k3_expert_source source;            /* experts not on disk yet (streaming install) */
     k3_err source_err;                  /* the last failed source read (guarded by mu) */
     k3_store_read_hook hook;
@@ -98,6 +102,12 @@ struct k3_store_client {
     uint8_t *has_pred;                  /* [3][n_layers] */
     int *batch, *rank;                  /* [top_k] scratch: slots to submit, their drive rank */
 };
+
+/* store.c: orders one burst of reads, batch[n] (slot indices), for the readers: sorted by
+ * (shard, offset) of each slot's expert, then interleaved across drives (st->dev): the i-th
+ * read of every drive before the (i+1)-th of any, so that all drives read at once. rank is
+ * scratch of n ints. */
+void k3_store_order_reads(const k3_store *st, int *batch, int *rank, int n);
 
 /* map.c */
 int k3_store_build_map(k3_store *st, const k3_config *cfg, k3_err *err);
