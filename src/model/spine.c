@@ -536,6 +536,29 @@ int k3_spine_open(k3_model *m, const k3_checkpoint *ck, const k3_pack *pack,
     return K3_OK;
 }
 
+int k3_spine_floor_bytes(const k3_model *m, const k3_checkpoint *ck, const k3_pack *pack,
+                         uint64_t *floor_bytes, k3_err *err) {
+    k3_spine *sp = calloc(1, sizeof *sp);
+    if (!sp) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
+    sp->m = (k3_model *)m; /* read only: nothing is opened, pinned or started */
+    sp->n_layers = m->cfg.num_hidden_layers;
+    sp->embed_fd = -1;
+    int rc = collect_files(sp, ck, pack, err);
+    if (!rc && !(sp->units = calloc((size_t)N_UNITS(sp), sizeof *sp->units)))
+        rc = k3_fail(err, K3_ERR_GENERIC, "out of memory");
+    for (int u = 0; !rc && u < N_UNITS(sp); u++) rc = build_unit(sp, u, err);
+    uint64_t slot = 0;
+    if (!rc) *floor_bytes = plan_cost(sp, false, 0, &slot);
+    for (int u = 0; sp->units && u < N_UNITS(sp); u++) {
+        free(sp->units[u].items), free(sp->units[u].pins);
+        free(sp->units[u].ext), free(sp->units[u].pin_ext);
+    }
+    free(sp->units);
+    free(sp->files);
+    free(sp);
+    return rc;
+}
+
 void k3_spine_close(k3_spine *sp) {
     if (!sp) return;
     if (sp->thread_started) {

@@ -63,6 +63,13 @@ int k3_spine_open(k3_model *m, const k3_checkpoint *ck, const k3_pack *pack,
                   uint64_t budget_bytes, bool direct, k3_spine **out, k3_err *err);
 void k3_spine_close(k3_spine *sp);
 
+/* The RAM a budget needs when it streams every layer and the head (both staging buffers of
+ * the largest half-layer plus the pinned small tensors) into *floor_bytes, without opening or
+ * reading anything: the memory planner's staging figure (src/engine/plan.h).
+ * Errors: K3_ERR_GENERIC (memory), those of the layout (K3_ERR_CHECKPOINT). */
+int k3_spine_floor_bytes(const k3_model *m, const k3_checkpoint *ck, const k3_pack *pack,
+                         uint64_t *floor_bytes, k3_err *err);
+
 enum { K3_SPINE_MIXER = 0, K3_SPINE_FFN = 1 }; /* the two halves of a layer */
 
 /* Layer l's weights for one half of it (part: its token mixer with input_layernorm, or its FFN

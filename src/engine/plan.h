@@ -1,0 +1,100 @@
+/* plan.h — the memory planner: one pure function from the machine's memory (RAM and the
+ * process's own cgroup limits), the model's sizes, the number of sessions and the user's
+ * overrides to a plan (spine resident or budgeted, staging, expert cache, session state,
+ * headroom), plus the probe that reads the machine's figures from /proc and /sys.
+ *
+ * Invariants:
+ *  - k3_plan_memory is pure: same inputs, same plan; it reads no file and no environment.
+ *  - The plan never exceeds the limit it obeys: base + sessions + spine RAM + expert cache +
+ *    headroom <= limit (the limit: the tightest of RAM, cgroup v1 memory.limit_in_bytes, v2
+ *    memory.max and memory.high, and what the OS says is available now plus our own base).
+ *  - A user override fixes its own part only; the other parts are re-planned around it
+ *    (a spine budget with no expert budget shrinks the expert cache to fit).
+ *  - When the model cannot run within the limit at all (below staging + top-k + 1 expert
+ *    slots + the sessions), planning fails before anything is loaded, with the numbers.
+ *  - Spine bytes come first: a resident spine byte saves one byte read per token, a cached
+ *    expert byte at most that (an expert is used by a fraction of tokens), so the expert cache
+ *    gets its minimum for prefetch (2 x top-k slots) and the spine the rest, then any RAM the
+ *    spine does not need goes to the expert cache.
+ */
+#ifndef K3_PLAN_H
+#define K3_PLAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../util/err.h"
+
+/* The machine's memory as the process sees it. All sizes in bytes; 0 = unknown / no limit. */
+typedef struct k3_machine_mem {
+    uint64_t ram_total_bytes;     /* MemTotal */
+    uint64_t ram_available_bytes; /* MemAvailable (0 = unknown: RAM total is used) */
+    uint64_t cgroup_limit_bytes;  /* the tightest cgroup limit of this process, 0 = none */
+    char cgroup_source[320];      /* the file that set cgroup_limit_bytes, "" when none */
+} k3_machine_mem;
+
+/* Reads root/proc/meminfo, root/proc/self/cgroup and the memory limits of the process's cgroup
+ * and of its ancestors (v1: root/sys/fs/cgroup/memory/PATH/memory.limit_in_bytes; v2:
+ * memory.max and memory.high under root/sys/fs/cgroup or root/sys/fs/cgroup/unified), keeping
+ * the smallest. root is "" for the real machine (tests pass a fake tree). A missing cgroup file
+ * is no limit; "max" and v1's 'unlimited' 2^63-ish values are no limit.
+ * Errors: K3_ERR_IO when root/proc/meminfo cannot be read or has no MemTotal. */
+int k3_machine_mem_probe(const char *root, k3_machine_mem *out, k3_err *err);
+
+/* What the model needs, in bytes, as the engine will run it (BF16 or int8 spine). */
+typedef struct k3_plan_model {
+    uint64_t spine_bytes;       /* every non-expert weight a pass reads, lm_head included */
+    uint64_t staging_bytes;     /* RAM a spine budget needs even when it streams every layer:
+                                   both staging buffers and the pinned small tensors */
+    uint64_t expert_slot_bytes; /* one routed expert (one cache slot) */
+    uint64_t experts_bytes;     /* all routed experts (the cache is never larger) */
+    int top_k;                  /* experts per token per layer */
+    uint64_t session_bytes;     /* one session's KDA/conv state and KV cache at its context */
+} k3_plan_model;
+
+/* The user's side: overrides and what runs. */
+typedef struct k3_plan_request {
+    uint64_t base_bytes; /* the process's RSS before weights (code, tokenizer, headers) */
+    int sessions;        /* sessions that will be open at once (>= 1) */
+    int gpu;             /* 1: the GPU backend (it plans device memory itself; the spine stays
+                            mapped in host RAM and is not given a budget) */
+    double spine_gb;     /* < 0: planned; else the user's spine budget in GB (1e9 bytes),
+                            0 = stream every layer */
+    double expert_gb;    /* <= 0: planned; else the user's expert cache in GB */
+} k3_plan_request;
+
+typedef struct k3_plan {
+    uint64_t limit_bytes;        /* the limit obeyed */
+    char limit_source[352];      /* where it came from ("cgroup v1 /sys/...", "MemAvailable") */
+    uint64_t headroom_bytes;     /* left to the OS, page cache and allocator slack */
+    uint64_t base_bytes;
+    uint64_t sessions_bytes;     /* all sessions' state */
+    int spine_budgeted;          /* 0: the spine is used in place (all of it resident);
+                                    1: k3_spine with spine_budget_bytes (resident + staging) */
+    uint64_t spine_budget_bytes; /* with spine_budgeted: RAM for the spine, staging included */
+    uint64_t spine_ram_bytes;    /* RAM the spine takes in the plan (in place: spine_bytes) */
+    uint64_t expert_cache_bytes; /* the expert cache budget (a multiple of the slot size) */
+    uint64_t total_bytes;        /* base + sessions + spine + experts: peak RSS should stay
+                                    within this + 5% */
+    uint64_t min_limit_bytes;    /* the smallest limit this model and these sessions run in */
+    int spine_from_user, experts_from_user; /* which parts the user fixed */
+} k3_plan;
+
+/* Plans memory for model mod on machine m as req asks (see the invariants above).
+ * Errors: K3_ERR_USAGE when the model cannot run within the limit (the message gives the
+ * minimum, the limit and its source, and what to change) or when the user's overrides do not
+ * fit together within it (naming the fields spine_gb / expert_gb); K3_ERR_USAGE for a request
+ * out of range (sessions < 1, non-finite GB). */
+int k3_plan_memory(const k3_machine_mem *m, const k3_plan_model *mod, const k3_plan_request *req,
+                   k3_plan *out, k3_err *err);
+
+/* After the spine budget was applied at layer granularity (spine_ram_bytes: what the spine
+ * really holds, staging included), gives the unused part of its budget to the expert cache
+ * when the user did not fix it. */
+void k3_plan_settle(k3_plan *p, const k3_plan_model *mod, uint64_t spine_ram_bytes);
+
+/* One line (no newline): limit and source, headroom, base, spine (in place / budget), expert
+ * cache, sessions, total. */
+void k3_plan_describe(const k3_plan *p, char *buf, size_t cap);
+
+#endif
