@@ -30,7 +30,7 @@ static int load_io(const char *dir, double gb, int int8, const char *pack_dir, i
                    k3_engine **e, k3_err *err) {
     k3_engine_opts o = k3_engine_opts_default();
     o.threads = 2;
-    o.spine_gb = gb == NO_FLAG ? -1 : gb < 0 ? 0 : gb;
+    o.spine_gb = gb == NO_FLAG ? K3_SPINE_GB_IN_PLACE : gb < 0 ? 0 : gb;
     o.spine = int8 ? K3_SPINE_INT8 : K3_SPINE_BF16;
     o.pack_dir = pack_dir;
     o.direct = direct;

@@ -30,7 +30,7 @@ static int load(const char *dir, int budget, k3_engine **e, k3_err *err) {
     unsetenv("K3_DEVICE");
     k3_engine_opts o = k3_engine_opts_default();
     o.threads = 2;
-    o.spine_gb = budget ? 0 : -1;
+    o.spine_gb = budget ? 0 : K3_SPINE_GB_IN_PLACE;
     o.spine = K3_SPINE_BF16;
     return k3_engine_load(dir, &o, e, err);
 }

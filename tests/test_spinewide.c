@@ -37,7 +37,7 @@ static int run(const char *dir, int budget, float *logits, int *vocab,
     k3_session *s = NULL;
     k3_engine_opts o = k3_engine_opts_default();
     o.spine = K3_SPINE_BF16;
-    o.spine_gb = budget ? 0 : -1;
+    o.spine_gb = budget ? 0 : K3_SPINE_GB_IN_PLACE;
     o.expert_slots = 40;
     unsetenv("K3_SPINE_GB");
     unsetenv("K3_MMAP_EXPERTS");

@@ -62,7 +62,9 @@ static const k3_opt table[] = {
              "fit stay resident, the rest are read from the shards half a layer at a\n"
              "time while the previous half computes (two staging buffers, counted in G;\n"
              "O_DIRECT unless --direct 0 or K3_DIRECT=0); 0 streams every layer. Output is identical\n"
-             "for every G. Default: everything used in place from the mapped files"},
+             "for every G. Default: the memory plan (printed at load): everything in place\n"
+             "when it fits in the RAM limit (cgroup included) beside the expert cache, else a\n"
+             "budget of what the limit leaves"},
     /* ---- expert store */
     {.flag = "--expert-gb", .env = "K3_EXPERT_GB", K3_OPT_ENG(expert_gb), .type = K3_OPT_DOUBLE,
      .lo = 0, .hi = 1e6, .flags = K3_OPTF_LO_OPEN, .meta = "GB", .group = K3_OG_STORE,

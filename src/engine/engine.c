@@ -19,6 +19,7 @@
 #include "../format/safetensors.h"
 #include "../util/fileio.h"
 #include "../util/sigbus.h"
+#include "plan.h"
 #include "../model/model.h"
 #include "../model/spine.h"
 #include "../model/state_file.h"
@@ -39,6 +40,8 @@ struct k3_engine {
     char store_line[1536];  /* what k3_engine_store_line returns */
     k3_backend *backend;    /* where sessions run: CPU or CUDA (backend.h) */
     char spine_plan_line[1024]; /* the spine budget's plan (src/model/spine.h) */
+    k3_plan mplan;          /* the memory planner's plan (plan.h) */
+    char mplan_line[1024];
 };
 
 struct k3_session {
@@ -175,25 +178,58 @@ static int attach_source(k3_engine *e, const k3_engine_opts *o, k3_err *err) {
 
 /* The budget from opts: 1 and *bytes when one applies (spine_gb >= 0), 0 when none, else
  * -K3_ERR_USAGE. */
-static int spine_budget(const k3_engine_opts *o, uint64_t *bytes, k3_err *err) {
-    double gb = o->spine_gb;
-    if (gb < 0) return 0;
-    if (!(gb < 1e9)) /* also nan */
-        return -k3_fail(err, K3_ERR_USAGE, "spine_gb %g: expected a number of GB below 1e9 (or "
-                        "< 0 for no budget)", gb);
-    *bytes = (uint64_t)(gb * 1e9);
-    return 1;
+/* ---- the memory plan (plan.h) --------------------------------------------------------------- */
+
+/* One routed expert's cache slot as the store sizes it: gate, up and down in MXFP4 (a nibble
+ * per weight plus one E8M0 scale per 32) rounded to the I/O alignment, plus one alignment
+ * unit (src/store/map.c). An estimate for planning; the store sizes the real one. */
+static uint64_t slot_estimate(const k3_config *c) {
+    uint64_t w = (uint64_t)c->moe_intermediate_size * (uint64_t)c->routed_expert_hidden_size;
+    uint64_t bytes = 3 * (w / 2 + w / 32), align = 4096;
+    return (bytes + align - 1) / align * align + align;
 }
 
-/* With a budget, plans it and starts streaming (after binding, before the store's memory
- * plan). The budget is the CPU backend's: --device auto then means the CPU, cuda is refused
- * (the GPU plans its own memory with --gpu-gb). */
-static int open_spine_budget(k3_engine *e, const k3_engine_opts *o, const k3_store_settings *ss,
-                             k3_engine_opts *dev, k3_err *err) {
-    uint64_t bytes = 0;
-    int on = spine_budget(o, &bytes, err);
+/* Plans the spine budget and the expert cache from the machine's memory (the process's cgroup
+ * included), the model's sizes and the overrides in o, before anything is read. */
+static int plan_memory(k3_engine *e, const k3_engine_opts *o, uint64_t *spine_budget,
+                       k3_err *err) {
+    const k3_config *c = &e->cfg;
+    int moe_layers = c->num_hidden_layers - c->first_k_dense_replace;
+    k3_plan_model pm = {.spine_bytes = e->model.spine_bytes, .expert_slot_bytes = slot_estimate(c),
+                        .top_k = c->num_experts_per_token,
+                        .session_bytes = k3_state_plan_bytes(&e->model, 0)};
+    pm.experts_bytes = (uint64_t)(moe_layers > 0 ? moe_layers : 0) * (uint64_t)c->num_experts *
+                       pm.expert_slot_bytes;
+    int rc = k3_spine_floor_bytes(&e->model, e->ck, e->pack, &pm.staging_bytes, err);
+    if (rc) return rc;
+    k3_machine_mem probed;
+    const k3_machine_mem *m = o->machine;
+    if (!m && (rc = k3_machine_mem_probe("", &probed, err))) return rc;
+    if (!m) m = &probed;
+    k3_plan_request r = {.base_bytes = rss_bytes(), .sessions = o->sessions > 0 ? o->sessions : 1,
+                         .gpu = o->device && !strcmp(o->device, "cuda"),
+                         .spine_gb = o->spine_gb >= 0 ? o->spine_gb : -1,
+                         .expert_gb = o->expert_slots > 0
+                                          ? (double)o->expert_slots * pm.expert_slot_bytes / 1e9
+                                          : o->expert_gb};
+    if (o->spine_gb == K3_SPINE_GB_IN_PLACE) r.spine_gb = -1;
+    if ((rc = k3_plan_memory(m, &pm, &r, &e->mplan, err))) return rc;
+    if (o->spine_gb == K3_SPINE_GB_IN_PLACE && e->mplan.spine_budgeted)
+        e->mplan.spine_budgeted = 0; /* the caller asked for the mapping whatever the plan */
+    *spine_budget = e->mplan.spine_budgeted ? e->mplan.spine_budget_bytes : UINT64_MAX;
+    return K3_OK;
+}
+
+/* With a budget (given, or planned), plans it and starts streaming (after binding, before the
+ * store's memory plan). The budget is the CPU backend's: --device auto then means the CPU,
+ * cuda is refused (the GPU plans its own memory with --gpu-gb). */
+static int open_spine_budget(k3_engine *e, const k3_engine_opts *o, uint64_t bytes,
+                             const k3_store_settings *ss, k3_engine_opts *dev, k3_err *err) {
     snprintf(e->spine_plan_line, sizeof e->spine_plan_line, "spine budget: none");
-    if (on <= 0) return -on;
+    if (!(o->spine_gb < 1e9)) /* also nan */
+        return k3_fail(err, K3_ERR_USAGE, "spine_gb %g: expected a number of GB below 1e9 (or "
+                       "< 0: planned)", o->spine_gb);
+    if (bytes == UINT64_MAX) return K3_OK;
     if (o->device && !strcmp(o->device, "cuda"))
         return k3_fail(err, K3_ERR_USAGE, "spine_gb is a budget of the CPU backend; on the GPU "
                        "use gpu_gb");
@@ -206,6 +242,17 @@ static int open_spine_budget(k3_engine *e, const k3_engine_opts *o, const k3_sto
     return rc;
 }
 
+/* After the spine took its layers: the expert cache gets the planned bytes (and whatever the
+ * spine's layer granularity left) unless the caller fixed it. */
+static void settle_plan(k3_engine *e, const k3_engine_opts *o, k3_store_settings *ss) {
+    k3_plan_model pm = {.expert_slot_bytes = slot_estimate(&e->cfg),
+                        .experts_bytes = UINT64_MAX};
+    if (e->model.spine) k3_plan_settle(&e->mplan, &pm, k3_spine_ram_bytes(e->model.spine, &e->model));
+    if (o->expert_slots <= 0 && o->expert_gb <= 0 && !o->experts_in_place)
+        ss->expert_gb = (double)e->mplan.expert_cache_bytes / 1e9;
+    k3_plan_describe(&e->mplan, e->mplan_line, sizeof e->mplan_line);
+}
+
 void k3_engine_spine_stats(const k3_engine *e, k3_spine_stats *out) {
     k3_spine_get_stats(e->model.spine, out);
 }
@@ -214,7 +261,8 @@ k3_engine_opts k3_engine_opts_default(void) {
     /* physical cores: SMT siblings share the FPU and the memory bus */
     return (k3_engine_opts){.threads = k3_cpu_physical_cores(), .spine = K3_SPINE_BF16,
                             .load_threads = 4, .direct = K3_IO_AUTO, .pipe = K3_PIPE_AUTO,
-                            .device = "cpu", .gpu_max_layers = -1, .spine_gb = -1};
+                            .device = "cpu", .gpu_max_layers = -1,
+                            .spine_gb = K3_SPINE_GB_PLAN, .sessions = 1};
 }
 
 int k3_engine_load(const char *model_dir, const k3_engine_opts *opts, k3_engine **out,
@@ -240,7 +288,10 @@ int k3_engine_load(const char *model_dir, const k3_engine_opts *opts, k3_engine 
     if (!rc) rc = k3_model_bind_packed(&e->model, &e->cfg, e->ck, e->pack, e->approx, err);
     if (!rc) rc = k3_kernels_select(opts->kernels, &e->model.kr, err);
     k3_engine_opts dev = *opts;
-    if (!rc) rc = open_spine_budget(e, opts, &ss, &dev, err);
+    uint64_t spine_bytes = UINT64_MAX;
+    if (!rc) rc = plan_memory(e, opts, &spine_bytes, err);
+    if (!rc) rc = open_spine_budget(e, opts, spine_bytes, &ss, &dev, err);
+    if (!rc) settle_plan(e, opts, &ss);
     if (!rc) rc = open_store(e, &ss, err);
     if (!rc) rc = attach_source(e, opts, err);
     if (!rc) rc = k3_backend_open(&e->model, &dev, &e->backend, err);
@@ -258,6 +309,7 @@ int k3_engine_load(const char *model_dir, const k3_engine_opts *opts, k3_engine 
                 e->ck->n_skipped_shards ? " (vision-only shards skipped)" : "",
                 omp_get_max_threads());
     if (opts->verbose) fprintf(stderr, "k3: %s\n", e->spine_line);
+    if (opts->verbose) fprintf(stderr, "k3: %s\n", e->mplan_line);
     if (opts->verbose && e->model.spine) fprintf(stderr, "k3: %s\n", e->spine_plan_line);
     if (opts->verbose)
         fprintf(stderr, "k3: kernels: %s path, %d threads\n", k3_kernels_name(e->model.kr),

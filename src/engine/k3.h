@@ -40,6 +40,10 @@ struct k3_expert_source; /* src/store/store.h */
  * environment (the CLI's option table, src/cli/opts.h, maps flags and K3_* variables onto
  * these fields). Start from k3_engine_opts_default(); errors name the fields (e.g.
  * "expert_gb"), which the CLI maps back to its flags. */
+struct k3_machine_mem; /* src/engine/plan.h */
+#define K3_SPINE_GB_PLAN (-1.0)     /* k3_engine_opts.spine_gb: planned */
+#define K3_SPINE_GB_IN_PLACE (-2.0) /* k3_engine_opts.spine_gb: never a budget */
+
 typedef struct k3_engine_opts {
     int threads;      /* OpenMP threads for the kernels (>= 1); 0 leaves the OpenMP runtime's
                          own count. Default: the physical cores (k3_cpu_physical_cores) */
@@ -81,7 +85,13 @@ typedef struct k3_engine_opts {
      * layers that fit stay resident, the rest are streamed from the files per pass (double
      * buffered); the output is identical for every budget. */
     double spine_gb;          /* RAM for the spine in GB (resident + staging); 0 streams every
-                               * layer; < 0 (the default): no budget, everything in place */
+                               * layer; K3_SPINE_GB_PLAN (the default): the memory planner's
+                               * choice (src/engine/plan.h: in place when it fits beside the
+                               * expert cache's minimum, else a budget); K3_SPINE_GB_IN_PLACE:
+                               * everything used in place from the mappings, whatever the plan */
+    int sessions;             /* sessions that will be open at once, for the plan (default 1) */
+    const struct k3_machine_mem *machine; /* the machine's memory (plan.h); NULL = probed from
+                                           * /proc and the process's cgroup (tests give one) */
 } k3_engine_opts;
 
 /* The library's defaults: threads = physical cores, BF16 spine, expert store on its memory

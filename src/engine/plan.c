@@ -230,8 +230,8 @@ int k3_plan_memory(const k3_machine_mem *m, const k3_plan_model *mod, const k3_p
     p->spine_from_user = r->spine_gb >= 0;
     p->experts_from_user = r->expert_gb > 0;
     if (r->gpu && p->spine_from_user)
-        return k3_fail(err, K3_ERR_USAGE, "spine_gb is a budget of the CPU backend; the GPU "
-                       "plans device memory itself");
+        return k3_fail(err, K3_ERR_USAGE, "spine_gb is a budget of the CPU backend; on the GPU "
+                       "use gpu_gb");
     plan_limit(m, r->base_bytes, p);
     p->headroom_bytes = headroom(p->limit_bytes);
     uint64_t fixed = p->base_bytes + p->sessions_bytes;
@@ -279,7 +279,7 @@ void k3_plan_describe(const k3_plan *p, char *buf, size_t cap) {
                  p->spine_from_user ? " (given)" : "");
     else
         snprintf(spine, sizeof spine, "spine %.2f GB in place", p->spine_ram_bytes / GB);
-    snprintf(buf, cap, "memory plan: limit %.2f GB (%s), headroom %.2f GB; base %.2f GB + %s + "
+    snprintf(buf, cap, "memory planner: limit %.2f GB (%s), headroom %.2f GB; base %.2f GB + %s + "
              "expert cache %.2f GB%s + sessions %.2f GB = %.2f GB",
              p->limit_bytes / GB, p->limit_source, p->headroom_bytes / GB, p->base_bytes / GB,
              spine, p->expert_cache_bytes / GB, p->experts_from_user ? " (given)" : "",

@@ -387,7 +387,7 @@ static void spine_report(const k3_engine *e, const k3_spine_stats *st0, int toke
 static int bench_decode(int argc, char **argv) {
     const char *dir = NULL, *pack_dir = NULL;
     int tokens = 10, threads = 0, rc = 0, spine = K3_SPINE_BF16;
-    double spine_gb = -1; /* no budget */
+    double spine_gb = K3_SPINE_GB_IN_PLACE; /* no budget */
     const char *gb_text = NULL, *gb_name = "--spine-gb";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];

@@ -6,7 +6,7 @@
 // so every generation is bounded by max_tokens.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { startServer, client, k3, raw, MODEL_ID } from './harness.mjs';
+import { startServer, client, k3, raw, MODEL, MODEL_ID } from './harness.mjs';
 
 let srv, api;
 before(async () => { srv = await startServer(); api = client(srv); });
@@ -57,7 +57,7 @@ test('GET /v1/models lists the served model; /health and /models answer too', as
 test('completions: greedy text equals k3 run for the same prompt; usage counts tokens', async () => {
   const prompt = 'The capital of France is';
   const r = await api.completions.create({ model: MODEL_ID, prompt, max_tokens: 12, temperature: 0 });
-  const cli = k3(['run', '--prompt', prompt, '--max-new', '12', '-q']);
+  const cli = k3(['run', MODEL, '--prompt', prompt, '--max-new', '12', '-q']);
   assert.equal(r.choices[0].text + '\n', cli);
   assert.equal(r.object, 'text_completion');
   assert.equal(r.choices[0].finish_reason, 'length');
@@ -225,7 +225,7 @@ test('greedy chat through the server equals k3 run --chat for the same conversat
     const messages = [...(c.system ? [{ role: 'system', content: c.system }] : []), user(prompt)];
     const r = await api.chat.completions.create({ model: MODEL_ID, messages, max_tokens: 24, temperature: 0, ...c.body });
     const m = r.choices[0].message;
-    const cli = k3(['run', '--chat', '--prompt', prompt, '--max-new', '24', '-q', ...c.cli]);
+    const cli = k3(['run', MODEL, '--chat', '--prompt', prompt, '--max-new', '24', '-q', ...c.cli]);
     const thinking = m.reasoning_content ?? '';
     const want = thinking + (thinking && m.content ? '\n\n' : '') + m.content + '\n';
     assert.equal(cli, want, JSON.stringify(c.cli));

@@ -4,7 +4,7 @@
 // and not, with max_tokens ending inside a verification pass.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { startServer, client, k3, MODEL_ID } from './harness.mjs';
+import { startServer, client, k3, MODEL, MODEL_ID } from './harness.mjs';
 
 // a phrase, k3-nano's greedy continuation of it, the phrase again: the drafter proposes the
 // continuation and the model follows it for a while
@@ -15,7 +15,7 @@ before(async () => {
   spec = await startServer(['--spec', '4']);
   a = client(plain);
   b = client(spec);
-  const ids = k3(['run', '--prompt-ids', phrase.join(','), '--max-new', '16', '--ids', '-q']);
+  const ids = k3(['run', MODEL, '--prompt-ids', phrase.join(','), '--max-new', '16', '--ids', '-q']);
   prompt = [...phrase, ...ids.trim().split(',').map(Number), ...phrase];
 });
 after(async () => { await plain?.stop(); await spec?.stop(); });
@@ -36,7 +36,7 @@ test('streamed --spec output equals the non-streamed one and k3 run --spec', asy
   const stream = await b.completions.create({ model: MODEL_ID, prompt, max_tokens: 60, temperature: 0, stream: true });
   for await (const c of stream) text += c.choices[0]?.text ?? '';
   assert.equal(text, y.choices[0].text);
-  const cli = k3(['run', '--prompt-ids', prompt.join(','), '--max-new', '60', '--spec', '4', '-q']);
+  const cli = k3(['run', MODEL, '--prompt-ids', prompt.join(','), '--max-new', '60', '--spec', '4', '-q']);
   assert.equal(y.choices[0].text + '\n', cli);
 });
 

@@ -1,0 +1,117 @@
+/* test_cgroup.c — k3 under a real memory cgroup (issue 16): the planner obeys the process's
+ * own limit (not /proc/meminfo), the output is bit-identical to an unlimited run, the process
+ * is never OOM-killed, and a limit below the model's minimum is refused before loading.
+ * Needs root and a writable cgroup v1 memory controller; SKIPPED with the reason otherwise. */
+#include "test.h"
+#include "cli_run.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define CG_ROOT "/sys/fs/cgroup/memory"
+#define MODEL "tests/fixtures/k3-tiny-kjv"
+#define ARGS "run " MODEL " --prompt-ids 1,2,3 --max-new 8 --ids --threads 1"
+
+/* Makes CG_ROOT/k3-test-PID with a limit of `bytes`; writes its path to dir. */
+static int make_cgroup(char *dir, size_t cap, unsigned long long bytes) {
+    snprintf(dir, cap, CG_ROOT "/k3-test-%d", (int)getpid());
+    if (mkdir(dir, 0755) && access(dir, F_OK)) return -1;
+    char p[512];
+    snprintf(p, sizeof p, "%s/memory.limit_in_bytes", dir);
+    FILE *f = fopen(p, "w");
+    if (!f) return -1;
+    int ok = fprintf(f, "%llu\n", bytes) > 0;
+    return fclose(f) == 0 && ok ? 0 : -1;
+}
+
+static long long read_num(const char *dir, const char *file, const char *key) {
+    char p[512], line[256];
+    snprintf(p, sizeof p, "%s/%s", dir, file);
+    FILE *f = fopen(p, "r");
+    long long v = -1;
+    while (f && fgets(line, sizeof line, f)) {
+        if (!key) v = atoll(line);
+        else if (!strncmp(line, key, strlen(key))) v = atoll(line + strlen(key));
+    }
+    if (f) fclose(f);
+    return v;
+}
+
+/* Runs k3 ARGS inside the cgroup at dir. */
+static int run_in(const char *dir, const char *args, k3t_cli *r) {
+    char cmd[2048], bin[1024];
+    snprintf(bin, sizeof bin, "%s", k3t_bin());
+    if (bin[0] != '/') {
+        char cwd[512];
+        if (!getcwd(cwd, sizeof cwd)) return -1;
+        snprintf(bin, sizeof bin, "%s/%s", cwd, k3t_bin());
+    }
+    snprintf(cmd, sizeof cmd, "-c 'echo $$ > %s/cgroup.procs && exec %s %s'", dir, bin, args);
+    return k3t_cli_run_in(NULL, "/bin/sh", cmd, r);
+}
+
+static int usable(void) {
+    if (geteuid() != 0) {
+        k3_test_skip("needs root to make a memory cgroup");
+        return 0;
+    }
+    if (access(CG_ROOT "/memory.limit_in_bytes", W_OK) && access(CG_ROOT, W_OK)) {
+        k3_test_skip("no writable cgroup v1 memory controller at " CG_ROOT);
+        return 0;
+    }
+    return 1;
+}
+
+static void test_default_flags_under_a_limit(void) {
+    if (!usable()) return;
+    char dir[256];
+    k3t_cli free_run = {0}, limited = {0};
+    int rc0 = k3t_cli_run(ARGS, &free_run) ? -1 : free_run.status;
+    if (make_cgroup(dir, sizeof dir, 256ull << 20)) {
+        k3t_cli_free(&free_run);
+        k3_test_skip("cannot create a cgroup under " CG_ROOT);
+        return;
+    }
+    int rc1 = run_in(dir, ARGS, &limited) ? -1 : limited.status;
+    long long kills = read_num(dir, "memory.oom_control", "oom_kill ");
+    long long peak = read_num(dir, "memory.max_usage_in_bytes", NULL);
+    int same = free_run.out && limited.out && !strcmp(free_run.out, limited.out);
+    int planned = limited.err && strstr(limited.err, "memory planner: limit 0.27 GB (cgroup " CG_ROOT);
+    char *err = limited.err ? strdup(limited.err) : NULL;
+    k3t_cli_free(&free_run), k3t_cli_free(&limited);
+    rmdir(dir);
+    CHECK(rc0 == 0 && rc1 == 0, "exit %d / %d: %s", rc0, rc1, err ? err : "");
+    CHECK(kills <= 0, "the kernel killed k3 in the cgroup (%lld)", kills);
+    CHECK(same, "ids differ under the limit");
+    CHECK(planned, "the plan does not obey the cgroup: %s", err ? err : "");
+    CHECK(peak > 0 && peak <= (256ll << 20), "peak %lld", peak);
+    free(err);
+}
+
+static void test_below_the_minimum_is_refused(void) {
+    if (!usable()) return;
+    char dir[256];
+    if (make_cgroup(dir, sizeof dir, 20ull << 20)) {
+        k3_test_skip("cannot create a cgroup under " CG_ROOT);
+        return;
+    }
+    k3t_cli r = {0};
+    int rc = run_in(dir, ARGS, &r) ? -1 : r.status;
+    long long kills = read_num(dir, "memory.oom_control", "oom_kill ");
+    int says = r.err && strstr(r.err, "cannot run within 0.02 GB (cgroup") &&
+               strstr(r.err, "it needs at least");
+    char *err = r.err ? strdup(r.err) : NULL;
+    k3t_cli_free(&r);
+    rmdir(dir);
+    CHECK(kills <= 0, "killed instead of refused");
+    CHECK(rc == 2 && says, "exit %d: %s", rc, err ? err : "");
+    free(err);
+}
+
+const k3_test k3_suite_cgroup[] = {
+    {"default_flags_under_a_limit", test_default_flags_under_a_limit},
+    {"below_the_minimum_is_refused", test_below_the_minimum_is_refused},
+    {0}};
