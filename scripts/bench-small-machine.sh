@@ -29,7 +29,7 @@ skip() { echo "SKIPPED bench-small-machine: $*"; exit 0; }
 [ -f "$MODEL/config.json" ] || skip "no model at $MODEL (run make test-wide first, or give MODEL_DIR)"
 [ -x "$K3" ] || skip "no k3 binary at $K3"
 
-LIMIT=$(awk -v g="$LIMIT_GB" 'BEGIN { printf "%d", g * 1e9 }')
+LIMIT=$(awk -v g="$LIMIT_GB" 'BEGIN { printf "%.0f", g * 1e9 }')
 if [ -w /sys/fs/cgroup/memory ]; then
     CG=/sys/fs/cgroup/memory/k3-bench-$$
     mkdir "$CG" || skip "cannot create $CG"
@@ -70,7 +70,7 @@ run_one() {
         match($0, /reads, [0-9.]+ GB streamed/) { split(substr($0, RSTART, RLENGTH), a, " "); e = a[2] }
         match($0, /spine budget: [0-9.]+ GB streamed/) { split(substr($0, RSTART, RLENGTH), a, " "); sp = a[3] }
         END { printf "%s %s %s %s %s\n", (n > 0 ? s / n : "-"), (p ? p : "-"), rc, (e ? e : 0), (sp ? sp : 0) }' "$log"
-    cp "$log" "$OUT/last.log"
+    [ "$rc" = 0 ] || { echo "bench-small-machine: exit $rc with $*:" >&2; tail -n 3 "$log" >&2; }
 }
 
 # best NAME IN_CGROUP FLAGS...: the best of REPS runs, one table row
