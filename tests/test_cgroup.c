@@ -80,15 +80,15 @@ static void test_default_flags_under_a_limit(void) {
     long long peak = read_num(dir, "memory.max_usage_in_bytes", NULL);
     int same = free_run.out && limited.out && !strcmp(free_run.out, limited.out);
     int planned = limited.err && strstr(limited.err, "memory planner: limit 0.27 GB (cgroup " CG_ROOT);
-    char *err = limited.err ? strdup(limited.err) : NULL;
+    char err[2048];
+    snprintf(err, sizeof err, "%s", limited.err ? limited.err : "");
     k3t_cli_free(&free_run), k3t_cli_free(&limited);
     rmdir(dir);
-    CHECK(rc0 == 0 && rc1 == 0, "exit %d / %d: %s", rc0, rc1, err ? err : "");
+    CHECK(rc0 == 0 && rc1 == 0, "exit %d / %d: %s", rc0, rc1, err);
     CHECK(kills <= 0, "the kernel killed k3 in the cgroup (%lld)", kills);
     CHECK(same, "ids differ under the limit");
-    CHECK(planned, "the plan does not obey the cgroup: %s", err ? err : "");
+    CHECK(planned, "the plan does not obey the cgroup: %s", err);
     CHECK(peak > 0 && peak <= (256ll << 20), "peak %lld", peak);
-    free(err);
 }
 
 static void test_below_the_minimum_is_refused(void) {
@@ -103,12 +103,16 @@ static void test_below_the_minimum_is_refused(void) {
     long long kills = read_num(dir, "memory.oom_control", "oom_kill ");
     int says = r.err && strstr(r.err, "cannot run within 0.02 GB (cgroup") &&
                strstr(r.err, "it needs at least");
-    char *err = r.err ? strdup(r.err) : NULL;
+    char err[1024];
+    snprintf(err, sizeof err, "%s", r.err ? r.err : "");
     k3t_cli_free(&r);
     rmdir(dir);
+    if (kills > 0 && strstr(k3t_bin(), "asan")) {
+        k3_test_skip("a sanitizer build's shadow memory alone passes a 20 MB limit");
+        return;
+    }
     CHECK(kills <= 0, "killed instead of refused");
-    CHECK(rc == 2 && says, "exit %d: %s", rc, err ? err : "");
-    free(err);
+    CHECK(rc == 2 && says, "exit %d: %s", rc, err);
 }
 
 const k3_test k3_suite_cgroup[] = {

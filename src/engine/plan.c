@@ -253,13 +253,9 @@ int k3_plan_memory(const k3_machine_mem *m, const k3_plan_model *mod, const k3_p
     rc = plan_parts(mod, r, avail - fixed, p, err);
     if (rc) return rc;
     p->total_bytes = fixed + p->spine_ram_bytes + p->expert_cache_bytes;
-    if (p->total_bytes > avail && (p->spine_from_user || p->experts_from_user))
-        return k3_fail(err, K3_ERR_USAGE, "%s: the plan takes %.2f GB, more than the %.2f GB "
-                       "left under %.2f GB (%s) after %.2f GB of headroom: lower it",
-                       p->spine_from_user && p->experts_from_user ? "spine_gb + expert_gb"
-                       : p->spine_from_user ? "spine_gb" : "expert_gb",
-                       p->total_bytes / GB, avail / GB, p->limit_bytes / GB, p->limit_source,
-                       p->headroom_bytes / GB);
+    /* the user's own figures are obeyed even past the limit (the session estimate is a
+     * worst case: its KV cache is committed as positions are used); the line says so */
+    if (p->total_bytes > avail) p->over_limit_bytes = p->total_bytes - avail;
     return K3_OK;
 }
 
@@ -284,4 +280,8 @@ void k3_plan_describe(const k3_plan *p, char *buf, size_t cap) {
              p->limit_bytes / GB, p->limit_source, p->headroom_bytes / GB, p->base_bytes / GB,
              spine, p->expert_cache_bytes / GB, p->experts_from_user ? " (given)" : "",
              p->sessions_bytes / GB, p->total_bytes / GB);
+    size_t n = strlen(buf);
+    if (p->over_limit_bytes && n < cap)
+        snprintf(buf + n, cap - n, " (%.2f GB over the limit less headroom: as given)",
+                 p->over_limit_bytes / GB);
 }

@@ -78,12 +78,15 @@ typedef struct k3_plan {
                                     within this + 5% */
     uint64_t min_limit_bytes;    /* the smallest limit this model and these sessions run in */
     int spine_from_user, experts_from_user; /* which parts the user fixed */
+    uint64_t over_limit_bytes;   /* how far the user's own spine_gb / expert_gb take the plan
+                                    past the limit less headroom (obeyed, and said), else 0 */
 } k3_plan;
 
 /* Plans memory for model mod on machine m as req asks (see the invariants above).
  * Errors: K3_ERR_USAGE when the model cannot run within the limit (the message gives the
  * minimum, the limit and its source, and what to change) or when the user's overrides do not
- * fit together within it (naming the fields spine_gb / expert_gb); K3_ERR_USAGE for a request
+ * fit beside each other's minimum (naming the field spine_gb / expert_gb; given figures that
+ * only pass the limit are obeyed: over_limit_bytes); K3_ERR_USAGE for a request
  * out of range (sessions < 1, non-finite GB). */
 int k3_plan_memory(const k3_machine_mem *m, const k3_plan_model *mod, const k3_plan_request *req,
                    k3_plan *out, k3_err *err);
