@@ -12,6 +12,7 @@
 
 #include "../engine/k3.h"
 #include "../server/server.h"
+#include "../util/parse.h"
 #include "cli.h"
 #include "load.h"
 #include "interrupt.h"
@@ -98,6 +99,15 @@ static int parse_args(int argc, char **argv, serve_args *a) {
     /* Tests only, deliberately not in --help: replies replaced by a script (server.h). */
     const char *script = getenv("K3_TEST_SCRIPTED_REPLY");
     if (script && script[0]) a->so.scripted_reply = script;
+    const char *delay = getenv("K3_TEST_TOKEN_DELAY_MS");
+    double ms = 0;
+    k3_err err = {0};
+    if (delay && delay[0] &&
+        k3_parse_double(delay, "K3_TEST_TOKEN_DELAY_MS", 0, 1000, &ms, &err)) {
+        k3_opts_error("serve", err.msg);
+        return 2;
+    }
+    a->so.token_delay_s = ms / 1e3;
     return 0;
 }
 

@@ -51,6 +51,10 @@ typedef struct k3_server_opts {
                                tokens allowed) instead of sampled ones, then end-of-message.
                                Lets tests make the random-weight fixture "call" tools. The
                                CLI sets it from K3_TEST_SCRIPTED_REPLY; no help lists it. */
+    double token_delay_s;   /* TESTS ONLY: seconds slept after each generated token (0 = none),
+                               so that a browser test can stop a reply mid-stream on a machine
+                               where the fixture's whole reply takes 0.2 s. The CLI sets it
+                               from K3_TEST_TOKEN_DELAY_MS; no help lists it. */
 } k3_server_opts;
 
 typedef struct k3_server k3_server;

@@ -422,6 +422,7 @@ static bool take(void *user, int32_t id) {
     if (c->j->p.kind == K3_SRV_CHAT && w->parser.pos == K3_IN_THINK) c->j->n_reasoning++;
     if (c->j->p.logprobs && !k3_stops_has(&w->stops, id)) /* the logits it was drawn from */
         add_logprobs(c->s, c->j, id);
+    if (c->s->o.token_delay_s > 0) poll(NULL, 0, (int)(c->s->o.token_delay_s * 1e3)); /* tests */
     if (show(c->s, c->j, id, false)) return true;
     /* parallel_tool_calls false: the reply ends after its first complete call */
     return c->j->p.tools && !c->j->p.parallel_tool_calls && w->tc.n_calls;

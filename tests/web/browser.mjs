@@ -19,10 +19,11 @@ export const ARTIFACTS = path.join(ROOT, 'build', 'web-artifacts');
 const running = new Set();
 process.on('exit', () => { for (const p of running) p.kill('SIGKILL'); });
 
-// Starts a server; resolves to {url, proc, log(), stop()} once it prints its URL.
-export async function startServer(args = []) {
+// Starts a server; resolves to {url, proc, log(), stop()} once it prints its URL. `env` adds
+// variables (K3_TEST_TOKEN_DELAY_MS: the test-only pause after each token, server.h).
+export async function startServer(args = [], env = {}) {
   const proc = spawn(K3, ['serve', MODEL, '--port', '0', ...args], {
-    cwd: ROOT, env: process.env, stdio: ['ignore', 'pipe', 'pipe'],
+    cwd: ROOT, env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'],
   });
   running.add(proc);
   let out = '', err = '';

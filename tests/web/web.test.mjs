@@ -61,7 +61,9 @@ describe('k3 serve chat page', () => {
   const errors = [];    // page errors and console errors
 
   before(async () => {
-    srv = await startServer();
+    // 10 ms after each token: a reply streams for seconds, so Stop lands mid-stream however
+    // fast the machine (k3-nano's whole greedy reply takes ~0.2 s without it).
+    srv = await startServer([], { K3_TEST_TOKEN_DELAY_MS: '10' });
     page = await browser.newPage();
     page.on('request', (r) => {
       if (!r.url().startsWith(srv.url) && !r.url().startsWith('data:')) outside.push(r.url());
@@ -182,7 +184,7 @@ describe('k3 serve chat page', () => {
     await page.waitForFunction(() => {
       const t = document.querySelector('#messages .msg.assistant .thinking .text');
       return t && t.textContent.length > 0;
-    }); // at once: on a quiet machine k3-nano's whole greedy reply takes ~0.2 s
+    }); // the first text: with the server's 10 ms per token, the reply has seconds to go
     await page.click('#stop');
     await page.waitForSelector(IDLE, { timeout: 5000 });
     const ms = await waitServerIdle(srv, 3000);
