@@ -16,6 +16,7 @@
 #include "../fuzz/fuzz_reply.c"
 #include "../fuzz/fuzz_request.c"
 #include "../fuzz/fuzz_safetensors.c"
+#include "../fuzz/fuzz_state.c"
 #include "../fuzz/fuzz_tokenizer.c"
 #include "../fuzz/fuzz_trace.c"
 
@@ -26,6 +27,7 @@ static const struct {
     {"config", k3_fuzz_config},       {"idlist", k3_fuzz_idlist},
     {"packed", k3_fuzz_packed},       {"reply", k3_fuzz_reply},
     {"request", k3_fuzz_request},     {"safetensors", k3_fuzz_safetensors},
+    {"state", k3_fuzz_state},
     {"tokenizer", k3_fuzz_tokenizer}, {"trace", k3_fuzz_trace},
 };
 
