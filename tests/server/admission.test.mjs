@@ -2,9 +2,12 @@
 // waits with --queue 1), /v1/models and /health answer while generating, and a client that
 // hangs up stops its generation so the next request runs at once.
 //
-// A "long" generation asks for 3900 tokens (the fixture's context is 4096): seconds of work on
-// the fixture model. /health counts the completion tokens generated, so a test can tell that
-// an abandoned generation stopped early rather than ran to its end.
+// A "long" generation is the fixture's greedy reply to LONG (319 tokens, then end-of-message)
+// from a server that pauses 10 ms after each token (the test-only K3_TEST_TOKEN_DELAY_MS):
+// over 3 s of generating on any machine, where sampling could end it at any token and a fast
+// machine finishes k3-nano's whole reply in a fraction of a second. /health counts the
+// completion tokens generated, so a test can tell that an abandoned generation stopped early
+// rather than ran to its end.
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
@@ -13,12 +16,13 @@ import { startServer, client, raw, waitIdle, MODEL_ID } from './harness.mjs';
 const servers = [];
 after(async () => { await Promise.all(servers.map((s) => s.stop())); });
 async function server(args) {
-  const s = await startServer(args);
+  const s = await startServer(args, { K3_TEST_TOKEN_DELAY_MS: '10' });
   servers.push(s);
   return s;
 }
 
-const LONG = { model: MODEL_ID, messages: [{ role: 'user', content: 'Talk for a long time.' }], max_tokens: 3900 };
+const LONG = { model: MODEL_ID, messages: [{ role: 'user', content: 'Talk for a long time.' }], max_tokens: 3900, temperature: 0 };
+const STOPPED_EARLY = 150; // tokens: an abandoned LONG (319 tokens to its end) stops within a few
 
 // Starts a long streamed chat and resolves once its first chunk has arrived (it is running).
 async function startLong(api) {
@@ -71,7 +75,7 @@ test('a client abort mid-stream stops the generation and frees the server at onc
     const idleMs = await waitIdle(srv, 5000);
     assert.ok(idleMs < 5000, `busy ${idleMs} ms after the abort`);
     const spent = (await health(srv)).completion_tokens - before;
-    assert.ok(spent < LONG.max_tokens, `the abandoned generation ran on: ${spent} tokens`);
+    assert.ok(spent < STOPPED_EARLY, `the abandoned generation ran on: ${spent} tokens`);
     const r = await api.completions.create({ model: MODEL_ID, prompt: 'next', max_tokens: 3, temperature: 0 });
     assert.equal(r.usage.completion_tokens, 3);
     before = (await health(srv)).completion_tokens;
@@ -90,7 +94,7 @@ test('a non-streamed request whose client gives up stops its generation too', as
   await assert.rejects(p);
   const idleMs = await waitIdle(srv, 5000);
   assert.ok(idleMs < 5000);
-  assert.ok((await health(srv)).completion_tokens < LONG.max_tokens);
+  assert.ok((await health(srv)).completion_tokens < STOPPED_EARLY);
 });
 
 test('with --queue 1 a second request waits and succeeds; a third gets 429', async () => {
