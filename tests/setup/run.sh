@@ -300,6 +300,21 @@ group_faults() {
     check "redirect to another host over http: refused (exit 10)" bash -c "[ $rc = 10 ] && grep -q 'refused a redirect to http://localhost' '$T/f-off.err'"
 }
 
+journaled() { # DEST: prints each shard's journaled byte count (or "all" when in place)
+    local f
+    for f in $SHARDS; do
+        if [ -e "$1/$f" ]; then echo "$f=all"
+        else echo "$f=$(python3 "$HERE/verify.py" journal "$1" "$f")"; fi
+    done
+}
+wait_journaled() { # DEST SECONDS: until a shard's journal holds a range (the download is under
+    local i          # way); no python in the loop: on a loaded machine 11 starts take seconds
+    for ((i = 0; i < $2 * 20; i++)); do
+        find "$1/.k3" -maxdepth 1 -name '*.done' -size +0c 2>/dev/null | grep -q . && return 0
+        sleep 0.05
+    done
+    return 1
+}
 group_resume() {
     start_proxy
     local d=$T/resume rc pid
@@ -307,15 +322,12 @@ group_resume() {
     rules "slow safetensors -1 262144"
     setup_bg "$d" --full --endpoint "$PEP" --connections 1 --chunk-mb 0.03125 2>"$T/r1.err"
     pid=$!
-    sleep 3
+    wait_journaled "$d" 60 # not a fixed sleep: a loaded machine (or an ASan build) starts late
     kill -9 $pid; wait $pid 2>/dev/null
     check "resume: killed mid-download left partial shards" bash -c "[ -n \"\$(ls '$d/.k3/partial')\" ]"
     check "resume: no file in place that is not complete" no_false_files "$d"
-    local held=() f
-    for f in $SHARDS; do
-        if [ -e "$d/$f" ]; then held+=("$f=all")
-        else held+=("$f=$(python3 "$HERE/verify.py" journal "$d" "$f")"); fi
-    done
+    local held=()
+    mapfile -t held < <(journaled "$d")
     check "resume: some bytes were journaled" bash -c "echo '${held[*]}' | grep -q '=[0-9]'"
     : > "$T/proxy.log"
     rules ""
@@ -327,7 +339,7 @@ group_resume() {
     rules "slow safetensors -1 262144"
     setup_bg "$T/int" --full --endpoint "$PEP" --connections 1 --chunk-mb 0.03125 2>"$T/i1.err"
     pid=$!
-    sleep 1.5
+    wait_journaled "$T/int" 60
     kill -INT $pid; wait $pid; rc=$?
     check "Ctrl-C: exit 130 and says how to resume" bash -c "[ $rc = 130 ] && grep -q 'run the same command again' '$T/i1.err'"
     rules ""
