@@ -7,13 +7,20 @@
 #include <string.h>
 
 #include "engine_internal.h"
+#include "../store/store.h"
 #include "../util/clock.h"
+#include "../util/sigbus.h"
 
 struct k3_multistep {
     const k3_engine *e;
     int max_rows;
+    int moe_layers;
     k3_multistep_stats stats;
     k3_multistep_seg *step_segs; /* [max_rows] k3_sessions_step's segments (off the stack) */
+    k3_batch *b;                 /* the pass's scratch for max_rows rows (CPU) */
+    k3_store_client *client;     /* asks the store for each MoE layer's union */
+    k3_batch_seg *bsegs;         /* [max_rows] the segments that run */
+    int *live;                   /* [max_rows] their indices in the call's segments */
 };
 
 int k3_multistep_new(const k3_engine *e, int max_rows, k3_multistep **out, k3_err *err) {
@@ -24,9 +31,19 @@ int k3_multistep_new(const k3_engine *e, int max_rows, k3_multistep **out, k3_er
     if (!ms) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
     ms->e = e;
     ms->max_rows = max_rows;
-    if (!(ms->step_segs = calloc((size_t)max_rows, sizeof *ms->step_segs))) {
+    for (int l = 0; l < e->cfg.num_hidden_layers; l++) ms->moe_layers += e->model.layers[l].is_moe;
+    ms->step_segs = calloc((size_t)max_rows, sizeof *ms->step_segs);
+    ms->bsegs = calloc((size_t)max_rows, sizeof *ms->bsegs);
+    ms->live = calloc((size_t)max_rows, sizeof *ms->live);
+    bool cpu = !strcmp(k3_backend_name(e->backend), "cpu");
+    if (cpu) ms->b = k3_batch_new(&e->model, max_rows);
+    int rc = K3_OK;
+    if (!ms->step_segs || !ms->bsegs || !ms->live || (cpu && !ms->b))
+        rc = k3_fail(err, K3_ERR_GENERIC, "out of memory for a %d-row pass", max_rows);
+    if (!rc && e->store) rc = k3_store_client_new(e->store, &ms->client, err);
+    if (rc) {
         k3_multistep_free(ms);
-        return k3_fail(err, K3_ERR_GENERIC, "out of memory");
+        return rc;
     }
     *out = ms;
     return K3_OK;
@@ -35,6 +52,10 @@ int k3_multistep_new(const k3_engine *e, int max_rows, k3_multistep **out, k3_er
 void k3_multistep_free(k3_multistep *ms) {
     if (!ms) return;
     free(ms->step_segs);
+    free(ms->bsegs);
+    free(ms->live);
+    k3_batch_free(ms->b);
+    k3_store_client_free(ms->client);
     free(ms);
 }
 
@@ -117,6 +138,59 @@ static void run_one_by_one(k3_multistep_seg *segs, int n, float *logits, size_t 
     }
 }
 
+/* The segments that passed check_seg, in one pass through the model (the CPU). Their logits
+ * come out packed, live segment after live segment, and are then moved to their rows of the
+ * call's layout (back to front: every row moves to the same or a later row). */
+static void run_pass(k3_multistep *ms, k3_multistep_seg *segs, int n, float *logits, size_t V) {
+    const k3_engine *e = ms->e;
+    int nl = 0, packed = 0;
+    for (int i = 0; i < n; i++) {
+        k3_multistep_seg *g = &segs[i];
+        if (g->status) continue;
+        k3_session *s = g->session;
+        memcpy(s->tokens + k3_state_pos(s->state), g->ids, (size_t)g->n_ids * sizeof *g->ids);
+        ms->bsegs[nl] = (k3_batch_seg){
+            .s = s->state, .tokens = g->ids, .n = g->n_ids,
+            .flags = g->flags == K3_MS_ALL_LOGITS ? K3_BATCH_ALL_LOGITS
+                   : g->flags == K3_MS_NO_LOGITS ? K3_BATCH_NO_LOGITS : 0,
+            .trace = s->has_trace ? &s->trace : NULL};
+        ms->live[nl++] = i;
+    }
+    int pos0[K3_MULTISTEP_MAX_ROWS];
+    for (int j = 0; j < nl; j++) pos0[j] = k3_state_pos(ms->bsegs[j].s);
+    k3_err perr = {0};
+    uint64_t faults = k3_sigbus_faults();
+    k3_sigbus_arm();
+    int rc = k3_forward_multi(&e->model, ms->b, ms->client, ms->bsegs, nl, logits, &perr);
+    k3_sigbus_disarm();
+    int fault = k3_engine_mapped_fault(e, faults, rc ? NULL : &perr);
+    if (!rc) rc = fault;
+    if (rc) { /* the shared pass failed: every session in it has a half-fed state */
+        for (int j = 0; j < nl; j++) {
+            k3_multistep_seg *g = &segs[ms->live[j]];
+            g->status = rc;
+            g->err = perr;
+            k3_session_reset(g->session); /* see failed_pass in engine.c */
+        }
+        return;
+    }
+    for (int j = 0; j < nl; j++) packed += seg_rows(&segs[ms->live[j]]);
+    for (int j = nl - 1; j >= 0 && logits; j--) {
+        const k3_multistep_seg *g = &segs[ms->live[j]];
+        int r = seg_rows(g);
+        packed -= r;
+        if (r && packed != g->logits_row)
+            memmove(logits + (size_t)g->logits_row * V, logits + (size_t)packed * V,
+                    (size_t)r * V * sizeof *logits);
+    }
+    for (int j = 0; j < nl && logits; j++) { /* non-finite rows fail their own segment */
+        k3_multistep_seg *g = &segs[ms->live[j]];
+        int r = seg_rows(g);
+        if (r) g->status = k3_engine_check_logits(e, logits + (size_t)g->logits_row * V, r,
+                                                  pos0[j] + g->n_ids - r, &g->err);
+    }
+}
+
 int k3_multistep_run(k3_multistep *ms, k3_multistep_seg *segs, int n, float *logits,
                      k3_err *err) {
     int rc = check_call(ms, segs, n, err);
@@ -133,8 +207,13 @@ int k3_multistep_run(k3_multistep *ms, k3_multistep_seg *segs, int n, float *log
         if (!g->status) live++, rows += g->n_ids;
     }
     double t0 = k3_now_s();
-    if (live) run_one_by_one(segs, n, logits, V);
+    uint64_t experts = ms->b ? k3_batch_experts(ms->b) : 0;
+    if (live && ms->b) run_pass(ms, segs, n, logits, V);
+    else if (live) run_one_by_one(segs, n, logits, V);
     if (live) {
+        ms->stats.experts += (ms->b ? k3_batch_experts(ms->b) : 0) - experts;
+        ms->stats.row_experts += (uint64_t)rows * (uint64_t)ms->moe_layers *
+                                 (uint64_t)ms->e->cfg.num_experts_per_token;
         ms->stats.passes++;
         ms->stats.rows += (uint64_t)rows;
         ms->stats.segments += (uint64_t)live;
