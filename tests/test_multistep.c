@@ -358,6 +358,22 @@ static void test_nano_nonfinite_row_fails_alone(void) {
     CHECK(same, "the clean session's logits differ from stepping it alone");
 }
 
+/* k3-lab bench-batch on k3-nano: a table row per N and way, the ids identical both ways, the
+ * usage error for a bad --sessions. */
+static void test_lab_bench_batch(void) {
+    k3t_cli r;
+    if (k3t_lab_run("bench-batch " NANO " --sessions 1,3 --tokens 2 --threads 1", &r)) return;
+    CHECK(r.status == 0, "exit %d: %s", r.status, r.err);
+    CHECK(strstr(r.out, "generated ids: identical both ways for every N"), "%s", r.out);
+    CHECK(strstr(r.out, "| 1 | one after another |") && strstr(r.out, "| 1 | together |") &&
+          strstr(r.out, "| 3 | one after another |") && strstr(r.out, "| 3 | together |"), "%s",
+          r.out);
+    k3t_cli_free(&r);
+    if (k3t_lab_run("bench-batch " NANO " --sessions 0", &r)) return;
+    CHECK(r.status == 2 && strstr(r.err, "--sessions"), "exit %d: %s", r.status, r.err);
+    k3t_cli_free(&r);
+}
+
 const k3_test k3_suite_multistep[] = {
     {"nano_greedy_1_to_5_sessions_bit_identical", test_nano_greedy},
     {"kjv_greedy_1_to_5_sessions_bit_identical", test_kjv_greedy},
@@ -365,5 +381,6 @@ const k3_test k3_suite_multistep[] = {
     {"nano_segment_fails_alone", test_nano_segment_fails_alone},
     {"nano_expert_read_once_per_pass", test_nano_expert_reads_once},
     {"nano_nonfinite_row_fails_alone", test_nano_nonfinite_row_fails_alone},
+    {"lab_bench_batch", test_lab_bench_batch},
     {0},
 };
