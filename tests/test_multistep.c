@@ -11,6 +11,7 @@
 #include "../src/store/store.h"
 #include "batch_check.h"
 #include "cli_run.h"
+#include "pack_helpers.h"
 #include "test.h"
 
 #define NANO "tests/fixtures/k3-nano"
@@ -358,6 +359,50 @@ static void test_nano_nonfinite_row_fails_alone(void) {
     CHECK(same, "the clean session's logits differ from stepping it alone");
 }
 
+/* k3-wide (real widths; `make test-wide`): 6 sessions at positions 1..6, two greedy passes,
+ * every row's logits and the states bit-identical to stepping alone. Six rows take the tiled
+ * BF16 product and the MoE runs most of each layer's 32 experts over several rows, where the
+ * single step takes the matrix-vector kernels. */
+static void test_wide_six_sessions(void) {
+    const char *model;
+    if (!ph_wide(&model, NULL)) return;
+    enum { W = 6 };
+    k3_engine *e = NULL;
+    k3_multistep *ms = NULL;
+    k3_session *g[W] = {0}, *t[W] = {0};
+    k3_err err = {0};
+    CHECK(k3_engine_load(model, NULL, &e, &err) == K3_OK, "%s", err.msg);
+    size_t V = (size_t)k3_engine_config(e)->vocab_size;
+    float *multi = malloc(W * V * sizeof *multi), *alone = malloc(V * sizeof *alone);
+    CHECK(k3_multistep_new(e, W, &ms, &err) == K3_OK, "%s", err.msg);
+    int32_t prompt[W] = {11, 503, 77, 2047, 9, 1234}, ids[W];
+    for (int i = 0; i < W; i++) {
+        CHECK(k3_session_new(e, 16, &g[i], &err) == K3_OK &&
+              k3_session_new(e, 16, &t[i], &err) == K3_OK, "%s", err.msg);
+        CHECK(k3_session_prefill(g[i], prompt, (size_t)i + 1, NULL, NULL, &err) == K3_OK &&
+              k3_session_prefill(t[i], prompt, (size_t)i + 1, NULL, NULL, &err) == K3_OK, "%s",
+              err.msg);
+        ids[i] = prompt[(i + 3) % W];
+    }
+    for (int step = 0; step < 2; step++) {
+        CHECK(k3_sessions_step(ms, g, ids, W, multi, NULL, &err) == K3_OK, "%s", err.msg);
+        for (int i = 0; i < W; i++) {
+            CHECK(k3_session_step(t[i], ids[i], alone, &err) == K3_OK, "%s", err.msg);
+            CHECK(memcmp(multi + i * V, alone, V * sizeof *alone) == 0, "step %d session %d: "
+                  "the multistep logits differ from stepping it alone", step, i);
+            ids[i] = argmax(alone, (int)V);
+        }
+    }
+    for (int i = 0; i < W; i++) {
+        CHECK(same_state(g[i], t[i]), "session %d: the state differs from alone", i);
+        k3_session_free(g[i]);
+        k3_session_free(t[i]);
+    }
+    k3_multistep_free(ms);
+    k3_engine_free(e);
+    free(multi), free(alone);
+}
+
 /* k3-lab bench-batch on k3-nano: a table row per N and way, the ids identical both ways, the
  * usage error for a bad --sessions. */
 static void test_lab_bench_batch(void) {
@@ -382,5 +427,6 @@ const k3_test k3_suite_multistep[] = {
     {"nano_expert_read_once_per_pass", test_nano_expert_reads_once},
     {"nano_nonfinite_row_fails_alone", test_nano_nonfinite_row_fails_alone},
     {"lab_bench_batch", test_lab_bench_batch},
+    {"wide_six_sessions_bit_identical", test_wide_six_sessions},
     {0},
 };

@@ -336,6 +336,7 @@ typedef struct k3_multistep_seg {
  * the batched pass's scratch for max_rows rows (allocated here, once) and its own expert
  * store client. Errors: K3_ERR_INPUT (max_rows out of range), K3_ERR_GENERIC (memory). */
 int k3_multistep_new(const k3_engine *e, int max_rows, k3_multistep **out, k3_err *err);
+/* Frees ms (NULL is ignored); before its engine. */
 void k3_multistep_free(k3_multistep *ms);
 int k3_multistep_max_rows(const k3_multistep *ms);
 
