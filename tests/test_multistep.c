@@ -359,6 +359,88 @@ static void test_nano_nonfinite_row_fails_alone(void) {
     CHECK(same, "the clean session's logits differ from stepping it alone");
 }
 
+/* What a trace hook saw, folded into a hash in call order (FNV-1a over every argument and
+ * value), and how many calls of each kind. */
+typedef struct seen {
+    uint64_t h;
+    int vectors, routings, steps;
+} seen;
+
+static void mix_bytes(seen *s, const void *p, size_t n) {
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) s->h = (s->h ^ b[i]) * 1099511628211ull;
+}
+
+static void saw_vector(void *user, int pos, int layer, enum k3_trace_point pt, const float *x,
+                       int n) {
+    seen *s = user;
+    int head[4] = {pos, layer, (int)pt, n};
+    mix_bytes(s, head, sizeof head);
+    mix_bytes(s, x, (size_t)n * sizeof *x);
+    s->vectors++;
+}
+
+static void saw_routing(void *user, int pos, int layer, const int *ids, const float *w, int k) {
+    seen *s = user;
+    int head[3] = {pos, layer, k};
+    mix_bytes(s, head, sizeof head);
+    mix_bytes(s, ids, (size_t)k * sizeof *ids);
+    mix_bytes(s, w, (size_t)k * sizeof *w);
+    s->routings++;
+}
+
+static void saw_step(void *user, int pos) {
+    seen *s = user;
+    mix_bytes(s, &pos, sizeof pos);
+    s->steps++;
+}
+
+/* Each session's trace hook sees, in a pass beside another session, exactly the calls (order,
+ * positions, vectors, routing) it sees when stepped alone, and only its own rows. */
+static void test_nano_traces_per_session(void) {
+    k3_engine *e = NULL;
+    k3_multistep *ms = NULL;
+    k3_session *g[2] = {0}, *t[2] = {0};
+    k3_err err = {0};
+    const seen fnv = {.h = 14695981039346656037ull}; /* the FNV-1a offset basis */
+    seen sg[2] = {fnv, fnv}, st[2] = {fnv, fnv};
+    int32_t pre[5] = {3, 141, 59, 26, 535}, ids[2] = {897, 93};
+    CHECK(k3_engine_load(NANO, NULL, &e, &err) == K3_OK, "%s", err.msg);
+    CHECK(k3_multistep_new(e, 2, &ms, &err) == K3_OK, "%s", err.msg);
+    for (int i = 0; i < 2; i++) {
+        CHECK(k3_session_new(e, 0, &g[i], &err) == K3_OK &&
+              k3_session_new(e, 0, &t[i], &err) == K3_OK, "%s", err.msg);
+        CHECK(k3_session_prefill(g[i], pre, (size_t)(2 + 3 * i), NULL, NULL, &err) == K3_OK &&
+              k3_session_prefill(t[i], pre, (size_t)(2 + 3 * i), NULL, NULL, &err) == K3_OK,
+              "%s", err.msg);
+        k3_trace tg = {.user = &sg[i], .on_vector = saw_vector, .on_routing = saw_routing,
+                       .on_step = saw_step};
+        k3_trace tt = tg;
+        tt.user = &st[i];
+        k3_session_set_trace(g[i], &tg);
+        k3_session_set_trace(t[i], &tt);
+    }
+    for (int step = 0; step < 2; step++) {
+        CHECK(k3_sessions_step(ms, g, ids, 2, NULL, NULL, &err) == K3_OK, "%s", err.msg);
+        for (int i = 0; i < 2; i++)
+            CHECK(k3_session_step(t[i], ids[i], NULL, &err) == K3_OK, "%s", err.msg);
+        ids[0] = 5 + step, ids[1] = 700 + step;
+    }
+    for (int i = 0; i < 2; i++) {
+        CHECK(st[i].steps == 2 && st[i].routings == 2 * 8 && st[i].vectors > 0, "alone: %d "
+              "steps, %d routings", st[i].steps, st[i].routings);
+        CHECK(sg[i].h == st[i].h && sg[i].vectors == st[i].vectors &&
+              sg[i].routings == st[i].routings && sg[i].steps == st[i].steps, "session %d: "
+              "%d vectors, %d routings, %d steps traced in the pass; %d, %d, %d alone%s", i,
+              sg[i].vectors, sg[i].routings, sg[i].steps, st[i].vectors, st[i].routings,
+              st[i].steps, sg[i].h == st[i].h ? "" : " (and other values)");
+        k3_session_free(g[i]);
+        k3_session_free(t[i]);
+    }
+    k3_multistep_free(ms);
+    k3_engine_free(e);
+}
+
 /* k3-wide (real widths; `make test-wide`): 6 sessions at positions 1..6, two greedy passes,
  * every row's logits and the states bit-identical to stepping alone. Six rows take the tiled
  * BF16 product and the MoE runs most of each layer's 32 experts over several rows, where the
@@ -426,6 +508,7 @@ const k3_test k3_suite_multistep[] = {
     {"nano_segment_fails_alone", test_nano_segment_fails_alone},
     {"nano_expert_read_once_per_pass", test_nano_expert_reads_once},
     {"nano_nonfinite_row_fails_alone", test_nano_nonfinite_row_fails_alone},
+    {"nano_traces_per_session", test_nano_traces_per_session},
     {"lab_bench_batch", test_lab_bench_batch},
     {"wide_six_sessions_bit_identical", test_wide_six_sessions},
     {0},
