@@ -231,6 +231,11 @@ static void test_nano_segment_fails_alone(void) {
     CHECK(k3_session_pos(a) == 7 && k3_session_pos(b) == 1, "a refused call moved a session");
     CHECK(k3_multistep_new(e, K3_MULTISTEP_MAX_ROWS + 1, &(k3_multistep *){0}, &err) ==
           K3_ERR_INPUT, "row budget above the maximum");
+    /* the scratch grows with the rows: at least the residual stream [rows][hidden] floats */
+    uint64_t b1 = k3_multistep_plan_bytes(e, 1), b8 = k3_multistep_plan_bytes(e, 8);
+    CHECK(b1 >= 64 * sizeof(float) && b8 >= b1 + 7 * 64 * sizeof(float) && b8 < 8 * b1 + 4096,
+          "plan bytes %llu for 1 row, %llu for 8", (unsigned long long)b1,
+          (unsigned long long)b8);
     k3_session *all[] = {full, a, b, ta, tb};
     for (int i = 0; i < 5; i++) k3_session_free(all[i]);
     k3_multistep_free(ms);
@@ -457,6 +462,8 @@ static void test_wide_six_sessions(void) {
     size_t V = (size_t)k3_engine_config(e)->vocab_size;
     float *multi = malloc(W * V * sizeof *multi), *alone = malloc(V * sizeof *alone);
     CHECK(k3_multistep_new(e, W, &ms, &err) == K3_OK, "%s", err.msg);
+    printf("        (k3-wide: a multistep of 8 rows plans %.1f MB)\n",
+           (double)k3_multistep_plan_bytes(e, 8) / 1e6);
     int32_t prompt[W] = {11, 503, 77, 2047, 9, 1234}, ids[W];
     for (int i = 0; i < W; i++) {
         CHECK(k3_session_new(e, 16, &g[i], &err) == K3_OK &&

@@ -61,6 +61,14 @@ void k3_multistep_free(k3_multistep *ms) {
 
 int k3_multistep_max_rows(const k3_multistep *ms) { return ms->max_rows; }
 
+uint64_t k3_multistep_plan_bytes(const k3_engine *e, int max_rows) {
+    if (max_rows < 1) max_rows = 1;
+    uint64_t segs = (uint64_t)max_rows * (sizeof(k3_multistep_seg) + sizeof(k3_batch_seg) +
+                                          sizeof(int));
+    bool cpu = !strcmp(k3_backend_name(e->backend), "cpu");
+    return sizeof(k3_multistep) + segs + (cpu ? k3_batch_bytes(&e->model, max_rows) : 0);
+}
+
 static int seg_rows(const k3_multistep_seg *g) {
     return g->flags == K3_MS_ALL_LOGITS ? g->n_ids : g->flags == K3_MS_NO_LOGITS ? 0 : 1;
 }

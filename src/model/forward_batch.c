@@ -107,11 +107,16 @@ static k3_batch *batch_new(const k3_model *m, int max_blocks, int cap) {
     return b;
 }
 
-k3_batch *k3_batch_new(const k3_model *m, int cap) {
+/* AttnRes blocks a pass holds, as k3_state_new counts them. */
+static int max_blocks_of(const k3_model *m) {
     const k3_config *c = &m->cfg;
-    int max_blocks = (c->num_hidden_layers + c->attn_res_block_size - 1) /
-                     c->attn_res_block_size + 1; /* as k3_state_new */
-    return batch_new(m, max_blocks, cap);
+    return (c->num_hidden_layers + c->attn_res_block_size - 1) / c->attn_res_block_size + 1;
+}
+
+k3_batch *k3_batch_new(const k3_model *m, int cap) { return batch_new(m, max_blocks_of(m), cap); }
+
+size_t k3_batch_bytes(const k3_model *m, int cap) {
+    return k3_batch_plan_bytes(m, max_blocks_of(m), cap);
 }
 
 uint64_t k3_batch_experts(const k3_batch *b) { return b->experts; }

@@ -158,6 +158,8 @@ int k3_forward_batch(const k3_model *m, k3_state *s, const int32_t *tokens, int 
 typedef struct k3_batch k3_batch;
 /* NULL when out of memory. */
 k3_batch *k3_batch_new(const k3_model *m, int cap);
+/* Bytes k3_batch_new(m, cap) allocates (without rewind buffers), for the memory plan. */
+size_t k3_batch_bytes(const k3_model *m, int cap);
 void k3_batch_free(k3_batch *b);
 /* Routed experts the passes on b asked the store for: the union of each MoE layer's rows,
  * summed over layers and passes. */
