@@ -309,7 +309,8 @@ int k3_session_load(k3_session *s, const char *path, k3_err *err);
  * Backends: the CPU runs one pass (a call holding a single id in all takes the single-step
  * path, k3_session_step: the same bits); a device backend (CUDA) steps the segments one after
  * another (k3_session_step / k3_session_forward: the same results, no sharing of reads).
- * API history: added in issue 18; unchanged since its first commit. */
+ * API history: added in issue 18 (commit "k3.h: k3_multistep ..."); since then only
+ * k3_multistep_plan_bytes was added, nothing changed. */
 
 typedef struct k3_multistep k3_multistep;
 
