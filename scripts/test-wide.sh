@@ -25,4 +25,4 @@ if ! "$PY" "$GEN" --check "$SCRATCH/k3-wide" >/dev/null 2>&1; then
     echo "test-wide: generating k3-wide into $SCRATCH/k3-wide"
     "$PY" "$GEN" "$SCRATCH/k3-wide" || { echo "test-wide: generator failed"; exit 1; }
 fi
-K3_WIDE_DIR="$SCRATCH/k3-wide" K3_WIDE_REF="$REF" "$BIN" wide widestore prefillwide spinewide
+K3_WIDE_DIR="$SCRATCH/k3-wide" K3_WIDE_REF="$REF" "$BIN" wide widestore prefillwide spinewide multistep
