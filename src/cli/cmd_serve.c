@@ -72,6 +72,7 @@ static const k3_cli_command serve_cmd = {
         "  POST /v1/completions             raw text completion of a prompt\n"
         "  POST /v1/messages                the Anthropic Messages API (and /count_tokens)\n"
         "  GET  /health                     liveness and queue state (no key needed)\n"
+        "  GET  /metrics                    Prometheus counters (needs the key when set)\n"
         "  GET  /                           the chat page, for a browser (no key needed)\n"
         "Each path also works without the /v1 prefix. Streaming (\"stream\": true) uses\n"
         "Server-Sent Events ending with data: [DONE]. One generation runs at a time.\n"

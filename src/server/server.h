@@ -1,14 +1,16 @@
 /* server.h — `k3 serve`: an OpenAI-compatible HTTP server over one loaded k3_engine
  * (libmicrohttpd for HTTP, cJSON for JSON). Endpoints: GET /v1/models[/ID], POST
- * /v1/completions, POST /v1/chat/completions, GET /health; each also without "/v1".
- * GET / and /ui serve the chat page (ui.h), without the API key.
+ * /v1/completions, POST /v1/chat/completions, GET /health, GET /metrics (Prometheus text,
+ * metrics.h); each also without "/v1". GET / and /ui serve the chat page (ui.h) and /health
+ * answers without the API key; /metrics needs it when one is set (as llama.cpp's does: the
+ * counters tell how the server is used).
  *
  * Invariants:
  *  - One generation at a time. A single worker thread owns the only k3_session and runs
  *    every prefill and decode step; connection threads parse, validate, render and tokenize
  *    (the tokenizer and renderer are read-only) and copy bytes out. A request that finds the
  *    worker busy gets 429 with Retry-After, or waits in a FIFO of at most opts.queue requests.
- *  - GET /v1/models, /health and the page never wait for the worker.
+ *  - GET /v1/models, /health, /metrics and the page never wait for the worker.
  *  - A request whose client has hung up is cancelled before the next token: the worker polls
  *    the client's socket after every prefilled or generated token.
  *  - The session's kept tokens are reused only when the new prompt extends them exactly

@@ -251,6 +251,13 @@ out:
     k3_segments_free(&segs);
 }
 
+/* One forward pass of `rows` token rows, for /metrics. */
+static void count_pass(k3_server *s, int rows) {
+    pthread_mutex_lock(&s->mu);
+    k3_metrics_pass(&s->metrics, rows);
+    pthread_mutex_unlock(&s->mu);
+}
+
 /* The job and its server, for the engine's hooks. */
 typedef struct job_ctx {
     k3_server *s;
@@ -260,8 +267,9 @@ typedef struct job_ctx {
 /* k3_prefill_hook: between passes, a client that hung up (or a stopping server) cancels. */
 static int prefill_pass(void *user, int pos, int n, const float *rows, size_t left,
                         k3_err *err) {
-    (void)pos, (void)n, (void)rows;
+    (void)pos, (void)rows;
     job_ctx *c = user;
+    count_pass(c->s, n);
     if (left && job_abandoned(c->s, c->j))
         return k3_fail(err, K3_ERR_INTERRUPTED, "the request was cancelled");
     return K3_OK;
@@ -321,6 +329,7 @@ static int prefill(k3_server *s, k3_job *j, k3_err *err) {
         w->logits_valid = false;
     }
     j->n_cached = (int)reuse;
+    j->state_hit = reuse > 0;
     j->n_prompt_used = (int)j->n_prompt;
     if (j->p.echo) return prefill_echo(s, j, err);
     if (reuse == j->n_prompt) return 0; /* the kept state and its logits are the prompt's */
@@ -434,6 +443,14 @@ static bool scripted(void *user, int32_t *id) {
     return true;
 }
 
+/* k3_gen_io.fed: one decode pass (a verification pass of --spec counts once per id it
+ * keeps) */
+static int fed(void *user, const float *logits, k3_err *err) {
+    (void)logits, (void)err;
+    count_pass(((job_ctx *)user)->s, 1);
+    return 0;
+}
+
 /* k3_gen_io.cancelled */
 static bool cancelled(void *user) {
     job_ctx *c = user;
@@ -453,7 +470,7 @@ static const char *decode(k3_server *s, k3_job *j, k3_err *err, bool *failed) {
                  &(k3_gen_params){.max_new = limit ? limit : -1, .stops = &w->stops,
                                   /* drafts skip the logits logprobs read */
                                   .spec = j->p.logprobs || w->n_script ? NULL : &w->spec},
-                 &(k3_gen_io){.user = &c, .emit = take, .cancelled = cancelled,
+                 &(k3_gen_io){.user = &c, .emit = take, .cancelled = cancelled, .fed = fed,
                               .choose = w->n_script ? scripted : NULL});
     int rc = k3_gen_run(&g, err);
     if (rc) {
@@ -542,6 +559,9 @@ static void run_job(k3_server *s, k3_job *j) {
     bool failed = false;
     const char *finish = NULL;
     j->t_start = k3_now_s();
+    k3_run_stats st;
+    k3_session_stats(w->sess, &st);
+    j->eload_start = st.time.eload_s;
     k3_emitter_begin(w->em, s, j);
     k3_emit_start(w->em);
     int rc = start_sampling(s, j, &err) ? -1 : prefill(s, j, &err);
@@ -575,6 +595,7 @@ static void *worker_main(void *arg) {
         s->n_queued--;
         j->state = K3_JOB_RUNNING;
         s->running = j;
+        s->n_active = 1;
         pthread_cond_broadcast(&s->progress);
         pthread_mutex_unlock(&s->mu);
         run_job(s, j);
@@ -582,6 +603,8 @@ static void *worker_main(void *arg) {
         pthread_mutex_lock(&s->mu);
         j->state = K3_JOB_DONE;
         s->running = NULL;
+        s->n_active = 0;
+        s->states_kept = k3_session_pos(s->ws->sess) > 0;
         s->n_tokens += (unsigned long long)j->n_completion;
         pthread_cond_broadcast(&s->progress);
     }
@@ -661,6 +684,8 @@ int k3_worker_start(k3_server *s, k3_err *err) {
     k3_reply_parser_init(&w->parser, tok, &w->stops, false);
     w->logits = malloc((size_t)w->vocab * sizeof *w->logits);
     s->ctx = k3_session_max_ctx(w->sess);
+    s->slots = 1;
+    s->states_cap = 1;
     w->virt_cap = (size_t)s->ctx + 64; /* + the last id and a reply's closing markers */
     w->virt = malloc(w->virt_cap * sizeof *w->virt);
     w->text_cap = k3_reply_parser_out_cap(tok);
