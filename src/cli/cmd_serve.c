@@ -49,6 +49,10 @@ static const k3_opt serve_rows[] = {
      .def = "8388608", .meta = "BYTES", .help = "largest request body; larger is a 413"},
     {.flag = "--model-id", SRV(model_id), .type = K3_OPT_STR, .meta = "NAME",
      .help = "model name in /v1/models (default: MODEL_DIR's folder name)"},
+    {.flag = "--state-cache", SRV(state_cache), .type = K3_OPT_INT, .lo = 1, .hi = 256,
+     .def = "1", .meta = "K",
+     .help = "keep the states of the last K conversations (one session each, counted by\n"
+             "the memory plan): a request extending any of them prefills only what is new"},
     {.flag = "--no-reuse", SRV(no_reuse), .type = K3_OPT_SWITCH, .value = 1,
      .help = "prefill every prompt from an empty state instead of reusing the kept\n"
              "conversation (same prompts, same output; slower)"},
@@ -96,6 +100,8 @@ static int parse_args(int argc, char **argv, serve_args *a) {
     a->so.ctx = a->cc.ctx;
     a->so.spec = a->co.spec;
     a->so.chunk = a->co.chunk;
+    /* every kept conversation is a session: the memory plan counts them */
+    a->eo.sessions = a->so.state_cache > 1 ? a->so.state_cache : 1;
     /* Tests only, deliberately not in --help: replies replaced by a script (server.h). */
     const char *script = getenv("K3_TEST_SCRIPTED_REPLY");
     if (script && script[0]) a->so.scripted_reply = script;

@@ -13,9 +13,13 @@
  *  - GET /v1/models, /health, /metrics and the page never wait for the worker.
  *  - A request whose client has hung up is cancelled before the next token: the worker polls
  *    the client's socket after every prefilled or generated token.
- *  - The session's kept tokens are reused only when the new prompt extends them exactly
- *    (token for token, or, for chat, with the previous reply given back verbatim); anything
- *    else starts from an empty state. usage.prompt_tokens_details.cached_tokens says how many.
+ *  - The state cache keeps the last opts.state_cache conversations, one session each. A
+ *    kept conversation's tokens are reused only when the new prompt extends them exactly
+ *    (token for token, or, for chat, with its reply given back verbatim): the KDA recurrence
+ *    cannot be rewound, so a prompt that diverges inside a kept conversation cannot use it.
+ *    The one covering the longest prefix is taken; with none, a new session while the cache
+ *    has room, else the least recently used one's state is dropped.
+ *    usage.prompt_tokens_details.cached_tokens says how many prompt tokens were reused.
  *  - Every request ends in an HTTP response (OpenAI-shaped {"error":{...}} for 4xx/5xx) or a
  *    closed connection; a field k3 cannot honour is a 400 naming it, never silently dropped.
  *  - The server owns no global state: several servers may run in one process.
@@ -44,6 +48,9 @@ typedef struct k3_server_opts {
     int spec;               /* --spec N: speculative decoding, N drafts per pass (0 = off;
                                src/engine/spec.h) */
     int chunk;              /* prompt ids per prefill pass; 0 = K3_DEFAULT_CHUNK */
+    int state_cache;        /* conversation states kept (the state cache; each one session,
+                               so the engine's plan should count them: k3_engine_opts.sessions);
+                               0 = 1 */
     double temperature;     /* requests without "temperature" sample at this (0 = greedy; the
                                CLI's default is 1, OpenAI's) */
     const char *effort;     /* chat requests without reasoning_effort / thinking_effort think

@@ -48,17 +48,29 @@ static void last_chat_clear(k3_last_chat *c) {
     *c = (k3_last_chat){0};
 }
 
-typedef struct k3_worker_state {
+/* One kept conversation (the state cache, server.h): a session, the logits after its last
+ * fed token, and what its state means as a chat. */
+typedef struct k3_conv {
     k3_session *sess;
     float *logits;        /* vocab_size floats: the logits after the last fed token */
     bool logits_valid;    /* logits belong to the last token the session holds */
-    int vocab;
-    k3_stops stops;       /* end-of-message ids */
     /* The last chat reply as a conversation: kept + the unfed last id + the closing ids of
      * the reply (k3_reply_parser_closing); virt_msgs = messages of that request, 0 = none. */
     int32_t *virt;
     size_t n_virt, virt_cap, virt_msgs;
     k3_last_chat last_chat;
+    unsigned long long used; /* when a job last ran on it (k3_worker_state.clock); 0 never */
+} k3_conv;
+
+typedef struct k3_worker_state {
+    /* The state cache: cap_convs conversations at most, created as needed (n_convs so far);
+     * c = the one the running job uses. */
+    k3_conv *convs;
+    int n_convs, cap_convs;
+    k3_conv *c;
+    unsigned long long clock;
+    int vocab;
+    k3_stops stops;       /* end-of-message ids */
     int32_t last;         /* the last sampled id (never fed) */
     k3_sampler sampler;
     k3_spec spec;         /* --spec (max_draft 0 = off), set up per job with the sampler */
@@ -173,19 +185,19 @@ static bool job_abandoned(k3_server *s, k3_job *j) {
 
 /* After a failed feed the state is unknown: the next job starts fresh. */
 static int feed_failed(k3_worker_state *w, int rc) {
-    k3_session_reset(w->sess);
-    w->logits_valid = false;
-    w->virt_msgs = 0;
+    k3_session_reset(w->c->sess);
+    w->c->logits_valid = false;
+    w->c->virt_msgs = 0;
     return rc;
 }
 
 /* Prompt tokens whose state can be reused: the kept tokens must be a prefix of the prompt.
  * When they are the whole prompt, the saved logits of its last token are needed too. */
-static size_t reusable(const k3_worker_state *w, const int32_t *prompt, size_t n) {
-    size_t kept = (size_t)k3_session_pos(w->sess);
+static size_t reusable(const k3_conv *c, const int32_t *prompt, size_t n) {
+    size_t kept = (size_t)k3_session_pos(c->sess);
     if (kept == 0 || kept > n) return 0;
-    if (memcmp(k3_session_tokens(w->sess), prompt, kept * sizeof *prompt)) return 0;
-    if (kept == n && !w->logits_valid) return 0;
+    if (memcmp(k3_session_tokens(c->sess), prompt, kept * sizeof *prompt)) return 0;
+    if (kept == n && !c->logits_valid) return 0;
     return kept;
 }
 
@@ -219,36 +231,105 @@ static bool continues_last(const k3_last_chat *c, const k3_chat_request *req) {
     return field_is(a, "role", "assistant") && field_is(a, "content", c->content);
 }
 
-/* A chat request that continues the last reply (continues_last). The model's own tokens for
- * the reply need not be the canonical encoding of the text the client saw, so the prompt is
- * rebuilt as the kept conversation (virt: what the state holds, the reply closed as the
- * renderer closes it) followed by the rendering of the new messages alone. */
-static void splice_reply(k3_server *s, k3_job *j) {
-    k3_worker_state *w = s->ws;
-    if (!w->virt_msgs || reusable(w, j->prompt, j->n_prompt) ||
-        !continues_last(&w->last_chat, &j->req))
-        return;
+/* A chat request that continues conversation c's last reply (continues_last). The model's
+ * own tokens for the reply need not be the canonical encoding of the text the client saw, so
+ * the prompt is rebuilt as the kept conversation (virt: what the state holds, the reply
+ * closed as the renderer closes it) followed by the rendering of the new messages alone.
+ * Returns that prompt (malloc'd, *n ids; c's kept tokens are its prefix), or NULL. */
+static int32_t *spliced(k3_server *s, const k3_conv *c, const k3_job *j, size_t *n) {
+    if (!c->virt_msgs || !continues_last(&c->last_chat, &j->req)) return NULL;
     k3_segments segs = {0};
     int32_t *cont = NULL, *np = NULL;
     size_t n_cont = 0;
     k3_err err;
-    if (k3_chat_render(&j->req, w->virt_msgs + 1, &segs, &err) ||
+    if (k3_chat_render(&j->req, c->virt_msgs + 1, &segs, &err) ||
         k3_segments_encode(k3_engine_tokenizer(s->eng), &segs, &cont, &n_cont, &err) ||
         n_cont > j->n_prompt)
         goto out;
-    size_t n = w->n_virt + n_cont;
+    *n = c->n_virt + n_cont;
     /* Rendering is compositional (render.h): the continuation is the canonical tail. */
     if (memcmp(cont, j->prompt + j->n_prompt - n_cont, n_cont * sizeof *cont) ||
-        n > (size_t)s->ctx || !(np = malloc(n * sizeof *np)))
+        *n > (size_t)s->ctx || !(np = malloc(*n * sizeof *np)))
         goto out;
-    memcpy(np, w->virt, w->n_virt * sizeof *np);
-    memcpy(np + w->n_virt, cont, n_cont * sizeof *np);
-    free(j->prompt);
-    j->prompt = np;
-    j->n_prompt = n;
+    memcpy(np, c->virt, c->n_virt * sizeof *np);
+    memcpy(np + c->n_virt, cont, n_cont * sizeof *np);
 out:
     free(cont);
     k3_segments_free(&segs);
+    return np;
+}
+
+static void conv_free(k3_conv *c) {
+    k3_session_free(c->sess);
+    last_chat_clear(&c->last_chat);
+    free(c->logits);
+    free(c->virt);
+    *c = (k3_conv){0};
+}
+
+/* Makes c a new, empty conversation of the state cache. */
+static int conv_new(k3_server *s, k3_conv *c, k3_err *err) {
+    int rc = k3_session_new(s->eng, s->o.ctx, &c->sess, err);
+    if (rc) return rc;
+    if (s->o.chunk) k3_session_set_chunk(c->sess, s->o.chunk);
+    c->logits = malloc((size_t)s->ws->vocab * sizeof *c->logits);
+    c->virt_cap = (size_t)k3_session_max_ctx(c->sess) + 64; /* + the last id and a reply's
+                                                              closing markers */
+    c->virt = malloc(c->virt_cap * sizeof *c->virt);
+    if (!c->logits || !c->virt) {
+        conv_free(c);
+        return k3_fail(err, K3_ERR_GENERIC, "out of memory");
+    }
+    return 0;
+}
+
+/* The state cache's choice for job j: the kept conversation that covers the longest prefix
+ * of its prompt (a conversation's kept tokens must be a prefix of the prompt: the KDA
+ * recurrence cannot be rewound), else a new one while the cache has room, else the least
+ * recently used (its state is dropped). A chat that continues a kept reply has its prompt
+ * spliced onto that conversation (spliced), also with --no-reuse (which then drops the
+ * state: same prompts, same output). Sets w->c and returns the prompt ids reused, or
+ * -1 with err (no session could be made). */
+static long pick_conv(k3_server *s, k3_job *j, k3_err *err) {
+    k3_worker_state *w = s->ws;
+    k3_conv *best = NULL;
+    size_t best_n = 0, best_len = 0;
+    int32_t *best_prompt = NULL;
+    for (int i = 0; i < w->n_convs && !j->p.echo; i++) {
+        k3_conv *c = &w->convs[i];
+        size_t r = reusable(c, j->prompt, j->n_prompt), len = 0;
+        int32_t *np = NULL;
+        if (!r && j->p.kind == K3_SRV_CHAT && (np = spliced(s, c, j, &len)))
+            r = reusable(c, np, len);
+        if (r > best_n) {
+            free(best_prompt);
+            best = c, best_n = r, best_prompt = np, best_len = len;
+        } else {
+            free(np);
+        }
+    }
+    if (best_prompt) {
+        free(j->prompt);
+        j->prompt = best_prompt;
+        j->n_prompt = best_len;
+    }
+    if (s->o.no_reuse) best_n = 0; /* the prompt is built the same way, the state is not used */
+    if (!best && w->n_convs < w->cap_convs) {
+        if (conv_new(s, &w->convs[w->n_convs], err)) return -1;
+        best = &w->convs[w->n_convs++];
+    }
+    if (!best) { /* the least recently used */
+        best = &w->convs[0];
+        for (int i = 1; i < w->n_convs; i++)
+            if (w->convs[i].used < best->used) best = &w->convs[i];
+    }
+    if (!best_n) {
+        k3_session_reset(best->sess);
+        best->logits_valid = false;
+    }
+    w->c = best;
+    best->used = ++w->clock;
+    return (long)best_n;
 }
 
 /* One forward pass of `rows` token rows, for /metrics. */
@@ -290,7 +371,7 @@ static int prefill_echo(k3_server *s, k3_job *j, k3_err *err) {
         k3_fail(err, K3_ERR_GENERIC, "out of memory");
         return -1;
     }
-    k3_session_reset(w->sess);
+    k3_session_reset(w->c->sess);
     if (j->p.logprobs)
         k3_logprobs_add(&j->lp, tok, NULL, w->vocab, j->prompt[0], 0, false);
     int rc = 0;
@@ -300,7 +381,7 @@ static int prefill_echo(k3_server *s, k3_job *j, k3_err *err) {
             break;
         }
         size_t n = j->n_prompt - i < K3_DEFAULT_CHUNK ? j->n_prompt - i : K3_DEFAULT_CHUNK;
-        if ((rc = k3_session_forward(w->sess, j->prompt + i, (int)n, rows, K3_FWD_ALL_LOGITS,
+        if ((rc = k3_session_forward(w->c->sess, j->prompt + i, (int)n, rows, K3_FWD_ALL_LOGITS,
                                      err))) {
             feed_failed(w, rc);
             rc = -1;
@@ -309,39 +390,33 @@ static int prefill_echo(k3_server *s, k3_job *j, k3_err *err) {
         for (size_t r = 0; r < n && i + r + 1 < j->n_prompt && j->p.logprobs; r++)
             k3_logprobs_add(&j->lp, tok, rows + r * (size_t)w->vocab, w->vocab,
                             j->prompt[i + r + 1], j->p.top_logprobs, false);
-        memcpy(w->logits, rows + (n - 1) * (size_t)w->vocab, (size_t)w->vocab * sizeof *rows);
+        memcpy(w->c->logits, rows + (n - 1) * (size_t)w->vocab, (size_t)w->vocab * sizeof *rows);
         i += n;
     }
     free(rows);
-    w->logits_valid = rc == 0;
+    w->c->logits_valid = rc == 0;
     return rc;
 }
 
 /* Prefills what the kept state lacks. Returns 1 when abandoned, 0 done, <0 engine error. */
-static int prefill(k3_server *s, k3_job *j, k3_err *err) {
+static int prefill(k3_server *s, k3_job *j, size_t reuse, k3_err *err) {
     k3_worker_state *w = s->ws;
-    if (j->p.kind == K3_SRV_CHAT) splice_reply(s, j);
-    size_t reuse = s->o.no_reuse || j->p.echo ? 0 : reusable(w, j->prompt, j->n_prompt);
-    w->virt_msgs = 0; /* from here on the state is this job's */
-    last_chat_clear(&w->last_chat);
-    if (!reuse) {
-        k3_session_reset(w->sess);
-        w->logits_valid = false;
-    }
+    w->c->virt_msgs = 0; /* from here on the state is this job's */
+    last_chat_clear(&w->c->last_chat);
     j->n_cached = (int)reuse;
     j->state_hit = reuse > 0;
     j->n_prompt_used = (int)j->n_prompt;
     if (j->p.echo) return prefill_echo(s, j, err);
     if (reuse == j->n_prompt) return 0; /* the kept state and its logits are the prompt's */
     if (job_abandoned(s, j)) return 1;
-    w->logits_valid = false;
+    w->c->logits_valid = false;
     job_ctx c = {s, j};
     k3_prefill_hook hook = {.user = &c, .on_pass = prefill_pass};
-    int rc = k3_session_prefill_with(w->sess, j->prompt, j->n_prompt, w->logits, NULL, &hook,
+    int rc = k3_session_prefill_with(w->c->sess, j->prompt, j->n_prompt, w->c->logits, NULL, &hook,
                                      err);
     if (rc == K3_ERR_INTERRUPTED) return 1; /* the ids fed so far are kept */
     if (rc) return feed_failed(w, rc), -1;
-    w->logits_valid = true;
+    w->c->logits_valid = true;
     return 0;
 }
 
@@ -406,17 +481,17 @@ static const char *end_tools(k3_server *s, k3_job *j, const char *finish) {
     return tc->n_calls ? "tool_calls" : finish;
 }
 
-/* The logprobs of the id just chosen from w->logits: kept for the reply, or streamed. */
+/* The logprobs of the id just chosen from w->c->logits: kept for the reply, or streamed. */
 static void add_logprobs(k3_server *s, k3_job *j, int32_t id) {
     k3_worker_state *w = s->ws;
     bool chat = j->p.kind == K3_SRV_CHAT;
     const k3_tokenizer *tok = k3_engine_tokenizer(s->eng);
     if (!j->p.stream) {
-        k3_logprobs_add(&j->lp, tok, w->logits, w->vocab, id, j->p.top_logprobs, chat);
+        k3_logprobs_add(&j->lp, tok, w->c->logits, w->vocab, id, j->p.top_logprobs, chat);
         return;
     }
     k3_logprobs one = {.offset = j->lp.offset}; /* text_offset continues over the reply */
-    k3_logprobs_add(&one, tok, w->logits, w->vocab, id, j->p.top_logprobs, chat);
+    k3_logprobs_add(&one, tok, w->c->logits, w->vocab, id, j->p.top_logprobs, chat);
     j->lp.offset = one.offset;
     k3_emit_logprobs(w->em, &one);
     k3_logprobs_free(&one);
@@ -466,7 +541,7 @@ static const char *decode(k3_server *s, k3_job *j, k3_err *err, bool *failed) {
     int limit = j->p.max_tokens ? j->p.max_tokens : s->o.max_tokens; /* 0 = none */
     job_ctx c = {s, j};
     k3_gen g;
-    k3_gen_start(&g, w->sess, &w->sampler, w->logits,
+    k3_gen_start(&g, w->c->sess, &w->sampler, w->c->logits,
                  &(k3_gen_params){.max_new = limit ? limit : -1, .stops = &w->stops,
                                   /* drafts skip the logits logprobs read */
                                   .spec = j->p.logprobs || w->n_script ? NULL : &w->spec},
@@ -491,18 +566,18 @@ static const char *decode(k3_server *s, k3_job *j, k3_err *err, bool *failed) {
 /* After a chat reply: what the state means as a conversation, for splice_reply. */
 static void remember_reply(k3_server *s, k3_job *j) {
     k3_worker_state *w = s->ws;
-    k3_last_chat *c = &w->last_chat;
+    k3_last_chat *c = &w->c->last_chat;
     const k3_reply_parser *p = &w->parser;
     int32_t *closing = NULL;
     size_t n_closing = 0;
     k3_err err;
     if (p->text[K3_CH_TOOLS].n || k3_reply_parser_closing(p, &closing, &n_closing, &err)) return;
     bool last = !k3_stops_has(&w->stops, w->last);
-    size_t kept = (size_t)k3_session_pos(w->sess), n = kept + last + n_closing;
+    size_t kept = (size_t)k3_session_pos(w->c->sess), n = kept + last + n_closing;
     c->messages = cJSON_Duplicate(j->req.messages, true);
     c->reasoning = strdup(p->text[K3_CH_THINK].p ? p->text[K3_CH_THINK].p : "");
     c->content = strdup(p->text[K3_CH_RESPONSE].p ? p->text[K3_CH_RESPONSE].p : "");
-    if (n > w->virt_cap || !c->messages || !c->reasoning || !c->content ||
+    if (n > w->c->virt_cap || !c->messages || !c->reasoning || !c->content ||
         p->text[K3_CH_THINK].oom || p->text[K3_CH_RESPONSE].oom) {
         last_chat_clear(c);
     } else {
@@ -510,11 +585,11 @@ static void remember_reply(k3_server *s, k3_job *j) {
         snprintf(c->effort, sizeof c->effort, "%s", j->req.effort);
         snprintf(c->tool_choice, sizeof c->tool_choice, "%s",
                  j->req.tool_choice ? j->req.tool_choice : "");
-        memcpy(w->virt, k3_session_tokens(w->sess), kept * sizeof *w->virt);
-        if (last) w->virt[kept] = w->last;
-        memcpy(w->virt + kept + last, closing, n_closing * sizeof *closing);
-        w->n_virt = n;
-        w->virt_msgs = (size_t)cJSON_GetArraySize(j->req.messages);
+        memcpy(w->c->virt, k3_session_tokens(w->c->sess), kept * sizeof *w->c->virt);
+        if (last) w->c->virt[kept] = w->last;
+        memcpy(w->c->virt + kept + last, closing, n_closing * sizeof *closing);
+        w->c->n_virt = n;
+        w->c->virt_msgs = (size_t)cJSON_GetArraySize(j->req.messages);
     }
     free(closing);
 }
@@ -536,7 +611,7 @@ static int start_sampling(k3_server *s, k3_job *j, k3_err *err) {
     k3_spec_free(&w->spec);
     int rc = k3_sampler_init(&w->sampler, &so, w->vocab, err);
     /* logprobs need the logits of every taken id: no speculation (drafts skip them) */
-    if (!rc) rc = k3_spec_init(&w->spec, p->logprobs ? 0 : s->o.spec, w->sess, &w->sampler, err);
+    if (!rc) rc = k3_spec_init(&w->spec, p->logprobs ? 0 : s->o.spec, w->c->sess, &w->sampler, err);
     k3_reply_parser_free(&w->parser);
     k3_reply_parser_init(&w->parser, k3_engine_tokenizer(s->eng), &w->stops, p->thinking);
     k3_toolcall_parser_free(&w->tc);
@@ -559,12 +634,16 @@ static void run_job(k3_server *s, k3_job *j) {
     bool failed = false;
     const char *finish = NULL;
     j->t_start = k3_now_s();
-    k3_run_stats st;
-    k3_session_stats(w->sess, &st);
-    j->eload_start = st.time.eload_s;
     k3_emitter_begin(w->em, s, j);
     k3_emit_start(w->em);
-    int rc = start_sampling(s, j, &err) ? -1 : prefill(s, j, &err);
+    long reuse = pick_conv(s, j, &err);
+    int rc = -1;
+    if (reuse >= 0) {
+        k3_run_stats st;
+        k3_session_stats(w->c->sess, &st);
+        j->eload_start = st.time.eload_s;
+        rc = start_sampling(s, j, &err) ? -1 : prefill(s, j, (size_t)reuse, &err);
+    }
     if (rc < 0) failed = true;
     else if (rc == 0) {
         j->t_decode = k3_now_s(); /* prefill time vs decode speed, for /health */
@@ -599,12 +678,14 @@ static void *worker_main(void *arg) {
         pthread_cond_broadcast(&s->progress);
         pthread_mutex_unlock(&s->mu);
         run_job(s, j);
-        k3_srv_status_record(s, j, s->ws->sess); /* for /health (status.c) */
+        k3_srv_status_record(s, j, s->ws->c->sess); /* for /health (status.c) */
         pthread_mutex_lock(&s->mu);
         j->state = K3_JOB_DONE;
         s->running = NULL;
         s->n_active = 0;
-        s->states_kept = k3_session_pos(s->ws->sess) > 0;
+        s->states_kept = 0;
+        for (int i = 0; i < s->ws->n_convs; i++)
+            s->states_kept += k3_session_pos(s->ws->convs[i].sess) > 0;
         s->n_tokens += (unsigned long long)j->n_completion;
         pthread_cond_broadcast(&s->progress);
     }
@@ -623,7 +704,8 @@ static void *worker_main(void *arg) {
 
 static void worker_state_free(k3_worker_state *w) {
     if (!w) return;
-    k3_session_free(w->sess);
+    for (int i = 0; i < w->n_convs; i++) conv_free(&w->convs[i]);
+    free(w->convs);
     k3_spec_free(&w->spec);
     k3_sampler_free(&w->sampler);
     k3_reply_parser_free(&w->parser);
@@ -631,9 +713,6 @@ static void worker_state_free(k3_worker_state *w) {
     for (size_t i = 0; i < w->n_script; i++) free(w->script[i]);
     free(w->script);
     free(w->script_len);
-    last_chat_clear(&w->last_chat);
-    free(w->logits);
-    free(w->virt);
     free(w->text);
     k3_emitter_free(w->em);
     free(w);
@@ -674,25 +753,26 @@ int k3_worker_start(k3_server *s, k3_err *err) {
     k3_worker_state *w = calloc(1, sizeof *w);
     if (!w) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
     s->ws = w;
-    int rc = k3_session_new(s->eng, s->o.ctx, &w->sess, err);
-    if (rc) return rc;
-    if (s->o.chunk) k3_session_set_chunk(w->sess, s->o.chunk);
     const k3_config *c = k3_engine_config(s->eng);
     const k3_tokenizer *tok = k3_engine_tokenizer(s->eng);
     w->vocab = c->vocab_size;
+    w->cap_convs = s->o.state_cache > 0 ? s->o.state_cache : 1;
+    if (!(w->convs = calloc((size_t)w->cap_convs, sizeof *w->convs)))
+        return k3_fail(err, K3_ERR_GENERIC, "out of memory");
+    /* The first conversation now: it tells the context, and a bad --ctx fails the start. */
+    int rc = conv_new(s, &w->convs[0], err);
+    if (rc) return rc;
+    w->n_convs = 1;
+    w->c = &w->convs[0];
     k3_stops_init(&w->stops, tok, c->eos_token_id);
     k3_reply_parser_init(&w->parser, tok, &w->stops, false);
-    w->logits = malloc((size_t)w->vocab * sizeof *w->logits);
-    s->ctx = k3_session_max_ctx(w->sess);
+    s->ctx = k3_session_max_ctx(w->c->sess);
     s->slots = 1;
-    s->states_cap = 1;
-    w->virt_cap = (size_t)s->ctx + 64; /* + the last id and a reply's closing markers */
-    w->virt = malloc(w->virt_cap * sizeof *w->virt);
+    s->states_cap = w->cap_convs;
     w->text_cap = k3_reply_parser_out_cap(tok);
     w->text = malloc(w->text_cap);
     w->em = k3_emitter_new();
-    if (!w->logits || !w->virt || !w->text || !w->em)
-        return k3_fail(err, K3_ERR_GENERIC, "out of memory");
+    if (!w->text || !w->em) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
     if (s->o.scripted_reply && (rc = load_script(w, s->o.scripted_reply, tok, err))) return rc;
     if (pthread_create(&s->worker, NULL, worker_main, s))
         return k3_fail(err, K3_ERR_GENERIC, "cannot start the worker thread");
