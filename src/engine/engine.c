@@ -26,34 +26,7 @@
 #include "../tok/tokenizer.h"
 #include "backend.h"
 #include "k3_test.h"
-
-struct k3_engine {
-    k3_config cfg;
-    k3_checkpoint *ck;
-    k3_model model;
-    k3_tokenizer *tok;
-    k3_pack *pack;          /* int8 spine, or NULL (BF16, exact) */
-    bool approx;            /* --approx: int8 activations in the int8 products */
-    char spine_line[PATH_MAX + 1024]; /* what k3_engine_spine_line returns */
-    k3_store *store;        /* routed experts (src/store) */
-    k3_mem_plan plan;       /* the startup memory plan */
-    char store_line[1536];  /* what k3_engine_store_line returns */
-    k3_backend *backend;    /* where sessions run: CPU or CUDA (backend.h) */
-    char spine_plan_line[1024]; /* the spine budget's plan (src/model/spine.h) */
-    k3_plan mplan;          /* the memory planner's plan (plan.h) */
-    char mplan_line[1024];
-};
-
-struct k3_session {
-    const k3_engine *e;
-    int chunk;                                /* tokens per prefill pass (k3_session_set_chunk) */
-    k3_state *state;
-    k3_trace trace;
-    int has_trace;
-    int32_t *tokens;                          /* [max_ctx] the ids fed so far, in order */
-    const volatile sig_atomic_t *interrupt;   /* checked by k3_session_prefill, or NULL */
-    void *dev;                                /* the backend's session state (NULL: CPU) */
-};
+#include "engine_internal.h"
 
 /* The figures `k3 pack` stored beside the pack, if they belong to this very file. */
 static void quality_note(k3_engine *e, const char *dir, char *out, size_t cap) {
@@ -400,8 +373,8 @@ void k3_session_set_trace(k3_session *s, const k3_trace *trace) {
  * vocab_size floats, after lm_head read vocab_size x hidden_size weights: <0.1% of a step)
  * catches them wherever they arose; the final hidden state would be cheaper but misses a
  * corrupt lm_head row. first_pos = the position of row 0. Errors: K3_ERR_CHECKPOINT. */
-static int check_logits(const k3_engine *e, const float *logits, int rows, int first_pos,
-                        k3_err *err) {
+int k3_engine_check_logits(const k3_engine *e, const float *logits, int rows, int first_pos,
+                           k3_err *err) {
     if (!logits) return K3_OK;
     size_t V = (size_t)e->cfg.vocab_size;
     for (int r = 0; r < rows; r++) {
@@ -441,7 +414,7 @@ static int remap(const void *map, uint64_t bytes, int fd, const char *path) {
 
 /* After a step: when a fault was survived since `before`, the step's output is garbage.
  * Names the file the fault was in, restores every mapping and returns K3_ERR_IO. */
-static int mapped_fault(const k3_engine *e, uint64_t before, k3_err *err) {
+int k3_engine_mapped_fault(const k3_engine *e, uint64_t before, k3_err *err) {
     if (k3_sigbus_faults() == before) return K3_OK;
     const uint8_t *a = k3_sigbus_last_addr();
     const char *path = "a mapped model file";
@@ -488,10 +461,10 @@ int k3_session_step(k3_session *s, int32_t token, float *logits, k3_err *err) {
     int rc = k3_backend_step(s->e->backend, s->dev, s->state, token, logits,
                              s->has_trace ? &s->trace : NULL, err);
     k3_sigbus_disarm();
-    int fault = mapped_fault(s->e, faults, rc ? NULL : err);
+    int fault = k3_engine_mapped_fault(s->e, faults, rc ? NULL : err);
     if (!rc) rc = fault;
     if (rc) k3_session_reset(s); /* see failed_pass */
-    return rc ? rc : check_logits(s->e, logits, 1, pos, err);
+    return rc ? rc : k3_engine_check_logits(s->e, logits, 1, pos, err);
 }
 
 /* ---- token history, prefill with reuse, interruption, state files (k3.h) ------------------ */
@@ -585,10 +558,11 @@ int k3_session_forward(k3_session *s, const int32_t *ids, int n, float *logits, 
                                 (flags & K3_FWD_REWINDABLE ? K3_BATCH_REWINDABLE : 0),
                                 s->has_trace ? &s->trace : NULL, err);
     k3_sigbus_disarm();
-    int fault = mapped_fault(s->e, faults, rc ? NULL : err);
+    int fault = k3_engine_mapped_fault(s->e, faults, rc ? NULL : err);
     if (!rc) rc = fault;
     if (rc) k3_session_reset(s); /* see failed_pass */
-    return rc ? rc : check_logits(s->e, logits, all ? n : 1, all ? pos : pos + n - 1, err);
+    return rc ? rc : k3_engine_check_logits(s->e, logits, all ? n : 1,
+                                            all ? pos : pos + n - 1, err);
 }
 
 int k3_session_rewind(k3_session *s, int pos, k3_err *err) {

@@ -282,4 +282,94 @@ int k3_session_save(const k3_session *s, const char *path, k3_err *err);
  * more positions than this session's context); the session is unchanged for these. */
 int k3_session_load(k3_session *s, const char *path, k3_err *err);
 
+/* ---- several sessions in one pass (issue 18: batched decoding across requests) ------------
+ * A multistep pass carries rows of DIFFERENT sessions through the model together: every row
+ * keeps its own session's KDA and conv state, MLA cache and position, while each spine matrix
+ * (lm_head included) is applied once over all rows and the MoE runs the union of the rows'
+ * experts, each expert read once and applied over the rows that chose it. Rows of a batched
+ * product equal the single product bit for bit (kernels.h), KDA runs each session's recurrence
+ * in its own token order and MLA attends each row over its own session's cache, so every
+ * segment's logits, state and routing are BIT-IDENTICAL to feeding its ids to its session
+ * alone (k3_session_step / k3_session_forward); tests/test_multistep.c checks it.
+ *
+ * A segment is one session's contribution to a pass: one id (a decode row) or several (a
+ * prefill chunk of a new request beside other requests' decode rows: continuous batching).
+ * The pass holds at most max_rows ids in all (the row budget, fixed at k3_multistep_new).
+ *
+ * Errors are per segment where they can be: a segment whose ids are out of range or do not
+ * fit its session's context (K3_ERR_INPUT) is refused before the pass and left out of it;
+ * the others run unchanged. Non-finite logits (K3_ERR_CHECKPOINT) are judged row by row, so
+ * one segment's NaN fails that segment only (its session has advanced, as after
+ * k3_session_step). Only a failure of the shared pass itself — a routed expert or a streamed
+ * spine layer that cannot be read, a mapped shard truncated under it — fails every segment
+ * that was in the pass (each of their sessions is then reset, as k3_session_step does).
+ *
+ * Threads: one k3_multistep per thread; a session appears in at most one segment of a call
+ * and is not stepped elsewhere meanwhile. Several multisteps may share the engine.
+ * Backends: the CPU runs one pass; a device backend (CUDA) steps the segments one after
+ * another with k3_session_forward (the same results, no sharing of reads).
+ * API history: added in issue 18; unchanged since its first commit. */
+
+typedef struct k3_multistep k3_multistep;
+
+#define K3_MULTISTEP_MAX_ROWS K3_MAX_CHUNK /* the largest row budget of one pass */
+
+/* What logits a segment wants (k3_multistep_seg.flags). Its rows lie in the call's logits
+ * array in segment order, each vocab_size float32: 1 row (the default: after its last id),
+ * n_ids rows (ALL: after each id) or none (NONE: a prefill chunk that does not end a prompt). */
+enum { K3_MS_LAST_LOGITS = 0, K3_MS_ALL_LOGITS = 1, K3_MS_NO_LOGITS = 2 };
+
+typedef struct k3_multistep_seg {
+    k3_session *session; /* in: a session of the multistep's engine */
+    const int32_t *ids;  /* in: n_ids ids, fed at positions k3_session_pos(session).. */
+    int n_ids;           /* in: >= 1 */
+    int flags;           /* in: K3_MS_LAST_LOGITS, K3_MS_ALL_LOGITS or K3_MS_NO_LOGITS */
+    int logits_row;      /* out: index of its first row in the call's logits (-1: none); set
+                          * for every segment, failed or not, so the layout never depends on
+                          * which segments failed */
+    int status;          /* out: K3_OK, or why this segment failed (err says) */
+    k3_err err;          /* out: the segment's message when status != K3_OK */
+} k3_multistep_seg;
+
+/* A multistep for engine e whose passes hold up to max_rows ids (1..K3_MULTISTEP_MAX_ROWS):
+ * the batched pass's scratch for max_rows rows (allocated here, once) and its own expert
+ * store client. Errors: K3_ERR_INPUT (max_rows out of range), K3_ERR_GENERIC (memory). */
+int k3_multistep_new(const k3_engine *e, int max_rows, k3_multistep **out, k3_err *err);
+void k3_multistep_free(k3_multistep *ms);
+int k3_multistep_max_rows(const k3_multistep *ms);
+
+/* The logits rows that segs[0, n) write (the size of run's logits array in vocab_size-float
+ * rows), counting failed segments too. */
+int k3_multistep_logit_rows(const k3_multistep_seg *segs, int n);
+
+/* Feeds every segment's ids to its session in ONE pass (see above) and writes their logits
+ * into logits [k3_multistep_logit_rows(segs, n)][vocab_size] (may be NULL when no segment
+ * wants any), each segment from row segs[i].logits_row. Sets every segment's status, err and
+ * logits_row.
+ * Returns K3_OK when every segment succeeded; otherwise the status of the first failed
+ * segment, with err = "segment i: ..." (the segments whose status is K3_OK are complete and
+ * valid all the same). Whole-call errors, which run nothing and give every segment that
+ * status: K3_ERR_USAGE (n < 1; more than max_rows ids in all; a session twice or of another
+ * engine; n_ids < 1 or unknown flags). Pass failures (K3_ERR_EXPERT_IO, K3_ERR_IO) fail every
+ * segment in the pass and reset their sessions. Allocation-free. */
+int k3_multistep_run(k3_multistep *ms, k3_multistep_seg *segs, int n, float *logits,
+                     k3_err *err);
+
+/* The decode case: one id per session, ids[i] fed to ss[i] (n sessions, n <= max_rows), the
+ * logits after it into logits + i * vocab_size ([n][vocab_size]); status[n] (may be NULL)
+ * receives each session's status. Returns as k3_multistep_run. */
+int k3_sessions_step(k3_multistep *ms, k3_session *const *ss, const int32_t *ids, int n,
+                     float *logits, int *status, k3_err *err);
+
+/* Counters since k3_multistep_new (for /metrics and benchmarks). */
+typedef struct k3_multistep_stats {
+    uint64_t passes;         /* passes run (one per call that ran any row) */
+    uint64_t rows;           /* ids fed by those passes */
+    uint64_t segments;       /* segments in those passes */
+    uint64_t experts;        /* routed experts requested: the union, summed over MoE layers */
+    uint64_t row_experts;    /* top-k x MoE layers x rows: what stepping alone requests */
+    double pass_s;           /* wall seconds inside the passes */
+} k3_multistep_stats;
+void k3_multistep_get_stats(const k3_multistep *ms, k3_multistep_stats *out);
+
 #endif

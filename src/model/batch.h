@@ -26,7 +26,7 @@ typedef struct k3_rewind {
 } k3_rewind;
 
 typedef struct k3_batch {
-    int cap;
+    int cap, max_blocks;
     /* spine, [cap][hidden] each; blocks [cap][max_blocks][hidden] */
     float *P, *x, *xn, *a, *f, *tmp, *blocks;
     /* KDA: [cap][P] (fa [cap][rank], beta [cap][heads]); o and g [cap][max(P, MLA heads·v)] */
@@ -44,10 +44,13 @@ typedef struct k3_batch {
     int *uni, *slot_of, *first, *fill, *member_tok, *member_j;
     /* one expert over its tokens: z [cap][latent], eg, eu [cap][moe_inter], eo [cap][latent] */
     float *z, *eg, *eu, *eo;
+    /* the pass's segments (forward_batch.c): row t belongs to segment row_seg[t] at position
+     * row_pos[t]; segment i holds rows seg_first[i]..seg_first[i+1]-1 */
+    int *row_seg, *row_pos, *seg_first;
+    uint64_t experts;   /* union entries requested since creation (k3_batch_experts) */
     k3_rewind rw;
 } k3_batch;
 
-void k3_batch_free(k3_batch *b);
 /* Bytes of a k3_batch for cap tokens (without rewind buffers), for the memory plan. */
 size_t k3_batch_plan_bytes(const k3_model *m, int max_blocks, int cap);
 

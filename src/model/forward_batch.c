@@ -1,4 +1,5 @@
-/* forward_batch.c — n tokens through K3 in one pass (prefill chunks, speculative verification).
+/* forward_batch.c — n tokens through K3 in one pass (prefill chunks, speculative verification),
+ * and rows of several sessions in one pass (k3_forward_multi: batched decoding across requests).
  *
  * The same spec §3 loop as forward.c, with every token of the pass carried through a layer
  * before the next layer starts, so each spine matrix and each routed expert is read once per
@@ -12,6 +13,14 @@
  *    over the tokens that chose it, and sums each token's experts in its router order.
  * The result is therefore bit-identical to feeding the tokens one by one with k3_forward
  * (tests/test_prefill.c checks logits and state).
+ *
+ * A pass is a list of segments, each the rows of one session (k3_batch_seg): a prefill chunk
+ * is one segment, a multistep pass several. Rows are laid out segment after segment; the
+ * linears and the MoE see all rows at once, while everything that touches a session's state
+ * (KDA conv windows and recurrence, the MLA cache and attention, positions, traces, the
+ * store's per-session prediction history) goes through the row's own segment, in the
+ * segment's token order. Sessions share nothing in a pass but the weights read, so each
+ * segment's result is the one it would get alone (tests/test_multistep.c).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -34,7 +43,8 @@ void k3_batch_free(k3_batch *b) {
                   b->eg, b->eu, b->eo, b->rw.S, b->rw.conv, b->rw.k, b->rw.v, b->rw.alpha,
                   b->rw.beta, b->rw.raw};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) free(f[i]);
-    int *ip[] = {b->topk, b->uni, b->slot_of, b->first, b->fill, b->member_tok, b->member_j};
+    int *ip[] = {b->topk, b->uni, b->slot_of, b->first, b->fill, b->member_tok, b->member_j,
+                 b->row_seg, b->row_pos, b->seg_first};
     for (size_t i = 0; i < sizeof ip / sizeof ip[0]; i++) free(ip[i]);
     free(b);
 }
@@ -55,6 +65,7 @@ static size_t batch_layout(const k3_model *m, int max_blocks, int cap, k3_batch 
     size_t inter = max_sz(max_sz((size_t)c->intermediate_size, (size_t)c->moe_intermediate_size *
                                  c->num_shared_experts), (size_t)c->moe_intermediate_size);
     b->cap = cap;
+    b->max_blocks = max_blocks;
 #define ALLOC(p, count)                                                                       \
     do {                                                                                      \
         bytes += ((size_t)(count) + 1) * sizeof *(p);                                         \
@@ -76,6 +87,7 @@ static size_t batch_layout(const k3_model *m, int max_blocks, int cap, k3_batch 
     ALLOC(b->topk_w, n * K); ALLOC(b->topk, n * K);
     ALLOC(b->uni, E); ALLOC(b->slot_of, E); ALLOC(b->first, E + 1); ALLOC(b->fill, E);
     ALLOC(b->member_tok, n * K); ALLOC(b->member_j, n * K);
+    ALLOC(b->row_seg, n); ALLOC(b->row_pos, n); ALLOC(b->seg_first, n + 1);
     ALLOC(b->z, n * lat); ALLOC(b->eg, n * (size_t)c->moe_intermediate_size);
     ALLOC(b->eu, n * (size_t)c->moe_intermediate_size); ALLOC(b->eo, n * lat);
 #undef ALLOC
@@ -83,17 +95,26 @@ static size_t batch_layout(const k3_model *m, int max_blocks, int cap, k3_batch 
 }
 
 /* A k3_batch for cap tokens; NULL when out of memory. */
-static k3_batch *batch_new(const k3_model *m, const k3_state *s, int cap) {
+static k3_batch *batch_new(const k3_model *m, int max_blocks, int cap) {
     k3_batch *b = calloc(1, sizeof *b);
     int ok = 1;
     if (!b) return NULL;
-    batch_layout(m, s->max_blocks, cap, b, &ok);
+    batch_layout(m, max_blocks, cap, b, &ok);
     if (!ok) {
         k3_batch_free(b);
         return NULL;
     }
     return b;
 }
+
+k3_batch *k3_batch_new(const k3_model *m, int cap) {
+    const k3_config *c = &m->cfg;
+    int max_blocks = (c->num_hidden_layers + c->attn_res_block_size - 1) /
+                     c->attn_res_block_size + 1; /* as k3_state_new */
+    return batch_new(m, max_blocks, cap);
+}
+
+uint64_t k3_batch_experts(const k3_batch *b) { return b->experts; }
 
 size_t k3_batch_plan_bytes(const k3_model *m, int max_blocks, int cap) {
     int ok = 1;
@@ -115,24 +136,47 @@ static int rewind_alloc(const k3_model *m, const k3_state *s, k3_rewind *r, int 
     return ok;
 }
 
-/* ==== timing and tracing ================================================================== */
+/* ==== the pass's rows ===================================================================== */
 
-/* Calls the trace hook for rows 0..n-1 of x [n][hd] (positions pos..). */
-static void trace_rows(const k3_trace *tr, int pos, int layer, enum k3_trace_point pt,
-                       const float *x, int n, int hd) {
-    if (!tr || !tr->on_vector) return;
-    for (int t = 0; t < n; t++) tr->on_vector(tr->user, pos + t, layer, pt, x + (size_t)t * hd, hd);
+/* One pass: its segments (rows seg_first[i]..seg_first[i+1]-1 of b belong to segs[i]), the
+ * store client that asks for the union of experts, and the state that keeps the pass's phase
+ * times while it runs (segment 0's; copied to the others at the end). */
+typedef struct pass {
+    const k3_model *m;
+    k3_batch *b;
+    const k3_batch_seg *segs;
+    int nseg, n;          /* segments, rows */
+    int n_blocks;         /* AttnRes blocks so far (the same for every row) */
+    bool keep;            /* rewindable (one segment only) */
+    k3_store_client *client;
+    k3_state *acct;
+    k3_spine_pass *sp;
+} pass;
+
+/* Calls each segment's trace hook for its rows of x [n][hd] (at their positions). */
+static void trace_rows(const pass *p, int layer, enum k3_trace_point pt, const float *x) {
+    int hd = p->m->cfg.hidden_size;
+    for (int i = 0; i < p->nseg; i++) {
+        const k3_trace *tr = p->segs[i].trace;
+        if (!tr || !tr->on_vector) continue;
+        for (int t = p->b->seg_first[i]; t < p->b->seg_first[i + 1]; t++)
+            tr->on_vector(tr->user, p->b->row_pos[t], layer, pt, x + (size_t)t * hd, hd);
+    }
 }
 
 /* ==== mixers ============================================================================== */
 
-/* KDA over the pass (spec §6): batched projections, then the recurrence token by token. */
-static void kda_batch(const k3_model *m, const k3_layer *L, k3_state *s, k3_batch *b, int n,
-                      bool keep, float *out) {
+/* KDA over the pass (spec §6): batched projections, then each segment's recurrence token by
+ * token on its own state: the conv windows in row order, and every (segment, head) pair's
+ * delta rule over the segment's tokens in order (the pairs in parallel). */
+static void kda_batch(const pass *p, const k3_layer *L, float *out) {
+    const k3_model *m = p->m;
     const k3_config *c = &m->cfg;
     const k3_kda_weights *w = &L->kda;
-    int H = c->kda_num_heads, D = c->kda_head_dim;
+    k3_batch *b = p->b;
+    int H = c->kda_num_heads, D = c->kda_head_dim, n = p->n;
     size_t P = (size_t)H * D, slot = (size_t)L->state_slot;
+    bool keep = p->keep;
     const float *x = b->xn;
     k3_matmul(m->kr, &w->q_proj, x, n, b->q);
     k3_matmul(m->kr, &w->k_proj, x, n, b->k);
@@ -142,24 +186,29 @@ static void kda_batch(const k3_model *m, const k3_layer *L, k3_state *s, k3_batc
     k3_matmul(m->kr, &w->b_proj, x, n, b->beta);
     k3_matmul(m->kr, &w->g_proj, x, n, b->g);
 
-    float *S0 = s->kda_S + s->kda_S_floats * slot;
-    float *hist = s->kda_conv + s->kda_conv_floats * slot;
     k3_rewind *r = &b->rw;
     size_t rcap = (size_t)r->cap;
-    if (keep) { /* the state before the pass, and what the conv windows will be fed */
-        memcpy(r->S + slot * s->kda_S_floats, S0, s->kda_S_floats * sizeof(float));
-        memcpy(r->conv + slot * s->kda_conv_floats, hist, s->kda_conv_floats * sizeof(float));
+    if (keep) { /* (one segment) the state before the pass, and what the conv windows get */
+        k3_state *s = p->segs[0].s;
+        memcpy(r->S + slot * s->kda_S_floats, s->kda_S + s->kda_S_floats * slot,
+               s->kda_S_floats * sizeof(float));
+        memcpy(r->conv + slot * s->kda_conv_floats, s->kda_conv + s->kda_conv_floats * slot,
+               s->kda_conv_floats * sizeof(float));
         float *raw = r->raw + slot * 3 * rcap * P;
         memcpy(raw, b->q, (size_t)n * P * sizeof(float));
         memcpy(raw + rcap * P, b->k, (size_t)n * P * sizeof(float));
         memcpy(raw + 2 * rcap * P, b->v, (size_t)n * P * sizeof(float));
     }
     for (int t = 0; t < n; t++)
-        k3_kda_conv(m, L, s, b->q + t * P, b->k + t * P, b->v + t * P);
+        k3_kda_conv(m, L, p->segs[b->row_seg[t]].s, b->q + t * P, b->k + t * P, b->v + t * P);
+    int pairs = p->nseg * H;
 #pragma omp parallel for schedule(static) if ((int64_t)P * n >= 4096)
-    for (int h = 0; h < H; h++) {
+    for (int i = 0; i < pairs; i++) {
+        int g = i / H, h = i % H;
+        k3_state *s = p->segs[g].s;
+        float *S0 = s->kda_S + s->kda_S_floats * slot;
         float alpha_local[1024];
-        for (int t = 0; t < n; t++) {
+        for (int t = b->seg_first[g]; t < b->seg_first[g + 1]; t++) {
             size_t at = t * P + (size_t)h * D;
             float *alpha = keep ? r->alpha + (slot * rcap + t) * P + (size_t)h * D : alpha_local;
             float *beta = keep ? r->beta + (slot * rcap + t) * H + h : NULL;
@@ -174,13 +223,14 @@ static void kda_batch(const k3_model *m, const k3_layer *L, k3_state *s, k3_batc
     k3_matmul(m->kr, &w->o_proj, b->o, n, out);
 }
 
-/* Gated NoPE MLA over the pass (spec §7): every position enters the cache, then each query
- * attends causally to positions 0..its own. */
-static void mla_batch(const k3_model *m, const k3_layer *L, k3_state *s, k3_batch *b, int n,
-                      float *out) {
+/* Gated NoPE MLA over the pass (spec §7): every row's position enters its session's cache,
+ * then each query attends causally to its session's positions 0..its own. */
+static void mla_batch(const pass *p, const k3_layer *L, float *out) {
+    const k3_model *m = p->m;
     const k3_config *c = &m->cfg;
     const k3_mla_weights *w = &L->mla;
-    int H = c->num_attention_heads, vd = c->v_head_dim, lora = c->kv_lora_rank;
+    k3_batch *b = p->b;
+    int H = c->num_attention_heads, vd = c->v_head_dim, lora = c->kv_lora_rank, n = p->n;
     int qr = c->q_lora_rank, ckv_w = lora + c->qk_rope_head_dim;
     size_t qk = (size_t)(c->qk_nope_head_dim + c->qk_rope_head_dim);
     size_t kv_w = (size_t)H * (c->qk_nope_head_dim + vd), mla_o = (size_t)H * vd;
@@ -197,9 +247,11 @@ static void mla_batch(const k3_model *m, const k3_layer *L, k3_state *s, k3_batc
     }
     k3_matmul(m->kr, &w->kv_b_proj, b->lat_in, n, b->KV);
     for (int t = 0; t < n; t++)
-        k3_mla_append(m, L, s, s->pos + t, b->KV + t * kv_w, b->ckv + (size_t)t * ckv_w);
+        k3_mla_append(m, L, p->segs[b->row_seg[t]].s, b->row_pos[t], b->KV + t * kv_w,
+                      b->ckv + (size_t)t * ckv_w);
     for (int t = 0; t < n; t++)
-        k3_mla_attend(m, L, s, s->pos + t, b->Q + t * H * qk, b->o + t * mla_o);
+        k3_mla_attend(m, L, p->segs[b->row_seg[t]].s, b->row_pos[t], b->Q + t * H * qk,
+                      b->o + t * mla_o);
     /* Output gate on the normed layer input, then o_proj (spec §7.4). */
     k3_matmul(m->kr, &w->g_proj, x, n, b->g);
     for (size_t i = 0; i < (size_t)n * mla_o; i++) b->o[i] = b->o[i] * k3_sigmoid(b->g[i]);
@@ -261,11 +313,13 @@ static void expert_batch(const k3_model *m, k3_batch *b, int u, const k3_expert 
 }
 
 /* Stable LatentMoE over the pass (spec §8.3), each expert of the union read once. */
-static int moe_batch(const k3_model *m, const k3_layer *L, k3_state *s, k3_batch *b, int n,
-                     float *out, k3_err *err) {
+static int moe_batch(pass *p, const k3_layer *L, float *out, k3_err *err) {
+    const k3_model *m = p->m;
     const k3_config *c = &m->cfg;
     const k3_moe_weights *w = &L->moe;
-    int K = c->num_experts_per_token, E = c->num_experts, hd = c->hidden_size;
+    k3_batch *b = p->b;
+    k3_state *acct = p->acct;
+    int K = c->num_experts_per_token, E = c->num_experts, hd = c->hidden_size, n = p->n;
     size_t lat = (size_t)c->routed_expert_hidden_size;
     int layer = L->index;
     double t0 = k3_now_s();
@@ -274,28 +328,33 @@ static int moe_batch(const k3_model *m, const k3_layer *L, k3_state *s, k3_batch
         k3_moe_select(m, w, b->router + (size_t)t * E, b->biased + (size_t)t * E,
                       b->topk + t * K, b->topk_w + t * K);
     int nu = gather_union(c, b, n);
-    k3_store_begin(s->store, layer, b->uni, nu); /* misses start reading now */
-    k3_store_set_choice(s->store, layer, b->topk + (n - 1) * K, K);
-    k3_moe_prefetch_next(m, layer, s, b->xn + (size_t)(n - 1) * hd);
-    s->tok.router_s += k3_now_s() - t0;
+    b->experts += (uint64_t)nu;
+    k3_store_begin(p->client, layer, b->uni, nu); /* misses start reading now */
+    for (int i = 0; i < p->nseg; i++) { /* each session's history: its last row's choice */
+        int last = b->seg_first[i + 1] - 1;
+        k3_state *s = p->segs[i].s;
+        k3_store_set_choice(s->store, layer, b->topk + last * K, K);
+        k3_moe_prefetch_next(m, layer, s, b->xn + (size_t)last * hd);
+    }
+    acct->tok.router_s += k3_now_s() - t0;
     k3_matmul(m->kr, &w->down_proj, b->xn, n, b->lat);
     int rc = K3_OK;
     for (int done = 0; done < nu && !rc; done++) {
         int u;
         k3_expert ex;
         double t1 = k3_now_s();
-        rc = k3_store_next(s->store, &u, &ex, err);
+        rc = k3_store_next(p->client, &u, &ex, err);
         double t2 = k3_now_s();
-        s->tok.eload_s += t2 - t1;
-        s->layer_eload_s[layer] += t2 - t1;
+        acct->tok.eload_s += t2 - t1;
+        acct->layer_eload_s[layer] += t2 - t1;
         if (rc) break;
         expert_batch(m, b, u, &ex);
-        k3_store_done(s->store, u);
+        k3_store_done(p->client, u);
         double dt = k3_now_s() - t2;
-        s->tok.expert_s += dt;
-        s->layer_expert_s[layer] += dt;
+        acct->tok.expert_s += dt;
+        acct->layer_expert_s[layer] += dt;
     }
-    k3_store_end(s->store);
+    k3_store_end(p->client);
     if (rc) return rc;
     for (int t = 0; t < n; t++) { /* each token's weighted sum in its router order */
         float *acc = b->lat_acc + t * lat;
@@ -321,13 +380,13 @@ static int moe_batch(const k3_model *m, const k3_layer *L, k3_state *s, k3_batch
 /* ==== the spine =========================================================================== */
 
 /* AR(R_t ++ [last]) for token t with the layer's folded score weights. */
-static void mix(const k3_state *s, const k3_batch *b, int t, const float *last, const float *sw,
-                const k3_config *c, float *out) {
+static void mix(const pass *p, int t, const float *last, const float *sw, float *out) {
+    const k3_config *c = &p->m->cfg;
     const float *vals[K3_MAX_RES_VALUES];
     size_t hd = (size_t)c->hidden_size;
     int n = 0;
-    const float *R = b->blocks + (size_t)t * s->max_blocks * hd;
-    for (int j = 0; j < s->n_blocks; j++) vals[n++] = R + (size_t)j * hd;
+    const float *R = p->b->blocks + (size_t)t * p->b->max_blocks * hd;
+    for (int j = 0; j < p->n_blocks; j++) vals[n++] = R + (size_t)j * hd;
     vals[n++] = last;
     k3_attn_res(vals, n, sw, c->hidden_size, c->rms_norm_eps, out);
 }
@@ -337,7 +396,7 @@ static int reserve(const k3_model *m, k3_state *s, int n, bool keep, k3_err *err
     k3_batch *b = s->batch;
     if (!b || b->cap < n) {
         k3_batch_free(b);
-        if (!(s->batch = b = batch_new(m, s, n)))
+        if (!(s->batch = b = batch_new(m, s->max_blocks, n)))
             return k3_fail(err, K3_ERR_GENERIC, "out of memory for a %d-token pass", n);
     }
     if (keep && b->rw.cap < n) {
@@ -357,105 +416,180 @@ static int reserve(const k3_model *m, k3_state *s, int n, bool keep, k3_err *err
 }
 
 /* One layer (spec §3) for all rows of the pass. */
-static int layer_batch(const k3_model *m, k3_state *s, k3_batch *b, int l, int n, bool keep,
-                       const k3_trace *tr, k3_spine_pass *sp, k3_err *err) {
+static int layer_batch(pass *p, int l, k3_err *err) {
+    const k3_model *m = p->m;
     const k3_config *c = &m->cfg;
+    k3_batch *b = p->b;
     const k3_layer *L;
-    int rc = k3_spine_layer(m, sp, l, K3_SPINE_MIXER, &L, err); /* streamed: once per pass */
+    int rc = k3_spine_layer(m, p->sp, l, K3_SPINE_MIXER, &L, err); /* streamed: once per pass */
     if (rc) return rc;
-    int hd = c->hidden_size, pos = s->pos;
+    int hd = c->hidden_size, n = p->n;
     size_t vec = (size_t)hd * sizeof(float);
     bool fresh_block = l % c->attn_res_block_size == 0;
     for (int t = 0; t < n; t++) {
         float *P = b->P + (size_t)t * hd, *x = b->x + (size_t)t * hd;
-        if (s->n_blocks > 0) mix(s, b, t, P, L->attn_res_sw, c, x);
+        if (p->n_blocks > 0) mix(p, t, P, L->attn_res_sw, x);
         else memcpy(x, P, vec);
         if (fresh_block)
-            memcpy(b->blocks + ((size_t)t * s->max_blocks + s->n_blocks) * hd, P, vec);
+            memcpy(b->blocks + ((size_t)t * b->max_blocks + p->n_blocks) * hd, P, vec);
         k3_rmsnorm(x, &L->input_layernorm, hd, c->rms_norm_eps, b->xn + (size_t)t * hd);
     }
-    trace_rows(tr, pos, l, K3_TRACE_ATTN_IN, b->x, n, hd);
-    if (fresh_block) s->n_blocks++;
+    trace_rows(p, l, K3_TRACE_ATTN_IN, b->x);
+    if (fresh_block) p->n_blocks++;
     double t0 = k3_now_s();
-    if (L->is_mla) mla_batch(m, L, s, b, n, b->a);
-    else kda_batch(m, L, s, b, n, keep, b->a);
-    s->tok.attn_s += k3_now_s() - t0;
-    trace_rows(tr, pos, l, K3_TRACE_ATTN_OUT, b->a, n, hd);
-    if ((rc = k3_spine_layer(m, sp, l, K3_SPINE_FFN, &L, err))) return rc;
+    if (L->is_mla) mla_batch(p, L, b->a);
+    else kda_batch(p, L, b->a);
+    p->acct->tok.attn_s += k3_now_s() - t0;
+    trace_rows(p, l, K3_TRACE_ATTN_OUT, b->a);
+    if ((rc = k3_spine_layer(m, p->sp, l, K3_SPINE_FFN, &L, err))) return rc;
     for (int t = 0; t < n; t++) {
         float *P = b->P + (size_t)t * hd, *a = b->a + (size_t)t * hd, *x = b->x + (size_t)t * hd;
         if (fresh_block) memcpy(P, a, vec); /* first contribution after a reset is a copy */
         else for (int i = 0; i < hd; i++) P[i] = P[i] + a[i];
-        mix(s, b, t, P, L->mlp_res_sw, c, x);
+        mix(p, t, P, L->mlp_res_sw, x);
         k3_rmsnorm(x, &L->post_attention_layernorm, hd, c->rms_norm_eps, b->xn + (size_t)t * hd);
     }
-    trace_rows(tr, pos, l, K3_TRACE_MLP_IN, b->x, n, hd);
+    trace_rows(p, l, K3_TRACE_MLP_IN, b->x);
     if (L->is_moe) {
         t0 = k3_now_s();
-        rc = moe_batch(m, L, s, b, n, b->f, err);
-        s->tok.moe_s += k3_now_s() - t0;
+        rc = moe_batch(p, L, b->f, err);
+        p->acct->tok.moe_s += k3_now_s() - t0;
         if (rc) return rc;
         int K = c->num_experts_per_token;
-        for (int t = 0; tr && tr->on_routing && t < n; t++)
-            tr->on_routing(tr->user, pos + t, l, b->topk + t * K, b->topk_w + t * K, K);
+        for (int t = 0; t < n; t++) {
+            const k3_trace *tr = p->segs[b->row_seg[t]].trace;
+            if (tr && tr->on_routing)
+                tr->on_routing(tr->user, b->row_pos[t], l, b->topk + t * K, b->topk_w + t * K, K);
+        }
     } else {
         dense_batch(m, L, b, n, b->f);
     }
-    trace_rows(tr, pos, l, K3_TRACE_MLP_OUT, b->f, n, hd);
+    trace_rows(p, l, K3_TRACE_MLP_OUT, b->f);
     for (size_t i = 0; i < (size_t)n * hd; i++) b->P[i] = b->P[i] + b->f[i];
-    trace_rows(tr, pos, l, K3_TRACE_PARTIAL_SUM, b->P, n, hd);
+    trace_rows(p, l, K3_TRACE_PARTIAL_SUM, b->P);
     return K3_OK;
 }
 
-static int forward_batch(const k3_model *m, k3_state *s, const int32_t *tokens, int n,
-                         float *logits, int flags, const k3_trace *tr, k3_spine_pass *sp,
-                         k3_err *err) {
-    const k3_config *c = &m->cfg;
-    int hd = c->hidden_size, pos = s->pos;
-    bool keep = flags & K3_BATCH_REWINDABLE;
-    if (n < 1) return k3_fail(err, K3_ERR_INPUT, "a pass needs at least one token");
-    if (pos + n > s->max_ctx)
-        return k3_fail(err, K3_ERR_INPUT, "the context is full (%d positions)", s->max_ctx);
-    int rc = reserve(m, s, n, keep, err);
+/* lm_head over the rows that want logits, in one product: those rows' normed hidden states
+ * gathered (segment order) into b->x (free by now), their logits into logits [rows][vocab]. */
+static int head_batch(pass *p, float *logits, k3_err *err) {
+    const k3_model *m = p->m;
+    k3_batch *b = p->b;
+    size_t hd = (size_t)m->cfg.hidden_size;
+    int rows = 0;
+    for (int i = 0; i < p->nseg; i++) {
+        int f = p->segs[i].flags, a = b->seg_first[i], z = b->seg_first[i + 1];
+        if (f & K3_BATCH_NO_LOGITS) continue;
+        if (!(f & K3_BATCH_ALL_LOGITS)) a = z - 1;
+        memmove(b->x + rows * hd, b->xn + (size_t)a * hd, (size_t)(z - a) * hd * sizeof(float));
+        rows += z - a;
+    }
+    if (!rows || !logits) return K3_OK;
+    const k3_mat *head = &m->lm_head;
+    int rc = k3_spine_head(m, p->sp, &head, err);
     if (rc) return rc;
-    k3_batch *b = s->batch;
+    if (rows == 1) k3_matvec(m->kr, head, b->x, logits);
+    else k3_matmul(m->kr, head, b->x, rows, logits);
+    return K3_OK;
+}
+
+/* The pass: segs[0, nseg) through the whole model, rows in b (b->cap >= their ids). */
+static int forward_pass(pass *p, float *logits, k3_err *err) {
+    const k3_model *m = p->m;
+    const k3_config *c = &m->cfg;
+    k3_batch *b = p->b;
+    int hd = c->hidden_size, rc, n = 0;
+    for (int i = 0; i < p->nseg; i++) {
+        const k3_batch_seg *g = &p->segs[i];
+        if (g->n < 1) return k3_fail(err, K3_ERR_INPUT, "a pass needs at least one token");
+        if (g->s->pos + g->n > g->s->max_ctx)
+            return k3_fail(err, K3_ERR_INPUT, "the context is full (%d positions)",
+                           g->s->max_ctx);
+        if (n + g->n > b->cap)
+            return k3_fail(err, K3_ERR_INPUT, "the pass holds %d rows, not more", b->cap);
+        b->seg_first[i] = n;
+        for (int t = 0; t < g->n; t++)
+            b->row_seg[n + t] = i, b->row_pos[n + t] = g->s->pos + t;
+        n += g->n;
+    }
+    b->seg_first[p->nseg] = n;
+    p->n = n;
+    p->acct = p->segs[0].s;
+    k3_state *acct = p->acct;
     double t_start = k3_now_s(), t0;
-    s->tok = (k3_phase_times){.tokens = n};
-    memset(s->layer_eload_s, 0, (size_t)c->num_hidden_layers * sizeof *s->layer_eload_s);
-    memset(s->layer_expert_s, 0, (size_t)c->num_hidden_layers * sizeof *s->layer_expert_s);
-    s->n_blocks = 0;
-    for (int t = 0; t < n; t++) /* the embedding is the first h_in; it becomes block 0 */
-        if ((rc = k3_spine_embed(m, tokens[t], b->P + (size_t)t * hd, err))) return rc;
+    acct->tok = (k3_phase_times){.tokens = n};
+    memset(acct->layer_eload_s, 0, (size_t)c->num_hidden_layers * sizeof *acct->layer_eload_s);
+    memset(acct->layer_expert_s, 0, (size_t)c->num_hidden_layers * sizeof *acct->layer_expert_s);
+    p->n_blocks = 0;
+    for (int t = 0; t < n; t++) { /* the embedding is the first h_in; it becomes block 0 */
+        const k3_batch_seg *g = &p->segs[b->row_seg[t]];
+        int32_t id = g->tokens[t - b->seg_first[b->row_seg[t]]];
+        if ((rc = k3_spine_embed(m, id, b->P + (size_t)t * hd, err))) return rc;
+    }
     for (int l = 0; l < c->num_hidden_layers; l++)
-        if ((rc = layer_batch(m, s, b, l, n, keep, tr, sp, err))) return rc;
+        if ((rc = layer_batch(p, l, err))) return rc;
     for (int t = 0; t < n; t++) {
         float *x = b->x + (size_t)t * hd;
-        mix(s, b, t, b->P + (size_t)t * hd, m->out_res_sw, c, x);
+        mix(p, t, b->P + (size_t)t * hd, m->out_res_sw, x);
         k3_rmsnorm(x, &m->norm, hd, c->rms_norm_eps, b->xn + (size_t)t * hd);
     }
-    trace_rows(tr, pos, -1, K3_TRACE_FINAL_HIDDEN, b->x, n, hd);
-    trace_rows(tr, pos, -1, K3_TRACE_FINAL_NORMED, b->xn, n, hd);
+    trace_rows(p, -1, K3_TRACE_FINAL_HIDDEN, b->x);
+    trace_rows(p, -1, K3_TRACE_FINAL_NORMED, b->xn);
     t0 = k3_now_s();
-    const k3_mat *head = &m->lm_head;
-    if (logits && (rc = k3_spine_head(m, sp, &head, err))) return rc;
-    if (logits && (flags & K3_BATCH_ALL_LOGITS))
-        k3_matmul(m->kr, head, b->xn, n, logits);
-    else if (logits)
-        k3_matvec(m->kr, head, b->xn + (size_t)(n - 1) * hd, logits);
-    s->pos += n;
-    if (keep) b->rw.pass_pos = pos, b->rw.pass_n = n;
+    if ((rc = head_batch(p, logits, err))) return rc;
     double t_end = k3_now_s();
-    s->tok.head_s = t_end - t0;
-    s->tok.total_s = t_end - t_start;
-    k3_state_sum_times(s);
-    for (int t = 0; tr && tr->on_step && t < n; t++) tr->on_step(tr->user, pos + t);
+    acct->tok.head_s = t_end - t0;
+    acct->tok.total_s = t_end - t_start;
+    for (int i = 0; i < p->nseg; i++) { /* each session: its positions, and the pass's times */
+        const k3_batch_seg *g = &p->segs[i];
+        k3_state *s = g->s;
+        int pos = s->pos;
+        if (s != acct) {
+            s->tok = acct->tok;
+            memcpy(s->layer_eload_s, acct->layer_eload_s,
+                   (size_t)c->num_hidden_layers * sizeof *s->layer_eload_s);
+            memcpy(s->layer_expert_s, acct->layer_expert_s,
+                   (size_t)c->num_hidden_layers * sizeof *s->layer_expert_s);
+        }
+        s->tok.tokens = g->n;
+        s->n_blocks = p->n_blocks;
+        s->pos += g->n;
+        if (p->keep) b->rw.pass_pos = pos, b->rw.pass_n = g->n;
+        else if (s->batch) s->batch->rw.pass_n = 0; /* nothing of it is rewindable */
+        k3_state_sum_times(s);
+        for (int t = 0; g->trace && g->trace->on_step && t < g->n; t++)
+            g->trace->on_step(g->trace->user, pos + t);
+    }
     return K3_OK;
 }
 
 int k3_forward_batch(const k3_model *m, k3_state *s, const int32_t *tokens, int n, float *logits,
                      int flags, const k3_trace *tr, k3_err *err) {
+    bool keep = flags & K3_BATCH_REWINDABLE;
+    if (n < 1) return k3_fail(err, K3_ERR_INPUT, "a pass needs at least one token");
+    if (s->pos + n > s->max_ctx)
+        return k3_fail(err, K3_ERR_INPUT, "the context is full (%d positions)", s->max_ctx);
+    int rc = reserve(m, s, n, keep, err);
+    if (rc) return rc;
+    k3_batch_seg seg = {.s = s, .tokens = tokens, .n = n, .trace = tr,
+                        .flags = !logits ? K3_BATCH_NO_LOGITS : flags & K3_BATCH_ALL_LOGITS};
     k3_spine_pass sp = {.want_head = logits != NULL};
-    int rc = forward_batch(m, s, tokens, n, logits, flags, tr, &sp, err);
+    pass p = {.m = m, .b = s->batch, .segs = &seg, .nseg = 1, .keep = keep,
+              .client = s->store, .sp = &sp};
+    rc = forward_pass(&p, logits, err);
+    k3_spine_end(m, &sp);
+    return rc;
+}
+
+int k3_forward_multi(const k3_model *m, k3_batch *b, k3_store_client *client,
+                     const k3_batch_seg *segs, int nseg, float *logits, k3_err *err) {
+    if (nseg < 1 || nseg > b->cap)
+        return k3_fail(err, K3_ERR_INPUT, "a pass takes 1 to %d segments, not %d", b->cap, nseg);
+    bool want = false;
+    for (int i = 0; i < nseg; i++) want |= !(segs[i].flags & K3_BATCH_NO_LOGITS);
+    k3_spine_pass sp = {.want_head = want && logits != NULL};
+    pass p = {.m = m, .b = b, .segs = segs, .nseg = nseg, .client = client, .sp = &sp};
+    int rc = forward_pass(&p, logits, err);
     k3_spine_end(m, &sp);
     return rc;
 }

@@ -137,8 +137,9 @@ int k3_forward(const k3_model *m, k3_state *s, int32_t token, float *logits,
                const k3_trace *trace, k3_err *err);
 
 /* k3_forward_batch flags: logits [n][vocab] at every position (else [vocab] after the last);
- * keep what k3_state_rewind needs to undo part of this pass. */
-enum { K3_BATCH_ALL_LOGITS = 1, K3_BATCH_REWINDABLE = 2 };
+ * keep what k3_state_rewind needs to undo part of this pass. K3_BATCH_NO_LOGITS: a segment
+ * of k3_forward_multi that wants no logits. */
+enum { K3_BATCH_ALL_LOGITS = 1, K3_BATCH_REWINDABLE = 2, K3_BATCH_NO_LOGITS = 4 };
 
 /* tokens[0..n) through the whole model at positions k3_state_pos(s).. in ONE pass (prefill
  * chunks, speculative verification; src/model/forward_batch.c): every spine matrix and every
@@ -149,6 +150,44 @@ enum { K3_BATCH_ALL_LOGITS = 1, K3_BATCH_REWINDABLE = 2 };
  * K3_ERR_EXPERT_IO, K3_ERR_IO (as k3_forward; the session must then be reset). */
 int k3_forward_batch(const k3_model *m, k3_state *s, const int32_t *tokens, int n,
                      float *logits, int flags, const k3_trace *trace, k3_err *err);
+
+/* ---- several sessions in one pass (issue 18) ----------------------------------------------- */
+
+/* The scratch of a batched pass for up to cap rows (batch.h): a session keeps its own for its
+ * prefill chunks; k3_forward_multi takes one from its caller. */
+typedef struct k3_batch k3_batch;
+/* NULL when out of memory. */
+k3_batch *k3_batch_new(const k3_model *m, int cap);
+void k3_batch_free(k3_batch *b);
+/* Routed experts the passes on b asked the store for: the union of each MoE layer's rows,
+ * summed over layers and passes. */
+uint64_t k3_batch_experts(const k3_batch *b);
+
+/* One session's rows of a k3_forward_multi pass: tokens[0, n) at positions k3_state_pos(s)..;
+ * flags K3_BATCH_ALL_LOGITS (logits after every row), K3_BATCH_NO_LOGITS (none), else 0 (after
+ * the last row); trace may be NULL. */
+typedef struct k3_batch_seg {
+    k3_state *s;
+    const int32_t *tokens;
+    int n;
+    int flags;
+    const k3_trace *trace;
+} k3_batch_seg;
+
+/* segs[0, nseg) (distinct states) through the whole model in ONE pass over all their rows,
+ * laid out segment after segment in b (at most b's cap rows): each spine matrix is applied
+ * once over all rows, the MoE reads the union of the rows' experts once through `client` (a
+ * store client of the pass's own, not a session's), and every state-touching step (KDA conv
+ * and recurrence, MLA cache and attention, positions, traces, each session's store history)
+ * goes through the row's own segment in its token order. Each segment ends bit-identical to
+ * k3_forward_batch of its tokens on its state alone (logits, state, routing). logits
+ * [rows][vocab]: the rows the segments want, in segment order (may be NULL). Every state's
+ * phase times become the pass's (with tokens = its rows). Allocation-free.
+ * Errors: K3_ERR_INPUT (a segment of no tokens, a context too small, more rows than b's cap:
+ * nothing has run); K3_ERR_EXPERT_IO, K3_ERR_IO (as k3_forward: every segment's state must
+ * then be reset). */
+int k3_forward_multi(const k3_model *m, k3_batch *b, k3_store_client *client,
+                     const k3_batch_seg *segs, int nseg, float *logits, k3_err *err);
 
 /* Moves the position back to pos inside the last pass, made with K3_BATCH_REWINDABLE and not
  * followed by any other step: the KDA state and conv windows are restored to before that pass

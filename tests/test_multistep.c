@@ -1,0 +1,325 @@
+/* test_multistep.c — several sessions in one pass (k3_multistep, k3_sessions_step; issue 18)
+ * on k3-nano and k3-tiny-kjv: every session's logits, greedy ids and state file bit-identical
+ * to stepping it alone; a new request's prefill chunk beside other sessions' decode rows
+ * within the fixture tolerance of the reference logits; a segment that cannot run fails alone;
+ * each routed expert of a pass asked for (and read) once however many rows chose it. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "../src/engine/k3.h"
+#include "../src/engine/k3_test.h"
+#include "../src/store/store.h"
+#include "batch_check.h"
+#include "test.h"
+
+#define NANO "tests/fixtures/k3-nano"
+#define KJV "tests/fixtures/k3-tiny-kjv"
+#define MAXN 5
+#define STEPS 4
+
+static int argmax(const float *x, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+/* The state files of a and b hold the same bytes (ids, KDA and conv state, MLA cache). */
+static int same_state(k3_session *a, k3_session *b) {
+    char pa[256], pb[256];
+    k3_err err = {0};
+    bc_tmp_path(pa, sizeof pa, "ms_a");
+    bc_tmp_path(pb, sizeof pb, "ms_b");
+    int same = k3_session_save(a, pa, &err) == K3_OK && k3_session_save(b, pb, &err) == K3_OK &&
+               bc_same_file(pa, pb);
+    remove(pa), remove(pb);
+    return same;
+}
+
+/* N = 1..5 sessions, session i prefilled with a different prefix of the prompt (so each
+ * decodes at its own position), then STEPS greedy ids: one k3_sessions_step per step for the
+ * group against k3_session_step on a twin session for each. */
+static void check_greedy(const char *model, const char *ref, const char *prompt) {
+    bc_prompt p;
+    if (!bc_prompt_load(ref, prompt, &p)) return;
+    k3_engine *e = NULL;
+    k3_multistep *ms = NULL;
+    k3_err err = {0};
+    size_t V = (size_t)p.vocab;
+    float *multi = malloc(MAXN * V * sizeof *multi), *alone = malloc(V * sizeof *alone);
+    CHECK(k3_engine_load(model, NULL, &e, &err) == K3_OK, "%s", err.msg);
+    CHECK(k3_multistep_new(e, 8, &ms, &err) == K3_OK, "%s", err.msg);
+    for (int N = 1; N <= MAXN && !k3_test_stopped(); N++) {
+        k3_session *g[MAXN] = {0}, *t[MAXN] = {0};
+        int32_t ids[MAXN];
+        for (int i = 0; i < N; i++) {
+            CHECK(k3_session_new(e, 0, &g[i], &err) == K3_OK &&
+                  k3_session_new(e, 0, &t[i], &err) == K3_OK, "%s", err.msg);
+            size_t len = 1 + (size_t)(i * 13 + N * 3) % (size_t)p.n; /* 1 .. p.n positions */
+            CHECK(k3_session_prefill(g[i], p.ids, len, NULL, NULL, &err) == K3_OK &&
+                  k3_session_prefill(t[i], p.ids, len, NULL, NULL, &err) == K3_OK, "%s", err.msg);
+            ids[i] = p.ids[len % (size_t)p.n];
+        }
+        for (int step = 0; step < STEPS; step++) {
+            int status[MAXN];
+            CHECK(k3_sessions_step(ms, g, ids, N, multi, status, &err) == K3_OK, "N=%d: %s", N,
+                  err.msg);
+            for (int i = 0; i < N; i++) {
+                CHECK(status[i] == K3_OK, "N=%d session %d: status %d", N, i, status[i]);
+                CHECK(k3_session_step(t[i], ids[i], alone, &err) == K3_OK, "%s", err.msg);
+                CHECK(memcmp(multi + i * V, alone, V * sizeof *alone) == 0, "N=%d step %d "
+                      "session %d: the multistep logits differ from stepping it alone", N,
+                      step, i);
+                int a = argmax(multi + i * V, p.vocab), b = argmax(alone, p.vocab);
+                CHECK(a == b, "N=%d step %d session %d: greedy id %d vs %d alone", N, step, i,
+                      a, b);
+                ids[i] = a;
+            }
+        }
+        for (int i = 0; i < N; i++) {
+            CHECK(k3_session_pos(g[i]) == k3_session_pos(t[i]), "N=%d: position %d vs %d", N,
+                  k3_session_pos(g[i]), k3_session_pos(t[i]));
+            CHECK(same_state(g[i], t[i]), "N=%d session %d: the state differs from alone", N,
+                  i);
+            k3_session_free(g[i]);
+            k3_session_free(t[i]);
+        }
+    }
+    k3_multistep_stats st;
+    k3_multistep_get_stats(ms, &st);
+    CHECK(st.passes == (uint64_t)MAXN * STEPS && st.rows == (uint64_t)STEPS * 15,
+          "%llu passes, %llu rows", (unsigned long long)st.passes, (unsigned long long)st.rows);
+    k3_multistep_free(ms);
+    k3_engine_free(e);
+    free(multi), free(alone);
+    bc_prompt_free(&p);
+}
+
+static void test_nano_greedy(void) { check_greedy(NANO, NANO "/reference", "prompt_len70.json"); }
+static void test_kjv_greedy(void) { check_greedy(KJV, KJV "/reference", "prompt_len70.json"); }
+
+/* Continuous batching: a new request's prompt is prefilled in chunks of 5 ids (the middle
+ * chunks wanting no logits, the last one all of its rows) in the same passes as two other
+ * sessions' decode rows. The chunk's logits match the reference at those positions, and every
+ * session ends bit-identical (logits and state) to feeding it alone. */
+static void test_nano_prefill_beside_decode(void) {
+    bc_prompt p;
+    if (!bc_prompt_load(NANO "/reference", "prompt_len33.json", &p)) return;
+    k3_engine *e = NULL;
+    k3_multistep *ms = NULL;
+    k3_err err = {0};
+    size_t V = (size_t)p.vocab;
+    k3_session *s[3], *t[3];
+    CHECK(k3_engine_load(NANO, NULL, &e, &err) == K3_OK, "%s", err.msg);
+    CHECK(k3_multistep_new(e, 7, &ms, &err) == K3_OK, "%s", err.msg);
+    for (int i = 0; i < 3; i++)
+        CHECK(k3_session_new(e, 0, &s[i], &err) == K3_OK &&
+              k3_session_new(e, 0, &t[i], &err) == K3_OK, "%s", err.msg);
+    for (int i = 0; i < 2; i++) { /* the decoding sessions: 4 and 11 positions in */
+        size_t len = i ? 11 : 4;
+        CHECK(k3_session_prefill(s[i], p.ids + 20, len, NULL, NULL, &err) == K3_OK &&
+              k3_session_prefill(t[i], p.ids + 20, len, NULL, NULL, &err) == K3_OK, "%s",
+              err.msg);
+    }
+    float *rows = malloc(8 * V * sizeof *rows), *alone = malloc(V * sizeof *alone);
+    int32_t dec[2] = {p.ids[3], p.ids[9]};
+    for (int at = 0; at < p.n; at += 5) {
+        int len = p.n - at < 5 ? p.n - at : 5, last = at + len == p.n;
+        k3_multistep_seg seg[3] = {
+            {.session = s[0], .ids = &dec[0], .n_ids = 1},
+            {.session = s[2], .ids = p.ids + at, .n_ids = len,
+             .flags = last ? K3_MS_ALL_LOGITS : K3_MS_NO_LOGITS},
+            {.session = s[1], .ids = &dec[1], .n_ids = 1},
+        };
+        CHECK(k3_multistep_logit_rows(seg, 3) == (last ? 2 + len : 2), "logit rows");
+        CHECK(k3_multistep_run(ms, seg, 3, rows, &err) == K3_OK, "chunk at %d: %s", at, err.msg);
+        CHECK(seg[0].logits_row == 0 && seg[1].logits_row == (last ? 1 : -1) &&
+              seg[2].logits_row == (last ? 1 + len : 1), "rows %d %d %d", seg[0].logits_row,
+              seg[1].logits_row, seg[2].logits_row);
+        for (int k = 0; k < 2; k++) { /* the decode rows against their twins */
+            const k3_multistep_seg *g = &seg[k ? 2 : 0];
+            CHECK(k3_session_step(t[k], dec[k], alone, &err) == K3_OK, "%s", err.msg);
+            CHECK(memcmp(rows + (size_t)g->logits_row * V, alone, V * sizeof *alone) == 0,
+                  "chunk at %d: decode session %d differs from alone", at, k);
+            dec[k] = argmax(alone, p.vocab);
+        }
+        for (int j = 0; j < len; j++) { /* the new request, id by id on its twin */
+            float *want = j + 1 == len && last ? alone : NULL;
+            CHECK(k3_session_step(t[2], p.ids[at + j], want, &err) == K3_OK, "%s", err.msg);
+        }
+        if (!last) continue;
+        for (int j = 0; j < len; j++) { /* the reference logits at the chunk's positions */
+            const float *got = rows + (size_t)(seg[1].logits_row + j) * V;
+            const float *ref = p.logits + (size_t)(at + j) * V;
+            float worst = 0;
+            for (size_t v = 0; v < V; v++) {
+                float d = got[v] > ref[v] ? got[v] - ref[v] : ref[v] - got[v];
+                worst = d > worst ? d : worst;
+            }
+            CHECK(worst <= 1e-4f && argmax(got, p.vocab) == argmax(ref, p.vocab),
+                  "position %d: max |dlogit| %g against the reference", at + j, worst);
+        }
+        CHECK(memcmp(rows + (size_t)(seg[1].logits_row + len - 1) * V, alone,
+                     V * sizeof *alone) == 0, "the prefilled request's last logits differ from "
+              "feeding it alone");
+    }
+    for (int i = 0; i < 3; i++) {
+        CHECK(same_state(s[i], t[i]), "session %d: the state differs from alone", i);
+        k3_session_free(s[i]);
+        k3_session_free(t[i]);
+    }
+    k3_multistep_free(ms);
+    k3_engine_free(e);
+    free(rows), free(alone);
+    bc_prompt_free(&p);
+}
+
+/* A segment whose session's context is full, and one with an id out of range, fail alone with
+ * K3_ERR_INPUT before the pass: their sessions do not move, the others' rows equal stepping
+ * alone. Caller errors (a session twice, more ids than the row budget) run nothing. */
+static void test_nano_segment_fails_alone(void) {
+    bc_prompt p;
+    if (!bc_prompt_load(NANO "/reference", "prompt_len33.json", &p)) return;
+    k3_engine *e = NULL;
+    k3_multistep *ms = NULL;
+    k3_err err = {0};
+    size_t V = (size_t)p.vocab;
+    k3_session *full = NULL, *a = NULL, *b = NULL, *ta = NULL, *tb = NULL;
+    CHECK(k3_engine_load(NANO, NULL, &e, &err) == K3_OK, "%s", err.msg);
+    CHECK(k3_multistep_new(e, 4, &ms, &err) == K3_OK, "%s", err.msg);
+    CHECK(k3_session_new(e, 8, &full, &err) == K3_OK && k3_session_new(e, 0, &a, &err) == K3_OK &&
+          k3_session_new(e, 0, &b, &err) == K3_OK && k3_session_new(e, 0, &ta, &err) == K3_OK &&
+          k3_session_new(e, 0, &tb, &err) == K3_OK, "%s", err.msg);
+    CHECK(k3_session_prefill(full, p.ids, 8, NULL, NULL, &err) == K3_OK, "%s", err.msg);
+    CHECK(k3_session_prefill(a, p.ids, 5, NULL, NULL, &err) == K3_OK &&
+          k3_session_prefill(ta, p.ids, 5, NULL, NULL, &err) == K3_OK, "%s", err.msg);
+    float *rows = malloc(4 * V * sizeof *rows), *alone = malloc(V * sizeof *alone);
+    int32_t ids[3] = {p.ids[5], p.ids[6], p.ids[0]};
+    k3_session *ss[3] = {a, full, b};
+    int status[3];
+    int rc = k3_sessions_step(ms, ss, ids, 3, rows, status, &err);
+    CHECK(rc == K3_ERR_INPUT && status[1] == K3_ERR_INPUT && status[0] == K3_OK &&
+          status[2] == K3_OK, "rc %d, statuses %d %d %d", rc, status[0], status[1], status[2]);
+    CHECK(strstr(err.msg, "segment 1") && strstr(err.msg, "context is full"), "%s", err.msg);
+    CHECK(k3_session_pos(full) == 8 && k3_session_pos(a) == 6 && k3_session_pos(b) == 1,
+          "positions %d %d %d", k3_session_pos(full), k3_session_pos(a), k3_session_pos(b));
+    CHECK(k3_session_step(ta, ids[0], alone, &err) == K3_OK, "%s", err.msg);
+    CHECK(memcmp(rows, alone, V * sizeof *alone) == 0, "session a differs from alone");
+    CHECK(k3_session_step(tb, ids[2], alone, &err) == K3_OK, "%s", err.msg);
+    CHECK(memcmp(rows + 2 * V, alone, V * sizeof *alone) == 0, "session b differs from alone");
+
+    int32_t bad[2] = {p.ids[7], 1 << 20};
+    k3_multistep_seg seg[2] = {{.session = a, .ids = &bad[0], .n_ids = 1},
+                               {.session = b, .ids = &bad[1], .n_ids = 1}};
+    CHECK(k3_multistep_run(ms, seg, 2, rows, &err) == K3_ERR_INPUT && seg[0].status == K3_OK &&
+          seg[1].status == K3_ERR_INPUT && strstr(seg[1].err.msg, "outside the vocabulary"),
+          "statuses %d %d: %s", seg[0].status, seg[1].status, seg[1].err.msg);
+    CHECK(k3_session_step(ta, bad[0], alone, &err) == K3_OK, "%s", err.msg);
+    CHECK(memcmp(rows, alone, V * sizeof *alone) == 0, "session a differs from alone");
+    CHECK(same_state(a, ta), "session a's state differs from alone");
+
+    k3_multistep_seg twice[2] = {{.session = a, .ids = ids, .n_ids = 1},
+                                 {.session = a, .ids = ids, .n_ids = 1}};
+    CHECK(k3_multistep_run(ms, twice, 2, rows, &err) == K3_ERR_USAGE &&
+          twice[0].status == K3_ERR_USAGE && strstr(err.msg, "same session"), "%s", err.msg);
+    k3_multistep_seg big[2] = {{.session = a, .ids = p.ids, .n_ids = 3},
+                               {.session = b, .ids = p.ids, .n_ids = 2}};
+    CHECK(k3_multistep_run(ms, big, 2, rows, &err) == K3_ERR_USAGE && strstr(err.msg, "4 rows"),
+          "%s", err.msg);
+    CHECK(k3_session_pos(a) == 7 && k3_session_pos(b) == 1, "a refused call moved a session");
+    CHECK(k3_multistep_new(e, K3_MULTISTEP_MAX_ROWS + 1, &(k3_multistep *){0}, &err) ==
+          K3_ERR_INPUT, "row budget above the maximum");
+    k3_session *all[] = {full, a, b, ta, tb};
+    for (int i = 0; i < 5; i++) k3_session_free(all[i]);
+    k3_multistep_free(ms);
+    k3_engine_free(e);
+    free(rows), free(alone);
+    bc_prompt_free(&p);
+}
+
+/* The routing of a layer, recorded by a trace hook: ids chosen per (position, MoE layer). */
+typedef struct routes {
+    int ids[16][9][4]; /* [position][layer][k] */
+    int k;
+} routes;
+
+static void on_routing(void *user, int pos, int layer, const int *ids, const float *w, int k) {
+    routes *r = user;
+    (void)w;
+    if (pos < 16 && layer < 9 && k <= 4) memcpy(r->ids[pos][layer], ids, (size_t)k * sizeof *ids);
+    r->k = k;
+}
+
+/* Reads per pass: the store is asked once for each expert of a layer's union, however many
+ * rows chose it. Two sessions fed the same id at position 0 choose the same experts: the pass
+ * asks (and, from a cold cache, reads) top-k per MoE layer, half of what stepping them alone
+ * asks. Two different ids: the union's size per layer, counted from the routing each session
+ * has alone (a trace hook on a separate engine). */
+static void test_nano_expert_reads_once(void) {
+    const int K = 4, n_moe = 8; /* k3-nano: top-4, MoE layers 1..8 */
+    int32_t tok[2][2] = {{17, 17}, {17, 901}};
+    for (int c = 0; c < 2 && !k3_test_stopped(); c++) {
+        routes r[2] = {0};
+        size_t want = 0;
+        { /* the routing each session has alone */
+            k3_engine *e = NULL;
+            k3_err err = {0};
+            CHECK(k3_engine_load(NANO, NULL, &e, &err) == K3_OK, "%s", err.msg);
+            for (int i = 0; i < 2; i++) {
+                k3_session *s = NULL;
+                k3_trace tr = {.user = &r[i], .on_routing = on_routing};
+                CHECK(k3_session_new(e, 0, &s, &err) == K3_OK, "%s", err.msg);
+                k3_session_set_trace(s, &tr);
+                CHECK(k3_session_step(s, tok[c][i], NULL, &err) == K3_OK, "%s", err.msg);
+                k3_session_free(s);
+            }
+            k3_engine_free(e);
+            for (int l = 1; l <= n_moe; l++) {
+                want += (size_t)K;
+                for (int j = 0; j < K; j++) {
+                    int dup = 0;
+                    for (int q = 0; q < K; q++) dup |= r[1].ids[0][l][j] == r[0].ids[0][l][q];
+                    want += !dup;
+                }
+            }
+        }
+        k3_engine_opts o = k3_engine_opts_default();
+        o.expert_slots = 2 * K * n_moe + 8; /* nothing evicted */
+        o.pipe = K3_PIPE_OFF;
+        k3_engine *e = NULL;
+        k3_multistep *ms = NULL;
+        k3_session *s[2] = {0};
+        k3_err err = {0};
+        CHECK(k3_engine_load(NANO, &o, &e, &err) == K3_OK, "%s", err.msg);
+        CHECK(k3_multistep_new(e, 2, &ms, &err) == K3_OK && k3_session_new(e, 0, &s[0], &err) ==
+              K3_OK && k3_session_new(e, 0, &s[1], &err) == K3_OK, "%s", err.msg);
+        k3_store_stats before, after;
+        k3_store_get_stats(k3_engine_store(e), &before);
+        CHECK(k3_sessions_step(ms, s, tok[c], 2, NULL, NULL, &err) == K3_OK, "%s", err.msg);
+        k3_store_get_stats(k3_engine_store(e), &after);
+        k3_multistep_stats st;
+        k3_multistep_get_stats(ms, &st);
+        uint64_t asked = after.requests - before.requests, reads = after.reads - before.reads;
+        CHECK(asked == want && st.experts == want, "ids %d, %d: %llu experts asked (multistep "
+              "counted %llu), the union of the routing alone has %zu", tok[c][0], tok[c][1],
+              (unsigned long long)asked, (unsigned long long)st.experts, want);
+        CHECK(reads == want, "%llu expert reads from a cold cache, expected %zu",
+              (unsigned long long)reads, want);
+        CHECK(st.row_experts == (uint64_t)(2 * K * n_moe), "%llu row experts",
+              (unsigned long long)st.row_experts);
+        if (c == 0) CHECK(want == (size_t)(K * n_moe), "the same id chose different experts");
+        k3_session_free(s[0]);
+        k3_session_free(s[1]);
+        k3_multistep_free(ms);
+        k3_engine_free(e);
+    }
+}
+
+const k3_test k3_suite_multistep[] = {
+    {"nano_greedy_1_to_5_sessions_bit_identical", test_nano_greedy},
+    {"kjv_greedy_1_to_5_sessions_bit_identical", test_kjv_greedy},
+    {"nano_prefill_chunk_beside_decode_rows", test_nano_prefill_beside_decode},
+    {"nano_segment_fails_alone", test_nano_segment_fails_alone},
+    {"nano_expert_read_once_per_pass", test_nano_expert_reads_once},
+    {0},
+};
