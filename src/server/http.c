@@ -143,7 +143,7 @@ static enum MHD_Result get_model(k3_server *s, struct MHD_Connection *c, const c
 
 static enum MHD_Result get_health(k3_server *s, struct MHD_Connection *c) {
     pthread_mutex_lock(&s->mu);
-    bool busy = s->running != NULL;
+    bool busy = s->n_active > 0;
     int queued = s->n_queued;
     unsigned long long n = s->n_requests, tokens = s->n_tokens;
     k3_metrics_request(&s->metrics, "/health", 200);
@@ -647,7 +647,11 @@ void k3_server_describe_policy(const k3_server *s, char *buf, size_t cap) {
     if (s->o.queue) snprintf(queue, sizeof queue, "up to %d more wait in a FIFO, 429 beyond",
                              s->o.queue);
     else snprintf(queue, sizeof queue, "others get 429 + Retry-After");
-    snprintf(buf, cap, "one generation at a time (%s); completion tokens per request: %s; "
-             "context %d tokens; API key %s", queue, ceiling, s->ctx,
-             s->o.api_key && s->o.api_key[0] ? "required" : "not required");
+    char at_once[96];
+    if (s->slots > 1) snprintf(at_once, sizeof at_once, "up to %d generations at once, in "
+                               "shared passes", s->slots);
+    else snprintf(at_once, sizeof at_once, "one generation at a time");
+    snprintf(buf, cap, "%s (%s); completion tokens per request: %s; context %d tokens; "
+             "conversation states kept: %d; API key %s", at_once, queue, ceiling, s->ctx,
+             s->states_cap, s->o.api_key && s->o.api_key[0] ? "required" : "not required");
 }

@@ -6,13 +6,20 @@
  * counters tell how the server is used).
  *
  * Invariants:
- *  - One generation at a time. A single worker thread owns the only k3_session and runs
- *    every prefill and decode step; connection threads parse, validate, render and tokenize
- *    (the tokenizer and renderer are read-only) and copy bytes out. A request that finds the
- *    worker busy gets 429 with Retry-After, or waits in a FIFO of at most opts.queue requests.
+ *  - Up to opts.parallel generations at once (default 1). A single worker thread owns every
+ *    k3_session and runs every pass: each pass carries every running generation's next id
+ *    and, within a row budget (the chunk), the next prompt chunk of those still prefilling,
+ *    oldest first (k3_multistep: several sessions in one pass). Each row of a pass is
+ *    bit-identical to feeding its session alone, so a reply (text, ids, logprobs) does not
+ *    depend on what else runs. Connection threads parse, validate, render and tokenize
+ *    (the tokenizer and renderer are read-only) and copy bytes out. A request that finds all
+ *    slots busy gets 429 with Retry-After, or waits in a FIFO of at most opts.queue requests,
+ *    admitted in arrival order. With --spec a generation steps alone (its drafts), beside
+ *    the shared pass; an echo prefill runs alone before the next pass.
  *  - GET /v1/models, /health, /metrics and the page never wait for the worker.
- *  - A request whose client has hung up is cancelled before the next token: the worker polls
- *    the client's socket after every prefilled or generated token.
+ *  - A request whose client has hung up is cancelled before its next token or prompt chunk:
+ *    the worker polls the client's socket before each of its rows joins a pass. A cancelled
+ *    or failed generation leaves its slot between passes; the others go on unchanged.
  *  - The state cache keeps the last opts.state_cache conversations, one session each. A
  *    kept conversation's tokens are reused only when the new prompt extends them exactly
  *    (token for token, or, for chat, with its reply given back verbatim): the KDA recurrence
@@ -48,6 +55,8 @@ typedef struct k3_server_opts {
     int spec;               /* --spec N: speculative decoding, N drafts per pass (0 = off;
                                src/engine/spec.h) */
     int chunk;              /* prompt ids per prefill pass; 0 = K3_DEFAULT_CHUNK */
+    int parallel;           /* generations that run at once, their decode rows in one pass
+                               (k3_multistep); 0 = 1 (one at a time) */
     int state_cache;        /* conversation states kept (the state cache; each one session,
                                so the engine's plan should count them: k3_engine_opts.sessions);
                                0 = 1 */

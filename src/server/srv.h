@@ -152,6 +152,9 @@ void k3_logprobs_free(k3_logprobs *lp);
 
 enum k3_job_state { K3_JOB_QUEUED, K3_JOB_RUNNING, K3_JOB_DONE };
 
+#define K3_SRV_MAX_PARALLEL 64 /* --parallel's ceiling (the multistep pass holds up to
+                                  K3_MULTISTEP_MAX_ROWS rows: a chunk beside each slot's) */
+
 typedef struct k3_job {
     /* written by the connection thread before submission, read-only afterwards */
     struct k3_server *srv;
@@ -178,6 +181,7 @@ typedef struct k3_job {
     struct k3_job *next;     /* FIFO link while queued */
 
     /* written by the worker while RUNNING; read by the connection once DONE */
+    struct k3_slot *slot;        /* the worker's slot running it (worker.c) */
     k3_sbuf content, reasoning;  /* non-stream: the reply so far */
     const char *finish;          /* "stop", "length", "tool_calls", "malformed_tool_call",
                                     or NULL (cancelled / failed) */
@@ -226,7 +230,6 @@ struct k3_server {
     bool stopping;
     k3_job *head, *tail;     /* FIFO of queued jobs */
     int n_queued;
-    k3_job *running;         /* --parallel 1: the running job */
     int n_active;            /* jobs running (admitted from the FIFO, not yet DONE) */
     int slots;               /* jobs that may run at once (--parallel) */
     unsigned long long n_requests; /* generations admitted */
