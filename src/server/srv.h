@@ -197,7 +197,6 @@ typedef struct k3_job {
     k3_api_error err;            /* when failed */
     double t_start, t_end;       /* monotonic seconds: start of prefill, end */
     double t_decode;             /* monotonic seconds: end of prefill (0 = not reached) */
-    double eload_start;          /* its session's summed expert-wait seconds at the start */
     bool state_hit;              /* prefilled from a kept conversation state */
 } k3_job;
 

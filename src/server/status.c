@@ -36,7 +36,6 @@ void k3_srv_status_record(k3_server *s, const k3_job *j, const k3_session *sessi
     m->completion_tokens += (unsigned long long)j->n_completion;
     if (j->state_hit) m->state_hits++;
     else m->state_misses++;
-    if (st.time.eload_s > j->eload_start) m->expert_wait_s += st.time.eload_s - j->eload_start;
     m->expert_requests = st.expert_requests;
     m->expert_hits = st.hits + st.prefetch_hits;
     m->expert_misses = st.misses + st.prefetch_late; /* waited for a read */

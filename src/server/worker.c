@@ -1,15 +1,17 @@
-/* worker.c — admission (one running + a bounded FIFO), the worker thread that owns the
- * session, and one generation: prefill with reuse of the kept state, then decode.
+/* worker.c — admission (N slots + a bounded FIFO), the worker thread that owns every
+ * session, the state cache of kept conversations, and the scheduler that runs the slots'
+ * generations in shared passes.
  *
- * The worker is the only thread that touches the k3_session (whose token history,
- * k3_session_tokens, is what "kept" means below) and the logits buffer. Connection threads
- * hand it jobs through s->head/tail under s->mu and wait on s->progress; it signals
- * s->progress after every change a connection may wait for.
+ * The worker is the only thread that touches the sessions (whose token histories,
+ * k3_session_tokens, are what "kept" means below), the logits buffers and the multistep.
+ * Connection threads hand it jobs through s->head/tail under s->mu and wait on s->progress;
+ * it signals s->progress after every change a connection may wait for.
  *
- * Prefill (k3_session_prefill_with, in passes of the session's chunk) and decode (k3_gen_run,
- * src/engine/generate.h) are the engine's, as in `k3 run` and `k3 chat`; the worker's hooks
- * look at the client's socket between passes and after every token (a hang-up cancels before
- * the next one) and turn ids into the reply's text.
+ * A round of the scheduler (run_round) is one k3_multistep pass: each decoding slot's next
+ * id (chosen by the one generation loop, k3_gen_next / k3_gen_fed: the stop rules of
+ * src/engine/generate.h) and the prompt chunks of the prefilling slots that fit the row
+ * budget. The hooks look at each client's socket before its rows join a pass (a hang-up
+ * cancels before the next one) and turn ids into the reply's text.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE 1 /* POLLRDHUP; the Makefile passes it too, but not every build does */
@@ -372,10 +374,15 @@ static long pick_conv(k3_server *s, k3_job *j, k3_err *err) {
     return (long)best_n;
 }
 
-/* One forward pass of `rows` token rows, for /metrics. */
-static void count_pass(k3_server *s, int rows) {
+/* One forward pass of `rows` token rows that session sess was in, for /metrics: its rows
+ * and the time it waited for expert reads (the session's last step is that pass; a shared
+ * pass is counted once, not once per session in it). */
+static void count_pass(k3_server *s, int rows, const k3_session *sess) {
+    k3_run_stats st;
+    k3_session_stats(sess, &st);
     pthread_mutex_lock(&s->mu);
     k3_metrics_pass(&s->metrics, rows);
+    s->metrics.expert_wait_s += st.last.eload_s;
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -412,7 +419,7 @@ static int prefill_echo(k3_server *s, k3_job *j, k3_err *err) {
             rc = -1;
             break;
         }
-        count_pass(s, (int)n);
+        count_pass(s, (int)n, w->c->sess);
         for (size_t r = 0; r < n && i + r + 1 < j->n_prompt && j->p.logprobs; r++)
             k3_logprobs_add(&j->lp, tok, rows + r * (size_t)vocab, vocab, j->prompt[i + r + 1],
                             j->p.top_logprobs, false);
@@ -529,7 +536,8 @@ static bool scripted(void *user, int32_t *id) {
  * counts once per id it keeps). Batched slots are counted per multistep pass instead. */
 static int fed_alone(void *user, const float *logits, k3_err *err) {
     (void)logits, (void)err;
-    count_pass(((job_ctx *)user)->s, 1);
+    job_ctx *c = user;
+    count_pass(c->s, 1, c->j->slot->c->sess);
     return 0;
 }
 
@@ -652,9 +660,6 @@ static void slot_begin(k3_server *s, k3_slot *w, k3_job *j) {
     k3_emit_start(w->em);
     long reuse = pick_conv(s, j, &w->err);
     if (reuse < 0) return slot_failed(w);
-    k3_run_stats st;
-    k3_session_stats(w->c->sess, &st);
-    j->eload_start = st.time.eload_s;
     if (start_sampling(s, j, &w->err)) return slot_failed(w);
     w->c->virt_msgs = 0; /* from here on the state is this job's */
     last_chat_clear(&w->c->last_chat);
@@ -773,7 +778,9 @@ static void run_round(k3_server *s) {
     if (!n) return;
     k3_err err;
     k3_multistep_run(ws->ms, ws->segs, n, ws->rows, &err); /* statuses are per segment */
-    count_pass(s, rows);
+    int ran = 0; /* a segment that was in the pass (a refused one was left out of it) */
+    while (ran < n - 1 && ws->segs[ran].status) ran++;
+    count_pass(s, rows, ws->segs[ran].session);
     for (int i = 0; i < n; i++) {
         k3_multistep_seg *g = &ws->segs[i];
         k3_slot *w = ws->seg_slot[i];
