@@ -109,7 +109,7 @@ typedef struct k3_worker_state {
     k3_slot *slots;
     int n_slots;
     unsigned long long admissions, rounds;
-    /* The pass: segments of the slots' rows, their logits rows [max_rows][vocab], and which
+    /* The pass: segments of the slots' rows, their logits rows [n_slots][vocab], and which
      * slot each segment is (k3_multistep_run; rows budget: the chunk + one per slot). */
     k3_multistep *ms;
     k3_multistep_seg *segs;
