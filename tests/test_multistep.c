@@ -10,6 +10,7 @@
 #include "../src/engine/k3_test.h"
 #include "../src/store/store.h"
 #include "batch_check.h"
+#include "cli_run.h"
 #include "test.h"
 
 #define NANO "tests/fixtures/k3-nano"
@@ -315,11 +316,71 @@ static void test_nano_expert_reads_once(void) {
     }
 }
 
+/* Non-finite logits fail their own row's segment only: on a copy of k3-nano whose embedding
+ * row of one id holds a NaN, the session fed that id fails with K3_ERR_CHECKPOINT naming its
+ * position while the session beside it in the same pass gets its logits, bit-identical to
+ * stepping it alone. */
+static void test_nano_nonfinite_row_fails_alone(void) {
+    const int32_t poisoned = 77, clean = 78;
+    char *dir = k3t_nano_copy();
+    if (!dir || k3t_patch_bf16(dir, "language_model.model.embed_tokens.weight",
+                               (size_t)poisoned * 64, 0x7fc0)) /* hidden 64; BF16 NaN */
+        return k3t_rm_dir(dir);
+    k3_engine *e = NULL;
+    k3_multistep *ms = NULL;
+    k3_session *s[2] = {0}, *t = NULL;
+    k3_err err = {0};
+    float *rows = NULL, *alone = NULL;
+    int ok = k3_engine_load(dir, NULL, &e, &err) == K3_OK && k3_multistep_new(e, 2, &ms, &err) ==
+             K3_OK && k3_session_new(e, 0, &s[0], &err) == K3_OK &&
+             k3_session_new(e, 0, &s[1], &err) == K3_OK && k3_session_new(e, 0, &t, &err) == K3_OK;
+    size_t V = ok ? (size_t)k3_engine_config(e)->vocab_size : 0;
+    if (ok) ok = (rows = malloc(2 * V * sizeof *rows)) && (alone = malloc(V * sizeof *alone));
+    if (!ok) k3_test_fail(__FILE__, __LINE__, "setup: %s", err.msg);
+    int32_t pre[3] = {5, 9, 11}, ids[2] = {clean, poisoned};
+    if (ok) ok = k3_session_prefill(s[0], pre, 3, NULL, NULL, &err) == K3_OK &&
+                 k3_session_prefill(t, pre, 3, NULL, NULL, &err) == K3_OK &&
+                 k3_session_prefill(s[1], pre, 2, NULL, NULL, &err) == K3_OK;
+    int status[2] = {-1, -1}, rc = -1;
+    if (ok) rc = k3_sessions_step(ms, s, ids, 2, rows, status, &err);
+    if (ok) ok = k3_session_step(t, clean, alone, &err) == K3_OK;
+    k3_session_free(s[0]), k3_session_free(s[1]), k3_session_free(t);
+    k3_multistep_free(ms);
+    k3_engine_free(e);
+    k3t_rm_dir(dir);
+    int same = ok && memcmp(rows, alone, V * sizeof *alone) == 0;
+    free(rows), free(alone);
+    CHECK(ok, "%s", err.msg);
+    CHECK(rc == K3_ERR_CHECKPOINT && status[1] == K3_ERR_CHECKPOINT && status[0] == K3_OK,
+          "rc %d, statuses %d %d: %s", rc, status[0], status[1], err.msg);
+    CHECK(strstr(err.msg, "segment 1") && strstr(err.msg, "non-finite logits") &&
+          strstr(err.msg, "after position 2"), "%s", err.msg);
+    CHECK(same, "the clean session's logits differ from stepping it alone");
+}
+
+/* k3-lab bench-batch on k3-nano: a table row per N and way, the ids identical both ways, the
+ * usage error for a bad --sessions. */
+static void test_lab_bench_batch(void) {
+    k3t_cli r;
+    if (k3t_lab_run("bench-batch " NANO " --sessions 1,3 --tokens 2 --threads 1", &r)) return;
+    CHECK(r.status == 0, "exit %d: %s", r.status, r.err);
+    CHECK(strstr(r.out, "generated ids: identical both ways for every N"), "%s", r.out);
+    CHECK(strstr(r.out, "| 1 | one after another |") && strstr(r.out, "| 1 | together |") &&
+          strstr(r.out, "| 3 | one after another |") && strstr(r.out, "| 3 | together |"), "%s",
+          r.out);
+    k3t_cli_free(&r);
+    if (k3t_lab_run("bench-batch " NANO " --sessions 0", &r)) return;
+    CHECK(r.status == 2 && strstr(r.err, "--sessions"), "exit %d: %s", r.status, r.err);
+    k3t_cli_free(&r);
+}
+
 const k3_test k3_suite_multistep[] = {
     {"nano_greedy_1_to_5_sessions_bit_identical", test_nano_greedy},
     {"kjv_greedy_1_to_5_sessions_bit_identical", test_kjv_greedy},
     {"nano_prefill_chunk_beside_decode_rows", test_nano_prefill_beside_decode},
     {"nano_segment_fails_alone", test_nano_segment_fails_alone},
     {"nano_expert_read_once_per_pass", test_nano_expert_reads_once},
+    {"nano_nonfinite_row_fails_alone", test_nano_nonfinite_row_fails_alone},
+    {"lab_bench_batch", test_lab_bench_batch},
     {0},
 };

@@ -306,8 +306,9 @@ int k3_session_load(k3_session *s, const char *path, k3_err *err);
  *
  * Threads: one k3_multistep per thread; a session appears in at most one segment of a call
  * and is not stepped elsewhere meanwhile. Several multisteps may share the engine.
- * Backends: the CPU runs one pass; a device backend (CUDA) steps the segments one after
- * another with k3_session_forward (the same results, no sharing of reads).
+ * Backends: the CPU runs one pass (a call holding a single id in all takes the single-step
+ * path, k3_session_step: the same bits); a device backend (CUDA) steps the segments one after
+ * another (k3_session_step / k3_session_forward: the same results, no sharing of reads).
  * API history: added in issue 18; unchanged since its first commit. */
 
 typedef struct k3_multistep k3_multistep;
@@ -366,7 +367,8 @@ typedef struct k3_multistep_stats {
     uint64_t passes;         /* passes run (one per call that ran any row) */
     uint64_t rows;           /* ids fed by those passes */
     uint64_t segments;       /* segments in those passes */
-    uint64_t experts;        /* routed experts requested: the union, summed over MoE layers */
+    uint64_t experts;        /* routed experts requested: each MoE layer's union, summed
+                              * (stepped one by one: top-k per row and layer) */
     uint64_t row_experts;    /* top-k x MoE layers x rows: what stepping alone requests */
     double pass_s;           /* wall seconds inside the passes */
 } k3_multistep_stats;

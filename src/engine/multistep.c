@@ -126,15 +126,18 @@ static int check_seg(k3_multistep_seg *g) {
     return K3_OK;
 }
 
-/* Segment by segment with k3_session_forward (a device backend): the same results. */
+/* Segment by segment, each as its session alone (a device backend, or a pass of one id): a
+ * single id through k3_session_step, several through k3_session_forward. The same results. */
 static void run_one_by_one(k3_multistep_seg *segs, int n, float *logits, size_t V) {
     for (int i = 0; i < n; i++) {
         k3_multistep_seg *g = &segs[i];
         if (g->status) continue;
         float *rows = logits && g->logits_row >= 0 ? logits + (size_t)g->logits_row * V : NULL;
-        g->status = k3_session_forward(g->session, g->ids, g->n_ids, rows,
-                                       g->flags == K3_MS_ALL_LOGITS ? K3_FWD_ALL_LOGITS : 0,
-                                       &g->err);
+        g->status = g->n_ids == 1
+                        ? k3_session_step(g->session, g->ids[0], rows, &g->err)
+                        : k3_session_forward(g->session, g->ids, g->n_ids, rows,
+                                             g->flags == K3_MS_ALL_LOGITS ? K3_FWD_ALL_LOGITS : 0,
+                                             &g->err);
     }
 }
 
@@ -208,12 +211,16 @@ int k3_multistep_run(k3_multistep *ms, k3_multistep_seg *segs, int n, float *log
     }
     double t0 = k3_now_s();
     uint64_t experts = ms->b ? k3_batch_experts(ms->b) : 0;
-    if (live && ms->b) run_pass(ms, segs, n, logits, V);
+    uint64_t row_experts = (uint64_t)rows * (uint64_t)ms->moe_layers *
+                           (uint64_t)ms->e->cfg.num_experts_per_token;
+    /* one id alone takes the single-step path (its products are matrix-vector ones, its
+     * experts one parallel region): the same bits, less overhead */
+    bool pass = ms->b && rows > 1;
+    if (live && pass) run_pass(ms, segs, n, logits, V);
     else if (live) run_one_by_one(segs, n, logits, V);
     if (live) {
-        ms->stats.experts += (ms->b ? k3_batch_experts(ms->b) : 0) - experts;
-        ms->stats.row_experts += (uint64_t)rows * (uint64_t)ms->moe_layers *
-                                 (uint64_t)ms->e->cfg.num_experts_per_token;
+        ms->stats.experts += pass ? k3_batch_experts(ms->b) - experts : row_experts;
+        ms->stats.row_experts += row_experts;
         ms->stats.passes++;
         ms->stats.rows += (uint64_t)rows;
         ms->stats.segments += (uint64_t)live;

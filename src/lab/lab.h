@@ -19,6 +19,8 @@ int k3_cmd_bench_batch(int argc, char **argv);
 /* k3-lab bench io, and `bench` without or with an unknown benchmark (cmd_bench.c); argv[0] is
  * "bench". */
 int k3_cmd_bench(int argc, char **argv);
+/* k3-lab bench-batch (cmd_bench_multi.c): N sessions stepped in one pass vs one after another. */
+int k3_cmd_bench_multi(int argc, char **argv);
 int k3_cmd_bench_gpu(int argc, char **argv);
 int k3_cmd_synth(int argc, char **argv);
 int k3_cmd_replay(int argc, char **argv);

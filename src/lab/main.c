@@ -12,6 +12,8 @@ static const k3_command commands[] = {
      "prefill tok/s by --chunk; --spec pass cost and gain", NULL, 1},
     {"bench", NULL, k3_cmd_bench, "bench io [MODEL_DIR]",
      "expert-read throughput vs fio (see --help)", NULL, 1},
+    {"bench-batch", NULL, k3_cmd_bench_multi, "bench-batch [MODEL_DIR] [--sessions 1,2,4,8]",
+     "N sessions in one pass vs one after another: tok/s, bytes/token", NULL, 1},
     {"bench-gpu", NULL, k3_cmd_bench_gpu, "bench-gpu [MODEL_DIR]",
      "GPU kernels and decode vs the card's bandwidth", NULL, 1},
     {"synth", NULL, k3_cmd_synth, "synth OUT_DIR [options]",
