@@ -20,7 +20,8 @@
  *  - A request whose client has hung up is cancelled before its next token or prompt chunk:
  *    the worker polls the client's socket before each of its rows joins a pass. A cancelled
  *    or failed generation leaves its slot between passes; the others go on unchanged.
- *  - The state cache keeps the last opts.state_cache conversations, one session each. A
+ *  - The state cache keeps the last max(opts.state_cache, opts.parallel) conversations, one
+ *    session each (sessions are created as needed, up to that many). A
  *    kept conversation's tokens are reused only when the new prompt extends them exactly
  *    (token for token, or, for chat, with its reply given back verbatim): the KDA recurrence
  *    cannot be rewound, so a prompt that diverges inside a kept conversation cannot use it.
@@ -59,7 +60,7 @@ typedef struct k3_server_opts {
                                (k3_multistep); 0 = 1 (one at a time) */
     int state_cache;        /* conversation states kept (the state cache; each one session,
                                so the engine's plan should count them: k3_engine_opts.sessions);
-                               0 = 1 */
+                               at least `parallel` are kept (one per slot) */
     double temperature;     /* requests without "temperature" sample at this (0 = greedy; the
                                CLI's default is 1, OpenAI's) */
     const char *effort;     /* chat requests without reasoning_effort / thinking_effort think
