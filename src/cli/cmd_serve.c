@@ -59,6 +59,14 @@ static const k3_opt serve_rows[] = {
      .help = "keep the states of the last K conversations (one session each, counted by\n"
              "the memory plan): a request extending any of them prefills only what is new\n"
              "(at least --parallel are kept)"},
+    {.flag = "--state-dir", SRV(state_dir), .type = K3_OPT_STR, .flags = K3_OPTF_NONEMPTY,
+     .meta = "DIR",
+     .help = "write the states the cache drops to DIR as state files and read one back\n"
+             "when its conversation returns (removed at exit; default: dropped)"},
+    {.flag = "--state-files", SRV(state_files), .type = K3_OPT_INT, .lo = 1, .hi = 4096,
+     .def = "8", .meta = "N",
+     .help = "with --state-dir: at most N state files, the least recently used replaced\n"
+             "(each holds a conversation's state: at K3 widths ~465 MB + 2.4 MB per token)"},
     {.flag = "--no-reuse", SRV(no_reuse), .type = K3_OPT_SWITCH, .value = 1,
      .help = "prefill every prompt from an empty state instead of reusing the kept\n"
              "conversation (same prompts, same output; slower)"},

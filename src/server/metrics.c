@@ -106,6 +106,10 @@ void k3_metrics_text(const k3_metrics *m, const k3_metrics_gauges *g, k3_sbuf *b
             "state", m->state_hits);
     counter(b, "k3_state_cache_misses_total", "generations prefilled from an empty state",
             m->state_misses);
+    counter(b, "k3_state_cache_spills_total", "conversation states the cache dropped that were "
+            "written to state files (--state-dir)", m->state_spills);
+    counter(b, "k3_state_cache_loads_total", "conversation states read back from state files",
+            m->state_loads);
     gauge(b, "k3_state_cache_entries", "conversation states kept", g->states_kept);
     gauge(b, "k3_state_cache_capacity", "conversation states the cache may keep (--state-cache)",
           g->states_cap);

@@ -36,6 +36,8 @@ typedef struct k3_metrics {
     unsigned long long state_hits, state_misses; /* generations that did / did not reuse a
                                              kept conversation state (echo and --no-reuse
                                              requests count as misses) */
+    unsigned long long state_spills, state_loads; /* --state-dir: states written to / read
+                                             back from state files */
     double expert_wait_s;                 /* seconds passes waited for expert reads (summed
                                              over the generations' steps) */
     /* engine-wide, copied in by the worker (see above) */

@@ -61,6 +61,10 @@ typedef struct k3_server_opts {
     int state_cache;        /* conversation states kept (the state cache; each one session,
                                so the engine's plan should count them: k3_engine_opts.sessions);
                                at least `parallel` are kept (one per slot) */
+    const char *state_dir;  /* a folder to spill dropped conversation states to as state
+                               files (k3_session_save), read back when a request resumes one;
+                               NULL = dropped. The files are removed when the server stops. */
+    int state_files;        /* with state_dir: state files kept at most; 0 = 8 */
     double temperature;     /* requests without "temperature" sample at this (0 = greedy; the
                                CLI's default is 1, OpenAI's) */
     const char *effort;     /* chat requests without reasoning_effort / thinking_effort think
