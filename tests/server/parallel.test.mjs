@@ -144,3 +144,18 @@ test('requests that fail or hit the context end fail alone', async () => {
     assert.equal(g.usage.completion_tokens, Math.min(40, r.usage.completion_tokens));
   }
 });
+
+test('--parallel 2 --queue 4: six at once, two run and four wait, all 200 and identical to alone', async () => {
+  const ref = await aloneResults();
+  const srv = await server(['--parallel', '2', '--queue', '4']);
+  const api = client(srv);
+  const six = [...REQS, REQS[0], REQS[3]];
+  const got = await Promise.all(six.map((r) => run(api, r, { max_tokens: 30 })));
+  six.forEach((r, i) => {
+    const want = ref[REQS.indexOf(r)];
+    assert.deepEqual(got[i].ids, want.ids.slice(0, 30), `request ${i}`);
+  });
+  const m = (await raw(srv, 'GET', '/metrics')).text;
+  assert.match(m, /^k3_requests_total\{endpoint="\/v1\/chat\/completions",code="200"\} 3$/m);
+  assert.match(m, /^k3_requests_total\{endpoint="\/v1\/completions",code="200"\} 3$/m);
+});
