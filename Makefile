@@ -121,9 +121,13 @@ test-web: k3
 	    K3_BIN=$(CURDIR)/k3 CHROMIUM=$(CHROMIUM) node --test --test-concurrency=1 *.test.mjs; \
 	fi
 
-# Bounded wrk load test of k3 serve on loopback: no crash, no lost request, stable RSS.
+# Bounded wrk load test of k3 serve on loopback: no crash, no lost request, stable RSS; then
+# batched decoding across requests (--parallel N for N = 1, 2, 4, 8 beside the same requests
+# one after another: tokens/s, latency, bytes read per token; tests/server/bench-batched.mjs,
+# MODEL_DIR / SERVE_ARGS="--spine-gb 0" / BATCH_TOKENS pick the case).
 bench-server: k3
 	K3_BIN=./k3 tests/server/load.sh && QUEUE=8 K3_BIN=./k3 tests/server/load.sh
+	K3_BIN=./k3 node tests/server/bench-batched.mjs
 
 # The real-width model (7.1 GB, regenerated from ../shared); prints SKIPPED when it cannot run.
 test-wide: k3 k3-lab $(BUILD)/k3_tests

@@ -44,12 +44,30 @@ static const k3_opt serve_rows[] = {
      .help = "most completion tokens one request may ask for or get; larger max_tokens\n"
              "is a 400 (default: the context)"},
     {.flag = "--queue", SRV(queue), .type = K3_OPT_INT, .lo = 0, .hi = 1024, .def = "0",
-     .meta = "N", .help = "let N requests wait in a FIFO while one generates; further ones get\n"
-                          "429 (0: 429 + Retry-After whenever busy)"},
+     .meta = "N", .help = "let N requests wait in a FIFO while --parallel are generating; further\n"
+                          "ones get 429 (0: 429 + Retry-After whenever busy)"},
     {.flag = "--max-body", SRV(max_body_bytes), .type = K3_OPT_SIZE, .lo = 64, .hi = 1LL << 34,
      .def = "8388608", .meta = "BYTES", .help = "largest request body; larger is a 413"},
     {.flag = "--model-id", SRV(model_id), .type = K3_OPT_STR, .meta = "NAME",
      .help = "model name in /v1/models (default: MODEL_DIR's folder name)"},
+    {.flag = "--parallel", SRV(parallel), .type = K3_OPT_INT, .lo = 1, .hi = 64, .def = "1",
+     .meta = "N",
+     .help = "run up to N generations at once, their tokens in shared passes (each reply\n"
+             "identical to running alone); N sessions, counted by the memory plan;\n"
+             "--queue waits beyond N (1: one at a time)"},
+    {.flag = "--state-cache", SRV(state_cache), .type = K3_OPT_INT, .lo = 1, .hi = 256,
+     .def = "1", .meta = "K",
+     .help = "keep the states of the last K conversations (one session each, counted by\n"
+             "the memory plan): a request extending any of them prefills only what is new\n"
+             "(at least --parallel are kept)"},
+    {.flag = "--state-dir", SRV(state_dir), .type = K3_OPT_STR, .flags = K3_OPTF_NONEMPTY,
+     .meta = "DIR",
+     .help = "write the states the cache drops to DIR as state files and read one back\n"
+             "when its conversation returns (removed at exit; default: dropped)"},
+    {.flag = "--state-files", SRV(state_files), .type = K3_OPT_INT, .lo = 1, .hi = 4096,
+     .def = "8", .meta = "N",
+     .help = "with --state-dir: at most N state files, the least recently used replaced\n"
+             "(each holds a conversation's state: at K3 widths ~465 MB + 2.4 MB per token)"},
     {.flag = "--no-reuse", SRV(no_reuse), .type = K3_OPT_SWITCH, .value = 1,
      .help = "prefill every prompt from an empty state instead of reusing the kept\n"
              "conversation (same prompts, same output; slower)"},
@@ -73,9 +91,11 @@ static const k3_cli_command serve_cmd = {
         "  POST /v1/completions             raw text completion of a prompt\n"
         "  POST /v1/messages                the Anthropic Messages API (and /count_tokens)\n"
         "  GET  /health                     liveness and queue state (no key needed)\n"
+        "  GET  /metrics                    Prometheus counters (needs the key when set)\n"
         "  GET  /                           the chat page, for a browser (no key needed)\n"
         "Each path also works without the /v1 prefix. Streaming (\"stream\": true) uses\n"
-        "Server-Sent Events ending with data: [DONE]. One generation runs at a time.\n"
+        "Server-Sent Events ending with data: [DONE]. One generation runs at a time\n"
+        "unless --parallel N.\n"
         "Requests sample at temperature 1 and think at effort max unless they say otherwise\n"
         "(--temperature, --effort change these defaults). Without MODEL_DIR the bundled\n"
         "fixture model is used. -q also silences the per-request log.\n",
@@ -96,6 +116,9 @@ static int parse_args(int argc, char **argv, serve_args *a) {
     a->so.ctx = a->cc.ctx;
     a->so.spec = a->co.spec;
     a->so.chunk = a->co.chunk;
+    /* every kept conversation is a session: the memory plan counts them */
+    a->eo.sessions = a->so.state_cache > a->so.parallel ? a->so.state_cache : a->so.parallel;
+    if (a->eo.sessions < 1) a->eo.sessions = 1;
     /* Tests only, deliberately not in --help: replies replaced by a script (server.h). */
     const char *script = getenv("K3_TEST_SCRIPTED_REPLY");
     if (script && script[0]) a->so.scripted_reply = script;

@@ -84,6 +84,22 @@ int k3_gen_step(k3_gen *g, k3_err *err) {
     return rc;
 }
 
+bool k3_gen_next(k3_gen *g, int32_t *id) {
+    if (g->end) return false;
+    if (g->o.max_new >= 0 && g->n_sampled >= g->o.max_new) {
+        g->end = K3_GEN_MAX_NEW;
+        return false;
+    }
+    if (!(g->io.choose && g->io.choose(g->io.user, id))) *id = k3_sampler_sample(g->sm, g->logits);
+    return !take(g, *id);
+}
+
+int k3_gen_fed(k3_gen *g, int rc, k3_err *err) {
+    if (!rc && g->io.fed) rc = g->io.fed(g->io.user, g->logits, err);
+    if (rc) g->end = K3_GEN_FAILED;
+    return rc;
+}
+
 int k3_gen_run(k3_gen *g, k3_err *err) {
     double t0 = now_s();
     int rc = K3_OK;

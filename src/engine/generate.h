@@ -98,6 +98,17 @@ void k3_gen_start(k3_gen *g, k3_session *s, k3_sampler *sm, float *logits,
  * a failed step may have reset the session, k3.h). */
 int k3_gen_step(k3_gen *g, k3_err *err);
 
+/* k3_gen_step in two halves, for a caller that feeds the id itself (several sessions' rows in
+ * one pass, k3_multistep_run in k3 serve --parallel); without speculation (o.spec must be
+ * NULL or off). k3_gen_next chooses the next id as k3_gen_step does (io.choose or the
+ * sampler over g->logits), emits it and applies the stop rules: true with *id when id must
+ * now be fed to g->s; false when the generation ended (g->end), at this id or before. Then
+ * k3_gen_fed: rc = the feed's status; on K3_OK the logits after the id must already be in
+ * g->logits, and io.fed is called. Returns rc or io.fed's status (g->end is then
+ * K3_GEN_FAILED). The ids, logits and stop decisions are exactly k3_gen_step's. */
+bool k3_gen_next(k3_gen *g, int32_t *id);
+int k3_gen_fed(k3_gen *g, int rc, k3_err *err);
+
 /* k3_gen_step until the generation ends; g->decode_s receives the time it took.
  * Errors: those of k3_gen_step. */
 int k3_gen_run(k3_gen *g, k3_err *err);

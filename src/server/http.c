@@ -25,7 +25,7 @@
 #define K3_WAIT_TICK_NS 200000000 /* how often a waiting connection looks at its socket */
 
 enum route { R_NONE, R_MODELS, R_MODEL, R_COMPLETIONS, R_CHAT, R_HEALTH, R_UI, R_MESSAGES,
-             R_COUNT_TOKENS };
+             R_COUNT_TOKENS, R_METRICS };
 
 typedef struct k3_conn {
     enum route route;
@@ -88,8 +88,16 @@ static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, char *bo
     return ret;
 }
 
-static enum MHD_Result reply_error(const k3_server *s, struct MHD_Connection *c,
+/* Counts an answered request for /metrics (metrics.h). */
+static void count(k3_server *s, const char *path, int status) {
+    pthread_mutex_lock(&s->mu);
+    k3_metrics_request(&s->metrics, path, status);
+    pthread_mutex_unlock(&s->mu);
+}
+
+static enum MHD_Result reply_error(k3_server *s, struct MHD_Connection *c,
                                    const char *method, const char *path, const k3_api_error *e) {
+    count(s, path, e->status);
     log_line(s, "%s %s %d %s%s%s", method, path, e->status, e->message, e->param[0] ? " @ " : "",
              e->param);
     const char *hname = NULL, *hvalue = NULL;
@@ -111,6 +119,7 @@ static void model_object(k3_sbuf *b, const k3_server *s) {
 }
 
 static enum MHD_Result get_models(k3_server *s, struct MHD_Connection *c) {
+    count(s, "/v1/models", 200);
     k3_sbuf b = {0};
     k3_sbuf_str(&b, "{\"object\":\"list\",\"data\":[");
     model_object(&b, s);
@@ -125,6 +134,7 @@ static enum MHD_Result get_model(k3_server *s, struct MHD_Connection *c, const c
                     "The model '%s' does not exist; this server serves '%s'", id, s->model_id);
         return reply_error(s, c, "GET", "/v1/models/ID", &e);
     }
+    count(s, "/v1/models/ID", 200);
     k3_sbuf b = {0};
     model_object(&b, s);
     k3_sbuf_str(&b, "\n");
@@ -133,9 +143,10 @@ static enum MHD_Result get_model(k3_server *s, struct MHD_Connection *c, const c
 
 static enum MHD_Result get_health(k3_server *s, struct MHD_Connection *c) {
     pthread_mutex_lock(&s->mu);
-    bool busy = s->running != NULL;
+    bool busy = s->n_active > 0;
     int queued = s->n_queued;
     unsigned long long n = s->n_requests, tokens = s->n_tokens;
+    k3_metrics_request(&s->metrics, "/health", 200);
     pthread_mutex_unlock(&s->mu);
     k3_sbuf b = {0};
     k3_sbuf_str(&b, "{\"status\":\"ok\",\"model\":\"");
@@ -148,9 +159,36 @@ static enum MHD_Result get_health(k3_server *s, struct MHD_Connection *c) {
     return reply(c, 200, b.oom ? (k3_sbuf_free(&b), NULL) : b.p, NULL, NULL);
 }
 
+/* Prometheus text (metrics.h). Rendered under s->mu from the server's own counters; this
+ * scrape is counted after its text, so it shows in the next one. */
+static enum MHD_Result get_metrics(k3_server *s, struct MHD_Connection *c) {
+    k3_sbuf b = {0};
+    pthread_mutex_lock(&s->mu);
+    k3_metrics_gauges g = {.active = s->n_active, .queued = s->n_queued, .slots = s->slots,
+                           .queue_limit = s->o.queue, .states_kept = s->states_kept,
+                           .states_cap = s->states_cap};
+    k3_metrics_text(&s->metrics, &g, &b);
+    k3_metrics_request(&s->metrics, "/metrics", 200);
+    pthread_mutex_unlock(&s->mu);
+    if (b.oom) {
+        k3_sbuf_free(&b);
+        return reply(c, 500, NULL, NULL, NULL);
+    }
+    struct MHD_Response *r = MHD_create_response_from_buffer(b.len, b.p, MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        k3_sbuf_free(&b);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, "Content-Type", "text/plain; version=0.0.4; charset=utf-8");
+    enum MHD_Result ret = MHD_queue_response(c, 200, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
 /* The chat page (ui.h): static bytes from the binary. The policy lets the page load only its
  * own files and talk only to this server, and never run inline script. */
-static enum MHD_Result get_ui(struct MHD_Connection *c, const k3_conn *cc) {
+static enum MHD_Result get_ui(k3_server *s, struct MHD_Connection *c, const k3_conn *cc) {
+    count(s, "/ui", 200);
     struct MHD_Response *r = MHD_create_response_from_buffer(
         cc->ui->size, (void *)cc->ui->data, MHD_RESPMEM_PERSISTENT);
     if (!r) return MHD_NO;
@@ -233,6 +271,7 @@ static void sse_free(void *cls) {
     k3_job_wait_done(j->srv, j, true);
     job_log(j->srv, j, j->failed ? 500 : 200); /* the status line said 200; the stream ends
                                                   with an error event when it failed */
+    count(j->srv, j->path, 200);
     k3_job_free(j);
 }
 
@@ -281,9 +320,11 @@ static enum MHD_Result finish_plain(k3_server *s, struct MHD_Connection *c, k3_j
         k3_api_error e;
         k3_api_fail(&e, 503, "server_error", NULL, NULL, "the generation was cancelled");
         job_log(s, j, 503);
+        count(s, j->path, 503);
         ret = reply(c, 503, k3_api_error_json(&e), "Retry-After", "1"); /* if anyone listens */
     } else {
         job_log(s, j, 200);
+        count(s, j->path, 200);
         ret = reply(c, 200, k3_srv_reply_json(s, j), NULL, NULL);
     }
     k3_job_free(j);
@@ -333,6 +374,7 @@ static enum MHD_Result post_generate(k3_server *s, struct MHD_Connection *c, k3_
         char *body = malloc(64);
         if (body) snprintf(body, 64, "{\"input_tokens\":%zu}\n", j->n_prompt);
         log_line(s, "POST %s 200 %zu tokens", cc->path, j->n_prompt);
+        count(s, cc->path, 200);
         k3_job_free(j);
         return reply(c, 200, body, NULL, NULL);
     }
@@ -369,6 +411,7 @@ static enum route route_of(const char *url, k3_conn *cc) {
     if (!strcmp(url, "/completions")) return cc->path = "/v1/completions", R_COMPLETIONS;
     if (!strcmp(url, "/chat/completions")) return cc->path = "/v1/chat/completions", R_CHAT;
     if (!strcmp(url, "/health")) return cc->path = "/health", R_HEALTH;
+    if (!strcmp(url, "/metrics")) return cc->path = "/metrics", R_METRICS;
     if (!strcmp(url, "/messages")) return cc->path = "/v1/messages", R_MESSAGES;
     if (!strcmp(url, "/messages/count_tokens"))
         return cc->path = "/v1/messages/count_tokens", R_COUNT_TOKENS;
@@ -463,7 +506,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     case R_MODELS: return get_models(s, c);
     case R_MODEL: return get_model(s, c, cc->model);
     case R_HEALTH: return get_health(s, c);
-    case R_UI: return get_ui(c, cc);
+    case R_UI: return get_ui(s, c, cc);
+    case R_METRICS: return get_metrics(s, c);
     default: return post_generate(s, c, cc);
     }
 }
@@ -603,7 +647,11 @@ void k3_server_describe_policy(const k3_server *s, char *buf, size_t cap) {
     if (s->o.queue) snprintf(queue, sizeof queue, "up to %d more wait in a FIFO, 429 beyond",
                              s->o.queue);
     else snprintf(queue, sizeof queue, "others get 429 + Retry-After");
-    snprintf(buf, cap, "one generation at a time (%s); completion tokens per request: %s; "
-             "context %d tokens; API key %s", queue, ceiling, s->ctx,
-             s->o.api_key && s->o.api_key[0] ? "required" : "not required");
+    char at_once[96];
+    if (s->slots > 1) snprintf(at_once, sizeof at_once, "up to %d generations at once, in "
+                               "shared passes", s->slots);
+    else snprintf(at_once, sizeof at_once, "one generation at a time");
+    snprintf(buf, cap, "%s (%s); completion tokens per request: %s; context %d tokens; "
+             "conversation states kept: %d; API key %s", at_once, queue, ceiling, s->ctx,
+             s->states_cap, s->o.api_key && s->o.api_key[0] ? "required" : "not required");
 }

@@ -1,19 +1,33 @@
 /* server.h — `k3 serve`: an OpenAI-compatible HTTP server over one loaded k3_engine
  * (libmicrohttpd for HTTP, cJSON for JSON). Endpoints: GET /v1/models[/ID], POST
- * /v1/completions, POST /v1/chat/completions, GET /health; each also without "/v1".
- * GET / and /ui serve the chat page (ui.h), without the API key.
+ * /v1/completions, POST /v1/chat/completions, GET /health, GET /metrics (Prometheus text,
+ * metrics.h); each also without "/v1". GET / and /ui serve the chat page (ui.h) and /health
+ * answers without the API key; /metrics needs it when one is set (as llama.cpp's does: the
+ * counters tell how the server is used).
  *
  * Invariants:
- *  - One generation at a time. A single worker thread owns the only k3_session and runs
- *    every prefill and decode step; connection threads parse, validate, render and tokenize
- *    (the tokenizer and renderer are read-only) and copy bytes out. A request that finds the
- *    worker busy gets 429 with Retry-After, or waits in a FIFO of at most opts.queue requests.
- *  - GET /v1/models, /health and the page never wait for the worker.
- *  - A request whose client has hung up is cancelled before the next token: the worker polls
- *    the client's socket after every prefilled or generated token.
- *  - The session's kept tokens are reused only when the new prompt extends them exactly
- *    (token for token, or, for chat, with the previous reply given back verbatim); anything
- *    else starts from an empty state. usage.prompt_tokens_details.cached_tokens says how many.
+ *  - Up to opts.parallel generations at once (default 1). A single worker thread owns every
+ *    k3_session and runs every pass: each pass carries every running generation's next id
+ *    and, within a row budget (the chunk), the next prompt chunk of those still prefilling,
+ *    oldest first (k3_multistep: several sessions in one pass). Each row of a pass is
+ *    bit-identical to feeding its session alone, so a reply (text, ids, logprobs) does not
+ *    depend on what else runs. Connection threads parse, validate, render and tokenize
+ *    (the tokenizer and renderer are read-only) and copy bytes out. A request that finds all
+ *    slots busy gets 429 with Retry-After, or waits in a FIFO of at most opts.queue requests,
+ *    admitted in arrival order. With --spec a generation steps alone (its drafts), beside
+ *    the shared pass; an echo prefill runs alone before the next pass.
+ *  - GET /v1/models, /health, /metrics and the page never wait for the worker.
+ *  - A request whose client has hung up is cancelled before its next token or prompt chunk:
+ *    the worker polls the client's socket before each of its rows joins a pass. A cancelled
+ *    or failed generation leaves its slot between passes; the others go on unchanged.
+ *  - The state cache keeps the last max(opts.state_cache, opts.parallel) conversations, one
+ *    session each (sessions are created as needed, up to that many). A
+ *    kept conversation's tokens are reused only when the new prompt extends them exactly
+ *    (token for token, or, for chat, with its reply given back verbatim): the KDA recurrence
+ *    cannot be rewound, so a prompt that diverges inside a kept conversation cannot use it.
+ *    The one covering the longest prefix is taken; with none, a new session while the cache
+ *    has room, else the least recently used one's state is dropped.
+ *    usage.prompt_tokens_details.cached_tokens says how many prompt tokens were reused.
  *  - Every request ends in an HTTP response (OpenAI-shaped {"error":{...}} for 4xx/5xx) or a
  *    closed connection; a field k3 cannot honour is a 400 naming it, never silently dropped.
  *  - The server owns no global state: several servers may run in one process.
@@ -42,6 +56,15 @@ typedef struct k3_server_opts {
     int spec;               /* --spec N: speculative decoding, N drafts per pass (0 = off;
                                src/engine/spec.h) */
     int chunk;              /* prompt ids per prefill pass; 0 = K3_DEFAULT_CHUNK */
+    int parallel;           /* generations that run at once, their decode rows in one pass
+                               (k3_multistep); 0 = 1 (one at a time) */
+    int state_cache;        /* conversation states kept (the state cache; each one session,
+                               so the engine's plan should count them: k3_engine_opts.sessions);
+                               at least `parallel` are kept (one per slot) */
+    const char *state_dir;  /* a folder to spill dropped conversation states to as state
+                               files (k3_session_save), read back when a request resumes one;
+                               NULL = dropped. The files are removed when the server stops. */
+    int state_files;        /* with state_dir: state files kept at most; 0 = 8 */
     double temperature;     /* requests without "temperature" sample at this (0 = greedy; the
                                CLI's default is 1, OpenAI's) */
     const char *effort;     /* chat requests without reasoning_effort / thinking_effort think

@@ -20,6 +20,7 @@
 #include "../chat/render.h"
 #include "../engine/k3.h"
 #include "../tok/tokenizer.h"
+#include "metrics.h"
 #include "server.h"
 
 /* ---- growable byte buffer ------------------------------------------------------------- */
@@ -151,6 +152,9 @@ void k3_logprobs_free(k3_logprobs *lp);
 
 enum k3_job_state { K3_JOB_QUEUED, K3_JOB_RUNNING, K3_JOB_DONE };
 
+#define K3_SRV_MAX_PARALLEL 64 /* --parallel's ceiling (the multistep pass holds up to
+                                  K3_MULTISTEP_MAX_ROWS rows: a chunk beside each slot's) */
+
 typedef struct k3_job {
     /* written by the connection thread before submission, read-only afterwards */
     struct k3_server *srv;
@@ -177,6 +181,7 @@ typedef struct k3_job {
     struct k3_job *next;     /* FIFO link while queued */
 
     /* written by the worker while RUNNING; read by the connection once DONE */
+    struct k3_slot *slot;        /* the worker's slot running it (worker.c) */
     k3_sbuf content, reasoning;  /* non-stream: the reply so far */
     const char *finish;          /* "stop", "length", "tool_calls", "malformed_tool_call",
                                     or NULL (cancelled / failed) */
@@ -192,6 +197,7 @@ typedef struct k3_job {
     k3_api_error err;            /* when failed */
     double t_start, t_end;       /* monotonic seconds: start of prefill, end */
     double t_decode;             /* monotonic seconds: end of prefill (0 = not reached) */
+    bool state_hit;              /* prefilled from a kept conversation state */
 } k3_job;
 
 /* What /health reports about the last finished generation and the engine's counters
@@ -223,11 +229,14 @@ struct k3_server {
     bool stopping;
     k3_job *head, *tail;     /* FIFO of queued jobs */
     int n_queued;
-    k3_job *running;
+    int n_active;            /* jobs running (admitted from the FIFO, not yet DONE) */
+    int slots;               /* jobs that may run at once (--parallel) */
     unsigned long long n_requests; /* generations admitted */
     unsigned long long n_ids;      /* request ids handed out */
     unsigned long long n_tokens;   /* completion tokens generated, all requests */
     k3_srv_status status;          /* the last generation, for /health */
+    k3_metrics metrics;            /* GET /metrics (metrics.h) */
+    int states_kept, states_cap;   /* the state cache's entries and capacity, for /metrics */
 
     pthread_t worker;
     bool worker_started;
@@ -252,8 +261,9 @@ void k3_job_cancel_locked(struct k3_server *s, k3_job *j);
 void k3_job_wait_done(struct k3_server *s, k3_job *j, bool cancel);
 void k3_job_free(k3_job *j);
 
-/* status.c — the worker records a finished job (session = its session; call without s->mu);
- * /health appends the status fields (memory plan, last generation, hit rate) to b. */
+/* status.c — the worker records a finished job (session = its session; call without s->mu)
+ * for /health and /metrics (tokens, state cache, the engine's counters); /health appends the
+ * status fields (memory plan, last generation, hit rate) to b. */
 void k3_srv_status_record(struct k3_server *s, const k3_job *j, const k3_session *session);
 void k3_srv_status_json(struct k3_server *s, k3_sbuf *b);
 

@@ -1,6 +1,7 @@
 /* status.c — the figures /health shows beside liveness: the memory plan, the last
  * generation's speed and the expert store's hit rate (the web page's status panel reads them).
  *
+ * It also adds the job to /metrics' counters (metrics.h).
  * The worker owns the session, so it takes the counters after each job (k3_session_stats is
  * not safe from another thread) and copies them into s->status under s->mu; /health only
  * reads that copy and the engine's load-time lines, so it never waits for a generation.
@@ -29,6 +30,18 @@ void k3_srv_status_record(k3_server *s, const k3_job *j, const k3_session *sessi
     double t_decode = j->t_decode > 0 ? j->t_decode : j->t_end;
     o->prefill_s = t_decode > j->t_start ? t_decode - j->t_start : 0.0;
     o->decode_s = j->t_end > t_decode ? j->t_end - t_decode : 0.0;
+    k3_metrics *m = &s->metrics;
+    m->prompt_tokens += (unsigned long long)(j->n_prompt_used - j->n_cached);
+    m->cached_tokens += (unsigned long long)j->n_cached;
+    m->completion_tokens += (unsigned long long)j->n_completion;
+    if (j->state_hit) m->state_hits++;
+    else m->state_misses++;
+    m->expert_requests = st.expert_requests;
+    m->expert_hits = st.hits + st.prefetch_hits;
+    m->expert_misses = st.misses + st.prefetch_late; /* waited for a read */
+    m->expert_bytes = st.bytes_read;
+    m->spine_bytes = st.spine_bytes_read;
+    m->spine_wait_s = st.spine_wait_s;
     pthread_mutex_unlock(&s->mu);
 }
 
