@@ -17,11 +17,22 @@ override CFLAGS += -DK3_WITH_CUDA -I$(CUDA_HOME)/include
 LDLIBS  += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lpthread -lstdc++
 CU_SRC  := $(wildcard src/cuda/*.cu)
 endif
+# `make MPI=1` builds k3 with mpicc in build-mpi/ and adds expert parallelism over MPI
+# (src/dist; `mpirun -np N build-mpi/k3 run ...`); launched without mpirun it runs as one process.
+MPICC ?= mpicc
+ifeq ($(MPI),1)
+BUILD   ?= build-mpi
+CC      := $(MPICC)
+override CFLAGS += -DK3_WITH_MPI
+endif
 BUILD   ?= build
 
 # src/lab is k3-lab's alone: the shipped k3 links none of it.
 LIB_SRC  := $(sort $(filter-out src/cli/main.c src/lab/%,$(wildcard src/*/*.c)))
 LAB_SRC  := $(sort $(wildcard src/lab/*.c))
+ifneq ($(MPI),1)
+LIB_SRC  := $(filter-out src/dist/%,$(LIB_SRC))
+endif
 ifneq ($(CUDA),1)
 LIB_SRC  := $(filter-out src/cuda/%,$(LIB_SRC))
 LAB_SRC  := $(filter-out src/lab/cuda_%,$(LAB_SRC))
@@ -232,6 +243,6 @@ deps:
 	./scripts/install-deps.sh
 
 clean:
-	rm -rf build build-asan build-cuda build-fuzz k3 k3-lab
+	rm -rf build build-asan build-cuda build-mpi build-fuzz k3 k3-lab
 
 -include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(LAB_OBJ:.o=.d) $(TEST_OBJ:.o=.d)

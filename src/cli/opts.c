@@ -467,6 +467,7 @@ void k3_opts_map_fields(const char *msg, char *out, size_t cap) {
 }
 
 void k3_opts_error(const char *cmd, const char *msg) {
+    if (!msg[0]) return; /* already said (an MPI follower rank: rank 0 reports) */
     char mapped[1400];
     k3_opts_map_fields(msg, mapped, sizeof mapped);
     fprintf(stderr, "k3 %s: %s\n", cmd, mapped);
