@@ -111,6 +111,13 @@ FORCE:
 test: k3 k3-lab $(BUILD)/k3_tests
 	K3_BIN=./k3 K3_LAB_BIN=./k3-lab $(BUILD)/k3_tests
 
+# Expert parallelism over MPI (tests/mpi/run.sh): 2 and 3 ranks on this host bit-identical to
+# one process, per-rank folders, serve, a killed and a hung rank. SKIPPED without mpirun.
+.PHONY: test-mpi
+test-mpi: k3
+	@if command -v mpicc >/dev/null 2>&1; then $(MAKE) --no-print-directory MPI=1 build-mpi/k3; fi
+	K3_BIN=./k3 K3_MPI_BIN=build-mpi/k3 sh tests/mpi/run.sh
+
 # `k3 serve` through the official OpenAI client (tests/server, Node's test runner; needs
 # node + npm, and the npm registry or its cache for `npm ci`).
 test-server: k3

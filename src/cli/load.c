@@ -67,11 +67,13 @@ static int mpi_started(int rc, int verbose, k3_cli_model *m, k3_err *err) {
     int rank = k3_dist_rank(m->dist);
     int st = k3_dist_start(m->dist, rc, err, m->e, m->rank_dirs[0] ? m->rank_dirs : NULL,
                            verbose, stderr, &serr);
-    if (st) {
+    if (st) { /* rank 0 names the failed rank and exits with its status; the others exit 0
+               * so that mpirun does not end rank 0 before it has said so */
         *err = serr;
-        if (rank != 0) err->msg[0] = 0; /* rank 0 names the failed rank */
         k3_cli_model_free(m);
-        return st;
+        if (rank == 0) return st;
+        err->msg[0] = 0;
+        return K3_CLI_FOLLOWED;
     }
     if (rank == 0) return K3_OK;
     rc = k3_dist_follow(m->dist, m->e, err);
@@ -130,7 +132,7 @@ void k3_cli_model_free(k3_cli_model *m) {
     k3_engine_free(m->e);
     k3_stream_close(m->stream);
 #ifdef K3_WITH_MPI
-    k3_dist_close(m->dist, K3_ERR_DIST); /* rank 0: the followers stop */
+    k3_dist_close(m->dist); /* rank 0: the followers stop */
 #endif
     m->e = NULL;
     m->stream = NULL;

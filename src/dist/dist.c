@@ -163,9 +163,24 @@ static int grow(void **p, size_t *cap, size_t need) {
 
 /* ---- the MoE exchange (model/pass.h) ----------------------------------------------------- */
 
-static int exchange(void *user, int layer, const int *ids, int rows, int k, float *outs, int dim,
-                    int status, k3_err *err) {
-    k3_dist *d = user;
+/* A rank that finds another lost (a deadline passed, MPI failed, the ranks diverged) ends the
+ * whole job at once: the message goes to stderr here, because MPI_Abort is the one way to stop
+ * ranks that are waiting on the lost one (a rank that returned its error and exited would
+ * leave them, and a stopped rank, to mpirun's mercy) and the job is gone before main. */
+static void lost(k3_dist *d, const k3_err *err) {
+    fprintf(stderr, "k3: rank %d of %d (host %s): %s\n", d->rank, d->size, d->hosts[d->rank],
+            err->msg);
+    fflush(stdout);
+    fflush(stderr);
+    /* mpirun forwards a rank's output through its own pipes and drops what it has not read
+     * yet when the abort tears the job down: give it time to pass the line on */
+    struct timespec ts = {0, 500 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    MPI_Abort(MPI_COMM_WORLD, K3_ERR_DIST);
+}
+
+static int exchange_once(k3_dist *d, int layer, const int *ids, int rows, int k, float *outs,
+                         int dim, int status, k3_err *err) {
     double t0 = k3_now_s();
     int N = d->size, me = d->rank, slots = rows * k;
     char own_msg[MSG_CAP] = "";
@@ -217,20 +232,27 @@ static int exchange(void *user, int layer, const int *ids, int rows, int k, floa
         }
         d->bytes_sent += sbytes;
     }
-    int all = wait_all(d->req, 2 * N, done, t0 + d->timeout_s);
+    /* the followers wait twice as long, so that rank 0, which talks to the user, is the one
+     * that names a lost rank */
+    double limit = me == 0 ? d->timeout_s : 2 * d->timeout_s;
+    int all = wait_all(d->req, 2 * N, done, t0 + limit);
     d->comm_s += k3_now_s() - t0;
     d->exchanges++;
     if (all <= 0) {
         d->broken = 1;
         if (all < 0) return mpi_fail(err, -all, "the expert exchange");
+        /* a receive still open: that peer sent nothing; else a send: that peer took nothing */
         for (int p = 0; p < N; p++)
             if (!done[p])
                 return k3_fail(err, K3_ERR_DIST, "rank %d (host %s) sent nothing for MoE layer "
                                "%d within %.0f s (killed, hung, or its host lost?); ending the "
-                               "run", p, d->hosts[p], layer, d->timeout_s);
-        return k3_fail(err, K3_ERR_DIST, "rank %d (host %s): the expert exchange at MoE layer "
-                       "%d did not complete within %.0f s (a peer stopped receiving)", me,
-                       d->hosts[me], layer, d->timeout_s);
+                               "run", p, d->hosts[p], layer, limit);
+        for (int p = 0; p < N; p++)
+            if (!done[N + p])
+                return k3_fail(err, K3_ERR_DIST, "rank %d (host %s) took nothing of MoE layer "
+                               "%d within %.0f s (killed, hung, or its host lost?); ending the "
+                               "run", p, d->hosts[p], layer, limit);
+        return k3_fail(err, K3_ERR_DIST, "the exchange at MoE layer %d did not complete", layer);
     }
     /* the first failed rank, the same on every rank */
     for (int p = 0; p < N; p++) {
@@ -267,6 +289,14 @@ static int exchange(void *user, int layer, const int *ids, int rows, int k, floa
     return K3_OK;
 }
 
+static int exchange(void *user, int layer, const int *ids, int rows, int k, float *outs, int dim,
+                    int status, k3_err *err) {
+    k3_dist *d = user;
+    int rc = exchange_once(d, layer, ids, rows, k, outs, dim, status, err);
+    if (d->broken) lost(d, err);
+    return rc;
+}
+
 const k3_expert_ranks *k3_dist_expert_ranks(k3_dist *d) {
     d->xr = (k3_expert_ranks){.user = d, .rank = d->rank, .n_ranks = d->size,
                               .exchange = exchange};
@@ -275,7 +305,7 @@ const k3_expert_ranks *k3_dist_expert_ranks(k3_dist *d) {
 
 /* ---- rank 0's ops ------------------------------------------------------------------------ */
 
-static int send_ints(k3_dist *d, const int32_t *buf, int n, k3_err *err) {
+static int send_ints_once(k3_dist *d, const int32_t *buf, int n, k3_err *err) {
     MPI_Request req[256];
     char done[256] = {0};
     int rc, nreq = 0;
@@ -295,6 +325,12 @@ static int send_ints(k3_dist *d, const int32_t *buf, int n, k3_err *err) {
                            "(killed, hung, or its host lost?); ending the run", i + 1,
                            d->hosts[i + 1], d->timeout_s);
     return k3_fail(err, K3_ERR_DIST, "an op was not delivered");
+}
+
+static int send_ints(k3_dist *d, const int32_t *buf, int n, k3_err *err) {
+    int rc = send_ints_once(d, buf, n, err);
+    if (d->broken) lost(d, err);
+    return rc;
 }
 
 static int send_op(void *user, const k3_rank_op *op, k3_err *err) {
@@ -422,7 +458,9 @@ int k3_dist_follow(k3_dist *d, const k3_engine *e, k3_err *err) {
         if (rc == MPI_SUCCESS) rc = wait_all(&req, 1, &done, -1) > 0 ? MPI_SUCCESS : rc;
         if (rc != MPI_SUCCESS) {
             d->broken = 1;
-            return mpi_fail(err, rc, "waiting for rank 0");
+            mpi_fail(err, rc, "waiting for rank 0");
+            lost(d, err);
+            return err->code;
         }
         unsigned long long id = (unsigned long long)(uint32_t)b[1] |
                                 (unsigned long long)(uint32_t)b[2] << 32;
@@ -501,8 +539,9 @@ void k3_dist_summary(k3_dist *d, const k3_run_stats *mine, FILE *f) {
             if (MPI_Irecv(v, ST_N, MPI_DOUBLE, r, TAG_STATS, MPI_COMM_WORLD, &req) !=
                     MPI_SUCCESS || wait_all(&req, 1, &done, k3_now_s() + d->timeout_s) <= 0) {
                 d->broken = 1;
-                fprintf(f, "k3: rank %d (host %s): no summary within %.0f s\n", r, d->hosts[r],
-                        d->timeout_s);
+                k3_fail(&err, K3_ERR_DIST, "rank %d (host %s) sent no summary within %.0f s", r,
+                        d->hosts[r], d->timeout_s);
+                lost(d, &err);
                 return;
             }
         }
@@ -518,12 +557,11 @@ void k3_dist_summary(k3_dist *d, const k3_run_stats *mine, FILE *f) {
     }
 }
 
-void k3_dist_close(k3_dist *d, int code) {
+void k3_dist_close(k3_dist *d) {
     if (!d) return;
-    if (d->broken) { /* a peer is gone or MPI's state unknown: finalizing could hang */
-        fflush(stdout);
-        fflush(stderr);
-        MPI_Abort(MPI_COMM_WORLD, code ? code : K3_ERR_DIST);
+    if (d->broken) { /* not reached (lost() aborts); finalizing would wait for the lost rank */
+        dist_free(d);
+        return;
     }
     if (d->rank == 0 && d->started) {
         int32_t op[OP_HDR] = {OP_QUIT};

@@ -18,10 +18,15 @@
  *    (engine/k3.h) before each step, pass, rewind, reset, session creation and free, and the
  *    followers replay the ops in k3_dist_follow. The followers compute no logits (lm_head).
  *  - Nothing waits forever inside a pass: every exchange and op is nonblocking and polled
- *    against a deadline (timeout_s); a peer that sends nothing by then is an error naming
- *    rank and host, and the run ends (k3_dist_close then aborts the job, as MPI's state is
- *    unknown). A rank that fails (an expert it cannot read) sends its error instead of data,
- *    so every rank returns the same error for that pass, naming the failed rank.
+ *    against a deadline (timeout_s on rank 0, twice that on the others, so that rank 0
+ *    names the lost rank first); a peer that sends nothing by then is lost: the rank that
+ *    sees it prints the error (naming rank and host) to stderr and ends the whole job with
+ *    MPI_Abort, status K3_ERR_DIST (13) — the one exception to "only main exits": the other
+ *    ranks wait on the lost one, and a rank that merely exited would leave them (and a
+ *    stopped rank) to mpirun. A killed rank is usually seen first by mpirun, which ends the job
+ *    naming rank, node and signal.
+ *    A rank that fails (an expert it cannot read) sends its error instead of data, so every
+ *    rank returns the same error for that pass, naming the failed rank; the run goes on.
  *  - Followers wait for rank 0's next op without a deadline (rank 0 may wait for a user).
  *  - MPI_THREAD_SERIALIZED: one thread at a time calls in (the server's worker thread, or
  *    main); OpenMP regions never call MPI.
@@ -71,8 +76,7 @@ int k3_dist_follow(k3_dist *d, const k3_engine *e, k3_err *err);
  * per token. mine is rank 0's own (k3_session_stats). No effect elsewhere. */
 void k3_dist_summary(k3_dist *d, const k3_run_stats *mine, FILE *f);
 
-/* Rank 0 tells the followers to stop; every rank finalizes MPI, or aborts the job with
- * status code when an exchange failed (MPI's state is then unknown). d may be NULL. */
-void k3_dist_close(k3_dist *d, int code);
+/* Rank 0 tells the followers to stop; every rank finalizes MPI. d may be NULL. */
+void k3_dist_close(k3_dist *d);
 
 #endif
