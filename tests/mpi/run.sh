@@ -7,8 +7,10 @@
 #  2. per-rank folders through the %r placeholder in --dirs (the shards only there), and a
 #     rank whose folder lacks a shard: a non-zero exit within seconds naming rank and shard;
 #  3. `k3 serve` under mpirun: one chat request's reply (curl) identical to one process's;
-#  4. faults: a rank killed with SIGKILL mid-run, and a rank stopped (SIGSTOP, a hung host)
-#     with K3_MPI_TIMEOUT=2: each ends the job within seconds with a message naming rank 2.
+#  4. faults: an expert rank 1 cannot read mid-run (serve: the request fails naming rank 1,
+#     host, shard and expert); a rank killed with SIGKILL mid-run, and a rank stopped
+#     (SIGSTOP, a hung host) with K3_MPI_TIMEOUT=2: each ends the job within seconds with a
+#     message naming rank 2.
 # K3_BIN: the single-process k3 (reference); K3_MPI_BIN: k3 built with MPI=1. Prints
 # "N passed, M failed" last; exits non-zero on a failure; SKIPPED when mpirun is missing.
 set -u
@@ -71,7 +73,11 @@ for np in 2 3; do
 done
 # speculation: the drafter must have had drafts verified and some rejected (rewinds)
 same kjv_np3_spec "$KJV" 3 --spec 4
-if grep -q "spec" "$T/mpi.err"; then ok kjv_np3_spec_ran; else bad kjv_np3_spec_ran "no --spec summary line"; fi
+if grep -q "speculation (--spec 4): .*([1-9][0-9]* passes +" "$T/mpi.err"; then
+    ok kjv_np3_spec_verified_passes
+else
+    bad kjv_np3_spec_verified_passes "no verification pass: $(grep speculation "$T/mpi.err")"
+fi
 
 # ---- 2. per-rank folders: %r in --dirs -----------------------------------------------------
 # The model folder keeps config, index and tokenizer; the shards are only in r0/, r1/, r2/.
@@ -127,7 +133,7 @@ serve_reply() {
     # stop rank 0 (or the one process): it ends the server and tells the other ranks to quit
     r0=$spid
     for p in $(pgrep -P $spid); do
-        tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -q '^OMPI_COMM_WORLD_RANK=0$' && r0=$p
+        cat "/proc/$p/environ" 2>/dev/null | tr '\0' '\n' | grep -q '^OMPI_COMM_WORLD_RANK=0$' && r0=$p
     done
     kill -TERM $r0 2>/dev/null
     for i in $(seq 1 100); do kill -0 $spid 2>/dev/null || break; sleep 0.1; done
@@ -145,6 +151,46 @@ else
     bad serve_np3_identical_reply "one: $(head -c 300 "$T/one.json"); np3: $(head -c 300 "$T/np3.json"); $(tail -2 "$T/serve.err")"
 fi
 
+# An expert that rank 1 cannot read mid-run: its copy of shard 2 loses its experts (they lie
+# after the spine tensors) once the server is up; the request fails naming rank 1, its host
+# and the expert, and every rank stays in step (a second request gets the same answer).
+SHARD2=$(ls "$T/r0" | sort | sed -n 2p)
+SPINE_END=$(python3 - "$KJV/$SHARD2" <<'PY'
+import json, struct, sys
+f = open(sys.argv[1], 'rb'); n = struct.unpack('<Q', f.read(8))[0]; h = json.loads(f.read(n))
+h.pop('__metadata__', None)
+print(8 + n + min(v['data_offsets'][0] for k, v in h.items() if '.experts.' in k))
+PY
+)
+ln -sf "$KJV/$SHARD" "$T/r1/$SHARD" # back from the missing-shard case
+rm -f "$T/r1/$SHARD2"
+cp "$KJV/$SHARD2" "$T/r1/$SHARD2"
+$MPIRUN -np 3 "$K3_MPI_BIN" serve "$T/model" --dirs "$T/r%r" --port 0 >"$T/serve.log" 2>"$T/serve.err" &
+spid=$!
+url=""
+for i in $(seq 1 100); do
+    url=$(sed -n 's/^k3 serve: listening on \(http[^ ]*\) .*/\1/p' "$T/serve.log")
+    [ -n "$url" ] && break
+    sleep 0.1
+done
+truncate -s "$SPINE_END" "$T/r1/$SHARD2"
+for n in 1 2; do
+    [ -n "$url" ] && curl -s -m 30 "$url/completions" -H 'Content-Type: application/json' \
+        -d '{"prompt":"And God said","temperature":0,"max_tokens":8}' >"$T/expert$n.json"
+done
+for p in $(pgrep -P $spid); do
+    cat "/proc/$p/environ" 2>/dev/null | tr '\0' '\n' | grep -q '^OMPI_COMM_WORLD_RANK=0$' && kill -TERM $p
+done
+for i in $(seq 1 100); do kill -0 $spid 2>/dev/null || break; sleep 0.1; done
+kill -KILL $spid 2>/dev/null
+wait $spid 2>/dev/null
+if [ -n "$SPINE_END" ] && grep -q "rank 1 (host [^)]*) failed at MoE layer 1: .*expert" "$T/expert1.json" &&
+   grep -q "rank 1 (host [^)]*) failed at MoE layer 1" "$T/expert2.json"; then
+    ok rank_expert_read_fails_the_request_naming_rank
+else
+    bad rank_expert_read_fails_the_request_naming_rank "$(head -c 400 "$T/expert1.json" 2>/dev/null); $(tail -3 "$T/serve.err")"
+fi
+
 # ---- 4. faults ---------------------------------------------------------------------------------
 # fault NAME SIGNAL: 3 ranks generating for long; SIGNAL to rank 2 after 2 s; the job must end
 # within 15 s, non-zero, naming rank 2.
@@ -156,8 +202,8 @@ fault() {
     victim=""
     for i in $(seq 1 100); do # rank 2 of this job, once it runs
         for p in $(pgrep -x k3); do
-            if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -q '^OMPI_COMM_WORLD_RANK=2$' &&
-               tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -q "^K3_MPI_TIMEOUT=2$"; then
+            if cat "/proc/$p/environ" 2>/dev/null | tr '\0' '\n' | grep -q '^OMPI_COMM_WORLD_RANK=2$' &&
+               cat "/proc/$p/environ" 2>/dev/null | tr '\0' '\n' | grep -q "^K3_MPI_TIMEOUT=2$"; then
                 victim=$p
             fi
         done
