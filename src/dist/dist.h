@@ -72,8 +72,10 @@ int k3_dist_start(k3_dist *d, int status, const k3_err *load_err, const k3_engin
 int k3_dist_follow(k3_dist *d, const k3_engine *e, k3_err *err);
 
 /* Rank 0: asks every follower for its counters and prints one line per rank to f: host,
- * expert hit rate, GB read, read time and GB/s, communication time per token and bytes sent
- * per token. mine is rank 0's own (k3_session_stats). No effect elsewhere. */
+ * expert hit rate, GB read, the wall time with a read in flight and the GB/s over it,
+ * communication time per token (wall time inside exchanges: the transfer plus any wait for a
+ * slower rank) and bytes sent per token. mine is rank 0's own (k3_session_stats). No effect
+ * elsewhere. */
 void k3_dist_summary(k3_dist *d, const k3_run_stats *mine, FILE *f);
 
 /* Rank 0 tells the followers to stop; every rank finalizes MPI. d may be NULL. */
