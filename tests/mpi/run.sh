@@ -28,7 +28,7 @@ T=$(mktemp -d /tmp/k3-mpi.XXXXXX)
 trap '[ -n "${K3_MPI_KEEP:-}" ] || rm -rf "$T"' EXIT
 # one OpenMP thread per rank, passive waits: several ranks share this machine's cores
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
-MPIRUN="mpirun --allow-run-as-root --oversubscribe -x OMP_NUM_THREADS -x OMP_WAIT_POLICY"
+MPIRUN="mpirun --allow-run-as-root --oversubscribe -x OMP_NUM_THREADS -x OMP_WAIT_POLICY${ASAN_OPTIONS:+ -x ASAN_OPTIONS}"
 PASS=0
 FAIL=0
 ok() { PASS=$((PASS + 1)); echo "ok      mpi/$1"; }
