@@ -511,7 +511,7 @@ int k3_session_step(k3_session *s, int32_t token, float *logits, k3_err *err) {
     uint64_t faults = k3_sigbus_faults();
     k3_sigbus_arm();
     rc = k3_backend_step(s->e->backend, s->dev, s->state, token, logits,
-                             s->has_trace ? &s->trace : NULL, err);
+                         s->has_trace ? &s->trace : NULL, err);
     k3_sigbus_disarm();
     int fault = mapped_fault(s->e, faults, rc ? NULL : err);
     if (!rc) rc = fault;
@@ -608,9 +608,9 @@ int k3_session_forward(k3_session *s, const int32_t *ids, int n, float *logits, 
     uint64_t faults = k3_sigbus_faults();
     k3_sigbus_arm();
     rc = k3_backend_forward(s->e->backend, s->dev, s->state, ids, n, logits,
-                                (all ? K3_BATCH_ALL_LOGITS : 0) |
-                                (flags & K3_FWD_REWINDABLE ? K3_BATCH_REWINDABLE : 0),
-                                s->has_trace ? &s->trace : NULL, err);
+                            (all ? K3_BATCH_ALL_LOGITS : 0) |
+                            (flags & K3_FWD_REWINDABLE ? K3_BATCH_REWINDABLE : 0),
+                            s->has_trace ? &s->trace : NULL, err);
     k3_sigbus_disarm();
     int fault = mapped_fault(s->e, faults, rc ? NULL : err);
     if (!rc) rc = fault;
