@@ -21,6 +21,9 @@ endif
 # (src/dist; `mpirun -np N build-mpi/k3 run ...`); launched without mpirun it runs as one process.
 MPICC ?= mpicc
 ifeq ($(MPI),1)
+ifeq ($(shell command -v $(MPICC) 2>/dev/null),)
+$(error MPI=1: $(MPICC) not found: apt-get install openmpi-bin libopenmpi-dev (scripts/install-deps.sh))
+endif
 BUILD   ?= build-mpi
 CC      := $(MPICC)
 override CFLAGS += -DK3_WITH_MPI
