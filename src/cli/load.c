@@ -41,14 +41,11 @@ static int rank_dirs(const char *dirs, int rank, char *out, size_t cap, k3_err *
 }
 
 /* Under mpirun with several processes: MPI up, the hooks in eo, the rank's --dirs. */
-static int mpi_begin(k3_engine_opts *eo, k3_cli_model *m, k3_err *err) {
+static int mpi_begin(k3_engine_opts *eo, const k3_cli_common *cc, k3_cli_model *m,
+                     k3_err *err) {
     if (!getenv("OMPI_COMM_WORLD_SIZE") && !getenv("PMI_SIZE") && !getenv("PMIX_RANK"))
         return K3_OK; /* not launched by mpirun: one process, exactly as without MPI */
-    const char *t = getenv("K3_MPI_TIMEOUT");
-    char *end = NULL;
-    double timeout = t && *t ? strtod(t, &end) : 60;
-    if (t && *t && (*end || !(timeout > 0 && timeout < 1e6)))
-        return k3_fail(err, K3_ERR_USAGE, "K3_MPI_TIMEOUT '%s': expected seconds > 0", t);
+    double timeout = cc && cc->mpi_timeout > 0 ? cc->mpi_timeout : 60;
     int rc = k3_dist_open(timeout, &m->dist, err);
     if (rc || !m->dist) return rc;
     int rank = k3_dist_rank(m->dist);
@@ -89,7 +86,7 @@ int k3_cli_model_load(const char *model_dir, k3_engine_opts *eo, const k3_cli_co
     *m = (k3_cli_model){0};
 #ifdef K3_WITH_MPI
     int verbose = eo->verbose;
-    int mrc = mpi_begin(eo, m, err);
+    int mrc = mpi_begin(eo, cc, m, err);
     if (mrc) {
         k3_cli_model_free(m);
         return mrc;

@@ -34,8 +34,8 @@ typedef struct k3_cli_model {
  * loads, with "%r" in --dirs replaced by its rank and its expert store reading only its own
  * experts; rank 0 prints each rank's line and returns to the command; ranks 1..N-1 replay
  * rank 0's passes until it quits and then return K3_CLI_FOLLOWED with an empty message. A
- * rank that cannot load fails every rank (rank 0's message names it). K3_MPI_TIMEOUT
- * (seconds, default 60) bounds each exchange.
+ * rank that cannot load fails every rank (rank 0's message names it). cc->mpi_timeout
+ * (--mpi-timeout, K3_MPI_TIMEOUT; default 60 s) bounds each exchange.
  * Errors: those of k3_stream_open and k3_engine_load; K3_ERR_USAGE for --mmap-experts on a
  * streaming install; K3_ERR_DIST. */
 int k3_cli_model_load(const char *model_dir, k3_engine_opts *eo, const k3_cli_common *cc,
