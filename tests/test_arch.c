@@ -34,8 +34,9 @@ static const struct layer {
     const char *name, *may_include;
     bool edge;
 } LAYERS[] = {
-    {"lab", "cli server chat engine cuda model store setup kernels format tok util", true},
-    {"cli", "server chat engine store setup kernels format tok util", true},
+    {"lab", "cli dist server chat engine cuda model store setup kernels format tok util", true},
+    {"cli", "dist server chat engine store setup kernels format tok util", true},
+    {"dist", "engine model util", false},
     {"server", "chat engine tok util", true},
     {"chat", "tok util", false},
     {"engine", "cuda model store kernels format tok util", false},

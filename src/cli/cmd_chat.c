@@ -489,6 +489,7 @@ static int chat_main(const chat_opts *o, k3_err *err) {
     rc = k3_session_new(e, o->cc.ctx, &c.s, err);
     if (!rc && o->co.chunk) k3_session_set_chunk(c.s, o->co.chunk);
     if (!rc) rc = k3_cli_store_attach(&sr, c.s, &o->cc, err);
+    sr.dist = m.dist;
     if (!rc) rc = k3_conv_init(&c.conv, c.tok, err);
     if (!rc) rc = k3_sampler_init(&c.sm, &o->co.sampling, k3_engine_config(e)->vocab_size, err);
     if (!rc && o->co.spec) rc = k3_spec_init(&c.spec, o->co.spec, c.s, &c.sm, err);

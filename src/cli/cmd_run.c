@@ -323,6 +323,7 @@ static int run(const run_opts *o, k3_err *err) {
     r.s = s;
     if (o->co.chunk) k3_session_set_chunk(s, o->co.chunk);
     if ((rc = k3_cli_store_attach(&sr, s, &o->cc, err))) goto done;
+    sr.dist = m.dist;
     if (o->cc.load_state && (rc = k3_session_load(s, o->cc.load_state, err))) goto done;
     if ((rc = build_prompt(&r, &prompt, &n_prompt, err))) goto done;
     if ((size_t)k3_session_max_ctx(s) < n_prompt + (size_t)o->max_new) {

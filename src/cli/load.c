@@ -7,6 +7,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#ifdef K3_WITH_MPI
+#include "../dist/dist.h"
+#endif
+
 /* ---- the streaming install's expert source ----------------------------------------------- */
 
 static bool stream_local(void *user, const char *shard, uint64_t off, uint64_t len) {
@@ -20,28 +24,96 @@ static int stream_read(void *user, int layer, int expert, const char *shard, uin
 
 /* An install made by `k3 setup --stream` (src/setup/setup.h): its incomplete shards are found
  * in DIR/.k3/partial, and the experts not yet on disk come from the network. */
+#ifdef K3_WITH_MPI
+/* dirs with every "%r" replaced by rank, into out. Errors: K3_ERR_USAGE (too long). */
+static int rank_dirs(const char *dirs, int rank, char *out, size_t cap, k3_err *err) {
+    size_t n = 0;
+    for (const char *p = dirs; *p; p++) {
+        int w = p[0] == '%' && p[1] == 'r' ? snprintf(out + n, cap - n, "%d", rank)
+                                           : snprintf(out + n, cap - n, "%c", *p);
+        if (w < 0 || (size_t)w >= cap - n)
+            return k3_fail(err, K3_ERR_USAGE, "--dirs: longer than %zu bytes", cap - 1);
+        n += (size_t)w;
+        p += p[0] == '%' && p[1] == 'r';
+    }
+    out[n] = 0;
+    return K3_OK;
+}
+
+/* Under mpirun with several processes: MPI up, the hooks in eo, the rank's --dirs. */
+static int mpi_begin(k3_engine_opts *eo, const k3_cli_common *cc, k3_cli_model *m,
+                     k3_err *err) {
+    if (!getenv("OMPI_COMM_WORLD_SIZE") && !getenv("PMI_SIZE") && !getenv("PMIX_RANK"))
+        return K3_OK; /* not launched by mpirun: one process, exactly as without MPI */
+    double timeout = cc && cc->mpi_timeout > 0 ? cc->mpi_timeout : 60;
+    int rc = k3_dist_open(timeout, &m->dist, err);
+    if (rc || !m->dist) return rc;
+    int rank = k3_dist_rank(m->dist);
+    if (eo->dirs && (rc = rank_dirs(eo->dirs, rank, m->rank_dirs, sizeof m->rank_dirs, err)))
+        return rc;
+    if (eo->dirs) eo->dirs = m->rank_dirs;
+    eo->expert_ranks = k3_dist_expert_ranks(m->dist);
+    eo->rank_ops = k3_dist_rank_ops(m->dist);
+    if (rank != 0) eo->verbose = 0; /* rank 0 prints every rank's line */
+    return K3_OK;
+}
+
+/* After every rank's load: rank 0 goes on; the others follow it, then say K3_CLI_FOLLOWED. */
+static int mpi_started(int rc, int verbose, k3_cli_model *m, k3_err *err) {
+    k3_err serr = {0};
+    int rank = k3_dist_rank(m->dist);
+    int st = k3_dist_start(m->dist, rc, err, m->e, m->rank_dirs[0] ? m->rank_dirs : NULL,
+                           verbose, stderr, &serr);
+    if (st) { /* rank 0 names the failed rank and exits with its status; the others exit 0
+               * so that mpirun does not end rank 0 before it has said so */
+        *err = serr;
+        k3_cli_model_free(m);
+        if (rank == 0) return st;
+        err->msg[0] = 0;
+        return K3_CLI_FOLLOWED;
+    }
+    if (rank == 0) return K3_OK;
+    rc = k3_dist_follow(m->dist, m->e, err);
+    k3_cli_model_free(m);
+    if (rc) return rc;
+    err->msg[0] = 0;
+    return K3_CLI_FOLLOWED;
+}
+#endif
+
 int k3_cli_model_load(const char *model_dir, k3_engine_opts *eo, const k3_cli_common *cc,
                       k3_cli_model *m, k3_err *err) {
     *m = (k3_cli_model){0};
+#ifdef K3_WITH_MPI
+    int verbose = eo->verbose;
+    int mrc = mpi_begin(eo, cc, m, err);
+    if (mrc) {
+        k3_cli_model_free(m);
+        return mrc;
+    }
+#endif
     k3_http_opts http = {.token = cc ? cc->hf_token : NULL};
     k3_stream_opts so = {.http = &http, .disk_budget_bytes = -1};
     if (cc && cc->expert_disk_gb >= 0) so.disk_budget_bytes = (int64_t)(cc->expert_disk_gb * 1e9);
     int rc = k3_stream_open_opts(model_dir, &so, &m->stream, err);
-    if (rc) return rc;
-    if (m->stream) {
-        if (eo->experts_in_place) {
-            k3_cli_model_free(m);
-            return k3_fail(err, K3_ERR_USAGE, "%s is a streaming install: experts cannot be "
-                           "used in place (experts_in_place) while some are not on disk",
-                           model_dir);
-        }
+    if (!rc && m->stream) {
+        if (eo->experts_in_place)
+            rc = k3_fail(err, K3_ERR_USAGE, "%s is a streaming install: experts cannot be "
+                         "used in place (experts_in_place) while some are not on disk",
+                         model_dir);
         snprintf(m->dirs, sizeof m->dirs, "%s%s%s/.k3/partial", eo->dirs ? eo->dirs : "",
                  eo->dirs ? ":" : "", model_dir);
         eo->dirs = m->dirs;
         m->source = (k3_expert_source){m->stream, stream_local, stream_read};
         eo->expert_source = &m->source;
     }
-    if ((rc = k3_engine_load(model_dir, eo, &m->e, err))) {
+    if (!rc) rc = k3_engine_load(model_dir, eo, &m->e, err);
+#ifdef K3_WITH_MPI
+    if (m->dist) { /* every rank learns whether every rank loaded */
+        if ((rc = mpi_started(rc, verbose, m, err))) return rc;
+    }
+#endif
+    if (rc) {
         k3_cli_model_free(m);
         return rc;
     }
@@ -56,8 +128,12 @@ int k3_cli_model_load(const char *model_dir, k3_engine_opts *eo, const k3_cli_co
 void k3_cli_model_free(k3_cli_model *m) {
     k3_engine_free(m->e);
     k3_stream_close(m->stream);
+#ifdef K3_WITH_MPI
+    k3_dist_close(m->dist); /* rank 0: the followers stop */
+#endif
     m->e = NULL;
     m->stream = NULL;
+    m->dist = NULL;
 }
 
 int k3_cli_check_writable(const char *flag, const char *path, k3_err *err) {
@@ -129,6 +205,9 @@ void k3_cli_store_finish(k3_cli_store_run *r, int verbose) {
         k3_session_stats(r->s, &st);
         k3_run_stats_summary(&st, line, sizeof line);
         fprintf(stderr, "k3: %s\n", line);
+#ifdef K3_WITH_MPI
+        k3_dist_summary(r->dist, &st, stderr);
+#endif
     }
     if (r->trace) fclose(r->trace);
     r->trace = NULL;

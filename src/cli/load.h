@@ -12,8 +12,16 @@
 #include "../store/store.h"
 #include "opts.h"
 
+struct k3_dist; /* src/dist/dist.h (make MPI=1) */
+
+/* What k3_cli_model_load returns on ranks 1..N-1 of an MPI run once rank 0 has ended the run
+ * (they served it; main exits 0). */
+#define K3_CLI_FOLLOWED 200
+
 typedef struct k3_cli_model {
     k3_engine *e;
+    struct k3_dist *dist;       /* an MPI run of several ranks (make MPI=1), else NULL */
+    char rank_dirs[8192];       /* --dirs with %r replaced by this rank */
     k3_stream *stream;          /* a streaming install's missing experts, or NULL */
     k3_expert_source source;    /* reads them through stream */
     char dirs[8192];            /* the shard folders: --dirs + DIR/.k3/partial */
@@ -21,8 +29,15 @@ typedef struct k3_cli_model {
 
 /* Loads model_dir with eo (eo->dirs and eo->expert_source are set here when model_dir is a
  * streaming install; m must stay in place while the engine lives). With eo->verbose, also
- * prints the install's line. Errors: those of k3_stream_open and k3_engine_load; K3_ERR_USAGE
- * for --mmap-experts on a streaming install. */
+ * prints the install's line.
+ * Under mpirun with more than one process (a build with MPI=1, src/dist/dist.h): every rank
+ * loads, with "%r" in --dirs replaced by its rank and its expert store reading only its own
+ * experts; rank 0 prints each rank's line and returns to the command; ranks 1..N-1 replay
+ * rank 0's passes until it quits and then return K3_CLI_FOLLOWED with an empty message. A
+ * rank that cannot load fails every rank (rank 0's message names it). cc->mpi_timeout
+ * (--mpi-timeout, K3_MPI_TIMEOUT; default 60 s) bounds each exchange.
+ * Errors: those of k3_stream_open and k3_engine_load; K3_ERR_USAGE for --mmap-experts on a
+ * streaming install; K3_ERR_DIST. */
 int k3_cli_model_load(const char *model_dir, k3_engine_opts *eo, const k3_cli_common *cc,
                       k3_cli_model *m, k3_err *err);
 /* Frees the engine, then the stream. */
@@ -38,6 +53,7 @@ typedef struct k3_cli_store_run {
     k3_session *s;
     FILE *trace;        /* --router-trace, or NULL */
     int profile;        /* lines per pass: 0 none, 1 one line, 2 also one per-layer line */
+    struct k3_dist *dist; /* an MPI run: the summary adds one line per rank (set by the caller) */
 } k3_cli_store_run;
 
 /* Opens the router trace and installs the trace hook on s. Errors: K3_ERR_IO (trace file). */

@@ -3,6 +3,7 @@
  * are the separate k3-lab binary (src/lab). Only this layer exits. */
 #include "cli.h"
 #include "cmdtable.h"
+#include "load.h"
 #include "model_dir.h"
 
 #define LAB "k3-lab"
@@ -46,10 +47,12 @@ static const k3_program k3_prog = {
     "Exit status: 0 ok, 2 usage, 3 I/O, 4 config, 5 checkpoint, 6 tokenizer,\n"
     "7 bad input, 8 packed spine corrupt or from another model, 9 a routed expert\n"
     "could not be read mid-run, 12 GPU (no device, built without CUDA, CUDA error),\n"
+    "13 a rank of an MPI run failed or did not answer (make MPI=1),\n"
     "130 interrupted.\n",
     commands,
 };
 
 int main(int argc, char **argv) {
-    return k3_program_main(&k3_prog, argc, argv);
+    int rc = k3_program_main(&k3_prog, argc, argv);
+    return rc == K3_CLI_FOLLOWED ? 0 : rc; /* an MPI follower rank: rank 0 ran the command */
 }

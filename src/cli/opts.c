@@ -86,7 +86,13 @@ static const k3_opt table[] = {
      .type = K3_OPT_WORD, .choices = policies, .def = "s3fifo", .meta = "P",
      .group = K3_OG_STORE, .help = "s3fifo or lru"},
     {.flag = "--dirs", .env = "K3_DIRS", K3_OPT_ENG(dirs), .type = K3_OPT_STR, .meta = "D1:D2",
-     .group = K3_OG_STORE, .help = "extra folders holding shards, e.g. on other drives"},
+     .group = K3_OG_STORE, .help = "extra folders holding shards, e.g. on other drives; under\n"
+                                   "mpirun (make MPI=1) %r is the rank's number"},
+    {.flag = "--mpi-timeout", .env = "K3_MPI_TIMEOUT", .field = "mpi_timeout",
+     K3_OPT_COM(mpi_timeout), .type = K3_OPT_DOUBLE, .lo = 0, .hi = 1e6,
+     .flags = K3_OPTF_LO_OPEN, .def = "60", .meta = "S", .group = K3_OG_STORE,
+     .help = "under mpirun (make MPI=1): seconds a rank waits for another's experts\n"
+             "before it ends the job naming the rank that did not answer"},
     {.flag = "--expert-disk-gb", .field = "expert_disk_gb", K3_OPT_COM(expert_disk_gb),
      .type = K3_OPT_DOUBLE, .lo = -1, .hi = 1e6, .def = "-1", .meta = "GB", .group = K3_OG_STORE,
      .help = "streaming install (k3 setup --stream): disk for the experts fetched on\n"
@@ -467,6 +473,7 @@ void k3_opts_map_fields(const char *msg, char *out, size_t cap) {
 }
 
 void k3_opts_error(const char *cmd, const char *msg) {
+    if (!msg[0]) return; /* already said (an MPI follower rank: rank 0 reports) */
     char mapped[1400];
     k3_opts_map_fields(msg, mapped, sizeof mapped);
     fprintf(stderr, "k3 %s: %s\n", cmd, mapped);

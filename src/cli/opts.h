@@ -35,6 +35,8 @@ typedef struct k3_cli_common {
     const char *hf_token;      /* HF_TOKEN: a streaming install's downloads */
     double expert_disk_gb;     /* --expert-disk-gb: a streaming install's fetched experts on
                                   disk, GB; < 0: leave a margin of the file system free */
+    double mpi_timeout;        /* --mpi-timeout / K3_MPI_TIMEOUT: seconds an MPI rank waits for
+                                  another (make MPI=1; src/dist/dist.h) */
 } k3_cli_common;
 
 /* Where a row writes. */

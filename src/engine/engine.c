@@ -260,6 +260,8 @@ int k3_engine_load(const char *model_dir, const k3_engine_opts *opts, k3_engine 
     if (!rc) rc = open_spine(e, model_dir, opts, err);
     if (!rc) rc = k3_model_bind_packed(&e->model, &e->cfg, e->ck, e->pack, e->approx, err);
     if (!rc) rc = k3_kernels_select(opts->kernels, &e->model.kr, err);
+    e->model.ranks = opts->expert_ranks;
+    e->rank_ops = opts->rank_ops;
     k3_engine_opts dev = *opts;
     uint64_t spine_bytes = UINT64_MAX;
     if (!rc) rc = plan_memory(e, opts, &spine_bytes, err);
@@ -268,6 +270,10 @@ int k3_engine_load(const char *model_dir, const k3_engine_opts *opts, k3_engine 
     if (!rc) rc = open_store(e, &ss, err);
     if (!rc) rc = attach_source(e, opts, err);
     if (!rc) rc = k3_backend_open(&e->model, &dev, &e->backend, err);
+    if (!rc && opts->expert_ranks && k3_backend_can_rewind(e->backend) == 0)
+        rc = k3_fail(err, K3_ERR_USAGE, "device '%s': an MPI run computes its experts on the "
+                     "CPU backend only (GPU ranks are not built yet); give --device cpu",
+                     k3_backend_name(e->backend));
     if (rc) {
         k3_engine_free(e);
         return rc;
@@ -326,6 +332,16 @@ void k3_engine_describe(const k3_engine *e, int parts, char *buf, size_t cap) {
     }
 }
 
+/* Rank 0 of an MPI run: the other ranks replay op before this rank runs it (dist.h). */
+static int mirror(const k3_session *s, int kind, int arg, int flags, const int32_t *ids, int n,
+                  k3_err *err) {
+    const k3_rank_ops *o = s->e->rank_ops;
+    if (!o) return K3_OK;
+    k3_rank_op op = {.kind = kind, .session = (unsigned long long)(uintptr_t)s, .arg = arg,
+                     .flags = flags, .n = n, .ids = ids};
+    return o->send(o->user, &op, err);
+}
+
 int k3_session_new(const k3_engine *e, int max_ctx, k3_session **out, k3_err *err) {
     k3_session *s = calloc(1, sizeof *s);
     if (!s) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
@@ -344,12 +360,17 @@ int k3_session_new(const k3_engine *e, int max_ctx, k3_session **out, k3_err *er
         k3_session_free(s);
         return rc;
     }
+    if ((rc = mirror(s, K3_ROP_NEW, k3_state_max_ctx(s->state), 0, NULL, 0, err))) {
+        k3_session_free(s);
+        return rc;
+    }
     *out = s;
     return K3_OK;
 }
 
 void k3_session_free(k3_session *s) {
     if (!s) return;
+    mirror(s, K3_ROP_FREE, 0, 0, NULL, 0, NULL); /* a rank that missed it quits anyway */
     k3_backend_session_free(s->e->backend, s->dev);
     k3_state_free(s->state);
     free(s->tokens);
@@ -357,6 +378,7 @@ void k3_session_free(k3_session *s) {
 }
 
 void k3_session_reset(k3_session *s) {
+    mirror(s, K3_ROP_RESET, 0, 0, NULL, 0, NULL); /* a lost rank fails the next pass */
     k3_state_reset(s->state);
     k3_backend_session_reset(s->e->backend, s->dev);
 }
@@ -455,11 +477,13 @@ int k3_session_step(k3_session *s, int32_t token, float *logits, k3_err *err) {
         return k3_fail(err, K3_ERR_INPUT, "the context is full (%d positions); start a new "
                        "session or raise --ctx", k3_state_max_ctx(s->state));
     int pos = k3_state_pos(s->state);
+    int rc = mirror(s, K3_ROP_STEP, token, 0, NULL, 0, err);
+    if (rc) return rc;
     s->tokens[pos] = token;
     uint64_t faults = k3_sigbus_faults();
     k3_sigbus_arm();
-    int rc = k3_backend_step(s->e->backend, s->dev, s->state, token, logits,
-                             s->has_trace ? &s->trace : NULL, err);
+    rc = k3_backend_step(s->e->backend, s->dev, s->state, token, logits,
+                         s->has_trace ? &s->trace : NULL, err);
     k3_sigbus_disarm();
     int fault = k3_engine_mapped_fault(s->e, faults, rc ? NULL : err);
     if (!rc) rc = fault;
@@ -550,13 +574,15 @@ int k3_session_forward(k3_session *s, const int32_t *ids, int n, float *logits, 
     if ((flags & K3_FWD_REWINDABLE) && !k3_session_can_rewind(s))
         return k3_fail(err, K3_ERR_USAGE, "this backend cannot rewind a pass");
     bool all = flags & K3_FWD_ALL_LOGITS;
+    int rc = mirror(s, K3_ROP_FORWARD, 0, flags & K3_FWD_REWINDABLE, ids, n, err);
+    if (rc) return rc;
     memcpy(s->tokens + pos, ids, (size_t)n * sizeof *ids);
     uint64_t faults = k3_sigbus_faults();
     k3_sigbus_arm();
-    int rc = k3_backend_forward(s->e->backend, s->dev, s->state, ids, n, logits,
-                                (all ? K3_BATCH_ALL_LOGITS : 0) |
-                                (flags & K3_FWD_REWINDABLE ? K3_BATCH_REWINDABLE : 0),
-                                s->has_trace ? &s->trace : NULL, err);
+    rc = k3_backend_forward(s->e->backend, s->dev, s->state, ids, n, logits,
+                            (all ? K3_BATCH_ALL_LOGITS : 0) |
+                            (flags & K3_FWD_REWINDABLE ? K3_BATCH_REWINDABLE : 0),
+                            s->has_trace ? &s->trace : NULL, err);
     k3_sigbus_disarm();
     int fault = k3_engine_mapped_fault(s->e, faults, rc ? NULL : err);
     if (!rc) rc = fault;
@@ -566,7 +592,8 @@ int k3_session_forward(k3_session *s, const int32_t *ids, int n, float *logits, 
 }
 
 int k3_session_rewind(k3_session *s, int pos, k3_err *err) {
-    return k3_backend_rewind(s->e->backend, s->dev, s->state, pos, err);
+    int rc = mirror(s, K3_ROP_REWIND, pos, 0, NULL, 0, err);
+    return rc ? rc : k3_backend_rewind(s->e->backend, s->dev, s->state, pos, err);
 }
 
 /* Whether the spine is the (lossy) int8 pack: part of a state file's fingerprint. */
@@ -580,6 +607,9 @@ int k3_session_save(const k3_session *s, const char *path, k3_err *err) {
 }
 
 int k3_session_load(k3_session *s, const char *path, k3_err *err) {
+    if (s->e->rank_ops)
+        return k3_fail(err, K3_ERR_USAGE, "%s: state files cannot be loaded in an MPI run (the "
+                       "other ranks would not follow); run it in one process", path);
     int rc = k3_state_file_load(s->state, &s->e->model, s->e->ck, SPINE_INT8(s->e), s->tokens,
                                 path, err);
     if (rc && k3_state_pos(s->state) == 0) /* the host state was reset: so is the device's */

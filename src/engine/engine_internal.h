@@ -28,6 +28,7 @@ struct k3_engine {
     char spine_plan_line[1024]; /* the spine budget's plan (src/model/spine.h) */
     k3_plan mplan;          /* the memory planner's plan (plan.h) */
     char mplan_line[1024];
+    const k3_rank_ops *rank_ops; /* rank 0 of an MPI run: the followers replay its ops */
 };
 
 struct k3_session {

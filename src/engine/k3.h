@@ -41,6 +41,28 @@ struct k3_expert_source; /* src/store/store.h */
  * these fields). Start from k3_engine_opts_default(); errors name the fields (e.g.
  * "expert_gb"), which the CLI maps back to its flags. */
 struct k3_machine_mem; /* src/engine/plan.h */
+
+/* Expert parallelism (src/dist/dist.h): what rank 0's engine tells the other ranks before it
+ * changes a session, so that they replay the same passes on their copies. */
+enum k3_rank_op_kind {
+    K3_ROP_NEW = 1,  /* arg = max_ctx */
+    K3_ROP_FREE,
+    K3_ROP_RESET,
+    K3_ROP_STEP,     /* arg = the token */
+    K3_ROP_FORWARD,  /* ids[n], flags = K3_FWD_REWINDABLE or 0 */
+    K3_ROP_REWIND,   /* arg = the position */
+};
+typedef struct k3_rank_op {
+    int kind;                /* enum k3_rank_op_kind */
+    unsigned long long session; /* which session (rank 0's own name for it) */
+    int arg, flags, n;
+    const int32_t *ids;
+} k3_rank_op;
+typedef struct k3_rank_ops {
+    void *user;
+    /* Sends op to every other rank. Errors: K3_ERR_DIST naming the rank that did not take it. */
+    int (*send)(void *user, const k3_rank_op *op, k3_err *err);
+} k3_rank_ops;
 #define K3_SPINE_GB_PLAN (-1.0)     /* k3_engine_opts.spine_gb: planned */
 #define K3_SPINE_GB_IN_PLACE (-2.0) /* k3_engine_opts.spine_gb: never a budget */
 
@@ -92,6 +114,11 @@ typedef struct k3_engine_opts {
     int sessions;             /* sessions that will be open at once, for the plan (default 1) */
     const struct k3_machine_mem *machine; /* the machine's memory (plan.h); NULL = probed from
                                            * /proc and the process's cgroup (tests give one) */
+    /* Expert parallelism (src/dist): the MoE's exchange with the other ranks (every rank), and
+     * the op mirror (rank 0 only); NULL = one process. Must outlive the engine. With
+     * rank_ops, k3_session_load is refused (the other ranks could not follow it). */
+    const k3_expert_ranks *expert_ranks;
+    const k3_rank_ops *rank_ops;
 } k3_engine_opts;
 
 /* The library's defaults: threads = physical cores, BF16 spine, expert store on its memory

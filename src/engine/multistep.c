@@ -2,7 +2,8 @@
  *
  * The call checks everything it can before the pass, so that a segment that cannot run (an id
  * out of range, a full context) is left out and reported alone; then the segments that can run
- * go through the model in one pass. A device backend steps them one after another instead. */
+ * go through the model in one pass. A device backend, and rank 0 of an MPI run, step them
+ * one after another instead (shared_pass). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,6 +24,13 @@ struct k3_multistep {
     int *live;                   /* [max_rows] their indices in the call's segments */
 };
 
+/* Whether segments share one pass: on the CPU, and not as rank 0 of an MPI run, whose
+ * followers replay session ops one by one (each session's step or pass, engine.c) and know
+ * nothing of a pass over several sessions. Otherwise the segments go one after another. */
+static bool shared_pass(const k3_engine *e) {
+    return !strcmp(k3_backend_name(e->backend), "cpu") && !e->rank_ops;
+}
+
 int k3_multistep_new(const k3_engine *e, int max_rows, k3_multistep **out, k3_err *err) {
     if (max_rows < 1 || max_rows > K3_MULTISTEP_MAX_ROWS)
         return k3_fail(err, K3_ERR_INPUT, "a multistep pass holds 1 to %d rows, not %d",
@@ -35,7 +43,7 @@ int k3_multistep_new(const k3_engine *e, int max_rows, k3_multistep **out, k3_er
     ms->step_segs = calloc((size_t)max_rows, sizeof *ms->step_segs);
     ms->bsegs = calloc((size_t)max_rows, sizeof *ms->bsegs);
     ms->live = calloc((size_t)max_rows, sizeof *ms->live);
-    bool cpu = !strcmp(k3_backend_name(e->backend), "cpu");
+    bool cpu = shared_pass(e);
     if (cpu) ms->b = k3_batch_new(&e->model, max_rows);
     int rc = K3_OK;
     if (!ms->step_segs || !ms->bsegs || !ms->live || (cpu && !ms->b))
@@ -65,7 +73,7 @@ uint64_t k3_multistep_plan_bytes(const k3_engine *e, int max_rows) {
     if (max_rows < 1) max_rows = 1;
     uint64_t segs = (uint64_t)max_rows * (sizeof(k3_multistep_seg) + sizeof(k3_batch_seg) +
                                           sizeof(int));
-    bool cpu = !strcmp(k3_backend_name(e->backend), "cpu");
+    bool cpu = shared_pass(e);
     return sizeof(k3_multistep) + segs + (cpu ? k3_batch_bytes(&e->model, max_rows) : 0);
 }
 

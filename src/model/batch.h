@@ -42,6 +42,8 @@ typedef struct k3_batch {
      * uni or -1), and for union entry u its members first[u]..first[u+1]-1 in member_tok /
      * member_j (token index and its router slot) */
     int *uni, *slot_of, *first, *fill, *member_tok, *member_j;
+    /* expert parallelism (pass.h): this rank's entries of uni [E] and their indices in uni */
+    int *own_uni, *own_u;
     /* one expert over its tokens: z [cap][latent], eg, eu [cap][moe_inter], eo [cap][latent] */
     float *z, *eg, *eu, *eo;
     /* the pass's segments (forward_batch.c): row t belongs to segment row_seg[t] at position

@@ -72,7 +72,10 @@ static void experts_forward(const k3_model *m, k3_state *s, const float *z, int 
         k3_situ_vec(g, s->exp_up + e * inter, (int)inter, c->situ_beta, c->situ_linear_beta, g);
         w[e] = s->ready[e].w2;
         xs[e] = g;
-        ys[e] = s->exp_outs + (size_t)s->ready_j[e] * lat;
+        /* the expert's router slot: its index in topk, through own_at when this rank
+         * asked the store for its own experts only */
+        int j = m->ranks ? s->own_at[s->ready_j[e]] : s->ready_j[e];
+        ys[e] = s->exp_outs + (size_t)j * lat;
     }
     k3_matvec_mxfp4_many(m->kr, n, w, xs, ys);
 }
@@ -88,17 +91,31 @@ void k3_moe_prefetch_next(const k3_model *m, int layer, k3_state *s, const float
     if (next >= c->num_hidden_layers || !m->layers[next].is_moe) return;
     if (k3_store_layer_pipe(m->store, next) & K3_PIPE_LOOKAHEAD) {
         route(m, &m->layers[next].moe, x, s->la_router, s->la_biased, s->la_topk, s->la_topk_w);
-        k3_store_prefetch(s->store, next, s->la_topk, K, K3_PIPE_LOOKAHEAD);
+        int n = k3_moe_owned(m, next, s->la_topk, K, s->own_pf, NULL);
+        k3_store_prefetch(s->store, next, s->own_pf, n, K3_PIPE_LOOKAHEAD);
     }
     const int *prev = k3_store_prev_choice(s->store, next);
-    if (prev) k3_store_prefetch(s->store, next, prev, K, K3_PIPE_PREV);
+    if (prev) {
+        int n = k3_moe_owned(m, next, prev, K, s->own_pf, NULL);
+        k3_store_prefetch(s->store, next, s->own_pf, n, K3_PIPE_PREV);
+    }
+}
+
+int k3_moe_owned(const k3_model *m, int layer, const int *ids, int k, int *own, int *at) {
+    const k3_expert_ranks *r = m->ranks;
+    int n = 0;
+    for (int j = 0; j < k; j++) {
+        if (r && k3_expert_owner(layer, ids[j], r->n_ranks) != r->rank) continue;
+        if (at) at[n] = j;
+        own[n++] = ids[j];
+    }
+    return n;
 }
 
 /* The routed experts of the layer, computed in groups as the store has them ready (all at
  * once when cached), each into its own row of s->exp_outs (so arrival order cannot change the
  * result). */
-static int routed_experts(const k3_model *m, int layer, k3_state *s, k3_err *err) {
-    int K = m->cfg.num_experts_per_token;
+static int routed_experts(const k3_model *m, int layer, k3_state *s, int K, k3_err *err) {
     for (int done = 0; done < K;) {
         int n;
         double t0 = k3_now_s();
@@ -125,12 +142,21 @@ int k3_moe_forward(const k3_model *m, const k3_layer *L, k3_state *s, const floa
     int layer = L->index;
     double t0 = k3_now_s();
     route(m, w, x, s->router, s->biased, s->topk, s->topk_w);
-    k3_store_begin(s->store, layer, s->topk, K); /* misses start reading now */
+    int own = K;
+    if (m->ranks) { /* this rank's experts only; every rank remembers the whole choice */
+        own = k3_moe_owned(m, layer, s->topk, K, s->own_ids, s->own_at);
+        k3_store_begin(s->store, layer, s->own_ids, own);
+        k3_store_set_choice(s->store, layer, s->topk, K);
+    } else {
+        k3_store_begin(s->store, layer, s->topk, K); /* misses start reading now */
+    }
     k3_moe_prefetch_next(m, layer, s, x);
     s->tok.router_s += k3_now_s() - t0;
     k3_matvec(m->kr, &w->down_proj, x, s->lat);
-    int rc = routed_experts(m, layer, s, err);
+    int rc = routed_experts(m, layer, s, own, err);
     k3_store_end(s->store);
+    if (m->ranks) /* also after a failure: the peers learn it instead of waiting */
+        rc = m->ranks->exchange(m->ranks->user, layer, s->topk, 1, K, s->exp_outs, lat, rc, err);
     if (rc) return rc;
     for (int i = 0; i < lat; i++) s->lat_acc[i] = 0;
     for (int j = 0; j < K; j++) { /* weighted sum in slot order */

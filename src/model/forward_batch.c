@@ -43,8 +43,8 @@ void k3_batch_free(k3_batch *b) {
                   b->eg, b->eu, b->eo, b->rw.S, b->rw.conv, b->rw.k, b->rw.v, b->rw.alpha,
                   b->rw.beta, b->rw.raw};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) free(f[i]);
-    int *ip[] = {b->topk, b->uni, b->slot_of, b->first, b->fill, b->member_tok, b->member_j,
-                 b->row_seg, b->row_pos, b->seg_first};
+    int *ip[] = {b->topk, b->uni, b->own_uni, b->own_u, b->slot_of, b->first, b->fill,
+                 b->member_tok, b->member_j, b->row_seg, b->row_pos, b->seg_first};
     for (size_t i = 0; i < sizeof ip / sizeof ip[0]; i++) free(ip[i]);
     free(b);
 }
@@ -86,6 +86,7 @@ static size_t batch_layout(const k3_model *m, int max_blocks, int cap, k3_batch 
     ALLOC(b->lat, n * lat); ALLOC(b->lat_acc, n * lat); ALLOC(b->exp_outs, n * K * lat);
     ALLOC(b->topk_w, n * K); ALLOC(b->topk, n * K);
     ALLOC(b->uni, E); ALLOC(b->slot_of, E); ALLOC(b->first, E + 1); ALLOC(b->fill, E);
+    ALLOC(b->own_uni, E); ALLOC(b->own_u, E);
     ALLOC(b->member_tok, n * K); ALLOC(b->member_j, n * K);
     ALLOC(b->row_seg, n); ALLOC(b->row_pos, n); ALLOC(b->seg_first, n + 1);
     ALLOC(b->z, n * lat); ALLOC(b->eg, n * (size_t)c->moe_intermediate_size);
@@ -332,9 +333,14 @@ static int moe_batch(pass *p, const k3_layer *L, float *out, k3_err *err) {
     for (int t = 0; t < n; t++)
         k3_moe_select(m, w, b->router + (size_t)t * E, b->biased + (size_t)t * E,
                       b->topk + t * K, b->topk_w + t * K);
-    int nu = gather_union(c, b, n);
+    int nu = gather_union(c, b, n), own = nu;
     b->experts += (uint64_t)nu;
-    k3_store_begin(p->client, layer, b->uni, nu); /* misses start reading now */
+    if (m->ranks) { /* this rank's experts of the union only */
+        own = k3_moe_owned(m, layer, b->uni, nu, b->own_uni, b->own_u);
+        k3_store_begin(p->client, layer, b->own_uni, own);
+    } else {
+        k3_store_begin(p->client, layer, b->uni, nu); /* misses start reading now */
+    }
     for (int i = 0; i < p->nseg; i++) { /* each session's history: its last row's choice */
         int last = b->seg_first[i + 1] - 1;
         k3_state *s = p->segs[i].s;
@@ -344,7 +350,7 @@ static int moe_batch(pass *p, const k3_layer *L, float *out, k3_err *err) {
     acct->tok.router_s += k3_now_s() - t0;
     k3_matmul(m->kr, &w->down_proj, b->xn, n, b->lat);
     int rc = K3_OK;
-    for (int done = 0; done < nu && !rc; done++) {
+    for (int done = 0; done < own && !rc; done++) {
         int u;
         k3_expert ex;
         double t1 = k3_now_s();
@@ -353,13 +359,16 @@ static int moe_batch(pass *p, const k3_layer *L, float *out, k3_err *err) {
         acct->tok.eload_s += t2 - t1;
         acct->layer_eload_s[layer] += t2 - t1;
         if (rc) break;
-        expert_batch(m, b, u, &ex);
+        expert_batch(m, b, m->ranks ? b->own_u[u] : u, &ex);
         k3_store_done(p->client, u);
         double dt = k3_now_s() - t2;
         acct->tok.expert_s += dt;
         acct->layer_expert_s[layer] += dt;
     }
     k3_store_end(p->client);
+    if (m->ranks) /* also after a failure: the peers learn it instead of waiting */
+        rc = m->ranks->exchange(m->ranks->user, layer, b->topk, n, K, b->exp_outs, (int)lat, rc,
+                                err);
     if (rc) return rc;
     for (int t = 0; t < n; t++) { /* each token's weighted sum in its router order */
         float *acc = b->lat_acc + t * lat;

@@ -54,5 +54,9 @@ void k3_moe_select(const k3_model *m, const k3_moe_weights *w, float *scores, fl
                    int *ids, float *weights);
 /* K3_PIPE: asks the store for the next MoE layer's likely experts, given this layer's input x. */
 void k3_moe_prefetch_next(const k3_model *m, int layer, k3_state *s, const float *x);
+/* This rank's share of ids[k] at MoE layer `layer` (all of them without m->ranks): writes
+ * the owned ids to own[] in their order, and their indices in ids to at[] (may be NULL);
+ * returns how many. */
+int k3_moe_owned(const k3_model *m, int layer, const int *ids, int k, int *own, int *at);
 
 #endif

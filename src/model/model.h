@@ -78,6 +78,8 @@ typedef struct k3_model {
     int n_packed;                         /* spine matrices bound to an int8 pack (issue 8) */
     struct k3_spine *spine;               /* the spine budget (spine.h), or NULL: all in place.
                                            * Passes get layers via k3_spine_layer, not layers[] */
+    const k3_expert_ranks *ranks;         /* expert parallelism (pass.h), or NULL: this
+                                           * process computes every routed expert */
 } k3_model;
 
 /* Binds every tensor the forward pass needs, checking dtype and shape against cfg.

@@ -58,4 +58,32 @@ typedef struct k3_spine_stats {
     double read_s, wait_s;                 /* time reading; time passes waited for reads */
 } k3_spine_stats;
 
+/* Expert parallelism (src/dist, `make MPI=1`): the routed experts of every MoE layer are
+ * partitioned among n_ranks processes that all run the same spine on the same inputs. Rank r
+ * owns expert e of MoE layer l when (e + l) mod n_ranks == r (k3_expert_owner): any 16 of a
+ * layer's experts spread over the ranks as evenly as ids fall, and the shift by l makes
+ * expert 0..n-1's position differ per layer, so no rank owns the same low ids everywhere.
+ * At each MoE layer a rank computes only the chosen experts it owns; exchange then gives
+ * every rank every chosen expert's output, and each sums them in router order itself, so
+ * every rank computes exactly the single-process bits (an MPI reduction would fix no order).
+ *
+ * Invariant: with ranks NULL (one process) the MoE runs exactly as without this type. */
+typedef struct k3_expert_ranks {
+    void *user;
+    int rank, n_ranks;   /* this process, of n_ranks >= 2 */
+    /* At MoE layer `layer`, rows x k router slots with expert ids ids[rows * k]: outs
+     * [rows * k][dim] holds this rank's own experts' outputs (k3_expert_owner(layer, id) ==
+     * rank) and receives every other slot's from its owner, bit for bit. status is this
+     * rank's own result for the layer (K3_OK, or an error with err filled: it is sent to the
+     * peers instead of data so that no one waits for it). Returns K3_OK, or the first failing
+     * rank's status with err naming that rank, its host and what failed; a peer that sends
+     * nothing within the deadline is an error naming it (no call waits forever). */
+    int (*exchange)(void *user, int layer, const int *ids, int rows, int k, float *outs,
+                    int dim, int status, struct k3_err *err);
+} k3_expert_ranks;
+
+static inline int k3_expert_owner(int layer, int expert, int n_ranks) {
+    return (expert + layer) % n_ranks;
+}
+
 #endif

@@ -47,6 +47,9 @@ static int alloc_all(k3_state *s, const k3_model *m) {
     ALLOC(s->la_router, (size_t)c->num_experts); ALLOC(s->la_biased, (size_t)c->num_experts);
     ALLOC(s->la_topk, (size_t)c->num_experts_per_token);
     ALLOC(s->la_topk_w, (size_t)c->num_experts_per_token);
+    ALLOC(s->own_ids, (size_t)c->num_experts_per_token);
+    ALLOC(s->own_at, (size_t)c->num_experts_per_token);
+    ALLOC(s->own_pf, (size_t)c->num_experts_per_token);
     ALLOC(s->layer_eload_s, (size_t)c->num_hidden_layers);
     ALLOC(s->layer_expert_s, (size_t)c->num_hidden_layers);
     ALLOC(s->topk, (size_t)c->num_experts_per_token);
@@ -111,6 +114,9 @@ void k3_state_free(k3_state *s) {
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(s->topk);
     free(s->la_topk);
+    free(s->own_ids);
+    free(s->own_at);
+    free(s->own_pf);
     free(s->ready);
     free(s->ready_j);
     free(s->mx_w);

@@ -51,6 +51,9 @@ struct k3_state {
     float **mx_y;
     float *la_router, *la_biased, *la_topk_w;          /* lookahead router scratch [E] [E] [k] */
     int *la_topk;                                      /* [k] */
+    int *own_ids, *own_at, *own_pf;                    /* [k] this rank's chosen experts,
+                                                        * their router slots, its prefetches
+                                                        * (expert parallelism, pass.h) */
     k3_phase_times tok, sum;                           /* this token's phases; all tokens */
     double *layer_eload_s, *layer_expert_s;            /* [layers] this token's MoE wait and
                                                         * routed-expert compute per layer */

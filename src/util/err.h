@@ -27,6 +27,8 @@ enum k3_status {
     K3_ERR_NO_SPACE = 11, /* k3 setup: not enough free disk; the message gives the bytes to free */
     K3_ERR_DEVICE = 12,   /* the GPU backend: no CUDA device, built without CUDA, a CUDA call
                              failed, or device memory too small for the plan */
+    K3_ERR_DIST = 13,     /* an MPI run (make MPI=1): a rank failed, did not answer in time,
+                             or MPI itself failed; the message names rank and host */
     K3_ERR_INTERRUPTED = 130, /* stopped by SIGINT (128 + 2, the shell convention) */
 };
 

@@ -1,0 +1,237 @@
+#!/bin/sh
+# tests/mpi/run.sh — expert parallelism over MPI (issue 19), run by `make test-mpi`:
+#  1. `mpirun -np 2` and `-np 3` on one host: logits (--dump-logits), routing (--router-trace)
+#     and printed tokens byte-identical (cmp) to the single-process k3, on k3-nano and
+#     k3-tiny-kjv, token by token (--chunk 1), in prefill chunks (--chunk 3 and the default),
+#     with speculation (--spec 4: verification passes and rewinds), and sampled (seeded);
+#  2. per-rank folders through the %r placeholder in --dirs (the shards only there), and a
+#     rank whose folder lacks a shard: a non-zero exit within seconds naming rank and shard;
+#  3. `k3 serve` under mpirun: one chat request's reply (curl) identical to one process's;
+#  4. faults: an expert rank 1 cannot read mid-run (serve: the request fails naming rank 1,
+#     host, shard and expert); a rank killed with SIGKILL mid-run, and a rank stopped
+#     (SIGSTOP, a hung host) with K3_MPI_TIMEOUT=2: each ends the job within seconds with a
+#     message naming rank 2.
+# K3_BIN: the single-process k3 (reference); K3_MPI_BIN: k3 built with MPI=1. Prints
+# "N passed, M failed" last; exits non-zero on a failure; SKIPPED when mpirun is missing.
+set -u
+K3_BIN=${K3_BIN:-./k3}
+K3_MPI_BIN=${K3_MPI_BIN:-./build-mpi/k3}
+if ! command -v mpirun >/dev/null 2>&1; then
+    echo "SKIPPED test-mpi: mpirun is missing (apt-get install openmpi-bin libopenmpi-dev, or" \
+         "scripts/install-deps.sh)"
+    exit 0
+fi
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+K3_BIN=$(cd "$(dirname "$K3_BIN")" && pwd)/$(basename "$K3_BIN")
+K3_MPI_BIN=$(cd "$(dirname "$K3_MPI_BIN")" && pwd)/$(basename "$K3_MPI_BIN")
+T=$(mktemp -d /tmp/k3-mpi.XXXXXX)
+trap '[ -n "${K3_MPI_KEEP:-}" ] || rm -rf "$T"' EXIT
+# one OpenMP thread per rank, passive waits: several ranks share this machine's cores
+export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
+MPIRUN="mpirun --allow-run-as-root --oversubscribe -x OMP_NUM_THREADS -x OMP_WAIT_POLICY${ASAN_OPTIONS:+ -x ASAN_OPTIONS}"
+PASS=0
+FAIL=0
+ok() { PASS=$((PASS + 1)); echo "ok      mpi/$1"; }
+bad() { FAIL=$((FAIL + 1)); echo "FAIL    mpi/$1: $2"; }
+NANO=$ROOT/tests/fixtures/k3-nano
+KJV=$ROOT/tests/fixtures/k3-tiny-kjv
+PROMPT="And God said, Let there be light: and there was light. And God saw the light"
+
+# ---- 1. run: bit-identical to one process --------------------------------------------------
+# same NAME MODEL NP FLAGS...: the single-process run, then NP ranks, compared byte for byte.
+same() {
+    name=$1 model=$2 np=$3
+    shift 3
+    (cd "$T" && "$K3_BIN" run "$model" --prompt "$PROMPT" --max-new 24 "$@" \
+        --dump-logits ref.bin --router-trace ref.trace >ref.out 2>ref.err)
+    rc1=$?
+    (cd "$T" && $MPIRUN -np "$np" "$K3_MPI_BIN" run "$model" --prompt "$PROMPT" --max-new 24 \
+        "$@" --dump-logits mpi.bin --router-trace mpi.trace >mpi.out 2>mpi.err)
+    rc2=$?
+    if [ $rc1 -ne 0 ] || [ $rc2 -ne 0 ]; then
+        bad "$name" "exit $rc1 (one process) / $rc2 ($np ranks): $(tail -3 "$T/mpi.err")"
+    elif [ ! -s "$T/ref.bin" ] || [ ! -s "$T/ref.trace" ] || [ ! -s "$T/ref.out" ]; then
+        bad "$name" "the single-process run wrote no logits, trace or text"
+    elif ! cmp -s "$T/ref.bin" "$T/mpi.bin"; then
+        bad "$name" "logits differ: $(cmp "$T/ref.bin" "$T/mpi.bin" 2>&1 | head -1)"
+    elif ! cmp -s "$T/ref.trace" "$T/mpi.trace"; then
+        bad "$name" "routing differs: $(cmp "$T/ref.trace" "$T/mpi.trace" 2>&1 | head -1)"
+    elif ! cmp -s "$T/ref.out" "$T/mpi.out"; then
+        bad "$name" "tokens differ"
+    elif ! grep -q "rank $((np - 1)) of $np on " "$T/mpi.err" ||
+         ! grep -q "rank $((np - 1)) on .*communication" "$T/mpi.err"; then
+        bad "$name" "no per-rank startup or summary line for rank $((np - 1))"
+    else
+        ok "$name"
+    fi
+}
+for np in 2 3; do
+    same "nano_np${np}_steps" "$NANO" $np --chunk 1
+    same "nano_np${np}_chunks" "$NANO" $np --chunk 3
+    same "kjv_np${np}_default_chunk" "$KJV" $np
+    same "kjv_np${np}_sampled" "$KJV" $np --temperature 0.9 --seed 11 --chunk 5
+done
+# speculation: the drafter must have had drafts verified and some rejected (rewinds)
+same kjv_np3_spec "$KJV" 3 --spec 4
+if grep -q "speculation (--spec 4): .*([1-9][0-9]* passes +" "$T/mpi.err"; then
+    ok kjv_np3_spec_verified_passes
+else
+    bad kjv_np3_spec_verified_passes "no verification pass: $(grep speculation "$T/mpi.err")"
+fi
+
+# ---- 2. per-rank folders: %r in --dirs -----------------------------------------------------
+# The model folder keeps config, index and tokenizer; the shards are only in r0/, r1/, r2/.
+mkdir -p "$T/model" "$T/r0" "$T/r1" "$T/r2"
+for f in "$KJV"/*; do
+    case $f in
+    *.safetensors) for r in 0 1 2; do ln -s "$f" "$T/r$r/"; done ;;
+    *) ln -s "$f" "$T/model/" ;;
+    esac
+done
+(cd "$T" && "$K3_BIN" run "$KJV" --prompt "$PROMPT" --max-new 12 --dump-logits ref.bin >ref.out 2>ref.err)
+(cd "$T" && $MPIRUN -np 3 "$K3_MPI_BIN" run "$T/model" --dirs "$T/r%r" --prompt "$PROMPT" \
+    --max-new 12 --dump-logits mpi.bin >mpi.out 2>mpi.err)
+rc=$?
+if [ $rc -eq 0 ] && cmp -s "$T/ref.bin" "$T/mpi.bin" && cmp -s "$T/ref.out" "$T/mpi.out" &&
+   grep -q "folders: $T/r2" "$T/mpi.err"; then
+    ok rank_folders_identical
+else
+    bad rank_folders_identical "exit $rc: $(tail -2 "$T/mpi.err")"
+fi
+SHARD=$(ls "$T/r1" | sort | sed -n 2p)
+rm "$T/r1/$SHARD"
+start=$(date +%s)
+(cd "$T" && timeout 60 $MPIRUN -np 3 "$K3_MPI_BIN" run "$T/model" --dirs "$T/r%r" \
+    --prompt "$PROMPT" --max-new 12 >miss.out 2>miss.err)
+rc=$?
+took=$(($(date +%s) - start))
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $took -le 20 ] &&
+   grep -q "rank 1 (host [^)]*) could not load the model: .*$SHARD" "$T/miss.err"; then
+    ok rank_folder_missing_shard_fails_cleanly
+else
+    bad rank_folder_missing_shard_fails_cleanly "exit $rc after ${took}s: $(tail -3 "$T/miss.err")"
+fi
+
+# ---- 3. serve: one request, the same reply ---------------------------------------------------
+# serve_reply OUT CMD...: starts the server (port 0), sends one greedy chat request, stops it.
+serve_reply() {
+    out=$1
+    shift
+    "$@" >"$T/serve.log" 2>"$T/serve.err" &
+    spid=$!
+    url=""
+    for i in $(seq 1 100); do
+        url=$(sed -n 's/^k3 serve: listening on \(http[^ ]*\) .*/\1/p' "$T/serve.log")
+        [ -n "$url" ] && break
+        sleep 0.1
+    done
+    if [ -n "$url" ]; then
+        curl -s -m 60 "$url/chat/completions" -H 'Content-Type: application/json' \
+            -d '{"messages":[{"role":"user","content":"And God said"}],"temperature":0,
+                 "max_tokens":24,"logprobs":true,"top_logprobs":3}' >"$out"
+    fi
+    # stop rank 0 (or the one process): it ends the server and tells the other ranks to quit
+    r0=$spid
+    for p in $(pgrep -P $spid); do
+        cat "/proc/$p/environ" 2>/dev/null | tr '\0' '\n' | grep -q '^OMPI_COMM_WORLD_RANK=0$' && r0=$p
+    done
+    kill -TERM $r0 2>/dev/null
+    for i in $(seq 1 100); do kill -0 $spid 2>/dev/null || break; sleep 0.1; done
+    kill -KILL $spid 2>/dev/null
+    wait $spid 2>/dev/null
+}
+# the reply without its id and timestamp
+strip() { sed -e 's/"id":"[^"]*"//' -e 's/"created":[0-9]*//' "$1"; }
+serve_reply "$T/one.json" "$K3_BIN" serve "$KJV" --port 0
+serve_reply "$T/np3.json" $MPIRUN -np 3 "$K3_MPI_BIN" serve "$KJV" --port 0
+if [ -s "$T/one.json" ] && grep -q '"content"' "$T/one.json" &&
+   [ "$(strip "$T/one.json")" = "$(strip "$T/np3.json")" ]; then
+    ok serve_np3_identical_reply
+else
+    bad serve_np3_identical_reply "one: $(head -c 300 "$T/one.json"); np3: $(head -c 300 "$T/np3.json"); $(tail -2 "$T/serve.err")"
+fi
+
+# An expert that rank 1 cannot read mid-run: its copy of shard 2 loses its experts (they lie
+# after the spine tensors) once the server is up; the request fails naming rank 1, its host
+# and the expert, and every rank stays in step (a second request gets the same answer).
+SHARD2=$(ls "$T/r0" | sort | sed -n 2p)
+SPINE_END=$(python3 - "$KJV/$SHARD2" <<'PY'
+import json, struct, sys
+f = open(sys.argv[1], 'rb'); n = struct.unpack('<Q', f.read(8))[0]; h = json.loads(f.read(n))
+h.pop('__metadata__', None)
+print(8 + n + min(v['data_offsets'][0] for k, v in h.items() if '.experts.' in k))
+PY
+)
+ln -sf "$KJV/$SHARD" "$T/r1/$SHARD" # back from the missing-shard case
+rm -f "$T/r1/$SHARD2"
+cp "$KJV/$SHARD2" "$T/r1/$SHARD2"
+$MPIRUN -np 3 "$K3_MPI_BIN" serve "$T/model" --dirs "$T/r%r" --port 0 >"$T/serve.log" 2>"$T/serve.err" &
+spid=$!
+url=""
+for i in $(seq 1 100); do
+    url=$(sed -n 's/^k3 serve: listening on \(http[^ ]*\) .*/\1/p' "$T/serve.log")
+    [ -n "$url" ] && break
+    sleep 0.1
+done
+truncate -s "$SPINE_END" "$T/r1/$SHARD2"
+for n in 1 2; do
+    [ -n "$url" ] && curl -s -m 30 "$url/completions" -H 'Content-Type: application/json' \
+        -d '{"prompt":"And God said","temperature":0,"max_tokens":8}' >"$T/expert$n.json"
+done
+for p in $(pgrep -P $spid); do
+    cat "/proc/$p/environ" 2>/dev/null | tr '\0' '\n' | grep -q '^OMPI_COMM_WORLD_RANK=0$' && kill -TERM $p
+done
+for i in $(seq 1 100); do kill -0 $spid 2>/dev/null || break; sleep 0.1; done
+kill -KILL $spid 2>/dev/null
+wait $spid 2>/dev/null
+if [ -n "$SPINE_END" ] && grep -q "rank 1 (host [^)]*) failed at MoE layer 1: .*expert" "$T/expert1.json" &&
+   grep -q "rank 1 (host [^)]*) failed at MoE layer 1" "$T/expert2.json"; then
+    ok rank_expert_read_fails_the_request_naming_rank
+else
+    bad rank_expert_read_fails_the_request_naming_rank "$(head -c 400 "$T/expert1.json" 2>/dev/null); $(tail -3 "$T/serve.err")"
+fi
+
+# ---- 4. faults ---------------------------------------------------------------------------------
+# fault NAME SIGNAL: 3 ranks generating for long; SIGNAL to rank 2 after 2 s; the job must end
+# within 15 s, non-zero, naming rank 2.
+fault() {
+    name=$1 sig=$2
+    (cd "$T" && K3_MPI_TIMEOUT=2 timeout 60 $MPIRUN -x K3_MPI_TIMEOUT -np 3 "$K3_MPI_BIN" run -q \
+        "$NANO" --prompt "$PROMPT" --max-new 4000 >fault.out 2>fault.err) &
+    job=$!
+    victim=""
+    for i in $(seq 1 100); do # rank 2 of this job, once it runs
+        for p in $(pgrep -x k3); do
+            if cat "/proc/$p/environ" 2>/dev/null | tr '\0' '\n' | grep -q '^OMPI_COMM_WORLD_RANK=2$' &&
+               cat "/proc/$p/environ" 2>/dev/null | tr '\0' '\n' | grep -q "^K3_MPI_TIMEOUT=2$"; then
+                victim=$p
+            fi
+        done
+        [ -n "$victim" ] && break
+        sleep 0.1
+    done
+    sleep 1 # into the generation
+    start=$(date +%s)
+    [ -n "$victim" ] && kill "-$sig" "$victim"
+    wait $job
+    rc=$?
+    took=$(($(date +%s) - start))
+    [ -n "$victim" ] && kill -KILL "$victim" 2>/dev/null
+    if [ -z "$victim" ]; then
+        bad "$name" "rank 2 was not found running: $(tail -3 "$T/fault.err")"
+    elif [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $took -le 15 ] && grep -q "rank 2" "$T/fault.err"; then
+        ok "$name"
+    else
+        bad "$name" "exit $rc after ${took}s: $(tail -4 "$T/fault.err")"
+    fi
+}
+fault killed_rank_ends_the_job KILL
+fault hung_rank_times_out STOP
+if grep -q "rank 2 (host [^)]*) \(sent\|took\) nothing .*MoE layer" "$T/fault.err"; then
+    ok hung_rank_named_by_the_deadline
+else
+    bad hung_rank_named_by_the_deadline "$(tail -4 "$T/fault.err")"
+fi
+
+echo "$PASS passed, $FAIL failed"
+[ $FAIL -eq 0 ]
