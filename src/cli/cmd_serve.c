@@ -93,6 +93,7 @@ static int parse_args(int argc, char **argv, serve_args *a) {
     a->eo.verbose = !a->cc.quiet;
     a->so.log_requests = !a->cc.quiet;
     a->so.ctx = a->cc.ctx;
+    a->eo.ctx = a->cc.ctx; /* the plan counts each session at its context */
     a->so.spec = a->co.spec;
     a->so.chunk = a->co.chunk;
     /* Tests only, deliberately not in --help: replies replaced by a script (server.h). */
