@@ -9,7 +9,8 @@
 #   SWEEP (the hand-tuned configurations, ';'-separated flag sets), LOAD_THREADS (4),
 #   FIO_S (seconds per fio measurement, 6), FLOOR_WARM (1/0, see above).
 # In one run it measures, for the defaults and every swept configuration: decode s/token (the
-# best of REPS runs, page cache dropped before each when the kernel lets us), peak RSS against
+# decode time over the decode passes, generated - 1: the first token comes from the prompt's
+# pass; the best of REPS runs, page cache dropped before each when the kernel lets us), peak RSS against
 # the plan, whether the kernel killed it, the spine and expert bytes read per pass; then the
 # I/O floor and the compute floor, and prints wall / max(floors):
 #   I/O floor = spine bytes per pass / fio sequential O_DIRECT bandwidth (64 MiB reads, one
@@ -61,12 +62,12 @@ OUT=$(mktemp -d)
 
 drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true; }
 
-# run_one IN_CGROUP FLAGS...: prints "s_per_token peak_gb exit expert_gb spine_gb plan_gb
+# run_one IN_CGROUP FLAGS...: (WARM=1: page cache kept) prints "s_per_token peak_gb exit expert_gb spine_gb plan_gb
 # passes compute_s" (compute_s: pass time less expert and spine waits, over the run)
 run_one() {
     incg=$1; shift
     log=$OUT/log.$$
-    drop_caches
+    [ "${WARM:-0}" = 1 ] || drop_caches
     th="--threads $THREADS" # a swept --threads replaces it
     case " $* " in *" --threads "*) th="" ;; esac
     if [ "$incg" = 1 ]; then
@@ -79,7 +80,7 @@ run_one() {
     fi
     rc=$?
     awk -v rc="$rc" '
-        /generated [0-9]+ tokens in/ { for (i = 1; i <= NF; i++) if ($i == "generated") { n = $(i+1); s = $(i+4) } }
+        /generated [0-9]+ tokens in/ { for (i = 1; i <= NF; i++) if ($i == "generated") { n = $(i+1) - 1; s = $(i+4) } }
         /peak RSS/ { for (i = 1; i <= NF; i++) if ($i == "RSS") { p = $(i+1) } }
         match($0, /reads, [0-9.]+ GB streamed/) { split(substr($0, RSTART, RLENGTH), a, " "); e = a[2] }
         match($0, /spine budget: [0-9.]+ GB streamed/) { split(substr($0, RSTART, RLENGTH), a, " "); sp = a[3] }
@@ -116,16 +117,30 @@ echo "bench-small-machine: $MODEL in a ${LIMIT_GB} GB cgroup ($CG), $THREADS thr
      "prompt $PROMPT_IDS, $NEW new tokens, best of $REPS; $(nproc) cores," \
      "$(awk '/MemTotal/ { printf "%.1f GB RAM", $2 / 1e6 }' /proc/meminfo), $(date -u +%F)"
 
+# In rounds: every configuration once per round, REPS rounds, so a machine whose load moves
+# during the run weighs on every configuration alike; each configuration keeps its best run.
 ROWS=$OUT/rows
-best "defaults" 1 >> "$ROWS"
-OLDIFS=$IFS; IFS=';'
-for flags in $SWEEP; do
+i=0
+while [ $i -lt "$REPS" ]; do
+    OLDIFS=$IFS; IFS=';'; k=0
+    for flags in defaults $SWEEP; do
+        IFS=$OLDIFS
+        # shellcheck disable=SC2086
+        if [ "$flags" = defaults ]; then set --; else set -- $flags; fi
+        k0=$(kills)
+        r=$(run_one 1 "$@")
+        [ "$(kills)" != "$k0" ] && r="killed - 137 0 0 - 1 0"
+        echo "$k|$flags|$r" >> "$OUT/all"
+        k=$((k + 1)); IFS=';'
+    done
     IFS=$OLDIFS
-    # shellcheck disable=SC2086
-    best "$flags" 1 $flags >> "$ROWS"
-    IFS=';'
+    i=$((i + 1))
 done
-IFS=$OLDIFS
+awk -F'|' '{ split($3, a, " "); ok = a[1] != "killed" && a[1] != "-"
+             if (!($1 in b) || (ok && (b[$1] == "killed" || b[$1] == "-" || a[1] + 0 < b[$1] + 0))) { b[$1] = a[1]; row[$1] = $2 "|" $3 }
+             runs[$1] = runs[$1] " " a[1]; if ($1 + 1 > n) n = $1 + 1 }
+     END { for (k = 0; k < n; k++) print row[k] > "/dev/stdout"; for (k = 0; k < n; k++) print row[k] "|" runs[k] > "/dev/stderr" }' \
+    "$OUT/all" > "$ROWS" 2> "$OUT/runs"
 
 # compute floor, warm: every weight in RAM (page cache warm, no cgroup, nothing streamed),
 # only when the shards fit in what the OS has available
@@ -134,8 +149,8 @@ AVAIL_KB=$(awk '/MemAvailable/ { print $2 }' /proc/meminfo)
 FLOOR_WARM=${FLOOR_WARM:-$(awk -v m="$MODEL_KB" -v a="$AVAIL_KB" 'BEGIN { print (m < 0.8 * a) ? 1 : 0 }')}
 CF_WARM=""
 if [ "$FLOOR_WARM" = 1 ]; then
-    "$K3" run "$MODEL" --prompt-ids "$PROMPT_IDS" --max-new 1 --threads "$THREADS" >/dev/null 2>&1
-    CF_WARM=$(best "compute floor (no cgroup, warm)" 0 | cut -d'|' -f2 | cut -d' ' -f1)
+    "$K3" run "$MODEL" --prompt-ids "$PROMPT_IDS" --max-new "$NEW" --threads "$THREADS" >/dev/null 2>&1
+    CF_WARM=$(WARM=1 best "compute floor (no cgroup, warm)" 0 | cut -d'|' -f2 | cut -d' ' -f1)
 fi
 # compute floor, profiled: the smallest (pass time - waits) / passes of the runs above
 CF_PROF=$(awk -F'|' '{ split($2, a, " "); if (a[1] != "killed" && a[1] != "-" && a[7] > 0) { c = a[8] / a[7]; if (m == "" || c < m) m = c } }
@@ -183,4 +198,6 @@ printf 'fio O_DIRECT on %s: sequential 64 MiB x 1 job %s GB/s (the spine), rando
     "$(basename "${SHARD:-none}")" "${SEQ_BW:-unmeasured}" "${SLOT:-16777216}" "$LOAD_THREADS" "${RAND_BW:-unmeasured}"
 [ -n "${DEF:-}" ] && [ -n "$BEST" ] && awk -v d="$DEF" -v b="$BEST" \
     'BEGIN { printf "defaults / best swept: %.2f (target <= 1.15)\n", d / b }'
+printf '\nevery run, s/token in round order:\n'
+awk -F'|' '{ print "  " $1 ":" $3 }' "$OUT/runs"
 rm -rf "$OUT"
