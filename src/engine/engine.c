@@ -205,13 +205,15 @@ static int plan_memory(k3_engine *e, const k3_engine_opts *o, uint64_t *spine_bu
     const k3_config *c = &e->cfg;
     int moe_layers = c->num_hidden_layers - c->first_k_dense_replace;
     int ctx_default = c->max_position_embeddings < 4096 ? c->max_position_embeddings : 4096;
-    if (o->ctx < 0 || o->ctx > c->max_position_embeddings)
-        return k3_fail(err, K3_ERR_USAGE, "ctx %d: expected 1..%d (max_position_embeddings), or 0: "
-                       "the default %d", o->ctx, c->max_position_embeddings, ctx_default);
+    if (o->ctx < 0)
+        return k3_fail(err, K3_ERR_USAGE, "ctx %d: expected positions >= 1, or 0: the default %d",
+                       o->ctx, ctx_default);
     if (!(o->memory_gb >= 0 && o->memory_gb < 1e6))
         return k3_fail(err, K3_ERR_USAGE, "memory_gb %g: expected a number of GB below 1e6 (or "
                        "0: this machine's)", o->memory_gb);
-    e->plan_ctx = o->ctx > 0 ? o->ctx : ctx_default;
+    /* past the model's context no session opens (k3_session_new says why): plan its maximum */
+    e->plan_ctx = o->ctx <= 0 ? ctx_default
+                  : o->ctx < c->max_position_embeddings ? o->ctx : c->max_position_embeddings;
     k3_plan_model pm = {.spine_bytes = e->model.spine_bytes, .expert_slot_bytes = slot_estimate(c),
                         .top_k = c->num_experts_per_token,
                         .session_bytes = k3_state_plan_bytes(&e->model, e->plan_ctx)};
@@ -424,11 +426,11 @@ void k3_engine_describe(const k3_engine *e, int parts, char *buf, size_t cap) {
 int k3_session_new(const k3_engine *e, int max_ctx, k3_session **out, k3_err *err) {
     int ctx_default = e->cfg.max_position_embeddings < 4096 ? e->cfg.max_position_embeddings
                                                              : 4096;
-    if ((max_ctx > 0 ? max_ctx : ctx_default) > e->plan_ctx)
+    int want = max_ctx > 0 ? max_ctx : ctx_default;
+    if (want <= e->cfg.max_position_embeddings && want > e->plan_ctx)
         return k3_fail(err, K3_ERR_USAGE, "a session of %d positions is more than the memory "
                        "plan counted (%d, ctx at load): its KV cache could pass the limit; give "
-                       "the context at load (ctx)", max_ctx > 0 ? max_ctx : ctx_default,
-                       e->plan_ctx);
+                       "the context at load (ctx)", want, e->plan_ctx);
     k3_session *s = calloc(1, sizeof *s);
     if (!s) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
     s->e = e;
