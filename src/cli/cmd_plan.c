@@ -2,6 +2,7 @@
  * on a machine of --memory-gb), without reading a weight (k3_engine_plan). */
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "../engine/k3.h"
 #include "cli.h"
@@ -119,6 +120,15 @@ int k3_cmd_plan(int argc, char **argv) {
     int rc = k3_opts_parse(&plan_cmd, argc, argv, &t, &parsed);
     if (rc) return rc < 0 ? 0 : rc;
     const char *dir = parsed.n_positional ? parsed.positional[0] : k3_default_model_dir();
+    /* a streaming install (k3 setup --stream) keeps its incomplete shards, headers whole, in
+     * DIR/.k3/partial: plan from them as k3 run loads them (load.c) */
+    char dirs[8192], partial[4200];
+    struct stat st;
+    snprintf(partial, sizeof partial, "%s/.k3/partial", dir);
+    if (stat(partial, &st) == 0 && S_ISDIR(st.st_mode)) {
+        snprintf(dirs, sizeof dirs, "%s%s%s", eo.dirs ? eo.dirs : "", eo.dirs ? ":" : "", partial);
+        eo.dirs = dirs;
+    }
     eo.ctx = cc.ctx;
     eo.sessions = po.sessions;
     eo.verbose = 0;

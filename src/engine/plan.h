@@ -18,8 +18,9 @@
  *    spine does not need goes to the expert cache.
  *
  * Sessions: each session is counted at the context it is opened with (k3_plan_request.ctx:
- * --ctx, or the default min(max_position_embeddings, 4096); k3 run, which knows its prompt
- * and --max-new before loading, opens its session with just what they need). Not at the
+ * --ctx, or the default min(max_position_embeddings, 4096); k3 run, which knows a raw
+ * prompt's bytes or ids and --max-new before loading, opens its session with just what they
+ * can need when neither a chat template, a loaded state nor --spec adds positions). Not at the
  * model's full context (1M positions of MLA KV on K3: terabytes), and not at a guess of the
  * positions a session will use: the context a session is opened with is the one bound that
  * holds for every caller (a chat or a server session grows to it, a loaded state starts part
@@ -115,7 +116,7 @@ int k3_plan_memory(const k3_machine_mem *m, const k3_plan_model *mod, const k3_p
 void k3_plan_settle(k3_plan *p, const k3_plan_model *mod, uint64_t spine_ram_bytes);
 
 /* One line (no newline): limit and source, headroom, base, spine (in place / budget), expert
- * cache, sessions, total. */
+ * cache, sessions (count x positions), total; the line k3 run and k3 plan print. */
 void k3_plan_describe(const k3_plan *p, char *buf, size_t cap);
 
 #endif
