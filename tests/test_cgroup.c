@@ -76,6 +76,16 @@ static void test_default_flags_under_a_limit(void) {
         return;
     }
     int rc1 = run_in(dir, ARGS, &limited) ? -1 : limited.status;
+    /* k3 plan in the same cgroup prints the line k3 run printed (run counts prompt + --max-new
+     * = 11 positions) */
+    k3t_cli plan = {0};
+    int rc2 = run_in(dir, "plan " MODEL " --ctx 11 -q", &plan) ? -1 : plan.status;
+    char run_line[1024] = "", plan_line[1024] = "";
+    const char *rl = limited.err ? strstr(limited.err, "memory planner:") : NULL;
+    if (rl) snprintf(run_line, sizeof run_line, "%.*s", (int)strcspn(rl, "\n"), rl);
+    if (plan.out) snprintf(plan_line, sizeof plan_line, "%.*s", (int)strcspn(plan.out, "\n"),
+                           plan.out);
+    k3t_cli_free(&plan);
     long long kills = read_num(dir, "memory.oom_control", "oom_kill ");
     long long peak = read_num(dir, "memory.max_usage_in_bytes", NULL);
     int same = free_run.out && limited.out && !strcmp(free_run.out, limited.out);
@@ -88,6 +98,8 @@ static void test_default_flags_under_a_limit(void) {
     CHECK(kills <= 0, "the kernel killed k3 in the cgroup (%lld)", kills);
     CHECK(same, "ids differ under the limit");
     CHECK(planned, "the plan does not obey the cgroup: %s", err);
+    CHECK(rc2 == 0 && run_line[0] && k3t_same_figures(run_line, plan_line, 0.0101), "k3 plan (exit %d): %s\n"
+          "k3 run: %s", rc2, plan_line, run_line);
     CHECK(peak > 0 && peak <= (256ll << 20), "peak %lld", peak);
 }
 
@@ -99,7 +111,8 @@ static void test_below_the_minimum_is_refused(void) {
         return;
     }
     k3t_cli r = {0};
-    int rc = run_in(dir, ARGS, &r) ? -1 : r.status;
+    /* at the default context (4096 positions): the session alone passes 20 MB beside the base */
+    int rc = run_in(dir, ARGS " --ctx 4096", &r) ? -1 : r.status;
     long long kills = read_num(dir, "memory.oom_control", "oom_kill ");
     int says = r.err && strstr(r.err, "cannot run within 0.02 GB (cgroup") &&
                strstr(r.err, "it needs at least");

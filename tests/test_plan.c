@@ -165,6 +165,29 @@ static void test_settle_gives_spare_spine_to_experts(void) {
     CHECK(p.total_bytes <= total);
 }
 
+/* A session counted at the context it is opened with (plan.h "Sessions"): K3's KV cache at
+ * 4096 positions is ~10 GB; at 256 positions the spine budget gets the difference. */
+static void test_sessions_at_their_context(void) {
+    k3_machine_mem m = machine(64 * GB, 64 * GB, 0);
+    k3_plan_model at4096 = k3_bf16, at256 = k3_bf16;
+    at4096.session_bytes = 10 * GB, at256.session_bytes = 10 * GB / 16;
+    k3_plan_request r = req(-1, 0);
+    k3_plan a, b;
+    k3_err err = {0};
+    r.ctx = 4096;
+    CHECK(k3_plan_memory(&m, &at4096, &r, &a, &err) == K3_OK, "%s", err.msg);
+    r.ctx = 256;
+    CHECK(k3_plan_memory(&m, &at256, &r, &b, &err) == K3_OK, "%s", err.msg);
+    CHECK(b.spine_budget_bytes - a.spine_budget_bytes == 10 * GB - 10 * GB / 16, "%llu",
+          (unsigned long long)(b.spine_budget_bytes - a.spine_budget_bytes));
+    CHECK(a.ctx == 4096 && b.ctx == 256 && b.sessions == 1);
+    char line[512];
+    k3_plan_describe(&b, line, sizeof line);
+    CHECK(strstr(line, "sessions 0.62 GB (1 x 256 positions)"), "%s", line);
+    r.ctx = -1;
+    CHECK(k3_plan_memory(&m, &at256, &r, &b, &err) == K3_ERR_USAGE && strstr(err.msg, "ctx"));
+}
+
 static void test_bad_requests(void) {
     k3_machine_mem m = machine(64 * GB, 64 * GB, 0);
     k3_plan p;
@@ -295,6 +318,7 @@ const k3_test k3_suite_plan[] = {
     {"below_the_minimum_says_so", test_below_the_minimum_says_so},
     {"gpu_keeps_the_spine_mapped", test_gpu_keeps_the_spine_mapped},
     {"settle_gives_spare_spine_to_experts", test_settle_gives_spare_spine_to_experts},
+    {"sessions_at_their_context", test_sessions_at_their_context},
     {"bad_requests", test_bad_requests},
     {"probe_meminfo_only", test_probe_meminfo_only},
     {"probe_cgroup_v1", test_probe_cgroup_v1},

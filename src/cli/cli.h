@@ -16,6 +16,8 @@ int k3_cmd_serve(int argc, char **argv);
 int k3_cmd_setup(int argc, char **argv);
 int k3_cmd_quality(int argc, char **argv);
 int k3_cmd_pack(int argc, char **argv);
+/* k3 plan: the memory plan without reading a weight (cmd_plan.c). */
+int k3_cmd_plan(int argc, char **argv);
 /* k3 version / k3 --version (cmd_version.c). */
 int k3_cmd_version(int argc, char **argv);
 

@@ -71,6 +71,7 @@ static int load_mode(const k3_quality_opts *o, int mode, int ctx, mode_run *r, k
     eo.pack_dir = o->pack_dir;
     eo.experts_in_place = 1;
     eo.approx = mode == K3_QMODE_APPROX;
+    eo.ctx = ctx; /* the plan counts the session at its context */
     int rc = k3_engine_load(o->model_dir, &eo, &r->e, err);
     if (!rc) rc = k3_session_new(r->e, ctx, &r->s, err);
     if (!rc && !(r->logits = malloc((size_t)k3_engine_config(r->e)->vocab_size * sizeof(float))))

@@ -1,6 +1,7 @@
 /* cmd_run.c — `k3 run`: tokenize (or render one chat turn), prefill, decode (greedy or
  * sampled), stream text; optionally continue from / save a state file. */
 #include <errno.h>
+#include <stdint.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -104,6 +105,28 @@ static int read_prompt(run_opts *o, k3_err *err) {
     return K3_OK;
 }
 
+/* Without --ctx, the positions this run can need, so the memory plan counts its session at
+ * that and not at the default 4096 (src/engine/plan.h, "Sessions"): a raw prompt of B bytes
+ * is at most B tokens (every token is at least one byte), ids are counted, then --max-new.
+ * 0 (the default context) for a chat turn (the template adds tokens), a loaded state
+ * (positions from the file) and --spec (drafts run ahead); never above 4096. */
+static int expected_ctx(const run_opts *o) {
+    if (o->chat || o->cc.load_state || o->co.spec) return 0;
+    size_t n = 0;
+    if (o->prompt_ids) {
+        int32_t *ids = NULL;
+        k3_err ignored; /* a bad list is reported when the prompt is read */
+        if (k3_cli_parse_ids(o->prompt_ids, strlen(o->prompt_ids), "--prompt-ids", 0, INT32_MAX,
+                             &ids, &n, &ignored))
+            return 0;
+        free(ids);
+    } else if (o->prompt) {
+        n = strlen(o->prompt);
+    }
+    size_t need = n + (size_t)o->max_new;
+    return need > 0 && need < 4096 ? (int)need : 0;
+}
+
 static int parse_args(int argc, char **argv, run_opts *o) {
     *o = (run_opts){.verbose = true};
     k3_opts_parsed p;
@@ -133,6 +156,7 @@ static int parse_args(int argc, char **argv, run_opts *o) {
         return err.code;
     }
     if (!o->model_dir) o->model_dir = k3_default_model_dir();
+    o->eo.ctx = o->cc.ctx ? o->cc.ctx : expected_ctx(o);
     return 0;
 }
 
@@ -318,7 +342,8 @@ static int run(const run_opts *o, k3_err *err) {
     r.e = e;
     r.tok = k3_engine_tokenizer(e);
     r.vocab = k3_engine_config(e)->vocab_size;
-    int ctx = o->cc.ctx;
+    int ctx = o->eo.ctx, model_max = k3_engine_config(e)->max_position_embeddings;
+    if (!o->cc.ctx && ctx > model_max) ctx = model_max; /* the check below then says why */
     if ((rc = k3_session_new(e, ctx, &s, err))) goto done;
     r.s = s;
     if (o->co.chunk) k3_session_set_chunk(s, o->co.chunk);

@@ -114,6 +114,7 @@ static int parse_args(int argc, char **argv, serve_args *a) {
     a->eo.verbose = !a->cc.quiet;
     a->so.log_requests = !a->cc.quiet;
     a->so.ctx = a->cc.ctx;
+    a->eo.ctx = a->cc.ctx; /* the plan counts each session at its context */
     a->so.spec = a->co.spec;
     a->so.chunk = a->co.chunk;
     /* every kept conversation is a session: the memory plan counts them */

@@ -27,6 +27,8 @@ static const k3_command commands[] = {
      "NLL/perplexity and distance from the exact path", NULL, 1},
     {"pack", NULL, k3_cmd_pack, "pack DIR [--spine int8]",
      "write the int8 spine (not exact) beside DIR", NULL, 1},
+    {"plan", NULL, k3_cmd_plan, "plan [MODEL_DIR] [--memory-gb G]",
+     "the memory plan k3 run makes, without reading a weight", NULL, 0},
     {"version", NULL, k3_cmd_version, "version, --version",
      "version, CPU kernel paths, CUDA compiled in or not", NULL, 0},
     {"--version", NULL, k3_cmd_version, NULL, NULL, NULL, 0},

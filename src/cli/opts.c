@@ -65,6 +65,11 @@ static const k3_opt table[] = {
              "for every G. Default: the memory plan (printed at load): everything in place\n"
              "when it fits in the RAM limit (cgroup included) beside the expert cache, else a\n"
              "budget of what the limit leaves"},
+    {.flag = "--memory-gb", .env = "K3_MEMORY_GB", K3_OPT_ENG(memory_gb), .type = K3_OPT_DOUBLE,
+     .lo = 0, .hi = 1e6, .flags = K3_OPTF_LO_OPEN, .meta = "G", .group = K3_OG_BUDGET,
+     .help = "plan memory for a machine of G GB (all of it available, no cgroup) instead\n"
+             "of this one's RAM, available memory and cgroup limits: k3 plan MODEL\n"
+             "--memory-gb 64 shows what a 64 GB machine runs. Default: this machine"},
     /* ---- expert store */
     {.flag = "--expert-gb", .env = "K3_EXPERT_GB", K3_OPT_ENG(expert_gb), .type = K3_OPT_DOUBLE,
      .lo = 0, .hi = 1e6, .flags = K3_OPTF_LO_OPEN, .meta = "GB", .group = K3_OG_STORE,

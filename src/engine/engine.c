@@ -99,7 +99,7 @@ static uint64_t rss_bytes(void) {
 static int open_store(k3_engine *e, const k3_store_settings *ss, k3_err *err) {
     k3_mem_plan plan = {.base_bytes = rss_bytes(),
                         .spine_bytes = k3_spine_ram_bytes(e->model.spine, &e->model),
-                        .state_bytes = k3_state_plan_bytes(&e->model, 0)};
+                        .state_bytes = e->mplan.sessions_bytes};
     int rc = k3_store_open(e->ck, &e->cfg, ss, &plan, &e->store, err);
     if (rc) return rc;
     e->model.store = e->store;
@@ -162,21 +162,39 @@ static uint64_t slot_estimate(const k3_config *c) {
     return (bytes + align - 1) / align * align + align;
 }
 
+/* The machine of o->memory_gb: that much RAM, all of it available, no cgroup. */
+static void given_machine(double gb, k3_machine_mem *m) {
+    *m = (k3_machine_mem){.ram_total_bytes = (uint64_t)(gb * 1e9),
+                          .ram_available_bytes = (uint64_t)(gb * 1e9)};
+    snprintf(m->ram_source, sizeof m->ram_source, "memory_gb given");
+}
+
 /* Plans the spine budget and the expert cache from the machine's memory (the process's cgroup
  * included), the model's sizes and the overrides in o, before anything is read. */
 static int plan_memory(k3_engine *e, const k3_engine_opts *o, uint64_t *spine_budget,
                        k3_err *err) {
     const k3_config *c = &e->cfg;
     int moe_layers = c->num_hidden_layers - c->first_k_dense_replace;
+    int ctx_default = c->max_position_embeddings < 4096 ? c->max_position_embeddings : 4096;
+    if (o->ctx < 0)
+        return k3_fail(err, K3_ERR_USAGE, "ctx %d: expected positions >= 1, or 0: the default %d",
+                       o->ctx, ctx_default);
+    if (!(o->memory_gb >= 0 && o->memory_gb < 1e6))
+        return k3_fail(err, K3_ERR_USAGE, "memory_gb %g: expected a number of GB below 1e6 (or "
+                       "0: this machine's)", o->memory_gb);
+    /* past the model's context no session opens (k3_session_new says why): plan its maximum */
+    e->plan_ctx = o->ctx <= 0 ? ctx_default
+                  : o->ctx < c->max_position_embeddings ? o->ctx : c->max_position_embeddings;
     k3_plan_model pm = {.spine_bytes = e->model.spine_bytes, .expert_slot_bytes = slot_estimate(c),
                         .top_k = c->num_experts_per_token,
-                        .session_bytes = k3_state_plan_bytes(&e->model, 0)};
+                        .session_bytes = k3_state_plan_bytes(&e->model, e->plan_ctx)};
     pm.experts_bytes = (uint64_t)(moe_layers > 0 ? moe_layers : 0) * (uint64_t)c->num_experts *
                        pm.expert_slot_bytes;
     int rc = k3_spine_floor_bytes(&e->model, e->ck, e->pack, &pm.staging_bytes, err);
     if (rc) return rc;
     k3_machine_mem probed;
     const k3_machine_mem *m = o->machine;
+    if (!m && o->memory_gb > 0) given_machine(o->memory_gb, &probed), m = &probed;
     if (!m && (rc = k3_machine_mem_probe("", &probed, err))) return rc;
     if (!m) m = &probed;
     k3_plan_request r = {.base_bytes = rss_bytes(), .sessions = o->sessions > 0 ? o->sessions : 1,
@@ -184,8 +202,10 @@ static int plan_memory(k3_engine *e, const k3_engine_opts *o, uint64_t *spine_bu
                          .spine_gb = o->spine_gb >= 0 ? o->spine_gb : -1,
                          .expert_gb = o->expert_slots > 0
                                           ? (double)o->expert_slots * pm.expert_slot_bytes / 1e9
-                                          : o->expert_gb};
+                                          : o->expert_gb,
+                         .ctx = e->plan_ctx};
     if (o->spine_gb == K3_SPINE_GB_IN_PLACE) r.spine_gb = -1;
+    e->mplan_model = pm;
     if ((rc = k3_plan_memory(m, &pm, &r, &e->mplan, err))) return rc;
     if (o->spine_gb == K3_SPINE_GB_IN_PLACE && e->mplan.spine_budgeted)
         e->mplan.spine_budgeted = 0; /* the caller asked for the mapping whatever the plan */
@@ -197,7 +217,8 @@ static int plan_memory(k3_engine *e, const k3_engine_opts *o, uint64_t *spine_bu
  * store's memory plan). The budget is the CPU backend's: --device auto then means the CPU,
  * cuda is refused (the GPU plans its own memory with --gpu-gb). */
 static int open_spine_budget(k3_engine *e, const k3_engine_opts *o, uint64_t bytes,
-                             const k3_store_settings *ss, k3_engine_opts *dev, k3_err *err) {
+                             const k3_store_settings *ss, k3_engine_opts *dev, bool plan_only,
+                             k3_err *err) {
     snprintf(e->spine_plan_line, sizeof e->spine_plan_line, "spine budget: none");
     if (!(o->spine_gb < 1e9)) /* also nan */
         return k3_fail(err, K3_ERR_USAGE, "spine_gb %g: expected a number of GB below 1e9 (or "
@@ -209,8 +230,11 @@ static int open_spine_budget(k3_engine *e, const k3_engine_opts *o, uint64_t byt
     dev->device = "cpu";
     /* direct as for experts, but auto means O_DIRECT: streamed layers are read
      * once per pass and never worth the page cache */
-    int rc = k3_spine_open(&e->model, e->ck, e->pack, bytes, ss->direct != K3_IO_BUFFERED,
-                           &e->model.spine, err);
+    bool direct = ss->direct != K3_IO_BUFFERED;
+    int rc = plan_only ? k3_spine_plan_only(&e->model, e->ck, e->pack, bytes, direct,
+                                            &e->model.spine, err)
+                       : k3_spine_open(&e->model, e->ck, e->pack, bytes, direct, &e->model.spine,
+                                       err);
     if (!rc) k3_spine_describe(e->model.spine, e->spine_plan_line, sizeof e->spine_plan_line);
     return rc;
 }
@@ -218,9 +242,9 @@ static int open_spine_budget(k3_engine *e, const k3_engine_opts *o, uint64_t byt
 /* After the spine took its layers: the expert cache gets the planned bytes (and whatever the
  * spine's layer granularity left) unless the caller fixed it. */
 static void settle_plan(k3_engine *e, const k3_engine_opts *o, k3_store_settings *ss) {
-    k3_plan_model pm = {.expert_slot_bytes = slot_estimate(&e->cfg),
-                        .experts_bytes = UINT64_MAX};
-    if (e->model.spine) k3_plan_settle(&e->mplan, &pm, k3_spine_ram_bytes(e->model.spine, &e->model));
+    /* the planned model: the spare never makes the cache larger than every expert */
+    if (e->model.spine)
+        k3_plan_settle(&e->mplan, &e->mplan_model, k3_spine_ram_bytes(e->model.spine, &e->model));
     if (o->expert_slots <= 0 && o->expert_gb <= 0 && !o->experts_in_place)
         ss->expert_gb = (double)e->mplan.expert_cache_bytes / 1e9;
     k3_plan_describe(&e->mplan, e->mplan_line, sizeof e->mplan_line);
@@ -238,6 +262,64 @@ k3_engine_opts k3_engine_opts_default(void) {
                             .spine_gb = K3_SPINE_GB_PLAN, .sessions = 1};
 }
 
+/* The steps before any weight is read: config, tokenizer, the store's settings, the
+ * checkpoint's headers (the shards are mapped, not read), the pack, binding, kernels. */
+static int open_headers(k3_engine *e, const char *model_dir, const k3_engine_opts *opts,
+                        k3_store_settings *ss, k3_err *err) {
+    int rc = k3_config_load(model_dir, &e->cfg, err);
+    if (!rc) rc = k3_tokenizer_load(model_dir, &e->tok, err);
+    if (!rc && k3_tokenizer_vocab_size(e->tok) > e->cfg.vocab_size)
+        rc = k3_fail(err, K3_ERR_CONFIG, "%s: tokenizer has %d ids but config.json vocab_size "
+                     "is %d", model_dir, k3_tokenizer_vocab_size(e->tok), e->cfg.vocab_size);
+    if (!rc) rc = store_settings(opts, ss, err);
+    if (!rc) rc = k3_checkpoint_open_dirs(model_dir, ss->dirs, &e->ck, err);
+    if (!rc) rc = open_spine(e, model_dir, opts, err);
+    if (!rc) rc = k3_model_bind_packed(&e->model, &e->cfg, e->ck, e->pack, e->approx, err);
+    if (!rc) rc = k3_kernels_select(opts->kernels, &e->model.kr, err);
+    e->model.ranks = opts->expert_ranks; /* MPI (src/dist); NULL in one process */
+    e->rank_ops = opts->rank_ops;
+    return rc;
+}
+
+/* The memory plan, the spine budget at layer granularity (opened and streaming, or with
+ * plan_only only planned: nothing read) and the plan settled around it. */
+static int plan_spine(k3_engine *e, const k3_engine_opts *opts, k3_store_settings *ss,
+                      k3_engine_opts *dev, bool plan_only, k3_err *err) {
+    uint64_t spine_bytes = UINT64_MAX;
+    int rc = plan_memory(e, opts, &spine_bytes, err);
+    if (!rc) rc = open_spine_budget(e, opts, spine_bytes, ss, dev, plan_only, err);
+    if (!rc) settle_plan(e, opts, ss);
+    return rc;
+}
+
+int k3_engine_plan(const char *model_dir, const k3_engine_opts *opts, k3_engine_plan_info *out,
+                   k3_err *err) {
+    k3_engine_opts defaults = k3_engine_opts_default();
+    if (!opts) opts = &defaults;
+    memset(out, 0, sizeof *out);
+    k3_engine *e = calloc(1, sizeof *e);
+    if (!e) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
+    k3_store_settings ss;
+    k3_engine_opts dev = *opts;
+    int rc = open_headers(e, model_dir, opts, &ss, err);
+    if (!rc) rc = plan_spine(e, opts, &ss, &dev, true, err);
+    if (!rc) {
+        const k3_config *c = &e->cfg;
+        out->plan = e->mplan;
+        out->model = e->mplan_model;
+        k3_spine_get_stats(e->model.spine, &out->spine);
+        out->n_layers = c->num_hidden_layers;
+        out->moe_layers = c->num_hidden_layers - c->first_k_dense_replace;
+        out->n_experts = c->num_experts;
+        out->spine_mapped_bytes = e->model.spine_bytes;
+        snprintf(out->line, sizeof out->line, "%s", e->mplan_line);
+        snprintf(out->spine_line, sizeof out->spine_line, "%s", e->spine_plan_line);
+        snprintf(out->spine_mode, sizeof out->spine_mode, "%s", e->spine_line);
+    }
+    k3_engine_free(e);
+    return rc;
+}
+
 int k3_engine_load(const char *model_dir, const k3_engine_opts *opts, k3_engine **out,
                    k3_err *err) {
     k3_engine_opts defaults = k3_engine_opts_default();
@@ -249,24 +331,10 @@ int k3_engine_load(const char *model_dir, const k3_engine_opts *opts, k3_engine 
     if (!e) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
     k3_sigbus_install(); /* a shard truncated under a step fails the step (D2) */
     if (opts->threads > 0) omp_set_num_threads(opts->threads);
-    int rc = k3_config_load(model_dir, &e->cfg, err);
-    if (!rc) rc = k3_tokenizer_load(model_dir, &e->tok, err);
-    if (!rc && k3_tokenizer_vocab_size(e->tok) > e->cfg.vocab_size)
-        rc = k3_fail(err, K3_ERR_CONFIG, "%s: tokenizer has %d ids but config.json vocab_size "
-                     "is %d", model_dir, k3_tokenizer_vocab_size(e->tok), e->cfg.vocab_size);
     k3_store_settings ss;
-    if (!rc) rc = store_settings(opts, &ss, err);
-    if (!rc) rc = k3_checkpoint_open_dirs(model_dir, ss.dirs, &e->ck, err);
-    if (!rc) rc = open_spine(e, model_dir, opts, err);
-    if (!rc) rc = k3_model_bind_packed(&e->model, &e->cfg, e->ck, e->pack, e->approx, err);
-    if (!rc) rc = k3_kernels_select(opts->kernels, &e->model.kr, err);
-    e->model.ranks = opts->expert_ranks;
-    e->rank_ops = opts->rank_ops;
     k3_engine_opts dev = *opts;
-    uint64_t spine_bytes = UINT64_MAX;
-    if (!rc) rc = plan_memory(e, opts, &spine_bytes, err);
-    if (!rc) rc = open_spine_budget(e, opts, spine_bytes, &ss, &dev, err);
-    if (!rc) settle_plan(e, opts, &ss);
+    int rc = open_headers(e, model_dir, opts, &ss, err);
+    if (!rc) rc = plan_spine(e, opts, &ss, &dev, false, err);
     if (!rc) rc = open_store(e, &ss, err);
     if (!rc) rc = attach_source(e, opts, err);
     if (!rc) rc = k3_backend_open(&e->model, &dev, &e->backend, err);
@@ -343,6 +411,13 @@ static int mirror(const k3_session *s, int kind, int arg, int flags, const int32
 }
 
 int k3_session_new(const k3_engine *e, int max_ctx, k3_session **out, k3_err *err) {
+    int ctx_default = e->cfg.max_position_embeddings < 4096 ? e->cfg.max_position_embeddings
+                                                             : 4096;
+    int want = max_ctx > 0 ? max_ctx : ctx_default;
+    if (want <= e->cfg.max_position_embeddings && want > e->plan_ctx)
+        return k3_fail(err, K3_ERR_USAGE, "a session of %d positions is more than the memory "
+                       "plan counted (%d, ctx at load): its KV cache could pass the limit; give "
+                       "the context at load (ctx)", want, e->plan_ctx);
     k3_session *s = calloc(1, sizeof *s);
     if (!s) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
     s->e = e;

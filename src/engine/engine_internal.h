@@ -27,7 +27,9 @@ struct k3_engine {
     k3_backend *backend;    /* where sessions run: CPU or CUDA (backend.h) */
     char spine_plan_line[1024]; /* the spine budget's plan (src/model/spine.h) */
     k3_plan mplan;          /* the memory planner's plan (plan.h) */
+    k3_plan_model mplan_model; /* what it planned for */
     char mplan_line[1024];
+    int plan_ctx;           /* positions each session was planned with: none may be larger */
     const k3_rank_ops *rank_ops; /* rank 0 of an MPI run: the followers replay its ops */
 };
 

@@ -20,6 +20,7 @@
 #include <stddef.h>
 #include "../util/err.h"
 #include "../format/config.h"
+#include "plan.h"          /* k3_plan, k3_plan_model (k3_engine_plan) */
 #include "../model/pass.h" /* k3_trace, k3_trace_point, k3_phase_times, k3_spine_stats,
                              * K3_DEFAULT_CHUNK, K3_MAX_CHUNK (re-exported) */
 
@@ -112,6 +113,11 @@ typedef struct k3_engine_opts {
                                * expert cache's minimum, else a budget); K3_SPINE_GB_IN_PLACE:
                                * everything used in place from the mappings, whatever the plan */
     int sessions;             /* sessions that will be open at once, for the plan (default 1) */
+    int ctx;                  /* positions each session is opened with, for the plan (0: the
+                               * default min(max_position_embeddings, 4096)); k3_session_new
+                               * refuses a larger session (plan.h, "Sessions") */
+    double memory_gb;         /* > 0: plan for a machine of this many GB (RAM, all available,
+                               * no cgroup) instead of probing this one; 0: probe */
     const struct k3_machine_mem *machine; /* the machine's memory (plan.h); NULL = probed from
                                            * /proc and the process's cgroup (tests give one) */
     /* Expert parallelism (src/dist): the MoE's exchange with the other ranks (every rank), and
@@ -135,6 +141,28 @@ k3_engine_opts k3_engine_opts_default(void);
  * Errors: K3_ERR_IO, K3_ERR_CONFIG, K3_ERR_CHECKPOINT, K3_ERR_TOKENIZER, K3_ERR_PACK; the
  * message names the file and tensor. */
 int k3_engine_load(const char *model_dir, const k3_engine_opts *opts, k3_engine **out,
+                   k3_err *err);
+
+/* What k3_engine_plan reports: the memory plan k3_engine_load would make with the same opts
+ * on the same machine, and what it was made for. All sizes in bytes. */
+typedef struct k3_engine_plan_info {
+    k3_plan plan;             /* the plan, settled at the spine's layer granularity */
+    k3_plan_model model;      /* its inputs: spine, staging, expert slot, all experts, top-k,
+                               * one session at plan.ctx positions */
+    k3_spine_stats spine;     /* the spine budget's layers and bytes (budgeted 0: in place) */
+    uint64_t spine_mapped_bytes; /* the spine as mapped (every non-expert weight) */
+    int n_layers, moe_layers, n_experts;
+    char line[1024];          /* "memory planner: ...", the line k3_engine_load prints */
+    char spine_line[1024];    /* "spine budget ...": the spine plan's line */
+    char spine_mode[5120];    /* "spine: BF16 ..." / "spine: int8 ..." */
+} k3_engine_plan_info;
+
+/* Plans memory for MODEL_DIR exactly as k3_engine_load would (same code: config, tokenizer,
+ * headers, pack, binding, memory plan, the spine's layer-granular plan) without reading a
+ * weight: the shards are mapped, never touched, so a snapshot whose shards hold only their
+ * headers (sparse files) plans too. Errors: those of k3_engine_load before any read, and
+ * K3_ERR_USAGE when the model cannot run within the limit (the message has the numbers). */
+int k3_engine_plan(const char *model_dir, const k3_engine_opts *opts, k3_engine_plan_info *out,
                    k3_err *err);
 void k3_engine_free(k3_engine *e);
 const k3_config *k3_engine_config(const k3_engine *e);

@@ -124,7 +124,8 @@ static uint64_t max_u64(uint64_t a, uint64_t b) { return a > b ? a : b; }
  * OS has available now plus what this process already holds. */
 static void plan_limit(const k3_machine_mem *m, uint64_t base, k3_plan *p) {
     p->limit_bytes = m->ram_total_bytes;
-    snprintf(p->limit_source, sizeof p->limit_source, "RAM (MemTotal)");
+    snprintf(p->limit_source, sizeof p->limit_source, "%s",
+             m->ram_source[0] ? m->ram_source : "RAM (MemTotal)");
     if (m->cgroup_limit_bytes && m->cgroup_limit_bytes < p->limit_bytes) {
         p->limit_bytes = m->cgroup_limit_bytes;
         memcpy(p->limit_source, "cgroup ", 7);
@@ -159,6 +160,7 @@ static uint64_t cache_fit(const k3_plan_model *mod, uint64_t bytes, uint64_t lo)
 static int check_request(const k3_plan_request *r, k3_err *err) {
     if (r->sessions < 1 || r->sessions > 4096)
         return k3_fail(err, K3_ERR_USAGE, "sessions: expected 1..4096, got %d", r->sessions);
+    if (r->ctx < 0) return k3_fail(err, K3_ERR_USAGE, "ctx: expected >= 0, got %d", r->ctx);
     if (!isfinite(r->spine_gb) || r->spine_gb > 1e6)
         return k3_fail(err, K3_ERR_USAGE, "spine_gb: expected a finite number of GB below 1e6");
     if (!isfinite(r->expert_gb) || r->expert_gb > 1e6)
@@ -227,6 +229,7 @@ int k3_plan_memory(const k3_machine_mem *m, const k3_plan_model *mod, const k3_p
     if (rc) return rc;
     p->base_bytes = r->base_bytes;
     p->sessions_bytes = (uint64_t)r->sessions * mod->session_bytes;
+    p->sessions = r->sessions, p->ctx = r->ctx;
     p->spine_from_user = r->spine_gb >= 0;
     p->experts_from_user = r->expert_gb > 0;
     if (r->gpu && p->spine_from_user)
@@ -276,10 +279,10 @@ void k3_plan_describe(const k3_plan *p, char *buf, size_t cap) {
     else
         snprintf(spine, sizeof spine, "spine %.2f GB in place", p->spine_ram_bytes / GB);
     snprintf(buf, cap, "memory planner: limit %.2f GB (%s), headroom %.2f GB; base %.2f GB + %s + "
-             "expert cache %.2f GB%s + sessions %.2f GB = %.2f GB",
+             "expert cache %.2f GB%s + sessions %.2f GB (%d x %d positions) = %.2f GB",
              p->limit_bytes / GB, p->limit_source, p->headroom_bytes / GB, p->base_bytes / GB,
              spine, p->expert_cache_bytes / GB, p->experts_from_user ? " (given)" : "",
-             p->sessions_bytes / GB, p->total_bytes / GB);
+             p->sessions_bytes / GB, p->sessions, p->ctx, p->total_bytes / GB);
     size_t n = strlen(buf);
     if (p->over_limit_bytes && n < cap)
         snprintf(buf + n, cap - n, " (%.2f GB over the limit less headroom: as given)",

@@ -16,6 +16,19 @@
  *    expert byte at most that (an expert is used by a fraction of tokens), so the expert cache
  *    gets its minimum for prefetch (2 x top-k slots) and the spine the rest, then any RAM the
  *    spine does not need goes to the expert cache.
+ *
+ * Sessions: each session is counted at the context it is opened with (k3_plan_request.ctx:
+ * --ctx, or the default min(max_position_embeddings, 4096); k3 run, which knows a raw
+ * prompt's bytes or ids and --max-new before loading, opens its session with just what they
+ * can need when neither a chat template, a loaded state nor --spec adds positions). Not at the
+ * model's full context (1M positions of MLA KV on K3: terabytes), and not at a guess of the
+ * positions a session will use: the context a session is opened with is the one bound that
+ * holds for every caller (a chat or a server session grows to it, a loaded state starts part
+ * way in), and the engine refuses a session opened with more positions than the plan counted
+ * (k3_session_new), so the KV cache can never outgrow the plan. The KV cache is committed as
+ * positions are used, so peak RSS sits below the plan by the positions not reached; what
+ * that costs is room the expert cache could have had, never an OOM kill. A smaller --ctx
+ * gives that room back.
  */
 #ifndef K3_PLAN_H
 #define K3_PLAN_H
@@ -31,6 +44,8 @@ typedef struct k3_machine_mem {
     uint64_t ram_available_bytes; /* MemAvailable (0 = unknown: RAM total is used) */
     uint64_t cgroup_limit_bytes;  /* the tightest cgroup limit of this process, 0 = none */
     char cgroup_source[320];      /* the file that set cgroup_limit_bytes, "" when none */
+    char ram_source[48];          /* what set ram_total_bytes when not MemTotal (a machine
+                                     described by the user: "memory_gb given"), else "" */
 } k3_machine_mem;
 
 /* Reads root/proc/meminfo, root/proc/self/cgroup and the memory limits of the process's cgroup
@@ -49,7 +64,8 @@ typedef struct k3_plan_model {
     uint64_t expert_slot_bytes; /* one routed expert (one cache slot) */
     uint64_t experts_bytes;     /* all routed experts (the cache is never larger) */
     int top_k;                  /* experts per token per layer */
-    uint64_t session_bytes;     /* one session's KDA/conv state and KV cache at its context */
+    uint64_t session_bytes;     /* one session's KDA/conv state and KV cache at its context
+                                   (k3_plan_request.ctx positions: see "Sessions" above) */
 } k3_plan_model;
 
 /* The user's side: overrides and what runs. */
@@ -61,6 +77,8 @@ typedef struct k3_plan_request {
     double spine_gb;     /* < 0: planned; else the user's spine budget in GB (1e9 bytes),
                             0 = stream every layer */
     double expert_gb;    /* <= 0: planned; else the user's expert cache in GB */
+    int ctx;             /* positions each session is opened with (session_bytes is counted
+                            at it); informative: said in the line */
 } k3_plan_request;
 
 typedef struct k3_plan {
@@ -78,6 +96,7 @@ typedef struct k3_plan {
                                     within this + 5% */
     uint64_t min_limit_bytes;    /* the smallest limit this model and these sessions run in */
     int spine_from_user, experts_from_user; /* which parts the user fixed */
+    int sessions, ctx;           /* as requested: sessions_bytes = sessions x session_bytes */
     uint64_t over_limit_bytes;   /* how far the user's own spine_gb / expert_gb take the plan
                                     past the limit less headroom (obeyed, and said), else 0 */
 } k3_plan;
@@ -97,7 +116,7 @@ int k3_plan_memory(const k3_machine_mem *m, const k3_plan_model *mod, const k3_p
 void k3_plan_settle(k3_plan *p, const k3_plan_model *mod, uint64_t spine_ram_bytes);
 
 /* One line (no newline): limit and source, headroom, base, spine (in place / budget), expert
- * cache, sessions, total. */
+ * cache, sessions (count x positions), total; the line k3 run and k3 plan print. */
 void k3_plan_describe(const k3_plan *p, char *buf, size_t cap);
 
 #endif

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "../cli/model_dir.h"
 #include "../util/err.h"
@@ -22,6 +23,7 @@ typedef struct synth_opts {
     int kda_heads, kda_head_dim, kda_rank, mla_heads, q_rank, kv_rank, nope, rope, v_dim;
     int expert_shards; /* shards the experts of one layer are spread over */
     bool scatter;      /* break the six-tensors-back-to-back layout (per-tensor fallback) */
+    bool sparse;       /* headers only: the data are holes (reads give zeros), for k3 plan */
     uint64_t seed;
 } synth_opts;
 
@@ -48,6 +50,9 @@ static void synth_usage(FILE *f) {
         "  --scatter         interleave the experts' tensors (not back to back): exercises the\n"
         "                    store's per-tensor fallback\n"
         "  --seed N          random seed (default 1)\n"
+        "  --sparse          write each shard's header and leave its data a hole (a sparse\n"
+        "                    file: no disk, zeros when read): a full-size K3 snapshot for\n"
+        "                    k3 plan, which reads headers only\n"
         "  -h, --help        this help\n");
 }
 
@@ -292,6 +297,15 @@ static int write_shard(const synth_opts *o, const tlist *l, int s, int n_shards,
     for (int i = 0; i < 8; i++) len8[i] = (uint8_t)(hn >> (8 * i));
     int ok = fwrite(len8, 1, 8, f) == 8 && fwrite(hdr, 1, hn, f) == hn;
     free(hdr);
+    uint64_t data = 0;
+    for (size_t i = 0; o->sparse && i < l->n; i++)
+        if (l->t[i].shard == s) data += l->t[i].nbytes;
+    if (o->sparse && ok) { /* a hole up to the end: the file has its full size */
+        ok = fflush(f) == 0 && ftruncate(fileno(f), (off_t)(8 + hn + data)) == 0;
+        if (fclose(f) != 0 || !ok)
+            return k3_fail(err, K3_ERR_IO, "%s: write failed: %s", path, strerror(errno));
+        return K3_OK;
+    }
     for (size_t i = 0; ok && i < l->n; i++) { /* list order within a shard = offset order */
         const tensor_spec *t = &l->t[i];
         if (t->shard != s) continue;
@@ -442,6 +456,7 @@ static int parse_args(int argc, char **argv, synth_opts *o) {
         else if (!strcmp(a, "--real")) real = true;
         else if (!strcmp(a, "--real-experts")) real_experts = true;
         else if (!strcmp(a, "--scatter")) o->scatter = true;
+        else if (!strcmp(a, "--sparse")) o->sparse = true;
         else if (!strcmp(a, "--seed") && v) { o->seed = strtoull(v, NULL, 10) | 1; i++; }
         else if (a[0] != '-' && !o->out) o->out = a;
         else {
@@ -496,7 +511,8 @@ static int synth(const synth_opts *o, k3_err *err) {
         printf("k3-lab synth: wrote %s: %d layers, hidden %d, %d experts x %d MoE layers (top-%d) "
                "of %llu bytes, %.3f GB in %d shards%s\n", o->out, o->layers, o->hidden,
                o->experts, o->layers - 1, o->top_k, (unsigned long long)one, (double)total / 1e9,
-               n_shards, o->scatter ? " (expert tensors scattered)" : "");
+               n_shards, o->scatter ? " (expert tensors scattered)"
+                         : o->sparse ? " (sparse: headers only, the data are holes)" : "");
     }
     free(buf);
     free(cursor);

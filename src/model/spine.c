@@ -559,6 +559,28 @@ int k3_spine_floor_bytes(const k3_model *m, const k3_checkpoint *ck, const k3_pa
     return rc;
 }
 
+int k3_spine_plan_only(const k3_model *m, const k3_checkpoint *ck, const k3_pack *pack,
+                       uint64_t budget_bytes, bool direct, k3_spine **out, k3_err *err) {
+    k3_spine *sp = calloc(1, sizeof *sp);
+    if (!sp) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
+    sp->m = (k3_model *)m; /* read only: nothing is opened, pinned or started */
+    sp->n_layers = m->cfg.num_hidden_layers;
+    sp->budget = budget_bytes;
+    sp->embed_fd = -1;
+    int rc = collect_files(sp, ck, pack, err);
+    if (!rc && !(sp->units = calloc((size_t)N_UNITS(sp), sizeof *sp->units)))
+        rc = k3_fail(err, K3_ERR_GENERIC, "out of memory");
+    for (int u = 0; !rc && u < N_UNITS(sp); u++) rc = build_unit(sp, u, err);
+    if (rc) {
+        k3_spine_close(sp);
+        return rc;
+    }
+    plan(sp);
+    sp->direct = sp->streaming && direct; /* the wish: open_files may fall back */
+    *out = sp;
+    return K3_OK;
+}
+
 void k3_spine_close(k3_spine *sp) {
     if (!sp) return;
     if (sp->thread_started) {

@@ -70,6 +70,13 @@ void k3_spine_close(k3_spine *sp);
 int k3_spine_floor_bytes(const k3_model *m, const k3_checkpoint *ck, const k3_pack *pack,
                          uint64_t *floor_bytes, k3_err *err);
 
+/* The plan k3_spine_open would make for budget_bytes (same code, same result), without
+ * opening a file, pinning, allocating staging or reading a byte: for `k3 plan`. The returned
+ * spine answers k3_spine_get_stats, k3_spine_ram_bytes and k3_spine_describe (direct: what
+ * open would try first) and must only be closed. Errors: those of k3_spine_floor_bytes. */
+int k3_spine_plan_only(const k3_model *m, const k3_checkpoint *ck, const k3_pack *pack,
+                       uint64_t budget_bytes, bool direct, k3_spine **out, k3_err *err);
+
 enum { K3_SPINE_MIXER = 0, K3_SPINE_FFN = 1 }; /* the two halves of a layer */
 
 /* Layer l's weights for one half of it (part: its token mixer with input_layernorm, or its FFN
