@@ -389,7 +389,8 @@ describe('k3 serve --api-key: the page asks for the key', () => {
   let srv;
   const KEY = 'sekrit-key-123';
 
-  before(async () => { srv = await startServer(['--api-key', KEY]); });
+  // 10 ms a token, as above: the 5-token reply must still be seen streaming.
+  before(async () => { srv = await startServer(['--api-key', KEY], { K3_TEST_TOKEN_DELAY_MS: '10' }); });
   after(async () => { await srv?.stop(); });
 
   test('served without the key; the key is asked for, kept for the tab, sent as Bearer', async () => {
