@@ -3,15 +3,17 @@
 
 #include <mpi.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "../util/clock.h"
 
-enum { TAG_OP = 11, TAG_EXCHANGE = 12, TAG_STATS = 13 };
+enum { TAG_OP = 11, TAG_EXCHANGE = 12, TAG_STATS = 13, TAG_STUCK = 14 };
 enum { HOST_CAP = 64, LINE_CAP = 1536, MSG_CAP = 1024, MAX_SESSIONS = 8 };
 enum { OP_QUIT = 100, OP_STATS = 101 };
 /* An op on the wire: kind, session (2 ints), arg, flags, n, then n ids. */
@@ -21,6 +23,9 @@ enum { XH_STATUS, XH_LAYER, XH_COUNT, XH_MSGLEN, XH_INTS };
 /* The per-rank counters sent for the summary. */
 enum { ST_REQ, ST_HITS, ST_PF_HITS, ST_BYTES, ST_READ_S, ST_BUSY_S, ST_COMM_S, ST_TOKENS,
        ST_SENT, ST_EXCH, ST_N };
+/* A follower's report to rank 0 that an exchange is late: its index, the MoE layer, and the
+ * peer it still waits on. */
+enum { SR_EXCH, SR_LAYER, SR_ON, SR_INTS };
 
 struct k3_dist {
     int rank, size;
@@ -37,6 +42,11 @@ struct k3_dist {
     size_t *rcap;
     MPI_Request *req;         /* [2 * size]: receives, then sends */
     int *count, *cursor;      /* [size] */
+    /* late exchanges: a follower's report in flight; rank 0's latest report per rank */
+    int32_t stuck_out[SR_INTS];
+    MPI_Request stuck_req;
+    int32_t (*stuck)[SR_INTS]; /* [size], SR_EXCH -1: none */
+    int stall_layer;          /* tests: k3_dist_test_stall's layer, -1: none */
     int32_t opbuf[OP_INTS];
     /* counters */
     double comm_s;            /* time inside exchanges */
@@ -62,6 +72,7 @@ static void dist_free(k3_dist *d) {
     free(d->req);
     free(d->count);
     free(d->cursor);
+    free(d->stuck);
     free(d->sbuf);
     free(d->hosts);
     free(d);
@@ -94,13 +105,17 @@ int k3_dist_open(double timeout_s, k3_dist **out, k3_err *err) {
         d->req = calloc(2 * (size_t)size, sizeof *d->req);
         d->count = calloc((size_t)size, sizeof *d->count);
         d->cursor = calloc((size_t)size, sizeof *d->cursor);
+        d->stuck = calloc((size_t)size, sizeof *d->stuck);
     }
-    if (!d || !d->hosts || !d->rbuf || !d->rcap || !d->req || !d->count || !d->cursor) {
+    if (!d || !d->hosts || !d->rbuf || !d->rcap || !d->req || !d->count || !d->cursor ||
+        !d->stuck) {
         dist_free(d);
         MPI_Finalize();
         return k3_fail(err, K3_ERR_GENERIC, "out of memory");
     }
     d->rank = rank, d->size = size, d->timeout_s = timeout_s;
+    d->stuck_req = MPI_REQUEST_NULL, d->stall_layer = -1;
+    for (int r = 0; r < size; r++) d->stuck[r][SR_EXCH] = -1;
     char host[HOST_CAP] = "";
     if (gethostname(host, sizeof host - 1) != 0) snprintf(host, sizeof host, "?");
     if ((rc = MPI_Allgather(host, HOST_CAP, MPI_CHAR, d->hosts, HOST_CAP, MPI_CHAR,
@@ -163,6 +178,19 @@ static int grow(void **p, size_t *cap, size_t need) {
 
 /* ---- the MoE exchange (model/pass.h) ----------------------------------------------------- */
 
+/* Waits, at most 5 s, until the launcher has read what this rank wrote to fd: mpirun forwards
+ * a rank's output through a pipe and drops what it has not yet read when an abort tears the
+ * job down (a fixed pause was outrun on a loaded machine). A file or a terminal, where
+ * FIONREAD fails or finds nothing pending, returns at once. */
+static void wait_taken(int fd) {
+    struct timespec ts = {0, 10 * 1000 * 1000};
+    for (int i = 0; i < 500; i++) {
+        int pending = 0;
+        if (ioctl(fd, FIONREAD, &pending) != 0 || pending <= 0) return;
+        nanosleep(&ts, NULL);
+    }
+}
+
 /* A rank that finds another lost (a deadline passed, MPI failed, the ranks diverged) ends the
  * whole job at once: the message goes to stderr here, because MPI_Abort is the one way to stop
  * ranks that are waiting on the lost one (a rank that returned its error and exited would
@@ -172,11 +200,79 @@ static void lost(k3_dist *d, const k3_err *err) {
             err->msg);
     fflush(stdout);
     fflush(stderr);
-    /* mpirun forwards a rank's output through its own pipes and drops what it has not read
-     * yet when the abort tears the job down: give it time to pass the line on */
-    struct timespec ts = {0, 500 * 1000 * 1000};
+    wait_taken(STDOUT_FILENO);
+    wait_taken(STDERR_FILENO);
+    /* and a moment for mpirun to write out what it read */
+    struct timespec ts = {0, 300 * 1000 * 1000};
     nanosleep(&ts, NULL);
     MPI_Abort(MPI_COMM_WORLD, K3_ERR_DIST);
+}
+
+/* ---- who is lost ------------------------------------------------------------------------ */
+/* A rank missing from an exchange may itself be waiting on another: rank 2 stopped after
+ * sending layer L to rank 0 leaves rank 1 in layer L, and rank 0, already in layer L+1, would
+ * blame rank 1. So a follower whose exchange is late (half its deadline) tells rank 0 whom it
+ * waits on, and rank 0 follows those reports to the rank that is really lost. */
+
+/* The first peer whose receive (else send) is still open in done[2 * N], or -1. */
+static int first_missing(const k3_dist *d, const char *done) {
+    for (int p = 0; p < 2 * d->size; p++)
+        if (!done[p]) return p % d->size;
+    return -1;
+}
+
+/* Follower: reports exchange d->exchanges (the one under way) at layer as late, waiting on peer `on`. One report
+ * at a time; a report still in flight (rank 0 has not taken the last) skips this one. */
+static void report_late(k3_dist *d, int layer, int on) {
+    int flag = 1;
+    if (d->stuck_req != MPI_REQUEST_NULL) MPI_Test(&d->stuck_req, &flag, MPI_STATUS_IGNORE);
+    if (!flag) return;
+    d->stuck_out[SR_EXCH] = (int32_t)d->exchanges, d->stuck_out[SR_LAYER] = layer;
+    d->stuck_out[SR_ON] = on;
+    if (MPI_Isend(d->stuck_out, SR_INTS, MPI_INT32_T, 0, TAG_STUCK, MPI_COMM_WORLD,
+                  &d->stuck_req) != MPI_SUCCESS)
+        d->stuck_req = MPI_REQUEST_NULL;
+}
+
+/* Rank 0: takes every report that has arrived, keeping the latest per rank. */
+static void take_reports(k3_dist *d) {
+    for (;;) {
+        int flag = 0;
+        MPI_Status st;
+        if (MPI_Iprobe(MPI_ANY_SOURCE, TAG_STUCK, MPI_COMM_WORLD, &flag, &st) != MPI_SUCCESS ||
+            !flag)
+            return;
+        int32_t r[SR_INTS];
+        if (MPI_Recv(r, SR_INTS, MPI_INT32_T, st.MPI_SOURCE, TAG_STUCK, MPI_COMM_WORLD,
+                     MPI_STATUS_IGNORE) != MPI_SUCCESS)
+            return;
+        if (st.MPI_SOURCE > 0 && st.MPI_SOURCE < d->size)
+            memcpy(d->stuck[st.MPI_SOURCE], r, sizeof r);
+    }
+}
+
+/* Rank 0: the rank to blame for missing peer p in exchange `exch`: p, unless p reported
+ * waiting (in this exchange or the one before) on another follower, which is then followed. */
+static int lost_rank(k3_dist *d, int p, long exch) {
+    take_reports(d);
+    for (int hops = 0; hops < d->size; hops++) {
+        const int32_t *r = d->stuck[p];
+        if (r[SR_EXCH] < exch - 1 || r[SR_ON] <= 0 || r[SR_ON] >= d->size ||
+            r[SR_ON] == p)
+            break;
+        p = r[SR_ON];
+    }
+    return p;
+}
+
+void k3_dist_test_stall(k3_dist *d, int layer) { d->stall_layer = layer; }
+
+/* k3_dist_test_stall: the send to rank 0 (d->req[i]) delivered, this rank stops itself. */
+static void stall(k3_dist *d, int i) {
+    char one = 0;
+    wait_all(&d->req[i], 1, &one, k3_now_s() + d->timeout_s);
+    d->stall_layer = -1;
+    raise(SIGSTOP);
 }
 
 static int exchange_once(k3_dist *d, int layer, const int *ids, int rows, int k, float *outs,
@@ -231,28 +327,34 @@ static int exchange_once(k3_dist *d, int layer, const int *ids, int rows, int k,
             return mpi_fail(err, rc, "MPI_Isend");
         }
         d->bytes_sent += sbytes;
+        if (p == 0 && me == N - 1 && layer == d->stall_layer) stall(d, nreq - 1);
     }
     /* the followers wait twice as long, so that rank 0, which talks to the user, is the one
-     * that names a lost rank */
+     * that names a lost rank; at half their deadline they tell rank 0 whom they wait on */
     double limit = me == 0 ? d->timeout_s : 2 * d->timeout_s;
-    int all = wait_all(d->req, 2 * N, done, t0 + limit);
+    if (me == 0) take_reports(d);
+    int all = wait_all(d->req, 2 * N, done, t0 + (me == 0 ? limit : d->timeout_s / 2));
+    if (all == 0 && me != 0) {
+        report_late(d, layer, first_missing(d, done));
+        all = wait_all(d->req, 2 * N, done, t0 + limit);
+    }
     d->comm_s += k3_now_s() - t0;
-    d->exchanges++;
+    long exch = d->exchanges++;
     if (all <= 0) {
         d->broken = 1;
         if (all < 0) return mpi_fail(err, -all, "the expert exchange");
         /* a receive still open: that peer sent nothing; else a send: that peer took nothing */
-        for (int p = 0; p < N; p++)
-            if (!done[p])
-                return k3_fail(err, K3_ERR_DIST, "rank %d (host %s) sent nothing for MoE layer "
-                               "%d within %.0f s (killed, hung, or its host lost?); ending the "
-                               "run", p, d->hosts[p], layer, limit);
-        for (int p = 0; p < N; p++)
-            if (!done[N + p])
-                return k3_fail(err, K3_ERR_DIST, "rank %d (host %s) took nothing of MoE layer "
-                               "%d within %.0f s (killed, hung, or its host lost?); ending the "
-                               "run", p, d->hosts[p], layer, limit);
-        return k3_fail(err, K3_ERR_DIST, "the exchange at MoE layer %d did not complete", layer);
+        int p = first_missing(d, done), silent = 0;
+        for (int q = 0; q < N; q++) silent |= !done[q];
+        int who = me == 0 ? lost_rank(d, p, exch) : p;
+        if (who != p)
+            return k3_fail(err, K3_ERR_DIST, "rank %d (host %s) sent nothing for MoE layer %d "
+                           "within %.0f s: rank %d (host %s) waits on it (killed, hung, or its "
+                           "host lost?); ending the run", who, d->hosts[who], layer, limit, p,
+                           d->hosts[p]);
+        return k3_fail(err, K3_ERR_DIST, "rank %d (host %s) %s MoE layer %d within %.0f s "
+                       "(killed, hung, or its host lost?); ending the run", p, d->hosts[p],
+                       silent ? "sent nothing for" : "took nothing of", layer, limit);
     }
     /* the first failed rank, the same on every rank */
     for (int p = 0; p < N; p++) {
@@ -572,6 +674,8 @@ void k3_dist_close(k3_dist *d) {
         k3_err err;
         if (send_ints(d, op, OP_HDR, &err)) MPI_Abort(MPI_COMM_WORLD, K3_ERR_DIST);
     }
+    if (d->stuck_req != MPI_REQUEST_NULL) MPI_Wait(&d->stuck_req, MPI_STATUS_IGNORE);
+    if (d->rank == 0) take_reports(d);
     MPI_Finalize();
     dist_free(d);
 }

@@ -19,7 +19,9 @@
  *    followers replay the ops in k3_dist_follow. The followers compute no logits (lm_head).
  *  - Nothing waits forever inside a pass: every exchange and op is nonblocking and polled
  *    against a deadline (timeout_s on rank 0, twice that on the others, so that rank 0
- *    names the lost rank first); a peer that sends nothing by then is lost: the rank that
+ *    names the lost rank first; a follower still waiting at half its deadline tells rank 0
+ *    whom it waits on, so that rank 0, missing several ranks, names the one the others wait
+ *    on); a peer that sends nothing by then is lost: the rank that
  *    sees it prints the error (naming rank and host) to stderr and ends the whole job with
  *    MPI_Abort, status K3_ERR_DIST (13) — the one exception to "only main exits": the other
  *    ranks wait on the lost one, and a rank that merely exited would leave them (and a
@@ -51,6 +53,11 @@ int k3_dist_open(double timeout_s, k3_dist **out, k3_err *err);
 int k3_dist_rank(const k3_dist *d);
 int k3_dist_size(const k3_dist *d);
 const char *k3_dist_host(const k3_dist *d, int rank);
+
+/* Tests only: the last rank, at its next exchange of MoE layer `layer`, sends its outputs to
+ * rank 0 alone and stops itself (SIGSTOP) — a host lost after one peer heard from it and
+ * before another did, which rank 0 must still name (not the peer left waiting on it). */
+void k3_dist_test_stall(k3_dist *d, int layer);
 
 /* The MoE's hook (model/pass.h) for k3_engine_opts.expert_ranks: every rank. */
 const k3_expert_ranks *k3_dist_expert_ranks(k3_dist *d);

@@ -10,7 +10,8 @@
 #  4. faults: an expert rank 1 cannot read mid-run (serve: the request fails naming rank 1,
 #     host, shard and expert); a rank killed with SIGKILL mid-run, and a rank stopped
 #     (SIGSTOP, a hung host) with K3_MPI_TIMEOUT=2: each ends the job within seconds with a
-#     message naming rank 2.
+#     message naming rank 2; and a rank lost after one peer heard from it and before another
+#     did, which rank 0 must still name (not the peer left waiting on it).
 # K3_BIN: the single-process k3 (reference); K3_MPI_BIN: k3 built with MPI=1. Prints
 # "N passed, M failed" last; exits non-zero on a failure; SKIPPED when mpirun is missing.
 set -u
@@ -231,6 +232,27 @@ if grep -q "rank 2 (host [^)]*) \(sent\|took\) nothing .*MoE layer" "$T/fault.er
     ok hung_rank_named_by_the_deadline
 else
     bad hung_rank_named_by_the_deadline "$(tail -4 "$T/fault.err")"
+fi
+
+# A rank lost after rank 0 heard from it and before rank 1 did (K3_TEST_MPI_STALL_LAYER: the
+# last rank sends layer 2 to rank 0 alone, then stops itself): rank 0, a layer ahead, misses
+# ranks 1 and 2, and must name rank 2 (rank 1 reported that it waits on it), not rank 1.
+start=$(date +%s)
+(cd "$T" && K3_TEST_MPI_STALL_LAYER=2 K3_MPI_TIMEOUT=2 timeout 60 $MPIRUN -x K3_MPI_TIMEOUT \
+    -x K3_TEST_MPI_STALL_LAYER -np 3 "$K3_MPI_BIN" run -q "$NANO" --prompt "$PROMPT" \
+    --max-new 40 >stall.out 2>stall.err)
+rc=$?
+took=$(($(date +%s) - start))
+for p in $(pgrep -x k3); do # a stopped rank mpirun left behind
+    cat "/proc/$p/environ" 2>/dev/null | tr '\0' '\n' | grep -q '^K3_TEST_MPI_STALL_LAYER=' &&
+        kill -KILL "$p"
+done
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $took -le 15 ] &&
+   grep -q "rank 0 of 3 ([^)]*): rank 2 (host [^)]*) sent nothing .*: rank 1 (host [^)]*) waits on it" \
+       "$T/stall.err"; then
+    ok rank_lost_between_peers_named_by_rank_0
+else
+    bad rank_lost_between_peers_named_by_rank_0 "exit $rc after ${took}s: $(grep '^k3' "$T/stall.err" | head -3)"
 fi
 
 echo "$PASS passed, $FAIL failed"
