@@ -159,7 +159,7 @@ static void test_save_state_checked_first(void) {
  * flag beats the variable (same spelling for both). */
 static void test_precedence(void) {
     static const struct { const char *env, *flag, *want; } cases[] = {
-        {"", "", "prefetch prev+lookahead\n"},
+        {"", "", "prefetch prev+lookahead (auto: a predictor pauses"},
         {"K3_PIPE=prev ", "", "prefetch prev\n"},
         {"K3_PIPE=prev ", "--pipe lookahead", "prefetch lookahead\n"},
         {"K3_PIPE=lookahead ", "--pipe=prev", "prefetch prev\n"},

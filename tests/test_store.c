@@ -541,10 +541,82 @@ static void test_burst_sorted_and_interleaved(void) {
               slots[batch[i]].key, want_keys[i]);
 }
 
+/* ---- auto prefetch: a predictor pauses while its reads go unused ---------------------- */
+
+/* The rule at its lines: reads until 64 predictions are scored; a reading predictor keeps on
+ * at 45% used, pauses below; a paused one resumes above 55%, not at it. */
+static void test_prefetch_keeps_rule(void) {
+    static const struct { uint64_t useful, cands; int reading, keeps; } cases[] = {
+        {0, 0, 1, 1},   {0, 63, 1, 1},   {0, 63, 0, 1},   {0, 64, 1, 0},
+        {29, 64, 1, 1}, {28, 64, 1, 0},  /* 45.3% keeps, 43.8% pauses */
+        {45, 100, 1, 1}, {44, 100, 1, 0}, {55, 100, 0, 0}, {56, 100, 0, 1},
+        {50, 100, 1, 1}, {50, 100, 0, 0}, /* between the lines: stays as it was */
+        {1000, 1000, 0, 1}, {0, 1000, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+        CHECK(k3_prefetch_keeps(cases[i].useful, cases[i].cands, cases[i].reading) ==
+                  cases[i].keeps, "useful %llu of %llu, reading %d: want keeps %d",
+              (unsigned long long)cases[i].useful, (unsigned long long)cases[i].cands,
+              cases[i].reading, cases[i].keeps);
+}
+
+/* Runs 32 layer visits on k3-nano (layers 1-8, 4 each; 32 experts, top-4), each predicted by
+ * the previous-token source before it begins: `right` predicts exactly the four experts the
+ * layer then asks for, else four it never asks for; every prediction is of experts neither
+ * cached nor in flight. Returns the store's counters after. */
+static int visit_layers(int pipe, int right, k3_store_stats *out) {
+    k3_engine *e = NULL;
+    k3_store_client *c = NULL;
+    k3_err err = {0};
+    k3_engine_opts o = {.threads = 1, .expert_slots = 256, .pipe = pipe};
+    clean_env();
+    int rc = k3_engine_load(NANO, &o, &e, &err);
+    if (!rc) rc = k3_store_client_new(k3_engine_store(e), &c, &err);
+    for (int v = 0; !rc && v < 32; v++) {
+        int layer = 1 + v / 4, r = v % 4, pred[4], ids[4];
+        for (int j = 0; j < 4; j++) ids[j] = 8 * r + j, pred[j] = right ? ids[j] : ids[j] + 4;
+        k3_store_prefetch(c, layer, pred, 4, K3_PIPE_PREV);
+        k3_store_begin(c, layer, ids, 4);
+        for (int n = 0; !rc && n < 4; n++) {
+            int j = -1;
+            k3_expert ex;
+            if (!(rc = k3_store_next(c, &j, &ex, &err))) k3_store_done(c, j);
+        }
+        k3_store_end(c);
+    }
+    if (!rc) k3_store_get_stats(k3_engine_store(e), out);
+    k3_store_client_free(c);
+    k3_engine_free(e);
+    CHECK_OR(rc, rc == 0, "pipe %d: %s", pipe, err.msg);
+    return rc;
+}
+
+/* Under K3_PIPE_AUTO a predictor none of whose reads are used reads its first 64 predictions
+ * (16 visits x 4), then pauses: the other 64 are skipped. One whose reads are all used never
+ * pauses; an explicit K3_PIPE_ALL reads every wrong prediction. */
+static void test_auto_prefetch_pauses_when_unused(void) {
+    static const struct { int pipe, right; uint64_t reads, skipped; } cases[] = {
+        {K3_PIPE_AUTO, 0, 64, 64}, {K3_PIPE_AUTO, 1, 128, 0}, {K3_PIPE_ALL, 0, 128, 0}};
+    for (size_t i = 0; i < 3 && !k3_test_stopped(); i++) {
+        k3_store_stats st = {0};
+        if (visit_layers(cases[i].pipe, cases[i].right, &st)) continue;
+        CHECK(st.prefetch_reads == cases[i].reads && st.prefetch_skipped == cases[i].skipped,
+              "pipe %d, %s predictions: %llu prefetch reads, %llu skipped; want %llu, %llu",
+              cases[i].pipe, cases[i].right ? "right" : "wrong",
+              (unsigned long long)st.prefetch_reads, (unsigned long long)st.prefetch_skipped,
+              (unsigned long long)cases[i].reads, (unsigned long long)cases[i].skipped);
+        if (cases[i].right)
+            CHECK(st.prefetch_hits + st.prefetch_late == 128, "right predictions: %llu used",
+                  (unsigned long long)(st.prefetch_hits + st.prefetch_late));
+    }
+}
+
 const k3_test k3_suite_store[] = {
     {"mla_adjacent_layers_prefetch_the_previous_choice", test_mla_adjacent_layers_use_prev},
     {"mla_fallback_decode_bit_identical_and_scored", test_mla_fallback_decode},
     {"burst_sorted_by_file_offset_interleaved_by_drive", test_burst_sorted_and_interleaved},
+    {"prefetch_keeps_rule_at_its_lines", test_prefetch_keeps_rule},
+    {"auto_prefetch_pauses_when_its_reads_go_unused", test_auto_prefetch_pauses_when_unused},
     {"budgets_directio_pipe_policies_bit_identical", test_budgets_bit_identical},
     {"shards_in_two_folders_bit_identical", test_two_folders},
     {"truncated_after_load_fails_naming_shard_layer_expert", test_truncated_after_load},

@@ -80,13 +80,14 @@ static const k3_opt table[] = {
      .help = "expert reader threads"},
     {.flag = "--direct", .env = "K3_DIRECT", K3_OPT_ENG(direct), .type = K3_OPT_CHOICE,
      .choices = directs, .def = "auto", .meta = "0|1|auto", .group = K3_OG_STORE,
-     .help = "O_DIRECT reads; auto: 1 when the experts do not fit in RAM, else\n"
-             "buffered reads through the page cache"},
+     .help = "O_DIRECT reads; auto: 1 when the experts do not fit in RAM (or the\n"
+             "memory cgroup's limit), else buffered reads through the page cache"},
     {.flag = "--pipe", .env = "K3_PIPE", K3_OPT_ENG(pipe), .type = K3_OPT_CHOICE,
      .choices = pipes, .def = "auto", .meta = "MODE", .group = K3_OG_STORE,
      .help = "prefetch: 0/off, 1/on/all (both predictors), prev (previous token's\n"
              "choice), lookahead (next layer's router on this layer's input), auto (on\n"
-             "when the cache holds 2 x top-k experts)"},
+             "when the cache holds 2 x top-k experts; a predictor pauses while under\n"
+             "45% of its reads are used)"},
     {.flag = "--cache-policy", .env = "K3_CACHE_POLICY", K3_OPT_ENG(cache_policy),
      .type = K3_OPT_WORD, .choices = policies, .def = "s3fifo", .meta = "P",
      .group = K3_OG_STORE, .help = "s3fifo or lru"},

@@ -99,7 +99,8 @@ static uint64_t rss_bytes(void) {
 static int open_store(k3_engine *e, const k3_store_settings *ss, k3_err *err) {
     k3_mem_plan plan = {.base_bytes = rss_bytes(),
                         .spine_bytes = k3_spine_ram_bytes(e->model.spine, &e->model),
-                        .state_bytes = e->mplan.sessions_bytes};
+                        .state_bytes = e->mplan.sessions_bytes,
+                        .limit_bytes = e->mplan.limit_bytes};
     int rc = k3_store_open(e->ck, &e->cfg, ss, &plan, &e->store, err);
     if (rc) return rc;
     e->model.store = e->store;
@@ -119,7 +120,8 @@ void k3_session_stats(const k3_session *s, k3_run_stats *out) {
         .expert_requests = ss.requests,
         .hits = ss.hits, .prefetch_hits = ss.prefetch_hits, .prefetch_late = ss.prefetch_late,
         .misses = ss.misses, .prefetch_reads = ss.prefetch_reads,
-        .prefetch_wasted = ss.prefetch_wasted, .reads = ss.reads, .bytes_read = ss.bytes_read,
+        .prefetch_wasted = ss.prefetch_wasted,
+        .prefetch_skipped = ss.prefetch_skipped, .reads = ss.reads, .bytes_read = ss.bytes_read,
         .read_s = ss.read_s, .read_busy_s = ss.read_busy_s, .cache_bytes = p->cache_bytes,
         .peak_cache_bytes = ss.peak_slots_used * k3_store_slot_bytes(s->e->store),
         .plan_bytes = p->base_bytes + p->spine_bytes + p->cache_bytes + p->state_bytes};

@@ -36,6 +36,10 @@ void k3_run_stats_summary(const k3_run_stats *st, char *buf, size_t cap) {
              (unsigned long long)st->prefetch_reads, (unsigned long long)st->prefetch_wasted,
              rp, rl, (double)st->peak_rss_bytes / 1e9, (double)st->plan_bytes / 1e9);
     size_t len = strlen(buf);
+    if (st->prefetch_skipped && len < cap)
+        snprintf(buf + len, cap - len, "; %llu predictions not read (a predictor paused: under "
+                 "45%% of its reads used)", (unsigned long long)st->prefetch_skipped);
+    len = strlen(buf);
     double sgb = (double)st->spine_bytes_read / 1e9;
     if (st->spine_streams && len < cap)
         snprintf(buf + len, cap - len, "; spine budget: %.3f GB streamed (%.2f GB/s while "

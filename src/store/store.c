@@ -283,12 +283,17 @@ static void resolve(k3_store *st, const k3_store_settings *set) {
     st->policy_kind = set->policy == K3_POLICY_LRU ? K3_POLICY_LRU : K3_POLICY_S3FIFO;
     const k3_mem_plan *p = &st->plan;
     uint64_t all = st->n_mapped * st->expert_bytes;
-    if (set->direct == K3_IO_AUTO) /* the page cache is a free second level where it fits */
-        st->direct = p->spine_bytes + all + p->headroom_bytes > p->mem_total;
+    /* the page cache is a free second level where it fits; inside a cgroup it is charged to
+     * the cgroup, so it fits only below the limit */
+    uint64_t room = p->limit_bytes && p->limit_bytes < p->mem_total ? p->limit_bytes
+                                                                     : p->mem_total;
+    if (set->direct == K3_IO_AUTO)
+        st->direct = p->spine_bytes + all + p->headroom_bytes > room;
     else
         st->direct = set->direct == K3_IO_DIRECT;
     if (set->pipe == K3_PIPE_AUTO) st->pipe = st->n_slots >= 2 * st->top_k ? K3_PIPE_ALL : 0;
     else st->pipe = set->pipe == K3_PIPE_OFF ? 0 : set->pipe;
+    st->pf_auto = set->pipe == K3_PIPE_AUTO; /* an explicit K3_PIPE always reads */
 }
 
 /* Per layer, the predictors that read (k3_store_layer_pipe): layer l is predicted while
@@ -395,13 +400,15 @@ void k3_store_describe(const k3_store *st, char *buf, size_t cap) {
                        "prev" : st->pipe == K3_PIPE_LOOKAHEAD ? "lookahead" : "off";
     snprintf(buf, cap, "memory plan: base %.3f GB + spine %.3f GB + expert cache %.3f GB (%d "
              "slots x %.2f MB, %s) + state %.3f GB + headroom %.2f GB; RAM %.1f GB, available "
-             "%.1f GB; experts %.2f GB (%llu); reads %s, %d threads; prefetch %s%s",
+             "%.1f GB; experts %.2f GB (%llu); reads %s, %d threads; prefetch %s%s%s",
              (double)p->base_bytes / gb, (double)p->spine_bytes / gb, (double)p->cache_bytes / gb,
              st->n_slots, (double)st->slot_bytes / 1e6, k3_cache_policy_name(st->policy_kind),
              (double)p->state_bytes / gb, (double)p->headroom_bytes / gb,
              (double)p->mem_total / gb, (double)p->mem_available / gb,
              (double)(st->n_mapped * st->expert_bytes) / gb, (unsigned long long)st->n_mapped,
-             st->direct ? "O_DIRECT" : "buffered", st->n_threads, pipe, st->notes);
+             st->direct ? "O_DIRECT" : "buffered", st->n_threads, pipe,
+             st->pf_auto && st->pipe ? " (auto: a predictor pauses while < 45% of its reads are "
+                                       "used)" : "", st->notes);
 }
 
 uint64_t k3_store_expert_bytes(const k3_store *st) { return st->n_mapped * st->expert_bytes; }
@@ -451,10 +458,11 @@ int k3_store_client_new(k3_store *st, k3_store_client **out, k3_err *err) {
     c->has_prev = calloc(L, 1);
     c->pred = calloc(3 * L * K, sizeof *c->pred);
     c->has_pred = calloc(3 * L, 1);
+    c->cand = calloc(3 * L * K, 1);
     c->batch = calloc(U, sizeof *c->batch);
     c->rank = calloc(U, sizeof *c->rank);
     if (!c->ids || !c->slot || !c->stage || !c->prev_ids || !c->has_prev || !c->pred ||
-        !c->has_pred || !c->batch || !c->rank) {
+        !c->has_pred || !c->cand || !c->batch || !c->rank) {
         k3_store_client_free(c);
         return k3_fail(err, K3_ERR_GENERIC, "out of memory");
     }
@@ -472,6 +480,7 @@ void k3_store_client_free(k3_store_client *c) {
     free(c->has_prev);
     free(c->pred);
     free(c->has_pred);
+    free(c->cand);
     free(c->batch);
     free(c->rank);
     free(c);
@@ -498,15 +507,34 @@ static int chosen(const k3_store_client *c, int expert) {
     return 0;
 }
 
-/* Each predictor's guess for this layer against the router's choice. */
+enum { PF_MIN = 64, PF_WINDOW = 1024 };
+
+int k3_prefetch_keeps(uint64_t useful, uint64_t cands, int reading) {
+    if (cands < PF_MIN) return 1;
+    return reading ? 100 * useful >= 45 * cands : 100 * useful > 55 * cands;
+}
+
+/* Each predictor's guess for this layer against the router's choice; under auto prefetch,
+ * whether the predictor goes on reading (k3_prefetch_keeps). */
 static void score_predictions(k3_store *st, k3_store_client *c, int layer) {
     for (int src = K3_PIPE_PREV; src <= K3_PIPE_LOOKAHEAD; src++) {
-        uint8_t *has = &c->has_pred[(size_t)src * st->n_layers + layer];
-        if (!*has) continue;
-        const int *p = c->pred + ((size_t)src * st->n_layers + layer) * st->top_k;
-        for (int j = 0; j < c->k; j++) st->stats.recall_hits[src] += chosen(c, p[j]);
+        size_t at = (size_t)src * st->n_layers + layer;
+        if (!c->has_pred[at]) continue;
+        const int *p = c->pred + at * st->top_k;
+        const uint8_t *cand = c->cand + at * st->top_k;
+        for (int j = 0; j < c->k; j++) {
+            int hit = chosen(c, p[j]);
+            st->stats.recall_hits[src] += (uint64_t)hit;
+            st->pf_cands[src] += cand[j];
+            st->pf_useful[src] += (uint64_t)(cand[j] && hit);
+        }
         st->stats.recall_total[src] += (uint64_t)c->k;
-        *has = 0;
+        c->has_pred[at] = 0;
+        if (st->pf_cands[src] >= PF_WINDOW) /* forget slowly: the routing drifts */
+            st->pf_cands[src] /= 2, st->pf_useful[src] /= 2;
+        if (st->pf_auto)
+            st->pf_paused[src] = !k3_prefetch_keeps(st->pf_useful[src], st->pf_cands[src],
+                                                    !st->pf_paused[src]);
     }
 }
 
@@ -703,8 +731,16 @@ void k3_store_prefetch(k3_store_client *c, int layer, const int *ids, int k, int
     size_t at = (size_t)source * st->n_layers + layer;
     memcpy(c->pred + at * st->top_k, ids, (size_t)k * sizeof *ids);
     c->has_pred[at] = 1;
-    int nb = 0;
-    for (int j = 0; !st->in_place && (k3_store_layer_pipe(st, layer) & source) && j < k; j++) {
+    uint8_t *cand = c->cand + at * st->top_k;
+    int reads = k3_store_layer_pipe(st, layer) & source, nb = 0;
+    memset(cand, 0, (size_t)st->top_k);
+    for (int j = 0; reads && j < k; j++) /* what it asks to read, read or not */
+        cand[j] = st->where[layer * st->n_experts + ids[j]] < 0;
+    if (reads && st->pf_paused[source]) {
+        for (int j = 0; j < k; j++) st->stats.prefetch_skipped += cand[j];
+        reads = 0;
+    }
+    for (int j = 0; reads && j < k; j++) {
         int key = layer * st->n_experts + ids[j];
         if (st->where[key] >= 0) continue;
         /* leave the next layer's demand its top-k claimable slots */

@@ -57,7 +57,8 @@ typedef struct k3_store_settings {
     int expert_slots;   /* > 0: exactly this many slots (tests, benchmarks); beats expert_gb */
     int load_threads;   /* reader threads; <= 0 = 4 */
     int direct;         /* enum k3_io_mode; AUTO = direct iff experts do not
-                         * fit in RAM beside the spine and headroom */
+                         * fit beside the spine and headroom in RAM, or in the
+                         * plan's limit (k3_mem_plan.limit_bytes) when lower */
     int pipe;           /* predictor mask or AUTO (= all when the cache
                          * holds at least 2 × top-k slots, else off) */
     int policy;         /* enum k3_cache_policy; default S3-FIFO */
@@ -72,6 +73,8 @@ int k3_store_settings_check(const k3_store_settings *s, k3_err *err);
 /* Sizes of everything else in memory, for the default budget and the plan line. */
 typedef struct k3_mem_plan {
     uint64_t mem_total, mem_available; /* /proc/meminfo at open */
+    uint64_t limit_bytes;  /* the memory this process may use (the engine's plan: a cgroup
+                            * limit, RAM); 0 = mem_total */
     uint64_t base_bytes;   /* resident before the store opened (code, tokenizer, headers) */
     uint64_t spine_bytes;  /* mapped non-expert weights (counted as resident) */
     uint64_t state_bytes;  /* one session's state at the default context */
@@ -151,6 +154,14 @@ void k3_store_end(k3_store_client *c);
  * `layer` begins. */
 void k3_store_prefetch(k3_store_client *c, int layer, const int *ids, int k, int source);
 
+/* Whether a predictor reads, under K3_PIPE_AUTO: `cands` of its recent predictions were
+ * neither cached nor in flight when made, and the router then chose `useful` of them. A read
+ * the router does not use costs as many bytes as one it uses and saves at most one read's
+ * wait, so a predictor pays for its reads while at least half are used: a reading one
+ * pauses below 45%, a paused one (whose predictions are still scored) resumes above 55% (no
+ * flapping at the line), and every predictor reads until 64 predictions are scored. Pure. */
+int k3_prefetch_keeps(uint64_t useful, uint64_t cands, int reading);
+
 /* The previous token's choice at layer, or NULL when there is none yet. */
 const int *k3_store_prev_choice(const k3_store_client *c, int layer);
 
@@ -162,6 +173,7 @@ typedef struct k3_store_stats {
     uint64_t prefetch_late;  /* a prefetch was still reading it (waited, partly hidden) */
     uint64_t misses;         /* read on demand */
     uint64_t prefetch_reads, prefetch_wasted; /* issued; evicted or cancelled unused */
+    uint64_t prefetch_skipped; /* predictions not read: their predictor paused (auto) */
     uint64_t reads;          /* completed expert reads (demand + prefetch) */
     uint64_t bytes_read;     /* bytes transferred from the shards */
     double read_s;           /* summed duration of the reads (over all reader threads) */

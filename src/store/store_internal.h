@@ -74,6 +74,11 @@ struct k3_store {
     k3_policy pol;
     k3_queue dq, pq;                    /* demand and prefetch queues */
     int pf_running, max_pf_running;
+    /* auto prefetch (K3_PIPE_AUTO): per predictor, of its recent read-worthy predictions
+     * (cand) how many the router then chose, halved every PF_WINDOW; paused while too few */
+    int pf_auto;
+    uint64_t pf_cands[3], pf_useful[3];
+    uint8_t pf_paused[3];
     /* readers */
     pthread_t *thr;
     int n_started;
@@ -100,6 +105,9 @@ struct k3_store_client {
     uint8_t *has_prev;                  /* [n_layers] */
     int *pred;                          /* [3][n_layers][top_k] predictions by source */
     uint8_t *has_pred;                  /* [3][n_layers] */
+    uint8_t *cand;                      /* [3][n_layers][top_k] 1: the prediction was neither
+                                         * cached nor in flight when made (it asked for a read,
+                                         * or would have, had its predictor not paused) */
     int *batch, *rank;                  /* [top_k] scratch: slots to submit, their drive rank */
 };
 
