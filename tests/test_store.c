@@ -543,28 +543,36 @@ static void test_burst_sorted_and_interleaved(void) {
 
 /* ---- auto prefetch: a predictor pauses while its reads go unused ---------------------- */
 
-/* The rule at its lines: reads until 64 predictions are scored; a reading predictor keeps on
- * at 45% used, pauses below; a paused one resumes above 55%, not at it. */
+/* The rule at its lines: reads until 64 predictions are scored; with the disk idle (busy 0)
+ * a reading predictor keeps on at 45% used and pauses below, a paused one resumes above 55%,
+ * not at it; with the disk busy 90% of the time the lines are 85% and 95%; fully busy, a
+ * perfect predictor keeps reading and a paused one never resumes. */
 static void test_prefetch_keeps_rule(void) {
-    static const struct { uint64_t useful, cands; int reading, keeps; } cases[] = {
-        {0, 0, 1, 1},   {0, 63, 1, 1},   {0, 63, 0, 1},   {0, 64, 1, 0},
-        {29, 64, 1, 1}, {28, 64, 1, 0},  /* 45.3% keeps, 43.8% pauses */
-        {45, 100, 1, 1}, {44, 100, 1, 0}, {55, 100, 0, 0}, {56, 100, 0, 1},
-        {50, 100, 1, 1}, {50, 100, 0, 0}, /* between the lines: stays as it was */
-        {1000, 1000, 0, 1}, {0, 1000, 0, 0},
+    static const struct { uint64_t useful, cands; int reading; double busy; int keeps; } cases[] = {
+        {0, 0, 1, 0, 1},    {0, 63, 1, 0, 1},   {0, 63, 0, 0, 1},   {0, 64, 1, 0, 0},
+        {29, 64, 1, 0, 1},  {28, 64, 1, 0, 0},  /* 45.3% keeps, 43.8% pauses */
+        {45, 100, 1, 0, 1}, {44, 100, 1, 0, 0}, {55, 100, 0, 0, 0}, {56, 100, 0, 0, 1},
+        {50, 100, 1, 0, 1}, {50, 100, 0, 0, 0}, /* between the lines: stays as it was */
+        {45, 100, 1, 0.3, 1}, {56, 100, 0, 0.3, 1}, /* busy below half: half still rules */
+        {63, 100, 1, 0.9, 0}, {85, 100, 1, 0.9, 1}, {84, 100, 1, 0.9, 0},
+        {95, 100, 0, 0.9, 0}, {96, 100, 0, 0.9, 1},
+        {100, 100, 1, 1.0, 1}, {100, 100, 0, 1.0, 0},
+        {1000, 1000, 0, 0, 1}, {0, 1000, 0, 0, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
-        CHECK(k3_prefetch_keeps(cases[i].useful, cases[i].cands, cases[i].reading) ==
-                  cases[i].keeps, "useful %llu of %llu, reading %d: want keeps %d",
+        CHECK(k3_prefetch_keeps(cases[i].useful, cases[i].cands, cases[i].reading,
+                                cases[i].busy) == cases[i].keeps,
+              "useful %llu of %llu, reading %d, busy %.2f: want keeps %d",
               (unsigned long long)cases[i].useful, (unsigned long long)cases[i].cands,
-              cases[i].reading, cases[i].keeps);
+              cases[i].reading, cases[i].busy, cases[i].keeps);
 }
 
 /* Runs 32 layer visits on k3-nano (layers 1-8, 4 each; 32 experts, top-4), each predicted by
- * the previous-token source before it begins: `right` predicts exactly the four experts the
- * layer then asks for, else four it never asks for; every prediction is of experts neither
- * cached nor in flight. Returns the store's counters after. */
-static int visit_layers(int pipe, int right, k3_store_stats *out) {
+ * the previous-token source before it begins: `right` of the four predictions are experts
+ * the layer then asks for, the others experts it never asks for; every prediction is of
+ * experts neither cached nor in flight. busy > 0: the spine's reader is noted as reading that
+ * share of the time first. Returns the store's counters after. */
+static int visit_layers(int pipe, int right, double busy, k3_store_stats *out) {
     k3_engine *e = NULL;
     k3_store_client *c = NULL;
     k3_err err = {0};
@@ -572,9 +580,13 @@ static int visit_layers(int pipe, int right, k3_store_stats *out) {
     clean_env();
     int rc = k3_engine_load(NANO, &o, &e, &err);
     if (!rc) rc = k3_store_client_new(k3_engine_store(e), &c, &err);
+    if (!rc && busy > 0) {
+        k3_store_note_spine(k3_engine_store(e), 0, 100);
+        k3_store_note_spine(k3_engine_store(e), 10 * busy, 110);
+    }
     for (int v = 0; !rc && v < 32; v++) {
         int layer = 1 + v / 4, r = v % 4, pred[4], ids[4];
-        for (int j = 0; j < 4; j++) ids[j] = 8 * r + j, pred[j] = right ? ids[j] : ids[j] + 4;
+        for (int j = 0; j < 4; j++) ids[j] = 8 * r + j, pred[j] = j < right ? ids[j] : ids[j] + 4;
         k3_store_prefetch(c, layer, pred, 4, K3_PIPE_PREV);
         k3_store_begin(c, layer, ids, 4);
         for (int n = 0; !rc && n < 4; n++) {
@@ -593,21 +605,27 @@ static int visit_layers(int pipe, int right, k3_store_stats *out) {
 
 /* Under K3_PIPE_AUTO a predictor none of whose reads are used reads its first 64 predictions
  * (16 visits x 4), then pauses: the other 64 are skipped. One whose reads are all used never
- * pauses; an explicit K3_PIPE_ALL reads every wrong prediction. */
+ * pauses, nor does one 3 of 4 right with the disk idle; 3 of 4 right with the spine's reader
+ * busy 90% of the time pauses at 64 (75% < 85%); 2 of 4 right with the disk idle stays at
+ * its line (50% >= 45%). An explicit K3_PIPE_ALL reads every wrong prediction. */
 static void test_auto_prefetch_pauses_when_unused(void) {
-    static const struct { int pipe, right; uint64_t reads, skipped; } cases[] = {
-        {K3_PIPE_AUTO, 0, 64, 64}, {K3_PIPE_AUTO, 1, 128, 0}, {K3_PIPE_ALL, 0, 128, 0}};
-    for (size_t i = 0; i < 3 && !k3_test_stopped(); i++) {
+    static const struct { int pipe, right; double busy; uint64_t reads, skipped; } cases[] = {
+        {K3_PIPE_AUTO, 0, 0, 64, 64},    {K3_PIPE_AUTO, 4, 0, 128, 0},
+        {K3_PIPE_AUTO, 3, 0, 128, 0},    {K3_PIPE_AUTO, 3, 0.9, 64, 64},
+        {K3_PIPE_AUTO, 2, 0, 128, 0},    {K3_PIPE_AUTO, 4, 0.9, 128, 0},
+        {K3_PIPE_ALL, 0, 0.9, 128, 0}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases && !k3_test_stopped(); i++) {
         k3_store_stats st = {0};
-        if (visit_layers(cases[i].pipe, cases[i].right, &st)) continue;
+        if (visit_layers(cases[i].pipe, cases[i].right, cases[i].busy, &st)) continue;
         CHECK(st.prefetch_reads == cases[i].reads && st.prefetch_skipped == cases[i].skipped,
-              "pipe %d, %s predictions: %llu prefetch reads, %llu skipped; want %llu, %llu",
-              cases[i].pipe, cases[i].right ? "right" : "wrong",
+              "pipe %d, %d of 4 right, busy %.1f: %llu prefetch reads, %llu skipped; want "
+              "%llu, %llu", cases[i].pipe, cases[i].right, cases[i].busy,
               (unsigned long long)st.prefetch_reads, (unsigned long long)st.prefetch_skipped,
               (unsigned long long)cases[i].reads, (unsigned long long)cases[i].skipped);
-        if (cases[i].right)
-            CHECK(st.prefetch_hits + st.prefetch_late == 128, "right predictions: %llu used",
-                  (unsigned long long)(st.prefetch_hits + st.prefetch_late));
+        uint64_t used = st.prefetch_hits + st.prefetch_late;
+        CHECK(used == cases[i].reads * (uint64_t)cases[i].right / 4, "%d of 4 right: %llu "
+              "prefetches used of %llu", cases[i].right, (unsigned long long)used,
+              (unsigned long long)cases[i].reads);
     }
 }
 

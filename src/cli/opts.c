@@ -86,8 +86,9 @@ static const k3_opt table[] = {
      .choices = pipes, .def = "auto", .meta = "MODE", .group = K3_OG_STORE,
      .help = "prefetch: 0/off, 1/on/all (both predictors), prev (previous token's\n"
              "choice), lookahead (next layer's router on this layer's input), auto (on\n"
-             "when the cache holds 2 x top-k experts; a predictor pauses while under\n"
-             "45% of its reads are used)"},
+             "when the cache holds 2 x top-k experts; a predictor pauses while fewer of\n"
+             "its reads are used than half, or than the disk's share of time busy with\n"
+             "the streamed spine)"},
     {.flag = "--cache-policy", .env = "K3_CACHE_POLICY", K3_OPT_ENG(cache_policy),
      .type = K3_OPT_WORD, .choices = policies, .def = "s3fifo", .meta = "P",
      .group = K3_OG_STORE, .help = "s3fifo or lru"},

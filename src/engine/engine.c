@@ -17,6 +17,7 @@
 #include "../kernels/kernels.h"
 #include "../format/packed.h"
 #include "../format/safetensors.h"
+#include "../util/clock.h"
 #include "../util/fileio.h"
 #include "../util/sigbus.h"
 #include "plan.h"
@@ -121,7 +122,7 @@ void k3_session_stats(const k3_session *s, k3_run_stats *out) {
         .hits = ss.hits, .prefetch_hits = ss.prefetch_hits, .prefetch_late = ss.prefetch_late,
         .misses = ss.misses, .prefetch_reads = ss.prefetch_reads,
         .prefetch_wasted = ss.prefetch_wasted,
-        .prefetch_skipped = ss.prefetch_skipped, .reads = ss.reads, .bytes_read = ss.bytes_read,
+        .prefetch_skipped = ss.prefetch_skipped, .spine_busy = ss.spine_busy, .reads = ss.reads, .bytes_read = ss.bytes_read,
         .read_s = ss.read_s, .read_busy_s = ss.read_busy_s, .cache_bytes = p->cache_bytes,
         .peak_cache_bytes = ss.peak_slots_used * k3_store_slot_bytes(s->e->store),
         .plan_bytes = p->base_bytes + p->spine_bytes + p->cache_bytes + p->state_bytes};
@@ -254,6 +255,13 @@ static void settle_plan(k3_engine *e, const k3_engine_opts *o, k3_store_settings
 
 void k3_engine_spine_stats(const k3_engine *e, k3_spine_stats *out) {
     k3_spine_get_stats(e->model.spine, out);
+}
+
+void k3_engine_note_pass(const k3_engine *e) {
+    if (!e->model.spine || !e->store) return;
+    k3_spine_stats sp;
+    k3_spine_get_stats(e->model.spine, &sp);
+    if (sp.staging_bytes) k3_store_note_spine(e->store, sp.read_s, k3_now_s());
 }
 
 k3_engine_opts k3_engine_opts_default(void) {
@@ -565,6 +573,7 @@ int k3_session_step(k3_session *s, int32_t token, float *logits, k3_err *err) {
     int fault = k3_engine_mapped_fault(s->e, faults, rc ? NULL : err);
     if (!rc) rc = fault;
     if (rc) k3_session_reset(s); /* see failed_pass */
+    else k3_engine_note_pass(s->e);
     return rc ? rc : k3_engine_check_logits(s->e, logits, 1, pos, err);
 }
 
@@ -664,6 +673,7 @@ int k3_session_forward(k3_session *s, const int32_t *ids, int n, float *logits, 
     int fault = k3_engine_mapped_fault(s->e, faults, rc ? NULL : err);
     if (!rc) rc = fault;
     if (rc) k3_session_reset(s); /* see failed_pass */
+    else k3_engine_note_pass(s->e);
     return rc ? rc : k3_engine_check_logits(s->e, logits, all ? n : 1,
                                             all ? pos : pos + n - 1, err);
 }

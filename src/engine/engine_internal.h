@@ -44,6 +44,10 @@ struct k3_session {
     void *dev;                                /* the backend's session state (NULL: CPU) */
 };
 
+/* After a pass: tells the store how busy the streamed spine's reader keeps the disk, for auto
+ * prefetch (k3_store_note_spine); nothing when no spine layer streams. */
+void k3_engine_note_pass(const k3_engine *e);
+
 /* Non-finite logits in rows x vocab_size floats (row 0 after position first_pos): corrupt
  * weights, a bad int8 pack or an --approx overflow. Errors: K3_ERR_CHECKPOINT naming the
  * position and vocab id. */

@@ -230,6 +230,7 @@ typedef struct k3_run_stats {
     uint64_t expert_requests, hits, prefetch_hits, prefetch_late, misses; /* engine-wide */
     uint64_t prefetch_reads, prefetch_wasted, reads, bytes_read;
     uint64_t prefetch_skipped;      /* predictions not read: their predictor paused (auto) */
+    double spine_busy;              /* share of time the streamed spine's reader reads */
     double read_s;                  /* summed over reader threads */
     double read_busy_s;             /* wall time with an expert read in progress */
     double recall_prev, recall_lookahead; /* fraction of chosen experts predicted; -1 = none */

@@ -232,8 +232,10 @@ int k3_multistep_run(k3_multistep *ms, k3_multistep_seg *segs, int n, float *log
     /* one id alone takes the single-step path (its products are matrix-vector ones, its
      * experts one parallel region): the same bits, less overhead */
     bool pass = ms->b && rows > 1;
-    if (live && pass) run_pass(ms, segs, n, logits, V);
-    else if (live) run_one_by_one(segs, n, logits, V);
+    if (live && pass) {
+        run_pass(ms, segs, n, logits, V);
+        k3_engine_note_pass(ms->e);
+    } else if (live) run_one_by_one(segs, n, logits, V);
     if (live) {
         ms->stats.experts += pass ? k3_batch_experts(ms->b) - experts : row_experts;
         ms->stats.row_experts += row_experts;

@@ -37,8 +37,9 @@ void k3_run_stats_summary(const k3_run_stats *st, char *buf, size_t cap) {
              rp, rl, (double)st->peak_rss_bytes / 1e9, (double)st->plan_bytes / 1e9);
     size_t len = strlen(buf);
     if (st->prefetch_skipped && len < cap)
-        snprintf(buf + len, cap - len, "; %llu predictions not read (a predictor paused: under "
-                 "45%% of its reads used)", (unsigned long long)st->prefetch_skipped);
+        snprintf(buf + len, cap - len, "; %llu predictions not read (a predictor paused: it "
+                 "wasted more reads than it hid; the spine's reader busy %.0f%% of the time)",
+                 (unsigned long long)st->prefetch_skipped, 100 * st->spine_busy);
     len = strlen(buf);
     double sgb = (double)st->spine_bytes_read / 1e9;
     if (st->spine_streams && len < cap)

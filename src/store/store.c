@@ -407,8 +407,8 @@ void k3_store_describe(const k3_store *st, char *buf, size_t cap) {
              (double)p->mem_total / gb, (double)p->mem_available / gb,
              (double)(st->n_mapped * st->expert_bytes) / gb, (unsigned long long)st->n_mapped,
              st->direct ? "O_DIRECT" : "buffered", st->n_threads, pipe,
-             st->pf_auto && st->pipe ? " (auto: a predictor pauses while < 45% of its reads are "
-                                       "used)" : "", st->notes);
+             st->pf_auto && st->pipe ? " (auto: a predictor pauses while it wastes more than it "
+                                       "hides)" : "", st->notes);
 }
 
 uint64_t k3_store_expert_bytes(const k3_store *st) { return st->n_mapped * st->expert_bytes; }
@@ -422,6 +422,7 @@ int k3_store_layer_pipe(const k3_store *st, int layer) {
 void k3_store_get_stats(k3_store *st, k3_store_stats *out) {
     pthread_mutex_lock(&st->mu);
     *out = st->stats;
+    out->spine_busy = st->spine_busy;
     pthread_mutex_unlock(&st->mu);
 }
 
@@ -509,9 +510,21 @@ static int chosen(const k3_store_client *c, int expert) {
 
 enum { PF_MIN = 64, PF_WINDOW = 1024 };
 
-int k3_prefetch_keeps(uint64_t useful, uint64_t cands, int reading) {
+int k3_prefetch_keeps(uint64_t useful, uint64_t cands, int reading, double busy) {
     if (cands < PF_MIN) return 1;
-    return reading ? 100 * useful >= 45 * cands : 100 * useful > 55 * cands;
+    double need = busy > 0.5 ? busy : 0.5, u = (double)useful / (double)cands;
+    return reading ? u >= need - 0.05 : u > need + 0.05;
+}
+
+void k3_store_note_spine(k3_store *st, double spine_read_s, double now_s) {
+    pthread_mutex_lock(&st->mu);
+    double dt = now_s - st->spine_note_s, dr = spine_read_s - st->spine_read_s;
+    if (st->spine_notes++ && dt > 0) { /* the first note only starts the clock */
+        double share = dr / dt < 0 ? 0 : dr / dt > 1 ? 1 : dr / dt;
+        st->spine_busy = st->spine_notes > 2 ? (st->spine_busy + share) / 2 : share;
+    }
+    st->spine_read_s = spine_read_s, st->spine_note_s = now_s;
+    pthread_mutex_unlock(&st->mu);
 }
 
 /* Each predictor's guess for this layer against the router's choice; under auto prefetch,
@@ -534,7 +547,7 @@ static void score_predictions(k3_store *st, k3_store_client *c, int layer) {
             st->pf_cands[src] /= 2, st->pf_useful[src] /= 2;
         if (st->pf_auto)
             st->pf_paused[src] = !k3_prefetch_keeps(st->pf_useful[src], st->pf_cands[src],
-                                                    !st->pf_paused[src]);
+                                                    !st->pf_paused[src], st->spine_busy);
     }
 }
 

@@ -155,12 +155,22 @@ void k3_store_end(k3_store_client *c);
 void k3_store_prefetch(k3_store_client *c, int layer, const int *ids, int k, int source);
 
 /* Whether a predictor reads, under K3_PIPE_AUTO: `cands` of its recent predictions were
- * neither cached nor in flight when made, and the router then chose `useful` of them. A read
- * the router does not use costs as many bytes as one it uses and saves at most one read's
- * wait, so a predictor pays for its reads while at least half are used: a reading one
- * pauses below 45%, a paused one (whose predictions are still scored) resumes above 55% (no
- * flapping at the line), and every predictor reads until 64 predictions are scored. Pure. */
-int k3_prefetch_keeps(uint64_t useful, uint64_t cands, int reading);
+ * neither cached nor in flight when made, and the router then chose `useful` of them.
+ * busy (0..1) is the share of time the disk is already busy streaming the spine
+ * (k3_store_note_spine). A prefetch saves a wait only where the disk would otherwise idle
+ * (1 - busy of the time) and an unused one delays what the disk is busy with (busy of the
+ * time), so a predictor pays while its used share u satisfies u (1 - busy) >= (1 - u) busy,
+ * i.e. u >= busy, and at least half: a reading one pauses below max(50%, busy) - 5 points, a
+ * paused one (whose predictions are still scored) resumes above it + 5 (no flapping at the
+ * line); every predictor reads until 64 predictions are scored. Pure. */
+int k3_prefetch_keeps(uint64_t useful, uint64_t cands, int reading, double busy);
+
+/* Tells the store how much of the time the spine's reader has been reading: spine_read_s,
+ * its total reading time so far (seconds, k3_spine_stats.read_s), at now_s (a monotonic
+ * clock, seconds). The share over the interval since the last note, averaged with the
+ * previous share, is the `busy` of k3_prefetch_keeps. Called after each pass when the spine
+ * streams; never called: busy 0. */
+void k3_store_note_spine(k3_store *st, double spine_read_s, double now_s);
 
 /* The previous token's choice at layer, or NULL when there is none yet. */
 const int *k3_store_prev_choice(const k3_store_client *c, int layer);
@@ -174,6 +184,7 @@ typedef struct k3_store_stats {
     uint64_t misses;         /* read on demand */
     uint64_t prefetch_reads, prefetch_wasted; /* issued; evicted or cancelled unused */
     uint64_t prefetch_skipped; /* predictions not read: their predictor paused (auto) */
+    double spine_busy;         /* share of time the spine's reader reads (k3_store_note_spine) */
     uint64_t reads;          /* completed expert reads (demand + prefetch) */
     uint64_t bytes_read;     /* bytes transferred from the shards */
     double read_s;           /* summed duration of the reads (over all reader threads) */

@@ -79,6 +79,9 @@ struct k3_store {
     int pf_auto;
     uint64_t pf_cands[3], pf_useful[3];
     uint8_t pf_paused[3];
+    double spine_busy;                  /* share of time the spine's reader reads, 0..1 */
+    double spine_read_s, spine_note_s;  /* at the last k3_store_note_spine */
+    long spine_notes;
     /* readers */
     pthread_t *thr;
     int n_started;
