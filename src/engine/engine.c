@@ -101,7 +101,8 @@ static int open_store(k3_engine *e, const k3_store_settings *ss, k3_err *err) {
     k3_mem_plan plan = {.base_bytes = rss_bytes(),
                         .spine_bytes = k3_spine_ram_bytes(e->model.spine, &e->model),
                         .state_bytes = e->mplan.sessions_bytes,
-                        .limit_bytes = e->mplan.limit_bytes};
+                        .limit_bytes = e->mplan.limit_bytes,
+                        .headroom_bytes = e->mplan.headroom_bytes};
     int rc = k3_store_open(e->ck, &e->cfg, ss, &plan, &e->store, err);
     if (rc) return rc;
     e->model.store = e->store;

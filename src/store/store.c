@@ -50,7 +50,9 @@ static void read_meminfo(uint64_t *total, uint64_t *avail) {
 static int plan_slots(k3_store *st, const k3_store_settings *set, k3_err *err) {
     k3_mem_plan *p = &st->plan;
     read_meminfo(&p->mem_total, &p->mem_available);
-    p->headroom_bytes = p->mem_total / 10 > 2000000000ull ? p->mem_total / 10 : 2000000000ull;
+    if (!p->headroom_bytes) /* else the engine's plan gave it, with its limit */
+        p->headroom_bytes = p->mem_total / 10 > 2000000000ull ? p->mem_total / 10
+                                                              : 2000000000ull;
     uint64_t want;
     if (set->expert_slots > 0) {
         want = (uint64_t)set->expert_slots;
@@ -288,7 +290,8 @@ static void resolve(k3_store *st, const k3_store_settings *set) {
     uint64_t room = p->limit_bytes && p->limit_bytes < p->mem_total ? p->limit_bytes
                                                                      : p->mem_total;
     if (set->direct == K3_IO_AUTO)
-        st->direct = p->spine_bytes + all + p->headroom_bytes > room;
+        st->direct = p->base_bytes + p->spine_bytes + p->state_bytes + all + p->headroom_bytes >
+                     room;
     else
         st->direct = set->direct == K3_IO_DIRECT;
     if (set->pipe == K3_PIPE_AUTO) st->pipe = st->n_slots >= 2 * st->top_k ? K3_PIPE_ALL : 0;

@@ -78,7 +78,7 @@ typedef struct k3_mem_plan {
     uint64_t base_bytes;   /* resident before the store opened (code, tokenizer, headers) */
     uint64_t spine_bytes;  /* mapped non-expert weights (counted as resident) */
     uint64_t state_bytes;  /* one session's state at the default context */
-    uint64_t headroom_bytes; /* max(2 GB, 10% of RAM) */
+    uint64_t headroom_bytes; /* the engine's plan's, else max(2 GB, 10% of RAM) */
     uint64_t cache_bytes;  /* n_slots × slot_bytes */
 } k3_mem_plan;
 
