@@ -88,10 +88,9 @@ typedef struct k3_server_opts {
                                from K3_TEST_TOKEN_DELAY_MS; no help lists it. */
     size_t stream_backlog;  /* TESTS ONLY: unread bytes a streamed reply may hold before its
                                generation sits out (the slow-client invariant above); 0 = 1 MiB
-                               (K3_STREAM_BACKLOG_BYTES). Lets a test stall
-                               a client with less output than the loopback socket buffers plus
-                               1 MiB. The CLI sets it from K3_TEST_STREAM_BACKLOG_BYTES; no
-                               help lists it. */
+                               (K3_STREAM_BACKLOG_BYTES). Lets a test stall a client with less
+                               output than the loopback socket buffers plus 1 MiB. The CLI sets
+                               it from K3_TEST_STREAM_BACKLOG_BYTES; no help lists it. */
 } k3_server_opts;
 
 typedef struct k3_server k3_server;

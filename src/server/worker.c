@@ -14,7 +14,7 @@
  * cancels before the next one) and turn ids into the reply's text.
  *
  * A slow streaming client (see "slow clients" below) never makes the worker wait: its slot
- * sits out the rounds while its unread backlog is over K3_STREAM_BACKLOG_BYTES.
+ * sits out the rounds while its unread backlog is over the limit (opts.stream_backlog).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE 1 /* POLLRDHUP; the Makefile passes it too, but not every build does */

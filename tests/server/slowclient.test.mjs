@@ -7,11 +7,11 @@
 // uninterrupted read gets.
 //
 // The stalled reply must outgrow the loopback socket buffers (the server's send buffer grows
-// to tcp_wmem's 4 MB) plus the backlog long before it ends. The fixture's random weights end a
-// reply after a few hundred tokens, so its ids are
-// scripted (K3_TEST_SCRIPTED_REPLY, server.h: the ids of a long text; every generation here
-// takes them, cut by its max_tokens) while its logprobs are still the model's: with
-// top_logprobs 20 each token's SSE event is ~2 KB, ~7 MB for the 3600 tokens asked.
+// up to tcp_wmem's 4 MB; ~3 MB were taken here) plus the backlog long before it ends. The
+// fixture's random weights end a reply after a few hundred tokens, so its ids are scripted
+// (K3_TEST_SCRIPTED_REPLY, server.h: the ids of a long text; every generation here takes them,
+// cut by its max_tokens) while its logprobs are still the model's: with top_logprobs 20 each
+// token's SSE event is ~2 KB, ~7 MB for the 3600 tokens asked (A stalls after ~1600).
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
