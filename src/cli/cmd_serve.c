@@ -104,6 +104,28 @@ static const k3_cli_command serve_cmd = {
     .max_positional = 1,
 };
 
+/* Tests only, deliberately not in --help: the K3_TEST_* hooks of server.h (replies replaced by
+ * a script, a pause after each token, a smaller stream backlog). Returns 0, or 2 (reported). */
+static int test_hooks(k3_server_opts *so) {
+    const char *script = getenv("K3_TEST_SCRIPTED_REPLY");
+    if (script && script[0]) so->scripted_reply = script;
+    const char *delay = getenv("K3_TEST_TOKEN_DELAY_MS");
+    const char *backlog = getenv("K3_TEST_STREAM_BACKLOG_BYTES");
+    double ms = 0;
+    long long bytes = 0;
+    k3_err err = {0};
+    if ((delay && delay[0] &&
+         k3_parse_double(delay, "K3_TEST_TOKEN_DELAY_MS", 0, 1000, &ms, &err)) ||
+        (backlog && backlog[0] &&
+         k3_parse_long(backlog, "K3_TEST_STREAM_BACKLOG_BYTES", 1, 1ll << 30, &bytes, &err))) {
+        k3_opts_error("serve", err.msg);
+        return 2;
+    }
+    so->token_delay_s = ms / 1e3;
+    so->stream_backlog = (size_t)bytes;
+    return 0;
+}
+
 static int parse_args(int argc, char **argv, serve_args *a) {
     *a = (serve_args){0};
     k3_opts_parsed p;
@@ -120,19 +142,7 @@ static int parse_args(int argc, char **argv, serve_args *a) {
     /* every kept conversation is a session: the memory plan counts them */
     a->eo.sessions = a->so.state_cache > a->so.parallel ? a->so.state_cache : a->so.parallel;
     if (a->eo.sessions < 1) a->eo.sessions = 1;
-    /* Tests only, deliberately not in --help: replies replaced by a script (server.h). */
-    const char *script = getenv("K3_TEST_SCRIPTED_REPLY");
-    if (script && script[0]) a->so.scripted_reply = script;
-    const char *delay = getenv("K3_TEST_TOKEN_DELAY_MS");
-    double ms = 0;
-    k3_err err = {0};
-    if (delay && delay[0] &&
-        k3_parse_double(delay, "K3_TEST_TOKEN_DELAY_MS", 0, 1000, &ms, &err)) {
-        k3_opts_error("serve", err.msg);
-        return 2;
-    }
-    a->so.token_delay_s = ms / 1e3;
-    return 0;
+    return test_hooks(&a->so);
 }
 
 /* True when every address `host` resolves to is a loopback one (127.0.0.0/8, ::1); the

@@ -4,6 +4,12 @@
  * Stop strings apply to the answer (content channel) only, as OpenAI applies them to what it
  * returns as content: text that could still grow into a stop string is held back, never sent
  * and then taken back. Reasoning is sent as generated.
+ *
+ * A streamed event is appended to the job's j->out, which its connection drains as the socket
+ * takes it (http.c, sse_read). Appending never waits for the client: a client that reads
+ * slower than its reply is generated, or stops reading, makes its generation sit out the
+ * passes once more than opts.stream_backlog bytes are unread (worker.c), so one slow client
+ * never holds up the worker and the other generations.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,9 +18,6 @@
 #include "anthropic.h"
 #include "../engine/generate.h"
 #include "srv.h"
-
-/* Bytes a streamed reply may buffer before the worker waits for the client to read. */
-#define K3_STREAM_BACKLOG_BYTES (1u << 20)
 
 struct k3_emitter {
     k3_server *s;
@@ -44,14 +47,15 @@ void k3_emitter_begin(k3_emitter *em, k3_server *s, k3_job *j) {
 
 /* ---- SSE ------------------------------------------------------------------------------- */
 
-/* Hands em->event to the connection; waits while the client is far behind. */
+/* Hands em->event to the connection, without waiting: the backlog of a client that is
+ * behind is bounded by its slot sitting out (worker.c), not here. */
 static void push_event(k3_emitter *em) {
     k3_server *s = em->s;
     k3_job *j = em->j;
     pthread_mutex_lock(&s->mu);
-    while (j->out.len - j->out_taken > K3_STREAM_BACKLOG_BYTES && !j->cancel && !s->stopping)
-        pthread_cond_wait(&s->progress, &s->mu);
     k3_sbuf_add(&j->out, em->event.p, em->event.len);
+    size_t unread = j->out.len - j->out_taken;
+    if (unread > s->backlog_peak) s->backlog_peak = unread;
     pthread_cond_broadcast(&s->progress);
     pthread_mutex_unlock(&s->mu);
     em->event.len = 0;

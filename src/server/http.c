@@ -166,7 +166,8 @@ static enum MHD_Result get_metrics(k3_server *s, struct MHD_Connection *c) {
     pthread_mutex_lock(&s->mu);
     k3_metrics_gauges g = {.active = s->n_active, .queued = s->n_queued, .slots = s->slots,
                            .queue_limit = s->o.queue, .states_kept = s->states_kept,
-                           .states_cap = s->states_cap};
+                           .states_cap = s->states_cap, .streams_waiting = s->n_waiting,
+                           .backlog_peak = s->backlog_peak};
     k3_metrics_text(&s->metrics, &g, &b);
     k3_metrics_request(&s->metrics, "/metrics", 200);
     pthread_mutex_unlock(&s->mu);
@@ -235,7 +236,7 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
             memcpy(buf, j->out.p + j->out_taken, n);
             j->out_taken += n;
             if (j->out_taken == j->out.len) j->out.len = j->out_taken = 0;
-            pthread_cond_broadcast(&s->progress); /* the worker may wait on the backlog */
+            pthread_cond_broadcast(&s->progress); /* its slot may be sitting out (worker.c) */
             pthread_mutex_unlock(&s->mu);
             return (ssize_t)n;
         }
@@ -577,6 +578,7 @@ int k3_server_start(const k3_engine *e, const char *model_dir, const k3_server_o
     if (!s->o.host) s->o.host = "127.0.0.1";
     if (!s->o.max_body_bytes) s->o.max_body_bytes = 8u << 20;
     if (!s->o.max_connections) s->o.max_connections = K3_MAX_CONNECTIONS;
+    if (!s->o.stream_backlog) s->o.stream_backlog = K3_STREAM_BACKLOG_BYTES;
     s->started_unix = (long long)time(NULL);
     if (s->o.model_id) snprintf(s->model_id, sizeof s->model_id, "%s", s->o.model_id);
     else default_model_id(model_dir, s->model_id, sizeof s->model_id);

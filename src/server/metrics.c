@@ -67,6 +67,11 @@ void k3_metrics_text(const k3_metrics *m, const k3_metrics_gauges *g, k3_sbuf *b
     gauge(b, "k3_requests_queued", "generations waiting in the queue", g->queued);
     gauge(b, "k3_parallel_slots", "generations that may run at once (--parallel)", g->slots);
     gauge(b, "k3_queue_limit", "generations that may wait (--queue)", g->queue_limit);
+    gauge(b, "k3_streams_waiting", "generations paused until their streaming client reads "
+          "(its unread backlog is over the limit); the others go on", g->streams_waiting);
+    gauge(b, "k3_stream_backlog_peak_bytes", "the most unread bytes a streamed reply has held "
+          "since start (a client reading slower than the reply is generated)",
+          (double)g->backlog_peak);
 
     head(b, "k3_pass_rows", "histogram", "token rows per forward pass");
     unsigned long long cum = 0;

@@ -54,6 +54,8 @@ typedef struct k3_metrics_gauges {
     int slots, queue_limit;  /* --parallel and --queue */
     int states_kept;         /* conversation states held by the state cache */
     int states_cap;          /* its capacity (--state-cache) */
+    int streams_waiting;     /* generations sitting out until their streaming client reads */
+    unsigned long long backlog_peak; /* the most unread bytes a streamed reply has held */
 } k3_metrics_gauges;
 
 /* Counts one answered request: endpoint is a route's canonical path ("/v1/chat/completions",

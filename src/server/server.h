@@ -20,6 +20,14 @@
  *  - A request whose client has hung up is cancelled before its next token or prompt chunk:
  *    the worker polls the client's socket before each of its rows joins a pass. A cancelled
  *    or failed generation leaves its slot between passes; the others go on unchanged.
+ *  - A slow streaming client slows only its own generation: the worker never waits for a
+ *    client. Once more than opts.stream_backlog bytes (1 MiB) of its stream are unread, its
+ *    generation sits out the passes, keeping its place, until the client has read below that;
+ *    the others go on, so one client that stops reading (connected, but stalled) cannot stop
+ *    the server. Its unread bytes stay under the limit plus one pass's events. If the client
+ *    hangs up, the generation ends (cancelled) at the next pass, or within 20 ms when nothing
+ *    else runs; one that stays connected without reading keeps its slot (there is no write
+ *    timeout). /metrics: k3_streams_waiting, k3_stream_backlog_peak_bytes.
  *  - The state cache keeps the last max(opts.state_cache, opts.parallel) conversations, one
  *    session each (sessions are created as needed, up to that many). A
  *    kept conversation's tokens are reused only when the new prompt extends them exactly
@@ -78,6 +86,11 @@ typedef struct k3_server_opts {
                                so that a browser test can stop a reply mid-stream on a machine
                                where the fixture's whole reply takes 0.2 s. The CLI sets it
                                from K3_TEST_TOKEN_DELAY_MS; no help lists it. */
+    size_t stream_backlog;  /* TESTS ONLY: unread bytes a streamed reply may hold before its
+                               generation sits out (the slow-client invariant above); 0 = 1 MiB
+                               (K3_STREAM_BACKLOG_BYTES). Lets a test stall a client with less
+                               output than the loopback socket buffers plus 1 MiB. The CLI sets
+                               it from K3_TEST_STREAM_BACKLOG_BYTES; no help lists it. */
 } k3_server_opts;
 
 typedef struct k3_server k3_server;

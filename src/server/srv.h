@@ -150,6 +150,12 @@ void k3_logprobs_free(k3_logprobs *lp);
 
 /* ---- jobs and the server ---------------------------------------------------------------- */
 
+/* Unread bytes a streamed reply may hold (j->out) before its generation sits out the passes
+ * until the client reads (worker.c): the generation runs ahead of a slow client by this much
+ * at most (plus one round's events), and never makes the worker wait. The default of
+ * k3_server_opts.stream_backlog (which tests may set lower). */
+#define K3_STREAM_BACKLOG_BYTES ((size_t)1 << 20)
+
 enum k3_job_state { K3_JOB_QUEUED, K3_JOB_RUNNING, K3_JOB_DONE };
 
 #define K3_SRV_MAX_PARALLEL 64 /* --parallel's ceiling (the multistep pass holds up to
@@ -176,7 +182,9 @@ typedef struct k3_job {
     bool cancel;             /* the client is gone or the server stops */
     bool probed;             /* the client sent FIN: a probe was written to tell a half-close
                                 from a close (http.c) */
-    k3_sbuf out;             /* stream: SSE bytes not yet handed to the connection */
+    k3_sbuf out;             /* stream: SSE bytes not yet handed to the connection, of
+                                which out_taken are taken: out.len - out_taken unread,
+                                kept near o.stream_backlog (worker.c) */
     size_t out_taken;
     struct k3_job *next;     /* FIFO link while queued */
 
@@ -236,6 +244,9 @@ struct k3_server {
     unsigned long long n_tokens;   /* completion tokens generated, all requests */
     k3_srv_status status;          /* the last generation, for /health */
     k3_metrics metrics;            /* GET /metrics (metrics.h) */
+    int n_waiting;                 /* running generations sitting out the passes until their
+                                      streaming client reads (worker.c) */
+    size_t backlog_peak;           /* the most unread bytes a stream has held (emit.c) */
     int states_kept, states_cap;   /* the state cache's entries and capacity, for /metrics */
 
     pthread_t worker;

@@ -12,6 +12,9 @@
  * src/engine/generate.h) and the prompt chunks of the prefilling slots that fit the row
  * budget. The hooks look at each client's socket before its rows join a pass (a hang-up
  * cancels before the next one) and turn ids into the reply's text.
+ *
+ * A slow streaming client (see "slow clients" below) never makes the worker wait: its slot
+ * sits out the rounds while its unread backlog is over the limit (opts.stream_backlog).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE 1 /* POLLRDHUP; the Makefile passes it too, but not every build does */
@@ -89,6 +92,7 @@ typedef struct k3_slot {
     int32_t next;         /* decode: the id k3_gen_next chose, fed in the next pass */
     k3_gen g;             /* decode */
     bool done;            /* the job ends after this round (finished, cancelled, failed) */
+    bool waiting;         /* decode: sits out this round, its streaming client is behind */
     bool failed;          /* ... because it failed (err) */
     k3_err err;
     int32_t last;         /* the last sampled id (never fed) */
@@ -832,6 +836,74 @@ static void slot_finish(k3_server *s, k3_slot *w) {
     w->phase = K3_SLOT_FREE;
 }
 
+/* ---- slow clients -----------------------------------------------------------------------
+ * A streamed reply's events wait in j->out until its connection hands them to the socket
+ * (http.c, sse_read); emit.c appends without waiting. A decoding slot whose client has more
+ * than opts.stream_backlog bytes unread (K3_STREAM_BACKLOG_BYTES, 1 MiB) sits out the rounds
+ * instead: it stays decoding and is not stepped, so its session, logits and next id are as it
+ * left them, and it rejoins the pass where it was once the client has read below the limit.
+ * The other slots go on meanwhile. Its backlog stays under the limit plus one round's events
+ * (one id's, several with --spec, or a finish's last chunks). A sitting-out slot whose client
+ * is gone (cancelled, hung up) or whose server stops ends at the next round, which comes
+ * within K3_CLIENT_TICK_MS even when every slot sits out (wait_for_clients_locked). A client
+ * that stays connected without reading keeps its slot (there is no write timeout); /metrics
+ * counts such slots (k3_streams_waiting). */
+
+#define K3_CLIENT_TICK_MS 20 /* how often a worker with every slot sitting out looks again */
+
+/* Unread stream bytes of slot w's job over the limit (opts.stream_backlog, by default
+ * K3_STREAM_BACKLOG_BYTES). Call with s->mu held. */
+static bool client_behind_locked(const k3_server *s, const k3_slot *w) {
+    const k3_job *j = w->j;
+    return j->p.stream && j->out.len - j->out_taken > s->o.stream_backlog;
+}
+
+/* Before a round: marks the decoding slots that sit out it (w->waiting), ends those whose
+ * client is gone, and publishes their count for /metrics. Returns that count. */
+static int mark_waiting(k3_server *s) {
+    k3_worker_state *ws = s->ws;
+    pthread_mutex_lock(&s->mu);
+    for (int i = 0; i < ws->n_slots; i++) {
+        k3_slot *w = &ws->slots[i];
+        w->waiting = w->j && !w->done && w->phase == K3_SLOT_DECODE && client_behind_locked(s, w);
+    }
+    pthread_mutex_unlock(&s->mu);
+    int n = 0;
+    for (int i = 0; i < ws->n_slots; i++) {
+        k3_slot *w = &ws->slots[i];
+        if (w->waiting && job_abandoned(s, w->j)) { /* nobody will read: the job ends */
+            w->waiting = false;
+            w->g.end = K3_GEN_INTERRUPTED;
+            w->done = true;
+        }
+        n += w->waiting;
+    }
+    pthread_mutex_lock(&s->mu);
+    s->n_waiting = n;
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
+/* With s->mu held, after a round in which every running slot sat out: sleeps until a
+ * connection takes data (sse_read broadcasts s->progress) or K3_CLIENT_TICK_MS pass (a gone
+ * client tells only a poll of its socket, a queued job only s->work), unless a client has
+ * read below the limit already, the server stops or a queued job finds a free slot. */
+static void wait_for_clients_locked(k3_server *s) {
+    k3_worker_state *ws = s->ws;
+    bool free_slot = false;
+    for (int i = 0; i < ws->n_slots; i++) {
+        const k3_slot *w = &ws->slots[i];
+        if (w->waiting && !client_behind_locked(s, w)) return;
+        free_slot |= !w->j;
+    }
+    if (s->stopping || (s->head && free_slot)) return;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts); /* s->progress waits on the default clock */
+    ts.tv_nsec += K3_CLIENT_TICK_MS * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+    pthread_cond_timedwait(&s->progress, &s->mu, &ts);
+}
+
 /* The prefilling slot admitted first among those not yet given a chunk this round. */
 static k3_slot *oldest_prefill(k3_worker_state *ws, unsigned long long round) {
     k3_slot *best = NULL;
@@ -844,16 +916,18 @@ static k3_slot *oldest_prefill(k3_worker_state *ws, unsigned long long round) {
     return best;
 }
 
-/* One round: every decoding slot's next id and the prefill chunks that fit the row budget,
- * in one multistep pass; then each slot takes its result. */
-static void run_round(k3_server *s) {
+/* One round: every decoding slot's next id (but those that sit out, mark_waiting) and the
+ * prefill chunks that fit the row budget, in one multistep pass; then each slot takes its
+ * result. Returns true when nothing ran because every running slot sits out. */
+static bool run_round(k3_server *s) {
     k3_worker_state *ws = s->ws;
     unsigned long long round = ++ws->rounds;
-    int n = 0, rows = 0;
+    int n = 0, rows = 0, stepped = 0, waiting = mark_waiting(s);
     for (int i = 0; i < ws->n_slots; i++) {
         k3_slot *w = &ws->slots[i];
-        if (!w->j || w->done || w->phase != K3_SLOT_DECODE) continue;
+        if (!w->j || w->done || w->phase != K3_SLOT_DECODE || w->waiting) continue;
         if (!w->batched) { /* --spec: alone, with its drafts */
+            stepped++;
             int rc = k3_gen_step(&w->g, &w->err);
             if (rc) {
                 feed_failed(w->c, rc);
@@ -888,7 +962,7 @@ static void run_round(k3_server *s) {
         rows += k;
         budget -= k;
     }
-    if (!n) return;
+    if (!n) return waiting > 0 && !stepped;
     k3_err err;
     k3_multistep_run(ws->ms, ws->segs, n, ws->rows, &err); /* statuses are per segment */
     int ran = 0; /* a segment that was in the pass (a refused one was left out of it) */
@@ -913,6 +987,7 @@ static void run_round(k3_server *s) {
             start_decode(s, w);
         }
     }
+    return false;
 }
 
 /* ---- the worker thread ------------------------------------------------------------------------ */
@@ -942,10 +1017,11 @@ static void *worker_main(void *arg) {
         if (na) pthread_cond_broadcast(&s->progress);
         pthread_mutex_unlock(&s->mu);
         for (int i = 0; i < na; i++) slot_begin(s, admitted[i], admitted[i]->j);
-        run_round(s);
+        bool idle = run_round(s);
         for (int i = 0; i < ws->n_slots; i++)
             if (ws->slots[i].j && ws->slots[i].done) slot_finish(s, &ws->slots[i]);
         pthread_mutex_lock(&s->mu);
+        if (idle) wait_for_clients_locked(s); /* no spinning while every client is behind */
     }
     /* Stopping: running jobs end where they are (their clients get what was sent, or 503),
      * queued ones unserved. */
