@@ -128,6 +128,7 @@ static void test_budgets_bit_identical(void) {
                 o.direct = direct[b];
                 o.pipe = pipe[c];
                 o.cache_policy = a % 2 ? "s3fifo" : "lru";
+                o.io_engine = K3_IO_ENGINE_THREADS; /* the pool; uring below */
                 expect_identical(NANO, ref, vocab, o, what);
             }
     free(ref);
