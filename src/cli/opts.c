@@ -81,7 +81,7 @@ static const k3_opt table[] = {
      .type = K3_OPT_INT, .lo = 1, .hi = 256, .def = "4", .meta = "N", .group = K3_OG_STORE,
      .help = "expert reader threads (reads in flight with --io-engine uring)"},
     {.flag = "--io-engine", .env = "K3_IO_ENGINE", K3_OPT_ENG(io_engine), .type = K3_OPT_CHOICE,
-     .choices = io_engines, .def = "uring", .meta = "threads|uring", .group = K3_OG_STORE,
+     .choices = io_engines, .def = "threads", .meta = "threads|uring", .group = K3_OG_STORE,
      .help = "how experts are read: a pool of --load-threads threads (blocking preads),\n"
              "or one thread keeping --load-threads reads in flight on an io_uring (the\n"
              "pool where the kernel refuses a ring; the load line says which)"},

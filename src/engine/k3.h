@@ -83,7 +83,7 @@ typedef struct k3_engine_opts {
     int expert_slots;         /* > 0: exactly this many cache slots (tests); beats expert_gb */
     int load_threads;         /* expert reader threads (default 4); reads in flight with
                                * the io_uring engine */
-    int io_engine;            /* enum k3_io_engine: K3_IO_ENGINE_DEFAULT (0 = uring),
+    int io_engine;            /* enum k3_io_engine: K3_IO_ENGINE_DEFAULT (0 = threads),
                                * K3_IO_ENGINE_THREADS, K3_IO_ENGINE_URING */
     int direct;               /* enum k3_io_mode: K3_IO_AUTO (0, the default: O_DIRECT when the
                                * experts do not fit in RAM), K3_IO_DIRECT, K3_IO_BUFFERED */

@@ -35,8 +35,8 @@ static void bench_usage(FILE *f) {
         "  --threads N      reader threads and fio jobs (default 4)\n"
         "  --seconds S      duration of each measurement (default 10)\n"
         "  --direct 0|1     O_DIRECT for the store (default 1; fio always uses direct I/O)\n"
-        "  --io-engine E    the store's reader: uring (default: io_uring, --threads reads in\n"
-        "                   flight on one thread) or threads (a pool of --threads preads)\n"
+        "  --io-engine E    the store's reader: threads (default: a pool of --threads preads)\n"
+        "                   or uring (io_uring, --threads reads in flight on one thread)\n"
         "  --decode N       also decode N tokens with K3_PIPE off and on, cache of 2 x top-k\n"
         "  --no-fio         skip fio\n"
         "  -h, --help       this help\n");

@@ -303,10 +303,11 @@ static int start_readers(k3_store *st, k3_err *err) {
 static void resolve(k3_store *st, const k3_store_settings *set) {
     st->n_threads = set->load_threads > 0 ? set->load_threads : 4;
     st->max_pf_running = st->n_threads > 1 ? st->n_threads - 1 : 1;
-    /* io_uring by default: 1.3-1.5x the pool's GB/s on a layer's demand burst, level with
-     * it when the next layer is prefetched (BENCHMARKS.md, io_uring against the pool) */
-    st->io_engine = set->io_engine == K3_IO_ENGINE_THREADS ? K3_IO_ENGINE_THREADS
-                                                           : K3_IO_ENGINE_URING;
+    /* the pool by default: io_uring reads a layer's demand burst 1.3-1.5x faster alone, but
+     * decode waited 1.1-1.7x longer for experts with it, its one thread competing with the
+     * compute for the cores (BENCHMARKS.md, io_uring against the pool) */
+    st->io_engine = set->io_engine == K3_IO_ENGINE_URING ? K3_IO_ENGINE_URING
+                                                         : K3_IO_ENGINE_THREADS;
     /* S3-FIFO by default: closest to Belady of the online policies on K3-like traces
      * (BENCHMARKS.md, k3-lab replay) */
     st->policy_kind = set->policy == K3_POLICY_LRU ? K3_POLICY_LRU : K3_POLICY_S3FIFO;

@@ -69,7 +69,7 @@ typedef struct k3_store_settings {
     int in_place;       /* 1: no cache, experts used in place from the mapped
                          * shards (the in-memory reference path) */
     const char *dirs;   /* extra ':'-separated folders holding shards (src/format) */
-    int io_engine;      /* enum k3_io_engine; DEFAULT = uring (BENCHMARKS.md, io_uring) */
+    int io_engine;      /* enum k3_io_engine; DEFAULT = threads (BENCHMARKS.md, io_uring) */
 } k3_store_settings;
 
 /* Checks the fields' ranges. Errors: K3_ERR_USAGE naming the field ("expert_gb", ...). */
