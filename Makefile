@@ -4,7 +4,7 @@ CC      ?= cc
 CFLAGS  ?= -O2 -g
 override CFLAGS += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -ffp-contract=off -fno-fast-math \
            -fopenmp -MMD -MP
-LDLIBS  += -lcjson -lpcre2-8 -lmicrohttpd -lcurl -lcrypto -lxxhash -lm -fopenmp
+LDLIBS  += -lcjson -lpcre2-8 -lmicrohttpd -lcurl -lcrypto -lxxhash -luring -lm -fopenmp
 # `make CUDA=1` adds the GPU backend (src/cuda, backend.h) in its own build folder: nvcc
 # builds sm_90 code for Hopper plus compute_90 PTX that the driver compiles for other cards.
 CUDA_HOME ?= /usr/local/cuda

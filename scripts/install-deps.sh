@@ -1,7 +1,7 @@
 #!/bin/sh
 # Installs the Debian 12 packages k3 needs to build and test (run as root, or with sudo).
 set -e
-PKGS="build-essential libcjson-dev libpcre2-dev libcurl4-openssl-dev libssl-dev nginx libmicrohttpd-dev wrk libxxhash-dev"
+PKGS="build-essential libcjson-dev libpcre2-dev libcurl4-openssl-dev libssl-dev nginx libmicrohttpd-dev wrk libxxhash-dev liburing-dev"
 # Node.js + npm run the server tests (tests/server); keep an existing install.
 command -v npm >/dev/null 2>&1 || PKGS="$PKGS nodejs npm"
 # fio measures the drive's own limit beside the expert store in `k3-lab bench io`.

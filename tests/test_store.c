@@ -5,6 +5,10 @@
  *    back to back (per-tensor fallback, written by `k3-lab synth --scatter`);
  *  - faults: a shard truncated after load inside an expert, an injected EIO, a read that
  *    returns short once and one interrupted by EINTR;
+ *  - the io_uring engine (--io-engine uring): the same bit-identity over budgets, O_DIRECT
+ *    and buffered, prefetch on and off, and the same faults (the read hook runs before each
+ *    io_uring read as before each pread: its short read is resubmitted by the ring's own
+ *    loop; a kernel-made short read or -EINTR is not injected);
  *  - memory: the cache stays within its budget, a budget below one layer's working set
  *    completes, and (CLI, real expert size) the measured peak RSS stays within the plan.
  * The reference is the engine itself with experts used in place from the mapping — the
@@ -43,7 +47,8 @@ static const int32_t prompt[N_TOK] = {1792, 5,   77,  1000, 9,    300, 1500, 2, 
 /* The store's K3_* variables would override what each test asks for: clear them. */
 static void clean_env(void) {
     static const char *const vars[] = {"K3_EXPERT_GB", "K3_LOAD_THREADS", "K3_DIRECT", "K3_PIPE",
-                                       "K3_CACHE_POLICY", "K3_MMAP_EXPERTS", "K3_DIRS"};
+                                       "K3_CACHE_POLICY", "K3_MMAP_EXPERTS", "K3_DIRS",
+                                       "K3_IO_ENGINE"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
 }
 
@@ -123,6 +128,7 @@ static void test_budgets_bit_identical(void) {
                 o.direct = direct[b];
                 o.pipe = pipe[c];
                 o.cache_policy = a % 2 ? "s3fifo" : "lru";
+                o.io_engine = K3_IO_ENGINE_THREADS; /* the pool; uring below */
                 expect_identical(NANO, ref, vocab, o, what);
             }
     free(ref);
@@ -190,7 +196,7 @@ static uint64_t expert_offset(const char *dir, int *shard_file_no) {
 
 /* A shard cut short after load, inside layer 1's experts: the step fails with
  * K3_ERR_EXPERT_IO naming shard, layer and expert, and writes no logits. */
-static void test_truncated_after_load(void) {
+static void truncated_after_load(int io_engine) {
     char *dir = tmp_copy("trunc");
     if (!dir) return;
     int no = 0;
@@ -203,6 +209,7 @@ static void test_truncated_after_load(void) {
     o.expert_slots = 256;
     o.direct = K3_IO_BUFFERED;
     o.pipe = K3_PIPE_OFF;
+    o.io_engine = io_engine;
     clean_env();
     int rc = off ? k3_engine_load(dir, &o, &e, &err) : -1;
     if (!rc) rc = k3_session_new(e, 16, &s, &err);
@@ -225,6 +232,8 @@ static void test_truncated_after_load(void) {
     CHECK(untouched, "logits were written by a step that failed");
 }
 
+static void test_truncated_after_load(void) { truncated_after_load(K3_IO_ENGINE_THREADS); }
+
 typedef struct hook_state {
     int calls, mode, shortened, interrupted, failed;
 } hook_state;
@@ -243,8 +252,8 @@ static int hook(void *user, int shard, uint64_t off, size_t *len) {
     return 0;
 }
 
-static int run_with_hook(const float *ref, int vocab, hook_state *h, int direct, k3_err *err,
-                         int *same) {
+static int run_with_hook(const float *ref, int vocab, hook_state *h, int direct, int io_engine,
+                         k3_err *err, int *same) {
     k3_engine *e = NULL;
     k3_session *s = NULL;
     k3_engine_opts o = k3_engine_opts_default();
@@ -253,6 +262,7 @@ static int run_with_hook(const float *ref, int vocab, hook_state *h, int direct,
     o.direct = direct;
     o.pipe = K3_PIPE_OFF;
     o.load_threads = 1;
+    o.io_engine = io_engine;
     clean_env();
     int rc = k3_engine_load(NANO, &o, &e, err);
     if (!rc) rc = k3_session_new(e, 64, &s, err);
@@ -267,7 +277,7 @@ static int run_with_hook(const float *ref, int vocab, hook_state *h, int direct,
     return rc;
 }
 
-static void test_short_read_and_eintr_retried(void) {
+static void short_read_and_eintr_retried(int io_engine) {
     int vocab = 0;
     float *ref = reference(NANO, &vocab);
     if (!ref) return;
@@ -275,7 +285,8 @@ static void test_short_read_and_eintr_retried(void) {
         hook_state h = {.mode = HOOK_SHORT_ONCE};
         k3_err err = {0};
         int same = 0;
-        int rc = run_with_hook(ref, vocab, &h, direct ? K3_IO_DIRECT : K3_IO_BUFFERED, &err, &same);
+        int rc = run_with_hook(ref, vocab, &h, direct ? K3_IO_DIRECT : K3_IO_BUFFERED, io_engine,
+                               &err, &same);
         CHECK(rc == 0, "%s: run failed: %s", direct ? "direct" : "buffered", err.msg);
         CHECK(h.shortened == 1 && h.interrupted == 1 && h.calls > 3, "hook saw %d calls", h.calls);
         CHECK(same, "%s: logits differ after a short read + EINTR", direct ? "direct" : "buffered");
@@ -283,19 +294,86 @@ static void test_short_read_and_eintr_retried(void) {
     free(ref);
 }
 
-static void test_eio_fails_with_exit_status(void) {
+static void eio_fails_with_exit_status(int io_engine) {
     int vocab = 0;
     float *ref = reference(NANO, &vocab);
     if (!ref) return;
     hook_state h = {.mode = HOOK_EIO_THIRD};
     k3_err err = {0};
     int same = 0;
-    int rc = run_with_hook(ref, vocab, &h, K3_IO_BUFFERED, &err, &same);
+    int rc = run_with_hook(ref, vocab, &h, K3_IO_BUFFERED, io_engine, &err, &same);
     free(ref);
     CHECK(h.failed == 1, "the hook injected %d errors", h.failed);
     CHECK(rc == K3_ERR_EXPERT_IO && K3_ERR_EXPERT_IO == 9, "status %d: %s", rc, err.msg);
     CHECK(strstr(err.msg, ".safetensors: layer ") && strstr(err.msg, " expert ") &&
               strstr(err.msg, strerror(EIO)), "message: %s", err.msg);
+}
+
+static void test_short_read_and_eintr_retried(void) {
+    short_read_and_eintr_retried(K3_IO_ENGINE_THREADS);
+}
+static void test_eio_fails_with_exit_status(void) { eio_fails_with_exit_status(K3_IO_ENGINE_THREADS); }
+
+/* ---- the io_uring engine ------------------------------------------------------------------ */
+
+/* Whether this kernel lets us make a ring: a store opened with --io-engine uring says which
+ * engine it reads with; where the kernel refused (seccomp in a container, old kernel) it
+ * must say so and read with the pool, and the uring tests skip. */
+static int uring_works(void) {
+    k3_engine_opts o = k3_engine_opts_default();
+    o.threads = 1;
+    o.expert_slots = 8;
+    o.io_engine = K3_IO_ENGINE_URING;
+    k3_engine *e = NULL;
+    k3_err err = {0};
+    char d[K3_DESCRIBE_CAP];
+    clean_env();
+    int rc = k3_engine_load(NANO, &o, &e, &err);
+    if (!rc) describe(e, K3_DESCRIBE_STORE, d);
+    k3_engine_free(e);
+    CHECK_OR(0, rc == 0, "load failed: %s", err.msg);
+    if (strstr(d, "io_uring unavailable")) {
+        CHECK_OR(0, strstr(d, "4 threads"), "fell back without the pool: %s", d);
+        k3_test_skip("the kernel refuses io_uring here (%s)", strstr(d, "io_uring unavailable"));
+        return 0;
+    }
+    CHECK_OR(0, strstr(d, "io_uring, 4 in flight"), "the load line does not name io_uring: %s", d);
+    return 1;
+}
+
+static void test_uring_bit_identical(void) {
+    if (!uring_works()) return;
+    int vocab = 0;
+    float *ref = reference(NANO, &vocab);
+    if (!ref) return;
+    const int slots[] = {1, 5, 40, 256}, threads[] = {1, 4};
+    for (size_t a = 0; a < 4; a++)
+        for (int b = 0; b < 2; b++)
+            for (int c = 0; c < 2; c++)
+                for (int t = 0; t < 2; t++) {
+                    char what[128];
+                    snprintf(what, sizeof what, "io_uring x%d, %d slots, %s, K3_PIPE %s",
+                             threads[t], slots[a], b ? "buffered" : "O_DIRECT", c ? "on" : "off");
+                    k3_engine_opts o = k3_engine_opts_default();
+                    o.threads = 2;
+                    o.expert_slots = slots[a];
+                    o.direct = b ? K3_IO_BUFFERED : K3_IO_DIRECT;
+                    o.pipe = c ? K3_PIPE_ALL : K3_PIPE_OFF;
+                    o.load_threads = threads[t];
+                    o.io_engine = K3_IO_ENGINE_URING;
+                    expect_identical(NANO, ref, vocab, o, what);
+                }
+    free(ref);
+}
+
+static void test_uring_short_read_and_eintr(void) {
+    if (uring_works()) short_read_and_eintr_retried(K3_IO_ENGINE_URING);
+}
+static void test_uring_eio(void) {
+    if (uring_works()) eio_fails_with_exit_status(K3_IO_ENGINE_URING);
+}
+static void test_uring_truncated(void) {
+    if (uring_works()) truncated_after_load(K3_IO_ENGINE_URING);
 }
 
 /* ---- memory -------------------------------------------------------------------------------- */
@@ -640,6 +718,10 @@ const k3_test k3_suite_store[] = {
     {"truncated_after_load_fails_naming_shard_layer_expert", test_truncated_after_load},
     {"short_read_and_eintr_retried", test_short_read_and_eintr_retried},
     {"eio_fails_with_expert_io_status", test_eio_fails_with_exit_status},
+    {"uring_budgets_directio_pipe_bit_identical", test_uring_bit_identical},
+    {"uring_short_read_and_eintr_retried", test_uring_short_read_and_eintr},
+    {"uring_eio_fails_with_expert_io_status", test_uring_eio},
+    {"uring_truncated_fails_naming_shard_layer_expert", test_uring_truncated},
     {"budget_below_working_set_is_a_ceiling", test_budget_is_a_ceiling},
     {"scattered_expert_tensors_per_tensor_fallback", test_scattered_experts_fallback},
     {"real_expert_size_peak_rss_within_plan", test_peak_rss_within_plan},

@@ -16,6 +16,8 @@ static const k3_opt_choice spines[] = {
     {"auto", K3_SPINE_AUTO}, {"bf16", K3_SPINE_BF16}, {"int8", K3_SPINE_INT8}, {NULL, 0}};
 static const k3_opt_choice directs[] = {
     {"0", K3_IO_BUFFERED}, {"1", K3_IO_DIRECT}, {"auto", K3_IO_AUTO}, {NULL, 0}};
+static const k3_opt_choice io_engines[] = {
+    {"threads", K3_IO_ENGINE_THREADS}, {"uring", K3_IO_ENGINE_URING}, {NULL, 0}};
 static const k3_opt_choice pipes[] = {
     {"0", K3_PIPE_OFF},   {"off", K3_PIPE_OFF},         {"1", K3_PIPE_ALL},
     {"on", K3_PIPE_ALL},  {"all", K3_PIPE_ALL},         {"prev", K3_PIPE_PREV},
@@ -77,7 +79,12 @@ static const k3_opt table[] = {
              "and max(2 GB, 10%) headroom)"},
     {.flag = "--load-threads", .env = "K3_LOAD_THREADS", K3_OPT_ENG(load_threads),
      .type = K3_OPT_INT, .lo = 1, .hi = 256, .def = "4", .meta = "N", .group = K3_OG_STORE,
-     .help = "expert reader threads"},
+     .help = "expert reader threads (reads in flight with --io-engine uring)"},
+    {.flag = "--io-engine", .env = "K3_IO_ENGINE", K3_OPT_ENG(io_engine), .type = K3_OPT_CHOICE,
+     .choices = io_engines, .def = "threads", .meta = "threads|uring", .group = K3_OG_STORE,
+     .help = "how experts are read: a pool of --load-threads threads (blocking preads),\n"
+             "or one thread keeping --load-threads reads in flight on an io_uring (the\n"
+             "pool where the kernel refuses a ring; the load line says which)"},
     {.flag = "--direct", .env = "K3_DIRECT", K3_OPT_ENG(direct), .type = K3_OPT_CHOICE,
      .choices = directs, .def = "auto", .meta = "0|1|auto", .group = K3_OG_STORE,
      .help = "O_DIRECT reads; auto: 1 when the experts do not fit in RAM (or the\n"

@@ -82,7 +82,8 @@ static int open_spine(k3_engine *e, const char *model_dir, const k3_engine_opts 
 
 static int store_settings(const k3_engine_opts *o, k3_store_settings *ss, k3_err *err) {
     *ss = (k3_store_settings){o->expert_gb, o->expert_slots, o->load_threads, o->direct,
-                              o->pipe, K3_POLICY_DEFAULT, o->experts_in_place, o->dirs};
+                              o->pipe, K3_POLICY_DEFAULT, o->experts_in_place, o->dirs,
+                              o->io_engine};
     if (o->cache_policy && (ss->policy = k3_cache_policy_parse(o->cache_policy)) < 0)
         return k3_fail(err, K3_ERR_USAGE, "cache_policy '%s': expected lru or s3fifo",
                        o->cache_policy);

@@ -81,7 +81,10 @@ typedef struct k3_engine_opts {
      * byte-budgeted cache. */
     double expert_gb;         /* cache budget in GB; 0 = the memory plan's default */
     int expert_slots;         /* > 0: exactly this many cache slots (tests); beats expert_gb */
-    int load_threads;         /* expert reader threads (default 4) */
+    int load_threads;         /* expert reader threads (default 4); reads in flight with
+                               * the io_uring engine */
+    int io_engine;            /* enum k3_io_engine: K3_IO_ENGINE_DEFAULT (0 = threads),
+                               * K3_IO_ENGINE_THREADS, K3_IO_ENGINE_URING */
     int direct;               /* enum k3_io_mode: K3_IO_AUTO (0, the default: O_DIRECT when the
                                * experts do not fit in RAM), K3_IO_DIRECT, K3_IO_BUFFERED */
     int pipe;                 /* prefetch predictors: K3_PIPE_AUTO (0, the default: all when

@@ -18,7 +18,7 @@
 
 typedef struct bench_opts {
     const char *dir;
-    int threads, direct, decode, fio;
+    int threads, direct, decode, fio, io_engine;
     double seconds;
 } bench_opts;
 
@@ -35,6 +35,8 @@ static void bench_usage(FILE *f) {
         "  --threads N      reader threads and fio jobs (default 4)\n"
         "  --seconds S      duration of each measurement (default 10)\n"
         "  --direct 0|1     O_DIRECT for the store (default 1; fio always uses direct I/O)\n"
+        "  --io-engine E    the store's reader: threads (default: a pool of --threads preads)\n"
+        "                   or uring (io_uring, --threads reads in flight on one thread)\n"
         "  --decode N       also decode N tokens with K3_PIPE off and on, cache of 2 x top-k\n"
         "  --no-fio         skip fio\n"
         "  -h, --help       this help\n");
@@ -53,6 +55,7 @@ static uint64_t rng_next(uint64_t *s) {
 typedef struct io_result {
     double gbps, layer_p50_ms, layer_p99_ms, read_ms;
     long layers;
+    int engine; /* the store's enum k3_io_engine in use (after any fallback) */
 } io_result;
 
 /* Random (layer, top-k distinct experts) requests through the store for `seconds`. */
@@ -77,7 +80,7 @@ static int store_io(const bench_opts *o, const k3_config *c, const k3_checkpoint
     k3_store_settings set = {.expert_slots = (pipelined ? 3 : 2) * c->num_experts_per_token,
                              .load_threads = o->threads, .direct = o->direct ? 1 : -1,
                              .pipe = pipelined ? K3_PIPE_PREV : K3_PIPE_OFF,
-                             .policy = K3_POLICY_LRU};
+                             .policy = K3_POLICY_LRU, .io_engine = o->io_engine};
     k3_mem_plan plan = {0};
     k3_store *st = NULL;
     k3_store_client *cl = NULL;
@@ -118,7 +121,7 @@ static int store_io(const bench_opts *o, const k3_config *c, const k3_checkpoint
                            .layer_p50_ms = n ? 1e3 * lat[n / 2] : 0,
                            .layer_p99_ms = n ? 1e3 * lat[(size_t)(n * 0.99)] : 0,
                            .read_ms = s.reads ? 1e3 * s.read_s / (double)s.reads : 0,
-                           .layers = n};
+                           .layers = n, .engine = k3_store_io_engine(st)};
         *expert_bytes = k3_store_slot_bytes(st) ? k3_store_expert_bytes(st) : 0;
     }
     free(ids);
@@ -172,6 +175,7 @@ static int decode(const bench_opts *o, int slots, int pipe, k3_run_stats *st, k3
     k3_engine_opts eo = k3_engine_opts_default();
     eo.expert_slots = slots, eo.load_threads = o->threads, eo.pipe = pipe;
     eo.direct = o->direct ? K3_IO_DIRECT : K3_IO_BUFFERED;
+    eo.io_engine = o->io_engine;
     k3_engine *e = NULL;
     k3_session *s = NULL;
     int rc = k3_engine_load(o->dir, &eo, &e, err);
@@ -211,6 +215,16 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
         else if (!strcmp(a, "--seconds") && v) o->seconds = atof(argv[++i]);
         else if (!strcmp(a, "--direct") && v) o->direct = atoi(argv[++i]) != 0;
         else if (!strcmp(a, "--decode") && v) o->decode = atoi(argv[++i]);
+        else if (!strcmp(a, "--io-engine") && v) {
+            const char *name = argv[++i];
+            o->io_engine = !strcmp(name, "threads") ? K3_IO_ENGINE_THREADS
+                           : !strcmp(name, "uring") ? K3_IO_ENGINE_URING : -1;
+            if (o->io_engine < 0) {
+                fprintf(stderr, "k3-lab bench io: --io-engine '%s': expected threads or uring\n",
+                        name);
+                return K3_ERR_USAGE;
+            }
+        }
         else if (!strcmp(a, "--no-fio")) o->fio = 0;
         else if (a[0] != '-' && !o->dir) o->dir = a;
         else {
@@ -260,10 +274,11 @@ int k3_cmd_bench(int argc, char **argv) {
         fio.read_ms = (fio.read_ms + fio2.read_ms) / 2;
     }
     if (!rc) {
-        printf("k3-lab bench io: %s: experts of %llu bytes (%.1f GB in all), top-%d, %d threads, "
+        printf("k3-lab bench io: %s: experts of %llu bytes (%.1f GB in all), top-%d, %d %s, "
                "%.0f s each, store reads %s\n\n", o.dir, (unsigned long long)span,
-               (double)all_experts / 1e9, c.num_experts_per_token, o.threads, o.seconds,
-               o.direct ? "O_DIRECT" : "buffered");
+               (double)all_experts / 1e9, c.num_experts_per_token, o.threads,
+               mine.engine == K3_IO_ENGINE_URING ? "reads in flight on io_uring" : "threads",
+               o.seconds, o.direct ? "O_DIRECT" : "buffered");
         printf("| reader | GB/s | mean read (ms) | layer of top-%d p50 (ms) | p99 (ms) | vs fio |\n"
                "|---|---:|---:|---:|---:|---:|\n", c.num_experts_per_token);
         const io_result *rows[2] = {&mine, &piped};

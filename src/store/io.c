@@ -100,7 +100,7 @@ static const char *shard_file(const k3_store *st, int i) {
     return slash ? slash + 1 : p;
 }
 
-static int read_from_source(k3_store *st, int key, uint8_t *buf, int *shard, uint64_t *at,
+int k3_store_read_source(k3_store *st, int key, uint8_t *buf, int *shard, uint64_t *at,
                             uint64_t *bytes) {
     const k3_expert_loc *L = &st->loc[key];
     int n = L->contig ? 1 : K3_EXPERT_PARTS, local = 1;
@@ -128,25 +128,32 @@ static int read_from_source(k3_store *st, int key, uint8_t *buf, int *shard, uin
     return 0;
 }
 
+int k3_store_expert_spans(const k3_store *st, int key, k3_span out[K3_EXPERT_PARTS]) {
+    const k3_expert_loc *L = &st->loc[key];
+    int n = L->contig ? 1 : K3_EXPERT_PARTS;
+    size_t region = 0;
+    for (int i = 0; i < n; i++) {
+        uint64_t bytes = L->contig ? st->expert_bytes : st->part_bytes[i];
+        uint64_t start = align_down(L->off[i]), need = L->off[i] + bytes - start;
+        out[i] = (k3_span){L->shard[i], start, align_up(need), need, region};
+        region += (size_t)(align_up(st->part_bytes[i]) + K3_IO_ALIGN);
+    }
+    return n;
+}
+
 int k3_store_read_expert(k3_store *st, int key, uint8_t *buf, int *shard, uint64_t *at,
                          uint64_t *bytes) {
     if (st->source.read) {
-        int e = read_from_source(st, key, buf, shard, at, bytes);
+        int e = k3_store_read_source(st, key, buf, shard, at, bytes);
         if (e != 1) return e;
     }
-    const k3_expert_loc *L = &st->loc[key];
-    if (L->contig) {
-        uint64_t start = align_down(L->off[0]), need = L->off[0] + st->expert_bytes - start;
-        *shard = L->shard[0];
-        return read_span(st, *shard, buf, start, align_up(need), need, at, bytes);
-    }
-    size_t region = 0;
-    for (int i = 0; i < K3_EXPERT_PARTS; i++) {
-        uint64_t start = align_down(L->off[i]), need = L->off[i] + st->part_bytes[i] - start;
-        *shard = L->shard[i];
-        int e = read_span(st, *shard, buf + region, start, align_up(need), need, at, bytes);
+    k3_span sp[K3_EXPERT_PARTS];
+    int n = k3_store_expert_spans(st, key, sp);
+    for (int i = 0; i < n; i++) {
+        *shard = sp[i].shard;
+        int e = read_span(st, sp[i].shard, buf + sp[i].region, sp[i].start, sp[i].len,
+                          sp[i].need, at, bytes);
         if (e) return e;
-        region += (size_t)(align_up(st->part_bytes[i]) + K3_IO_ALIGN);
     }
     return 0;
 }

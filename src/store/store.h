@@ -45,6 +45,10 @@ typedef struct k3_expert {
 } k3_expert;
 
 enum k3_io_mode { K3_IO_AUTO = 0, K3_IO_DIRECT = 1, K3_IO_BUFFERED = -1 };
+/* How the store reads (k3_store_settings.io_engine): a pool of load_threads pthreads, each
+ * with blocking preads, or one thread keeping load_threads reads in flight on an io_uring
+ * (liburing; falls back to the pool, with a note, where the kernel refuses a ring). */
+enum k3_io_engine { K3_IO_ENGINE_DEFAULT = 0, K3_IO_ENGINE_THREADS = 1, K3_IO_ENGINE_URING = 2 };
 enum k3_cache_policy { K3_POLICY_DEFAULT = 0, K3_POLICY_LRU = 1, K3_POLICY_S3FIFO = 2 };
 /* Prefetch predictors (K3_PIPE); K3_PIPE_OFF is an explicit "none". */
 enum { K3_PIPE_AUTO = 0, K3_PIPE_PREV = 1, K3_PIPE_LOOKAHEAD = 2, K3_PIPE_ALL = 3,
@@ -65,6 +69,7 @@ typedef struct k3_store_settings {
     int in_place;       /* 1: no cache, experts used in place from the mapped
                          * shards (the in-memory reference path) */
     const char *dirs;   /* extra ':'-separated folders holding shards (src/format) */
+    int io_engine;      /* enum k3_io_engine; DEFAULT = threads (BENCHMARKS.md, io_uring) */
 } k3_store_settings;
 
 /* Checks the fields' ranges. Errors: K3_ERR_USAGE naming the field ("expert_gb", ...). */
@@ -197,7 +202,10 @@ typedef struct k3_store_stats {
 
 void k3_store_get_stats(k3_store *st, k3_store_stats *out);
 
-/* Test hook, called by a reader before each pread of [off, off+*len) on shard: may shrink
+/* The engine reading: K3_IO_ENGINE_THREADS or K3_IO_ENGINE_URING (after any fallback). */
+int k3_store_io_engine(const k3_store *st);
+
+/* Test hook, called by a reader before each pread (or io_uring read) of [off, off+*len) on shard: may shrink
  * *len (a short read) or return an errno to inject (EINTR is retried, others fail the read).
  * Returns 0 to proceed. */
 typedef int (*k3_store_read_hook)(void *user, int shard, uint64_t off, size_t *len);

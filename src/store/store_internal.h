@@ -83,6 +83,8 @@ struct k3_store {
     double spine_read_s, spine_note_s;  /* at the last k3_store_note_spine */
     long spine_notes;
     /* readers */
+    int io_engine;                      /* enum k3_io_engine, resolved (after any fallback) */
+    struct k3_uring *uring;             /* uring.c's ring, when io_engine is URING */
     pthread_t *thr;
     int n_started;
     pthread_mutex_t mu;
@@ -134,7 +136,36 @@ void k3_store_close_files(k3_store *st);
  * *shard and *at set to where it stopped. Retries EINTR and short reads. Adds to *bytes. */
 int k3_store_read_expert(k3_store *st, int key, uint8_t *buf, int *shard, uint64_t *at,
                          uint64_t *bytes);
+/* One aligned span of an expert's read: bytes [start, start + len) of shard land at slot
+ * offset `region`; the read is complete once `need` (<= len) bytes arrived. */
+typedef struct k3_span {
+    int shard;
+    uint64_t start, len, need;
+    size_t region;
+} k3_span;
+/* key's spans when it is read from the shards: 1 for a contiguous expert, else 6. */
+int k3_store_expert_spans(const k3_store *st, int key, k3_span out[K3_EXPERT_PARTS]);
+/* A streaming install (st->source.read set): fills buf from the source when some of key's
+ * bytes are not on disk. Returns 1 when all are local (read them from the shards), 0 when
+ * the source filled buf, or K3_STORE_ESOURCE (*shard, *at set). */
+int k3_store_read_source(k3_store *st, int key, uint8_t *buf, int *shard, uint64_t *at,
+                         uint64_t *bytes);
 /* Reader thread body (store.c owns the queues). */
 void *k3_store_reader_main(void *arg);
+/* Both engines take and finish reads through these, under st->mu, so the queue rules
+ * (demand first, at most max_pf_running prefetches) and the publishing are one code.
+ * take: the next slot to read, or -1 when none may start now; *is_pf, *t0 (k3_now_s) out.
+ * finish: records the read's outcome (e: 0 or as k3_store_read_expert) and wakes waiters. */
+int k3_store_take_read(k3_store *st, int *is_pf, double *t0);
+void k3_store_finish_read(k3_store *st, int s, int is_pf, int e, int shard, uint64_t at,
+                          uint64_t bytes, double t0);
+
+/* uring.c: the io_uring engine. start: creates the ring and its thread; returns 0, or an
+ * errno when the kernel refuses a ring (the caller falls back to the thread pool).
+ * wake: tells the thread new work is queued (called under st->mu after queueing).
+ * stop: joins the thread (after st->stop is set) and frees the ring. */
+int k3_uring_start(k3_store *st);
+void k3_uring_wake(k3_store *st);
+void k3_uring_stop(k3_store *st);
 
 #endif
