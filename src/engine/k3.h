@@ -86,7 +86,8 @@ typedef struct k3_engine_opts {
     int io_engine;            /* enum k3_io_engine: K3_IO_ENGINE_DEFAULT (0 = threads),
                                * K3_IO_ENGINE_THREADS, K3_IO_ENGINE_URING */
     int direct;               /* enum k3_io_mode: K3_IO_AUTO (0, the default: O_DIRECT when the
-                               * experts do not fit in RAM), K3_IO_DIRECT, K3_IO_BUFFERED */
+                               * experts do not fit beside the plan in RAM or in the plan's
+                               * limit, a cgroup), K3_IO_DIRECT, K3_IO_BUFFERED */
     int pipe;                 /* prefetch predictors: K3_PIPE_AUTO (0, the default: all when
                                * the cache holds 2 x top-k slots), _PREV, _LOOKAHEAD, _ALL, _OFF */
     const char *cache_policy; /* "lru" or "s3fifo"; NULL = s3fifo */
