@@ -251,16 +251,19 @@ static void take_reports(k3_dist *d) {
     }
 }
 
-/* Rank 0: the rank to blame for missing peer p in exchange `exch`: p, unless p reported
- * waiting (in this exchange or the one before) on another follower, which is then followed. */
-static int lost_rank(k3_dist *d, int p, long exch) {
+/* Rank 0: the rank to blame for missing peer p in exchange `exch` (done[2 * N] its requests):
+ * p, unless p reported waiting (in this exchange or the one before) on another follower that
+ * is missing here too, which is then followed (a report about a peer that has since been
+ * heard from is stale). */
+static int lost_rank(k3_dist *d, int p, long exch, const char *done) {
     take_reports(d);
     for (int hops = 0; hops < d->size; hops++) {
         const int32_t *r = d->stuck[p];
-        if (r[SR_EXCH] < exch - 1 || r[SR_ON] <= 0 || r[SR_ON] >= d->size ||
-            r[SR_ON] == p)
+        int q = r[SR_ON];
+        if (r[SR_EXCH] < exch - 1 || q <= 0 || q >= d->size || q == p ||
+            (done[q] && done[d->size + q]))
             break;
-        p = r[SR_ON];
+        p = q;
     }
     return p;
 }
@@ -346,7 +349,7 @@ static int exchange_once(k3_dist *d, int layer, const int *ids, int rows, int k,
         /* a receive still open: that peer sent nothing; else a send: that peer took nothing */
         int p = first_missing(d, done), silent = 0;
         for (int q = 0; q < N; q++) silent |= !done[q];
-        int who = me == 0 ? lost_rank(d, p, exch) : p;
+        int who = me == 0 ? lost_rank(d, p, exch, done) : p;
         if (who != p)
             return k3_fail(err, K3_ERR_DIST, "rank %d (host %s) sent nothing for MoE layer %d "
                            "within %.0f s: rank %d (host %s) waits on it (killed, hung, or its "
