@@ -11,15 +11,9 @@
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
-import { startServer, client, raw, waitIdle, MODEL_ID } from './harness.mjs';
+import { serverPool, client, raw, waitIdle, MODEL_ID } from './harness.mjs';
 
-const servers = [];
-after(async () => { await Promise.all(servers.map((s) => s.stop())); });
-async function server(args) {
-  const s = await startServer(args, { K3_TEST_TOKEN_DELAY_MS: '10' });
-  servers.push(s);
-  return s;
-}
+const server = serverPool({ K3_TEST_TOKEN_DELAY_MS: '10' });
 
 const LONG = { model: MODEL_ID, messages: [{ role: 'user', content: 'Talk for a long time.' }], max_tokens: 3900, temperature: 0 };
 const STOPPED_EARLY = 150; // tokens: an abandoned LONG (319 tokens to its end) stops within a few

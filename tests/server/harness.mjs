@@ -2,12 +2,25 @@
 //
 // K3_BIN names the k3 binary (make test-server sets it); default: ../../k3 from this folder.
 import { execFileSync } from 'node:child_process';
+import { after } from 'node:test';
 import OpenAI from 'openai';
 
 import { ROOT, K3, MODEL, startServer } from './serve.mjs';
 
 export { ROOT, K3, MODEL, startServer };
 export const MODEL_ID = 'k3-nano';
+
+// A startServer(args, env) for one test file: every server it starts is stopped after the
+// file's tests. env: the environment every one of them gets.
+export function serverPool(env = {}) {
+  const servers = [];
+  after(async () => { await Promise.all(servers.map((s) => s.stop())); });
+  return async (args) => {
+    const s = await startServer(args, env);
+    servers.push(s);
+    return s;
+  };
+}
 
 // The official client pointed at a server; no retries, so 429s are seen as they are.
 export function client(srv, opts = {}) {

@@ -3,15 +3,9 @@
 // that move by exactly what a known request did (its usage object says how many tokens).
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { startServer, client, raw, MODEL_ID } from './harness.mjs';
+import { serverPool, client, raw, MODEL_ID } from './harness.mjs';
 
-const servers = [];
-after(async () => { await Promise.all(servers.map((s) => s.stop())); });
-async function server(args) {
-  const s = await startServer(args);
-  servers.push(s);
-  return s;
-}
+const server = serverPool();
 
 // Parses the exposition: every line is a comment (# HELP / # TYPE name type) or a sample
 // `name{label="value",...} number`. Returns {types, samples: Map(key -> value)} where key is

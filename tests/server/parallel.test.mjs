@@ -5,15 +5,9 @@
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
-import { startServer, client, raw, waitIdle, MODEL_ID } from './harness.mjs';
+import { serverPool, client, raw, waitIdle, MODEL_ID } from './harness.mjs';
 
-const servers = [];
-after(async () => { await Promise.all(servers.map((s) => s.stop())); });
-async function server(args) {
-  const s = await startServer(args);
-  servers.push(s);
-  return s;
-}
+const server = serverPool();
 
 // Four different requests: greedy and seeded sampling, chat and raw completions; long enough
 // (200 tokens) that they run side by side.

@@ -8,15 +8,9 @@ import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { startServer, client, raw, MODEL_ID } from './harness.mjs';
+import { serverPool, startServer, client, raw, MODEL_ID } from './harness.mjs';
 
-const servers = [];
-after(async () => { await Promise.all(servers.map((s) => s.stop())); });
-async function server(args) {
-  const s = await startServer(args);
-  servers.push(s);
-  return s;
-}
+const server = serverPool();
 
 const first = (who) => [{ role: 'user', content: `${who}: tell me about the garden.` }];
 const ask = (api, messages, extra = {}) => api.chat.completions.create({
