@@ -138,8 +138,11 @@ static void test_defaults_and_ceiling(void) {
     CHECK(k3_srv_parse_params(root, COMP, 100, &p, &e) == 0 && p.max_tokens == 100);
     cJSON_Delete(root);
     root = cJSON_Parse("{" M ",\"max_tokens\":101}");
-    CHECK(k3_srv_parse_params(root, CHAT, 100, &p, &e) == -1 && !strcmp(e.param, "max_tokens"));
-    CHECK(k3_srv_parse_params(root, CHAT, 101, &p, &e) == 0 && p.max_tokens == 101);
+    /* above the ceiling: cut to it (an agent asking 32000 of a --max-tokens 64 server) */
+    CHECK(k3_srv_parse_params(root, CHAT, 100, &p, &e) == 0 && p.max_tokens == 100 &&
+          p.max_clamped && p.max_requested == 101);
+    CHECK(k3_srv_parse_params(root, CHAT, 101, &p, &e) == 0 && p.max_tokens == 101 &&
+          !p.max_clamped);
     cJSON_Delete(root);
     root = cJSON_Parse("{" M "}");
     CHECK(k3_srv_parse_params(root, CHAT, 0, &p, &e) == 0 && p.max_tokens == 0 && p.thinking);

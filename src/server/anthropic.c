@@ -38,10 +38,20 @@ static int only_keys(const cJSON *o, const char *const *keys, const char *at, k3
     return 0;
 }
 
-/* Text of a string or of an array of text blocks, appended to b. */
-static int text_of(const cJSON *c, const char *at, k3_sbuf *b, k3_api_error *e) {
+/* Claude Code's first system block: a per-request billing line ("x-anthropic-billing-header:
+ * cc_version=…; cch=…") whose hash changes with every request. It means nothing to the model
+ * and, kept, would make every prompt differ from its first tokens (no state reuse). */
+#define BILLING_PREFIX "x-anthropic-billing-header:"
+
+static bool billing_line(const char *text) {
+    return !strncmp(text, BILLING_PREFIX, sizeof BILLING_PREFIX - 1);
+}
+
+/* Text of a string or of an array of text blocks, appended to b. A system text (system =
+ * true) that is the billing line is dropped. */
+static int text_of(const cJSON *c, const char *at, bool system, k3_sbuf *b, k3_api_error *e) {
     if (cJSON_IsString(c)) {
-        k3_sbuf_str(b, c->valuestring);
+        if (!(system && billing_line(c->valuestring))) k3_sbuf_str(b, c->valuestring);
         return 0;
     }
     if (!cJSON_IsArray(c)) return wrong(e, at, "a string or an array of text blocks");
@@ -58,7 +68,43 @@ static int text_of(const cJSON *c, const char *at, k3_sbuf *b, k3_api_error *e) 
         }
         if (!text) return wrong(e, p, "a text block with a \"text\" string");
         if (only_keys(blk, keys, p, e)) return -1;
+        if (system && billing_line(text)) continue;
+        if (b->len && system) k3_sbuf_str(b, "\n"); /* blocks are paragraphs of one text */
         k3_sbuf_str(b, text);
+    }
+    return 0;
+}
+
+/* A tool result's content: a string, or blocks of any type, appended to b as text. Never
+ * refused: an agent whose tool returned something k3 cannot read (an image, a tool_reference
+ * of Claude Code's tool search) must still get a reply, or its session would be stuck on a 400
+ * for good. Text blocks are their text; a tool_reference names its tool; any other block is
+ * its JSON (an image or document: its type only, k3 reads text). */
+static int tool_result_text(const cJSON *c, const char *at, k3_sbuf *b, k3_api_error *e) {
+    if (cJSON_IsString(c)) {
+        k3_sbuf_str(b, c->valuestring);
+        return 0;
+    }
+    if (!cJSON_IsArray(c)) return wrong(e, at, "a string or an array of content blocks");
+    const cJSON *blk;
+    cJSON_ArrayForEach(blk, c) {
+        const char *type = str_of(blk, "type"), *text = str_of(blk, "text");
+        if (b->len) k3_sbuf_str(b, "\n");
+        if (type && !strcmp(type, "text") && text) {
+            k3_sbuf_str(b, text);
+        } else if (type && !strcmp(type, "tool_reference") && str_of(blk, "tool_name")) {
+            k3_sbuf_printf(b, "[tool_reference: %s]", str_of(blk, "tool_name"));
+        } else if (type && (!strcmp(type, "image") || !strcmp(type, "document"))) {
+            k3_sbuf_printf(b, "[%s omitted: k3 reads text only]", type);
+        } else {
+            cJSON *copy = cJSON_Duplicate(blk, 1);
+            cJSON_DeleteItemFromObjectCaseSensitive(copy, "cache_control");
+            char *json = copy ? cJSON_PrintUnformatted(copy) : NULL;
+            cJSON_Delete(copy);
+            if (!json) return k3_api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+            k3_sbuf_str(b, json);
+            free(json);
+        }
     }
     return 0;
 }
@@ -116,7 +162,7 @@ static int user_message(const cJSON *c, int i, cJSON *out, k3_api_error *e) {
             k3_sbuf result = {0};
             const cJSON *rcontent = cJSON_GetObjectItemCaseSensitive(blk, "content");
             snprintf(pc, sizeof pc, "%s.content", p);
-            if (rcontent && !cJSON_IsNull(rcontent)) rc = text_of(rcontent, pc, &result, e);
+            if (rcontent && !cJSON_IsNull(rcontent)) rc = tool_result_text(rcontent, pc, &result, e);
             if (!rc) {
                 cJSON *m = message("tool");
                 cJSON_AddStringToObject(m, "tool_call_id", id);
@@ -170,6 +216,8 @@ static int assistant_message(const cJSON *c, int i, cJSON *out, k3_api_error *e)
             if (!str_of(blk, "thinking")) rc = wrong(e, p, "a thinking block with a string");
             if (!rc) rc = only_keys(blk, keys, p, e);
             if (!rc) k3_sbuf_str(&think, str_of(blk, "thinking"));
+        } else if (type && !strcmp(type, "redacted_thinking")) {
+            /* Anthropic's encrypted thinking: nothing k3 can read (and it never writes one) */
         } else if (type && !strcmp(type, "tool_use")) {
             static const char *const keys[] = {"type", "id", "name", "input", NULL};
             const cJSON *input = cJSON_GetObjectItemCaseSensitive(blk, "input");
@@ -204,6 +252,22 @@ static int assistant_message(const cJSON *c, int i, cJSON *out, k3_api_error *e)
     return rc;
 }
 
+/* A system-role message inside messages (Claude Code sends them for reminders): a system
+ * message at its place, as K3's format renders system text between turns (render.c). */
+static int system_message(const cJSON *c, int i, cJSON *out, k3_api_error *e) {
+    char at[96];
+    snprintf(at, sizeof at, "messages[%d].content", i);
+    k3_sbuf b = {0};
+    int rc = text_of(c, at, true, &b, e);
+    if (!rc && b.len) {
+        cJSON *m = message("system");
+        cJSON_AddStringToObject(m, "content", b.p);
+        cJSON_AddItemToArray(out, m);
+    }
+    k3_sbuf_free(&b);
+    return rc;
+}
+
 static int messages(const cJSON *in, cJSON *out, k3_api_error *e) {
     if (!cJSON_IsArray(in) || !in->child)
         return wrong(e, "messages", "a non-empty array of messages");
@@ -218,15 +282,16 @@ static int messages(const cJSON *in, cJSON *out, k3_api_error *e) {
         const char *role = str_of(m, "role");
         const cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content");
         snprintf(at, sizeof at, "messages[%d].role", i);
-        if (!role || (strcmp(role, "user") && strcmp(role, "assistant")))
-            return wrong(e, at, "\"user\" or \"assistant\"");
+        if (!role || (strcmp(role, "user") && strcmp(role, "assistant") && strcmp(role, "system")))
+            return wrong(e, at, "\"user\", \"assistant\" or \"system\"");
         if (!strcmp(role, "assistant") && i == n - 1) {
             snprintf(at, sizeof at, "messages[%d]", i);
             return unsupported(e, at, "a final assistant message (a reply to continue): K3's "
                                "chat format closes every message in the history");
         }
-        int rc = !strcmp(role, "user") ? user_message(c, i, out, e)
-                                       : assistant_message(c, i, out, e);
+        int rc = !strcmp(role, "user")   ? user_message(c, i, out, e)
+                 : !strcmp(role, "system") ? system_message(c, i, out, e)
+                                           : assistant_message(c, i, out, e);
         if (rc) return rc;
         i++;
     }
@@ -247,7 +312,10 @@ static int tools(const cJSON *in, cJSON *out, k3_api_error *e) {
             return unsupported(e, at, "server tools are not available in k3; declare client "
                                "tools with name, description and input_schema");
         }
-        static const char *const keys[] = {"type", "name", "description", "input_schema", NULL};
+        /* defer_loading (Claude Code's tool search: load the tool when referenced) and
+         * eager_input_streaming are hints: k3 declares every tool it is sent. */
+        static const char *const keys[] = {"type", "name", "description", "input_schema",
+                                           "defer_loading", "eager_input_streaming", NULL};
         if (!cJSON_IsObject(t) || !str_of(t, "name"))
             return wrong(e, at, "an object with a \"name\"");
         if (only_keys(t, keys, at, e)) return -1;
@@ -281,23 +349,57 @@ static int tool_choice(const cJSON *tc, cJSON *out, k3_api_error *e) {
     return 0;
 }
 
-static int thinking(const cJSON *t, cJSON *out, k3_api_error *e) {
-    const char *effort = "none";
+/* output_config (Claude Code sends {"effort": "high"}): effort is a hint K3 has too. Its
+ * "format" (structured output) would change what is generated and is refused. Returns the
+ * K3 effort for the request ("low", "high", "max"), NULL when none is given, or "" (error). */
+static const char *output_effort(const cJSON *oc, k3_api_error *e) {
+    if (!oc || cJSON_IsNull(oc)) return NULL;
+    if (!cJSON_IsObject(oc)) return wrong(e, "output_config", "an object"), "";
+    const cJSON *f;
+    cJSON_ArrayForEach(f, oc) {
+        if (!strcmp(f->string, "effort") || cJSON_IsNull(f)) continue;
+        char p[96];
+        snprintf(p, sizeof p, "output_config.%s", f->string);
+        return unsupported(e, p, !strcmp(f->string, "format")
+                           ? "k3 cannot constrain output to a JSON schema" : "unknown field"), "";
+    }
+    const char *effort = str_of(oc, "effort");
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(oc, "effort");
+    if (!v || cJSON_IsNull(v)) return NULL;
+    if (!effort) return wrong(e, "output_config.effort", "a string"), "";
+    /* K3 has low, high and max (spec §12.2); medium reads as the nearest at or above it */
+    if (!strcmp(effort, "low")) return "low";
+    if (!strcmp(effort, "medium")) return K3_SRV_MEDIUM_EFFORT;
+    if (!strcmp(effort, "high")) return "high";
+    if (!strcmp(effort, "max") || !strcmp(effort, "xhigh")) return "max";
+    return wrong(e, "output_config.effort", "\"low\", \"medium\", \"high\" or \"max\""), "";
+}
+
+/* thinking: absent / disabled → off; enabled → the effort of its budget (or of output_config
+ * when given); adaptive (the model decides how much) → on, at output_config's effort or, when
+ * none, the server's default (--effort: no reasoning_effort is set). */
+static int thinking(const cJSON *t, const char *effort, cJSON *out, k3_api_error *e) {
+    const char *type = "disabled";
     if (t && !cJSON_IsNull(t)) {
-        static const char *const keys[] = {"type", "budget_tokens", NULL};
-        const char *type = str_of(t, "type");
+        static const char *const keys[] = {"type", "budget_tokens", "display", NULL};
+        type = str_of(t, "type");
         if (!cJSON_IsObject(t) || !type) return wrong(e, "thinking", "an object with a \"type\"");
         if (only_keys(t, keys, "thinking", e)) return -1;
-        if (!strcmp(type, "enabled")) {
-            const cJSON *b = cJSON_GetObjectItemCaseSensitive(t, "budget_tokens");
-            if (!cJSON_IsNumber(b) || b->valuedouble < 1024)
-                return wrong(e, "thinking.budget_tokens", "an integer >= 1024");
-            effort = b->valuedouble < 8192 ? "low" : b->valuedouble < 32768 ? "high" : "max";
-        } else if (strcmp(type, "disabled")) {
-            return wrong(e, "thinking.type", "\"enabled\" or \"disabled\"");
-        }
     }
-    cJSON_AddStringToObject(out, "reasoning_effort", effort);
+    if (!strcmp(type, "enabled")) {
+        const cJSON *b = cJSON_GetObjectItemCaseSensitive(t, "budget_tokens");
+        if (!cJSON_IsNumber(b) || b->valuedouble < 1024)
+            return wrong(e, "thinking.budget_tokens", "an integer >= 1024");
+        if (!effort)
+            effort = b->valuedouble < 8192 ? "low" : b->valuedouble < 32768 ? "high" : "max";
+    } else if (!strcmp(type, "adaptive")) {
+        if (!effort) cJSON_AddTrueToObject(out, "thinking");
+    } else if (!strcmp(type, "disabled")) {
+        effort = "none";
+    } else {
+        return wrong(e, "thinking.type", "\"enabled\", \"adaptive\" or \"disabled\"");
+    }
+    if (effort) cJSON_AddStringToObject(out, "reasoning_effort", effort);
     return 0;
 }
 
@@ -306,12 +408,18 @@ cJSON *k3_anth_to_chat(const cJSON *body, bool count_tokens, k3_api_error *e) {
         wrong(e, "body", "a JSON object");
         return NULL;
     }
+    /* Hints and metadata are accepted and change nothing k3 generates: cache_control (k3
+     * keeps conversation states anyway), context_management (Claude Code's request to clear
+     * old tool results server-side: k3 keeps the history it is sent), metadata,
+     * service_tier. output_config's effort is K3's effort (output_effort). */
     static const char *const all[] = {"model", "messages", "system", "max_tokens",
                                       "stop_sequences", "temperature", "top_p", "top_k",
                                       "metadata", "stream", "thinking", "tools", "tool_choice",
-                                      NULL};
+                                      "output_config", "cache_control", "context_management",
+                                      "service_tier", NULL};
     static const char *const counting[] = {"model", "messages", "system", "thinking", "tools",
-                                           "tool_choice", NULL};
+                                           "tool_choice", "output_config", "cache_control",
+                                           "context_management", NULL};
     const char *const *keys = count_tokens ? counting : all;
     const cJSON *f;
     cJSON_ArrayForEach(f, body) {
@@ -329,8 +437,8 @@ cJSON *k3_anth_to_chat(const cJSON *body, bool count_tokens, k3_api_error *e) {
     const cJSON *sys = cJSON_GetObjectItemCaseSensitive(body, "system");
     if (sys && !cJSON_IsNull(sys)) {
         k3_sbuf b = {0};
-        rc = text_of(sys, "system", &b, e);
-        if (!rc) {
+        rc = text_of(sys, "system", true, &b, e);
+        if (!rc && b.len) {
             cJSON *m = message("system");
             k3_sbuf_add(&b, "", 0);
             cJSON_AddStringToObject(m, "content", b.p ? b.p : "");
@@ -339,7 +447,12 @@ cJSON *k3_anth_to_chat(const cJSON *body, bool count_tokens, k3_api_error *e) {
         k3_sbuf_free(&b);
     }
     if (!rc) rc = messages(cJSON_GetObjectItemCaseSensitive(body, "messages"), msgs, e);
-    if (!rc) rc = thinking(cJSON_GetObjectItemCaseSensitive(body, "thinking"), out, e);
+    const char *effort = NULL;
+    if (!rc) {
+        effort = output_effort(cJSON_GetObjectItemCaseSensitive(body, "output_config"), e);
+        rc = effort && !effort[0] ? -1 : 0;
+    }
+    if (!rc) rc = thinking(cJSON_GetObjectItemCaseSensitive(body, "thinking"), effort, out, e);
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(body, "tools");
     if (!rc && v && !cJSON_IsNull(v)) rc = tools(v, out, e);
     v = cJSON_GetObjectItemCaseSensitive(body, "tool_choice");

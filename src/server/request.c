@@ -90,16 +90,20 @@ static int f_max_tokens(const cJSON *v, const char *name, parse_ctx *c, k3_srv_p
                         k3_api_error *e) {
     long long n;
     if (get_int(v, name, 1, 1 << 30, &n, e)) return -1;
-    if (c->has_max_tokens && n != p->max_tokens)
+    if (c->has_max_tokens && n != p->max_requested)
         return k3_api_fail(e, 400, INVALID, NULL, name, "'%s' and '%s' disagree; give one",
                            c->max_name, name);
-    if (c->ceiling > 0 && n > c->ceiling)
-        return k3_api_fail(e, 400, INVALID, NULL, name, "'%s' is %lld but this server allows at "
-                           "most %d completion tokens (k3 serve --max-tokens)", name, n,
-                           c->ceiling);
     c->has_max_tokens = true;
     c->max_name = name;
-    p->max_tokens = (int)n;
+    p->max_tokens = p->max_requested = (int)n;
+    /* Above the server's ceiling (--max-tokens) the reply is cut there, as it would be at the
+     * request's own limit: finish_reason "length" (Anthropic: stop_reason "max_tokens") and
+     * usage say where it stopped. Agents ask for far more than they need (Claude Code always
+     * 32000), and a 400 would stop them dead. */
+    if (c->ceiling > 0 && n > c->ceiling) {
+        p->max_tokens = c->ceiling;
+        p->max_clamped = true;
+    }
     return 0;
 }
 

@@ -65,6 +65,8 @@ enum k3_srv_kind { K3_SRV_COMPLETIONS, K3_SRV_CHAT };
 typedef struct k3_srv_params {
     enum k3_srv_kind kind;
     int max_tokens;          /* completion tokens; 0 = until the end of the message */
+    int max_requested;       /* the request's own max_tokens (0 = none given) */
+    bool max_clamped;        /* max_tokens was above the server's ceiling: cut to it */
     double temperature;      /* 0 = greedy */
     double top_p;            /* (0, 1] */
     int top_k;               /* 0 = off */
@@ -97,7 +99,8 @@ typedef struct k3_srv_params {
 
 /* Checks every top-level field of a completions or chat request (types, ranges, fields k3
  * cannot honour) and fills p; prompt/messages are checked only for shape here.
- * max_tokens_ceiling > 0 rejects larger max_tokens. Returns 0, or -1 with e filled (400). */
+ * max_tokens_ceiling > 0 clamps a larger max_tokens to it (p->max_clamped). Returns 0, or -1
+ * with e filled (400). */
 int k3_srv_parse_params(const cJSON *root, enum k3_srv_kind kind, int max_tokens_ceiling,
                         k3_srv_params *p, k3_api_error *e);
 void k3_srv_params_free(k3_srv_params *p);
