@@ -41,11 +41,12 @@ static const k3_opt serve_rows[] = {
              "an empty KEY is an error)"},
     {.flag = "--max-tokens", .env = "K3_SERVER_MAX_TOKENS", SRV(max_tokens), .type = K3_OPT_INT,
      .lo = 1, .hi = 1 << 30, .meta = "N",
-     .help = "most completion tokens one request may ask for or get; larger max_tokens\n"
-             "is a 400 (default: the context)"},
-    {.flag = "--queue", SRV(queue), .type = K3_OPT_INT, .lo = 0, .hi = 1024, .def = "0",
+     .help = "most completion tokens one request gets; a larger max_tokens is cut to N\n"
+             "(finish_reason length) (default: the context)"},
+    {.flag = "--queue", SRV(queue), .type = K3_OPT_INT, .lo = 0, .hi = 1024, .def = "64",
      .meta = "N", .help = "let N requests wait in a FIFO while --parallel are generating; further\n"
-                          "ones get 429 (0: 429 + Retry-After whenever busy)"},
+                          "ones get 429 (0: 429 + Retry-After whenever busy; agents send\n"
+                          "side requests, titles and retries, that should wait instead)"},
     {.flag = "--max-body", SRV(max_body_bytes), .type = K3_OPT_SIZE, .lo = 64, .hi = 1LL << 34,
      .def = "8388608", .meta = "BYTES", .help = "largest request body; larger is a 413"},
     {.flag = "--model-id", SRV(model_id), .type = K3_OPT_STR, .meta = "NAME",

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "anthropic.h"
+#include "responses.h"
 #include "../engine/generate.h"
 #include "srv.h"
 
@@ -81,6 +82,11 @@ static void event_tail(k3_emitter *em) {
 /* One choice delta: channel 0 = content (or text), 1 = reasoning_content, -1 = role only. */
 static void send_delta(k3_emitter *em, int channel, const char *text, size_t n) {
     k3_sbuf *b = &em->event;
+    if (em->j->resp) {
+        k3_resp_text(em->j->resp, b, true, channel, text, n);
+        push_event(em);
+        return;
+    }
     if (em->j->anthropic) {
         if (channel >= 0) k3_anth_text(&em->as, b, channel, text, n);
         push_event(em);
@@ -103,17 +109,34 @@ static void send_delta(k3_emitter *em, int channel, const char *text, size_t n) 
 
 static void out_text(k3_emitter *em, int channel, const char *text, size_t n) {
     if (n == 0) return;
+    if (em->j->resp && !em->j->p.stream) k3_resp_text(em->j->resp, NULL, false, channel, text, n);
     if (em->j->p.stream) send_delta(em, channel, text, n);
     else k3_sbuf_add(channel ? &em->j->reasoning : &em->j->content, text, n);
 }
 
 void k3_emit_start(k3_emitter *em) {
-    if (em->j->p.stream && em->j->anthropic) {
-        k3_anth_message_start(&em->as, &em->event, em->s, em->j);
-        push_event(em);
-        return;
+    em->as = (k3_anth_stream){.open = -1};
+}
+
+void k3_emit_opening(const k3_server *s, k3_job *j) {
+    if (!j->p.stream) return;
+    k3_emitter em = {.s = (k3_server *)s, .j = j};
+    k3_anth_stream as;
+    if (j->resp) k3_resp_open(j->resp, &em.event, s, j);
+    else if (j->anthropic) k3_anth_message_start(&as, &em.event, s, j);
+    else if (j->p.kind == K3_SRV_CHAT) {
+        event_head(&em);
+        k3_sbuf_str(&em.event, "{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":"
+                    "\"\"},\"logprobs\":null,\"finish_reason\":null}");
+        k3_sbuf_str(&em.event, j->p.include_usage ? "],\"usage\":null}\n\n" : "]}\n\n");
     }
-    if (em->j->p.stream && em->j->p.kind == K3_SRV_CHAT) send_delta(em, -1, "", 0);
+    k3_sbuf_add(&j->out, em.event.p, em.event.len); /* not yet shared: no lock needed */
+    k3_sbuf_free(&em.event);
+}
+
+void k3_emit_keepalive(const k3_job *j, k3_sbuf *b) {
+    if (j->anthropic) k3_sbuf_str(b, "event: ping\ndata: {\"type\":\"ping\"}\n\n");
+    else k3_sbuf_str(b, ": keep-alive\n\n");
 }
 
 void k3_emit_logprobs(k3_emitter *em, const k3_logprobs *one) {
@@ -157,6 +180,14 @@ void k3_emit_tool_call(k3_emitter *em, int index, const char *name, const char *
     snprintf(id, sizeof id, "%s_%s_%d", j->anthropic ? "toolu" : "call", serial ? serial : j->id,
              index);
     j->n_tool_calls++;
+    if (j->resp) {
+        snprintf(id, sizeof id, "call_%s_%d", serial ? serial : j->id, index);
+        k3_resp_tool_call(j->resp, &em->event, j->p.stream, id, name, arguments, piece_ends,
+                          n_pieces);
+        if (j->p.stream) push_event(em);
+        else em->event.len = 0;
+        return;
+    }
     if (j->anthropic) {
         if (j->p.stream) {
             k3_anth_tool_use(&em->as, &em->event, id, name, arguments, piece_ends, n_pieces);
@@ -217,8 +248,15 @@ void k3_emit_finish(k3_emitter *em, const char *finish) {
     size_t n_held;
     k3_stop_text_flush(&em->stop, &held, &n_held);
     if (finish) out_text(em, 0, held, n_held);
-    if (!j->p.stream || (!finish && !j->failed)) return; /* cancelled: nobody is listening */
+    if (!finish && !j->failed) return; /* cancelled: nobody is listening */
     k3_sbuf *b = &em->event;
+    if (j->resp) {
+        k3_resp_finish(j->resp, b, j->p.stream, em->s, j, em->s->resp_store);
+        if (j->p.stream) push_event(em);
+        else b->len = 0;
+        return;
+    }
+    if (!j->p.stream) return;
     if (j->anthropic) {
         if (j->failed) k3_anth_error_event(b, &j->err);
         else k3_anth_finish(&em->as, b, j);
@@ -251,6 +289,7 @@ void k3_emit_finish(k3_emitter *em, const char *finish) {
 
 char *k3_srv_reply_json(const k3_server *s, const k3_job *j) {
     if (j->anthropic) return k3_anth_reply_json(s, j);
+    if (j->resp) return j->resp->final ? strdup(j->resp->final) : NULL;
     k3_sbuf b = {0};
     bool chat = j->p.kind == K3_SRV_CHAT;
     k3_sbuf_printf(&b, "{\"id\":\"%s\",\"object\":\"%s\",\"created\":%lld,\"model\":\"", j->id,

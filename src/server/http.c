@@ -16,6 +16,7 @@
 #include <time.h>
 
 #include "anthropic.h"
+#include "responses.h"
 #include "srv.h"
 #include "../util/clock.h"
 #include "ui.h"
@@ -23,9 +24,12 @@
 #define K3_IDLE_TIMEOUT_S 60      /* an idle keep-alive connection is closed after this */
 #define K3_MAX_CONNECTIONS 256    /* default connection limit (one thread each), 1/8 per address */
 #define K3_WAIT_TICK_NS 200000000 /* how often a waiting connection looks at its socket */
+#define K3_KEEPALIVE_S 5.0        /* a silent stream gets a keep-alive after this long: agents
+                                     give up on a stream quiet for long (Claude Code: ~300 s
+                                     before the first byte), proxies sooner */
 
 enum route { R_NONE, R_MODELS, R_MODEL, R_COMPLETIONS, R_CHAT, R_HEALTH, R_UI, R_MESSAGES,
-             R_COUNT_TOKENS, R_METRICS };
+             R_COUNT_TOKENS, R_METRICS, R_RESPONSES };
 
 typedef struct k3_conn {
     enum route route;
@@ -114,8 +118,14 @@ static enum MHD_Result reply_error(k3_server *s, struct MHD_Connection *c,
 static void model_object(k3_sbuf *b, const k3_server *s) {
     k3_sbuf_str(b, "{\"id\":\"");
     k3_sbuf_json_str(b, s->model_id, strlen(s->model_id));
-    k3_sbuf_printf(b, "\",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"k3\","
-                   "\"context_length\":%d}", (long long)s->started_unix, s->ctx);
+    /* The context and the largest reply, under the names clients read them: OpenRouter's
+     * and LM Studio's context_length, vLLM's max_model_len, Anthropic's max_input_tokens and
+     * max_tokens (opencode, Claude Code gateways). */
+    int max_out = s->o.max_tokens > 0 && s->o.max_tokens < s->ctx ? s->o.max_tokens : s->ctx;
+    k3_sbuf_printf(b, "\",\"object\":\"model\",\"type\":\"model\",\"created\":%lld,"
+                   "\"owned_by\":\"k3\",\"context_length\":%d,\"max_model_len\":%d,"
+                   "\"max_input_tokens\":%d,\"max_tokens\":%d,\"max_output_tokens\":%d}",
+                   (long long)s->started_unix, s->ctx, s->ctx, s->ctx, max_out, max_out);
 }
 
 static enum MHD_Result get_models(k3_server *s, struct MHD_Connection *c) {
@@ -241,6 +251,7 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
             memcpy(buf, j->out.p + j->out_taken, n);
             j->out_taken += n;
             if (j->out_taken == j->out.len) j->out.len = j->out_taken = 0;
+            j->t_sent = k3_now_s();
             pthread_cond_broadcast(&s->progress); /* its slot may be sitting out (worker.c) */
             pthread_mutex_unlock(&s->mu);
             return (ssize_t)n;
@@ -250,6 +261,22 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
             MHD_set_connection_option(j->conn, MHD_CONNECTION_OPTION_TIMEOUT, K3_IDLE_TIMEOUT_S);
             return j->finish || j->failed ? MHD_CONTENT_READER_END_OF_STREAM
                                           : MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+        /* Queued, prefilling or thinking without a visible event: everything handed out so
+         * far ended on an event boundary (push_event appends whole events), so a keep-alive
+         * may go in between. */
+        double now = k3_now_s();
+        if (now - j->t_sent >= K3_KEEPALIVE_S) {
+            k3_sbuf ka = {0};
+            k3_emit_keepalive(j, &ka);
+            size_t n = ka.len < max ? ka.len : 0;
+            if (n) memcpy(buf, ka.p, n);
+            k3_sbuf_free(&ka);
+            j->t_sent = now;
+            if (n) {
+                pthread_mutex_unlock(&s->mu);
+                return (ssize_t)n;
+            }
         }
         wait_tick(s);
         /* The client sent FIN: half-closed (still reading) or gone. An SSE comment, which
@@ -271,6 +298,11 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
     }
 }
 
+static void job_free(k3_job *j) {
+    k3_resp_job_free(j->resp);
+    k3_job_free(j);
+}
+
 /* Called when MHD drops the streamed response (done, or the client left). */
 static void sse_free(void *cls) {
     k3_job *j = cls;
@@ -278,7 +310,7 @@ static void sse_free(void *cls) {
     job_log(j->srv, j, j->failed ? 500 : 200); /* the status line said 200; the stream ends
                                                   with an error event when it failed */
     count(j->srv, j->path, 200);
-    k3_job_free(j);
+    job_free(j);
 }
 
 static enum MHD_Result start_stream(k3_server *s, struct MHD_Connection *c, k3_job *j) {
@@ -286,7 +318,7 @@ static enum MHD_Result start_stream(k3_server *s, struct MHD_Connection *c, k3_j
         MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, sse_read, j, sse_free);
     if (!r) {
         k3_job_wait_done(s, j, true);
-        k3_job_free(j);
+        job_free(j);
         return MHD_NO;
     }
     MHD_add_response_header(r, "Content-Type", "text/event-stream");
@@ -333,7 +365,7 @@ static enum MHD_Result finish_plain(k3_server *s, struct MHD_Connection *c, k3_j
         count(s, j->path, 200);
         ret = reply(c, 200, k3_srv_reply_json(s, j), NULL, NULL);
     }
-    k3_job_free(j);
+    job_free(j);
     return ret;
 }
 
@@ -364,6 +396,14 @@ static enum MHD_Result post_generate(k3_server *s, struct MHD_Connection *c, k3_
         }
         root = chat;
         j->anthropic = true;
+    } else if (cc->route == R_RESPONSES) { /* responses.h */
+        cJSON *chat = k3_resp_to_chat(root, s->resp_store, &j->resp, &e);
+        cJSON_Delete(root);
+        if (!chat) {
+            free(j);
+            return reply_error(s, c, "POST", cc->path, &e);
+        }
+        root = chat;
     }
     j->root = root; /* owned by the job from here on */
     enum k3_srv_kind kind = cc->route == R_COMPLETIONS ? K3_SRV_COMPLETIONS : K3_SRV_CHAT;
@@ -381,7 +421,7 @@ static enum MHD_Result post_generate(k3_server *s, struct MHD_Connection *c, k3_
         if (body) snprintf(body, 64, "{\"input_tokens\":%zu}\n", j->n_prompt);
         log_line(s, "POST %s 200 %zu tokens", cc->path, j->n_prompt);
         count(s, cc->path, 200);
-        k3_job_free(j);
+        job_free(j);
         return reply(c, 200, body, NULL, NULL);
     }
     if (!bad)
@@ -396,13 +436,16 @@ static enum MHD_Result post_generate(k3_server *s, struct MHD_Connection *c, k3_
         pthread_mutex_lock(&s->mu);
         unsigned long long serial = ++s->n_ids;
         pthread_mutex_unlock(&s->mu);
-        snprintf(j->id, sizeof j->id, "%s%sk3%llx%llx", j->anthropic ? "msg" :
-                 kind == K3_SRV_CHAT ? "chatcmpl" : "cmpl", j->anthropic ? "_" : "-",
+        snprintf(j->id, sizeof j->id, "%s%sk3%llx%llx", j->anthropic ? "msg" : j->resp ? "resp"
+                 : kind == K3_SRV_CHAT ? "chatcmpl" : "cmpl", j->anthropic || j->resp ? "_" : "-",
                  (unsigned long long)s->started_unix, serial);
+        if (j->resp) snprintf(j->resp->id, sizeof j->resp->id, "%s", j->id);
+        k3_emit_opening(s, j); /* the client hears at once, however long it waits */
+        j->t_sent = k3_now_s();
         bad = k3_job_submit(s, j, &e);
     }
     if (bad) {
-        k3_job_free(j);
+        job_free(j);
         return reply_error(s, c, "POST", cc->path, &e);
     }
     return j->p.stream ? start_stream(s, c, j) : finish_plain(s, c, j, cc->http11);
@@ -419,6 +462,7 @@ static enum route route_of(const char *url, k3_conn *cc) {
     if (!strcmp(url, "/health")) return cc->path = "/health", R_HEALTH;
     if (!strcmp(url, "/metrics")) return cc->path = "/metrics", R_METRICS;
     if (!strcmp(url, "/messages")) return cc->path = "/v1/messages", R_MESSAGES;
+    if (!strcmp(url, "/responses")) return cc->path = "/v1/responses", R_RESPONSES;
     if (!strcmp(url, "/messages/count_tokens"))
         return cc->path = "/v1/messages/count_tokens", R_COUNT_TOKENS;
     if (!strncmp(url, "/models/", 8) && url[8] && strlen(url + 8) < sizeof cc->model) {
@@ -451,7 +495,7 @@ static enum MHD_Result on_headers(k3_server *s, struct MHD_Connection *c, const 
     k3_api_error e = {0};
     cc->route = route_of(url, cc);
     bool post = cc->route == R_COMPLETIONS || cc->route == R_CHAT || cc->route == R_MESSAGES ||
-                cc->route == R_COUNT_TOKENS;
+                cc->route == R_COUNT_TOKENS || cc->route == R_RESPONSES;
     if (cc->route == R_NONE)
         k3_api_fail(&e, 404, "invalid_request_error", "unknown_url", NULL,
                     "Invalid URL (%s %s)", method, url);
@@ -590,6 +634,11 @@ int k3_server_start(const k3_engine *e, const char *model_dir, const k3_server_o
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->work, NULL);
     pthread_cond_init(&s->progress, NULL);
+    if (!(s->resp_store = malloc(sizeof *s->resp_store))) {
+        free(s);
+        return k3_fail(err, K3_ERR_GENERIC, "out of memory");
+    }
+    k3_resp_store_init(s->resp_store);
     s->sync_ready = true;
     struct sockaddr_storage ss;
     int v6 = 0, rc = bind_address(s->o.host, s->o.port, &ss, &v6, err);
@@ -639,6 +688,8 @@ void k3_server_stop(k3_server *s) {
         pthread_cond_destroy(&s->progress);
         pthread_cond_destroy(&s->work);
         pthread_mutex_destroy(&s->mu);
+        k3_resp_store_free(s->resp_store);
+        free(s->resp_store);
     }
     free(s);
 }

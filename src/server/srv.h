@@ -176,6 +176,10 @@ typedef struct k3_job {
     size_t n_prompt;
     int fd;                  /* client socket, polled for hang-up; -1 = unknown */
     bool anthropic;          /* POST /v1/messages: replies in Anthropic's shapes (anthropic.h) */
+    struct k3_resp_job *resp;/* POST /v1/responses: the Response's state (responses.h); freed
+                                by the connection (http.c), not k3_job_free */
+    double t_sent;           /* connection only: monotonic seconds of the last bytes handed
+                                to the stream (keep-alives follow K3_KEEPALIVE_S of silence) */
     char id[48];
     long long created;       /* Unix seconds */
     double t_submit;         /* monotonic seconds */
@@ -256,6 +260,7 @@ struct k3_server {
     bool worker_started;
     /* Owned by the worker thread only (no lock): the session, its kept tokens, scratch. */
     struct k3_worker_state *ws;
+    struct k3_resp_store *resp_store; /* recent Responses for previous_response_id */
 };
 
 /* 1 when the connection on socket fd is dead (reset by the peer, or closed both ways). A
@@ -293,8 +298,17 @@ bool k3_emit_text(k3_emitter *em, int channel, const char *text, size_t n);
 void k3_emit_finish(k3_emitter *em, const char *finish);
 /* Stream: a chunk with an empty delta carrying the logprobs of one token (`one`). */
 void k3_emit_logprobs(k3_emitter *em, const k3_logprobs *one);
-/* Stream: the first chunk (role) once the job starts. */
+/* Once the job starts: resets the stream's state (its opening event was written by
+ * k3_emit_opening when the request was accepted). */
 void k3_emit_start(k3_emitter *em);
+/* The first event(s) of a streamed reply, written into j->out by the connection before the
+ * job is submitted, so a client hears at once however long the queue and prefill take:
+ * OpenAI chat: the role chunk; Anthropic: message_start + ping; Responses: response.created
+ * + response.in_progress; completions: nothing. */
+void k3_emit_opening(const struct k3_server *s, k3_job *j);
+/* A keep-alive for a stream that has been silent (appended to b): Anthropic's ping event,
+ * else an SSE comment (which OpenAI clients skip). */
+void k3_emit_keepalive(const k3_job *j, k3_sbuf *b);
 /* A complete tool call (index = its position, 0-based): stream: a delta with index, id,
  * type and name, then one delta per argument piece (arguments[0, piece_ends[k]) ...);
  * non-stream: appended to j->tool_calls. The call id is derived from the job id. */

@@ -31,8 +31,8 @@ async function startLong(api) {
   return { abort: () => ac.abort(), drain };
 }
 
-test('a second request while one generates gets 429 with Retry-After; models/health still answer', async () => {
-  const srv = await server([]);
+test('--queue 0: a second request while one generates gets 429 with Retry-After; models/health still answer', async () => {
+  const srv = await server(['--queue', '0']);
   const api = client(srv);
   const long = await startLong(api);
   const t0 = Date.now();
@@ -89,6 +89,21 @@ test('a non-streamed request whose client gives up stops its generation too', as
   const idleMs = await waitIdle(srv, 5000);
   assert.ok(idleMs < 5000);
   assert.ok((await health(srv)).completion_tokens < STOPPED_EARLY);
+});
+
+test('by default (--queue 64) a second request waits for the first instead of a 429', async () => {
+  const srv = await server([]);
+  assert.match(srv.banner(), /up to 64 more wait in a FIFO/);
+  const api = client(srv);
+  const long = await startLong(api);
+  const second = api.chat.completions.create({ model: MODEL_ID, messages: [{ role: 'user', content: 'title?' }], max_tokens: 2, temperature: 0 });
+  for (let i = 0; i < 500 && (await raw(srv, 'GET', '/health')).json.queued !== 1; i++)
+    await new Promise((r) => setTimeout(r, 10));
+  assert.equal((await raw(srv, 'GET', '/health')).json.queued, 1);
+  long.abort();
+  await long.drain;
+  const r = await second;
+  assert.equal(r.choices[0].finish_reason, 'length');
 });
 
 test('with --queue 1 a second request waits and succeeds; a third gets 429', async () => {

@@ -27,7 +27,7 @@ function isError(r, status, param) {
 
 test('startup prints the URL, the model and the admission policy', () => {
   assert.match(srv.banner(), /listening on http:\/\/127\.0\.0\.1:\d+\/v1 \(model "k3-nano"/);
-  assert.match(srv.banner(), /one generation at a time \(others get 429 \+ Retry-After\)/);
+  assert.match(srv.banner(), /one generation at a time \(up to 64 more wait in a FIFO, 429 beyond\)/);
   assert.match(srv.banner(), /completion tokens per request: 20/);
   assert.match(srv.banner(), /API key required/);
 });
