@@ -56,7 +56,7 @@ TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 
 .PHONY: test-setup bench-setup
 .PHONY: test-neon test-avx512-emu
-.PHONY: all test test-wide test-server test-web bench-server asan bench clean deps FORCE
+.PHONY: all test test-wide test-server test-web test-agents bench-server asan bench clean deps FORCE
 all: k3 k3-lab
 
 # copied whenever it differs, so that ./k3 and ./k3-lab follow the last build's flavour
@@ -126,6 +126,17 @@ test-mpi: k3
 test-server: k3
 	cd tests/server && npm ci --no-audit --no-fund --loglevel=error && \
 	    K3_BIN=$(CURDIR)/k3 node --test --test-concurrency=1 *.test.mjs
+
+# Claude Code, Codex and opencode (pinned in tests/agents/package.json, installed once into
+# tests/agents/node_modules) each run a tool round trip against `k3 serve` on the bundled model
+# (~20 s once installed). SKIPPED with the reason without npm, or when the clients are not
+# installed and the registry is unreachable.
+test-agents: k3
+	@if ! command -v npm >/dev/null 2>&1; then \
+	    echo "SKIPPED test-agents: npm is missing (scripts/install-deps.sh installs it)"; \
+	else \
+	    node tests/agents/run.mjs; \
+	fi
 
 # The chat page (GET /) in a real headless Chromium driven by puppeteer-core (tests/web, ~1
 # min); screenshots in build/web-artifacts/. SKIPPED with the reason without npm or Chromium
