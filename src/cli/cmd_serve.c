@@ -91,6 +91,7 @@ static const k3_cli_command serve_cmd = {
         "  POST /v1/chat/completions        chat (K3 chat format; thinking as reasoning_content)\n"
         "  POST /v1/completions             raw text completion of a prompt\n"
         "  POST /v1/messages                the Anthropic Messages API (and /count_tokens)\n"
+        "  POST /v1/responses               OpenAI's Responses API (Codex)\n"
         "  GET  /health                     liveness and queue state (no key needed)\n"
         "  GET  /metrics                    Prometheus counters (needs the key when set)\n"
         "  GET  /                           the chat page, for a browser (no key needed)\n"

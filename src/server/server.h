@@ -1,6 +1,7 @@
 /* server.h — `k3 serve`: an OpenAI-compatible HTTP server over one loaded k3_engine
  * (libmicrohttpd for HTTP, cJSON for JSON). Endpoints: GET /v1/models[/ID], POST
- * /v1/completions, POST /v1/chat/completions, GET /health, GET /metrics (Prometheus text,
+ * /v1/completions, POST /v1/chat/completions, POST /v1/messages[/count_tokens] (Anthropic,
+ * anthropic.h), POST /v1/responses (responses.h), GET /health, GET /metrics (Prometheus text,
  * metrics.h); each also without "/v1". GET / and /ui serve the chat page (ui.h) and /health
  * answers without the API key; /metrics needs it when one is set (as llama.cpp's does: the
  * counters tell how the server is used).
@@ -17,6 +18,9 @@
  *    admitted in arrival order. With --spec a generation steps alone (its drafts), beside
  *    the shared pass; an echo prefill runs alone before the next pass.
  *  - GET /v1/models, /health, /metrics and the page never wait for the worker.
+ *  - A streamed reply's first event is sent when the request is accepted (before it waits
+ *    for a slot), and a keep-alive follows every 5 s without an event (http.c), so a queued,
+ *    prefilling or thinking request never looks dead to its client.
  *  - A request whose client has hung up is cancelled before its next token or prompt chunk:
  *    the worker polls the client's socket before each of its rows joins a pass. A cancelled
  *    or failed generation leaves its slot between passes; the others go on unchanged.
@@ -52,7 +56,8 @@ typedef struct k3_server_opts {
     const char *api_key;    /* when set, /v1 requests need "Authorization: Bearer KEY"; "" is
                                refused (K3_ERR_USAGE), NULL = no auth */
     const char *model_id;   /* name shown in /v1/models; NULL = the model folder's name */
-    int max_tokens;         /* ceiling on completion tokens per request; 0 = the context */
+    int max_tokens;         /* ceiling on completion tokens per request (a larger max_tokens
+                               is cut to it); 0 = the context */
     int queue;              /* requests allowed to wait while one generates; 0 = 429 at once */
     int ctx;                /* session capacity in tokens; 0 = the engine default */
     size_t max_body_bytes;  /* largest request body accepted (413 above); 0 = 8 MiB */

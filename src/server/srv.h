@@ -5,6 +5,7 @@
  *   request.c  request JSON -> k3_srv_params (+ the prompt), or an OpenAI-shaped error
  *   worker.c   admission (busy / FIFO), the worker thread, prefill with reuse, decode loop
  *   emit.c     what one generated piece of text becomes: stop strings, SSE chunks, JSON
+ *   anthropic.c / responses.c  the Messages and Responses APIs as chat bodies, and their replies
  *
  * Locking: everything in k3_job below "guarded by srv->mu" is read and written only with
  * k3_server.mu held; the rest is written before the job is queued and read-only after.
