@@ -117,7 +117,7 @@ test('stop_sequences and max_tokens', async () => {
 test('errors in Anthropic\'s shape: unsupported fields named, x-api-key checked', async () => {
   const { srv, api } = await scripted([plain('x')]);
   const cases = [
-    [{ service_tier: 'auto' }, 'service_tier'],
+    [{ container: 'c' }, 'container'],
     [{ tool_choice: { type: 'tool', name: 'get_weather' }, tools }, 'tool_choice'],
     [{ tools: [{ type: 'web_search_20250305', name: 'web_search' }] }, 'tools[0].type'],
     [{ messages: [{ role: 'user', content: [{ type: 'image', source: { type: 'base64', media_type: 'image/png', data: 'AAAA' } }] }] },
