@@ -10,6 +10,7 @@
 
 #include "../src/util/fileio.h"
 
+#include "../fuzz/fuzz_agents.c"
 #include "../fuzz/fuzz_config.c"
 #include "../fuzz/fuzz_idlist.c"
 #include "../fuzz/fuzz_packed.c"
@@ -24,6 +25,7 @@ static const struct {
     const char *name;
     int (*fn)(const uint8_t *, size_t);
 } harnesses[] = {
+    {"agents", k3_fuzz_agents},
     {"config", k3_fuzz_config},       {"idlist", k3_fuzz_idlist},
     {"packed", k3_fuzz_packed},       {"reply", k3_fuzz_reply},
     {"request", k3_fuzz_request},     {"safetensors", k3_fuzz_safetensors},

@@ -299,8 +299,8 @@ static int tool_list(const cJSON *in, const char *at0, cJSON *arr, k3_resp_job *
             continue;
         }
         if (strcmp(type, "function") && strcmp(type, "custom")) {
-            fprintf(stderr, "k3 serve: /v1/responses: hosted tool '%s' (%s) not offered to the "
-                    "model: k3 runs no server-side tools\n", type, at);
+            snprintf(r->note, sizeof r->note, "; hosted tool '%.40s' (%.60s) not offered to the "
+                     "model", type, at);
             continue;
         }
         if (!name || !name[0]) return wrong(e, at, "a tool with a non-empty \"name\"");

@@ -23,7 +23,7 @@
  *       as a custom_tool_call whose input is that string
  *     namespace {tools}                   → its function tools, flattened
  *     hosted tools (web_search, file_search, ...) are not declared to the model (k3 runs no
- *       server-side tools; Codex declares web_search by default), and logged
+ *       server-side tools; Codex declares web_search by default); the log line says so
  *   tool_choice "auto" | "none" | "required", parallel_tool_calls, max_output_tokens,
  *   temperature, top_p, stream; reasoning.effort (none, minimal → low, low, medium → high,
  *   high, xhigh → max) → K3's effort; text.format must be text.
@@ -76,6 +76,7 @@ typedef struct k3_resp_job {
     char **custom;          /* names of custom (freeform) tools */
     int n_custom;
     bool store;             /* keep this response for previous_response_id (always true) */
+    char note[160];         /* what the request's log line should add ("" = nothing) */
     /* stream / output state (worker) */
     int seq;                /* next sequence_number */
     int open;               /* -1 none, 0 message, 1 reasoning */
