@@ -30,6 +30,8 @@ const K3 = path.resolve(ROOT, process.env.K3_BIN ||
   (fs.existsSync(path.join(ROOT, 'build', 'k3-test')) ? 'build/k3-test' : 'k3'));
 const BIN = path.join(HERE, 'node_modules', '.bin');
 const CLIENT_TIMEOUT_MS = 180000;
+const running = new Set(); // servers and clients still running are killed when this exits
+process.on('exit', () => { for (const p of running) p.kill('SIGKILL'); });
 const MAX_TOKENS = '256'; // a scripted tool call is ~110 tokens of the bundled tokenizer
 
 // ---- the clients, installed at their pinned versions --------------------------------------
@@ -79,6 +81,8 @@ async function scripted(replies, dir) {
     cwd: ROOT, env: { ...process.env, K3_TEST_SCRIPTED_REPLY: file },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
+  running.add(proc);
+  proc.on('exit', () => running.delete(proc));
   let out = '', log = '';
   proc.stderr.on('data', (d) => { log += d; });
   const url = await new Promise((resolve, reject) => {
@@ -103,11 +107,16 @@ async function scripted(replies, dir) {
 function run(cmd, args, { cwd, env }) {
   return new Promise((resolve) => {
     const p = spawn(path.join(BIN, cmd), args, { cwd, env, stdio: ['ignore', 'pipe', 'pipe'] });
+    running.add(p);
     let stdout = '', stderr = '';
     p.stdout.on('data', (d) => { stdout += d; });
     p.stderr.on('data', (d) => { stderr += d; });
     const t = setTimeout(() => p.kill('SIGKILL'), CLIENT_TIMEOUT_MS);
-    p.on('exit', (code, sig) => { clearTimeout(t); resolve({ code, sig, stdout, stderr }); });
+    p.on('exit', (code, sig) => {
+      clearTimeout(t);
+      running.delete(p);
+      resolve({ code, sig, stdout, stderr });
+    });
   });
 }
 
