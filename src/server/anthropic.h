@@ -4,22 +4,36 @@
  * reply is written in Anthropic's shapes. Internal to src/server.
  *
  * Request translation (fields not listed are a 400 naming them):
- *   system (string or text blocks)      → a first system message
+ *   system (string or text blocks)      → a first system message (blocks joined by newlines;
+ *                                         Claude Code's per-request "x-anthropic-billing-header:"
+ *                                         block is dropped: it would defeat state reuse)
+ *   system-role messages inside messages → a system message at their place
  *   messages[].content text blocks      → user / assistant text
  *   assistant thinking blocks           → reasoning_content (signature ignored)
  *   assistant tool_use {id,name,input}  → tool_calls
- *   user tool_result {tool_use_id, content (string or text blocks), is_error} → a tool
- *     message (K3's format has no error flag: is_error is accepted and the content says it)
- *   tools [{name, description, input_schema}] → function tools; server tools (a "type"
- *     other than "custom") are refused
+ *   user tool_result {tool_use_id, content (string or blocks of any type), is_error} → a
+ *     tool message (K3's format has no error flag: is_error is accepted and the content says
+ *     it); text blocks are their text, tool_reference "[tool_reference: NAME]", image and
+ *     document a note, anything else its JSON: never a 400, which would stick an agent
+ *   assistant redacted_thinking blocks   → dropped (nothing k3 can read)
+ *   tools [{name, description, input_schema, defer_loading, eager_input_streaming}] →
+ *     function tools (every tool declared); server tools (a "type" other than "custom") are
+ *     refused
  *   tool_choice auto / any / none → "auto" / "required" / "none"; {"type":"tool"} is refused
  *     (as a named OpenAI tool_choice is); disable_parallel_tool_use → parallel_tool_calls false
  *   thinking: absent or {"type":"disabled"} → thinking off (Anthropic's default);
  *     {"type":"enabled","budget_tokens":N} (N >= 1024) → thinking on with K3's effort
  *     low for N < 8192, high for N < 32768, max otherwise. K3 has no token budget: the
  *     effort only guides how long it thinks; max_tokens still bounds thinking + answer.
- *   max_tokens (required), stop_sequences → stop, temperature, top_p, top_k, stream,
- *   metadata (accepted, unused), cache_control on blocks (accepted: k3 reuses state anyway).
+ *     {"type":"adaptive"} → thinking on at output_config's effort, else the server's.
+ *     "display" is accepted (the thinking is returned: an agent gives it back, and the
+ *     state is reused only when the reply comes back verbatim).
+ *   output_config {effort: low | medium (→ high) | high | max (xhigh → max)} → K3's effort
+ *     (over the budget's); output_config.format (structured output) is refused.
+ *   max_tokens (required; above --max-tokens cut to it), stop_sequences → stop, temperature,
+ *   top_p, top_k, stream. Hints accepted and unused: metadata, cache_control (on blocks and
+ *   top-level: k3 reuses state anyway), context_management (k3 keeps the history it is
+ *   sent), service_tier; the anthropic-beta / anthropic-version headers are not read.
  *   A final assistant message (a prefilled reply to continue) is refused: K3's format closes
  *   every history message.
  *
