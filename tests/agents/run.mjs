@@ -54,8 +54,10 @@ function ensureClients() {
   if (r.status === 0 && installed()) return;
   const ping = spawnSync('npm', ['ping'], { cwd: HERE, timeout: 30000 });
   if (ping.status !== 0) {
+    const why = String(ping.stderr).split('\n').find((l) => /FetchError|code E|ETIMEDOUT/.test(l)) ||
+      `npm ping exited ${ping.status}`;
     console.log('SKIPPED test-agents: the npm registry is unreachable and the clients are not ' +
-      `installed in tests/agents/node_modules (npm ping: ${String(ping.stderr).trim().split('\n').pop()})`);
+      `installed in tests/agents/node_modules (${why.replace(/^npm error /, '')})`);
     process.exit(0);
   }
   throw new Error(`npm install of the pinned clients failed:\n${r.stderr}`);
