@@ -84,7 +84,8 @@ test('--queue 0 beyond N: the fifth request gets 429 while four run', async () =
     const s = await api.chat.completions.create({ model: MODEL_ID, max_tokens: 3000, stream: true,
       messages: [{ role: 'user', content: `Talk for a long time, ${i}.` }] }, { signal: ac.signal });
     const it = s[Symbol.asyncIterator]();
-    await it.next();
+    await it.next(); // the role chunk: sent as soon as the request is accepted
+    await it.next(); // the first generated piece: it runs
     streams.push({ ac, it });
   }
   assert.equal((await raw(srv, 'GET', '/health')).json.generating, true);
