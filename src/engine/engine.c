@@ -90,16 +90,8 @@ static int store_settings(const k3_engine_opts *o, k3_store_settings *ss, k3_err
     return k3_store_settings_check(ss, err);
 }
 
-static uint64_t rss_bytes(void) {
-    long pages = 0, rss = 0;
-    FILE *f = fopen("/proc/self/statm", "r");
-    if (f && fscanf(f, "%ld %ld", &pages, &rss) != 2) rss = 0;
-    if (f) fclose(f);
-    return (uint64_t)rss * (uint64_t)sysconf(_SC_PAGESIZE);
-}
-
 static int open_store(k3_engine *e, const k3_store_settings *ss, k3_err *err) {
-    k3_mem_plan plan = {.base_bytes = rss_bytes(),
+    k3_mem_plan plan = {.base_bytes = e->mplan.base_bytes,
                         .spine_bytes = k3_spine_ram_bytes(e->model.spine, &e->model),
                         .state_bytes = e->mplan.sessions_bytes,
                         .limit_bytes = e->mplan.limit_bytes,
@@ -167,10 +159,27 @@ static uint64_t slot_estimate(const k3_config *c) {
     return (bytes + align - 1) / align * align + align;
 }
 
+/* Bytes of the metadata read before weights (plan.h's base allowance): every shard's header
+ * and the snapshot's small files. From the files, never from the process's RSS, so that the
+ * plan is the same for every run (and for `k3 plan`) on the same snapshot. */
+static uint64_t metadata_bytes(const k3_checkpoint *ck) {
+    static const char *const files[] = {"config.json", "model.safetensors.index.json",
+                                        "tiktoken.model", "tokenizer_config.json"};
+    uint64_t n = 0;
+    for (int i = 0; i < ck->n_shards; i++) n += ck->shards[i].data_start;
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        char path[4200];
+        struct stat st;
+        snprintf(path, sizeof path, "%s/%s", ck->dir, files[i]);
+        if (stat(path, &st) == 0 && st.st_size > 0) n += (uint64_t)st.st_size;
+    }
+    return n;
+}
+
 /* The machine of o->memory_gb: that much RAM, all of it available, no cgroup. */
 static void given_machine(double gb, k3_machine_mem *m) {
-    *m = (k3_machine_mem){.ram_total_bytes = (uint64_t)(gb * 1e9),
-                          .ram_available_bytes = (uint64_t)(gb * 1e9)};
+    uint64_t bytes = (uint64_t)llround(gb * 1e9); /* 0.021692416 GB is 21692416 bytes */
+    *m = (k3_machine_mem){.ram_total_bytes = bytes, .ram_available_bytes = bytes};
     snprintf(m->ram_source, sizeof m->ram_source, "memory_gb given");
 }
 
@@ -202,7 +211,7 @@ static int plan_memory(k3_engine *e, const k3_engine_opts *o, uint64_t *spine_bu
     if (!m && o->memory_gb > 0) given_machine(o->memory_gb, &probed), m = &probed;
     if (!m && (rc = k3_machine_mem_probe("", &probed, err))) return rc;
     if (!m) m = &probed;
-    k3_plan_request r = {.base_bytes = rss_bytes(), .sessions = o->sessions > 0 ? o->sessions : 1,
+    k3_plan_request r = {.base_bytes = k3_plan_base_bytes(metadata_bytes(e->ck)), .sessions = o->sessions > 0 ? o->sessions : 1,
                          .gpu = o->device && !strcmp(o->device, "cuda"),
                          .spine_gb = o->spine_gb >= 0 ? o->spine_gb : -1,
                          .expert_gb = o->expert_slots > 0

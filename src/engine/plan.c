@@ -135,12 +135,31 @@ static void plan_limit(const k3_machine_mem *m, uint64_t base, k3_plan *p) {
         p->limit_bytes = m->ram_available_bytes + base;
         snprintf(p->limit_source, sizeof p->limit_source, "MemAvailable + this process");
     }
+    p->limit_bytes = p->limit_bytes / K3_PLAN_PAGE_BYTES * K3_PLAN_PAGE_BYTES;
 }
 
 /* Headroom for the OS, page cache and allocator slack: 10% of the limit, and at least an
  * eighth of it up to 2 GB (small limits need proportionally more slack). */
 static uint64_t headroom(uint64_t limit) {
     return max_u64(limit / 10, min_u64(2000000000ull, limit / 8));
+}
+
+/* The smallest limit, in whole pages, whose room after headroom holds need bytes: limit -
+ * headroom(limit) never decreases as the limit grows (7/8 of it up to 16 GB, then less 2 GB,
+ * then 9/10), so a binary search over pages finds it, and every smaller whole-page limit
+ * leaves less than need. */
+static uint64_t min_limit(uint64_t need) {
+    uint64_t lo = 0, hi = need / K3_PLAN_PAGE_BYTES * 2 + 2; /* in pages; hi always suffices */
+    while (lo < hi) {
+        uint64_t mid = lo + (hi - lo) / 2, bytes = mid * K3_PLAN_PAGE_BYTES;
+        if (bytes - headroom(bytes) >= need) hi = mid;
+        else lo = mid + 1;
+    }
+    return lo * K3_PLAN_PAGE_BYTES;
+}
+
+uint64_t k3_plan_base_bytes(uint64_t metadata_bytes) {
+    return K3_PLAN_PROCESS_BYTES + 2 * metadata_bytes;
 }
 
 static uint64_t slots_bytes(const k3_plan_model *mod, uint64_t n) {
@@ -240,16 +259,15 @@ int k3_plan_memory(const k3_machine_mem *m, const k3_plan_model *mod, const k3_p
     uint64_t fixed = p->base_bytes + p->sessions_bytes;
     uint64_t need = fixed + (r->gpu ? mod->spine_bytes : mod->staging_bytes) +
                     slots_bytes(mod, (uint64_t)mod->top_k + 1);
-    /* the smallest limit whose headroom still leaves `need` */
-    p->min_limit_bytes = need + headroom(need + need / 8);
-    while (p->min_limit_bytes - headroom(p->min_limit_bytes) < need) p->min_limit_bytes += 1u << 20;
+    p->min_limit_bytes = min_limit(need);
     uint64_t avail = p->limit_bytes > p->headroom_bytes ? p->limit_bytes - p->headroom_bytes : 0;
     if (avail < need)
-        return k3_fail(err, K3_ERR_USAGE, "the model cannot run within %.2f GB (%s): it needs at "
-                       "least %.2f GB (base %.2f + %d session(s) %.2f + spine staging %.2f + "
-                       "top-k + 1 = %d experts %.2f, plus headroom %.2f); give it more memory or "
-                       "fewer sessions", p->limit_bytes / GB, p->limit_source,
-                       p->min_limit_bytes / GB, p->base_bytes / GB, r->sessions,
+        return k3_fail(err, K3_ERR_USAGE, "the model cannot run within %.3f GB (%s): it needs "
+                       "at least %.3f GB (%llu bytes: base %.3f + %d session(s) %.3f + spine "
+                       "staging %.3f + top-k + 1 = %d experts %.3f, plus headroom %.3f); give it "
+                       "more memory or fewer sessions", p->limit_bytes / GB, p->limit_source,
+                       p->min_limit_bytes / GB, (unsigned long long)p->min_limit_bytes,
+                       p->base_bytes / GB, r->sessions,
                        p->sessions_bytes / GB, (r->gpu ? mod->spine_bytes : mod->staging_bytes) / GB,
                        mod->top_k + 1, slots_bytes(mod, (uint64_t)mod->top_k + 1) / GB,
                        headroom(p->min_limit_bytes) / GB);
