@@ -408,6 +408,7 @@ uint64_t k3_engine_weight_bytes(const k3_engine *e) {
 
 int k3_engine_spine_int8(const k3_engine *e) { return e->pack != NULL; }
 int k3_engine_approx(const k3_engine *e) { return e->approx; }
+const char *k3_engine_kernels(const k3_engine *e) { return k3_kernels_name(e->model.kr); }
 
 void k3_engine_describe(const k3_engine *e, int parts, char *buf, size_t cap) {
     const char *line[] = {e->spine_line, e->spine_plan_line, e->store_line,

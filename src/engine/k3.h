@@ -177,6 +177,9 @@ uint64_t k3_engine_weight_bytes(const k3_engine *e);
 int k3_engine_spine_int8(const k3_engine *e);
 /* 1 when --approx (int8 activations) is on. */
 int k3_engine_approx(const k3_engine *e);
+/* The kernel path the engine runs ("scalar", "avx2", "avx512", "neon"): opts->kernels when
+ * given, else the fastest this CPU runs (kernels.h). Tests that run every path assert it. */
+const char *k3_engine_kernels(const k3_engine *e);
 /* The spine budget's plan and its counters since load (k3_spine_stats: src/model/pass.h; all
  * zero without a budget). */
 void k3_engine_spine_stats(const k3_engine *e, k3_spine_stats *out);
