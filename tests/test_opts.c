@@ -257,7 +257,7 @@ static void test_help_lists_shared_groups(void) {
         {"run", K3_OG_MODEL | K3_OG_TRACE | K3_OG_SPEED | K3_OG_SAMPLING | K3_OG_CHAT | K3_OG_CTX | K3_OG_STATE},
         {"chat", K3_OG_MODEL | K3_OG_TRACE | K3_OG_SPEED | K3_OG_SAMPLING | K3_OG_CHAT | K3_OG_CTX | K3_OG_STATE},
         {"serve", K3_OG_MODEL | K3_OG_SPEED | K3_OG_CTX},
-        {"quality", K3_OG_DEVICE | K3_OG_THREADS | K3_OG_BUDGET | K3_OG_QUIET},
+        {"quality", K3_OG_DEVICE | K3_OG_THREADS | K3_OG_KERNELS | K3_OG_BUDGET | K3_OG_QUIET},
     };
     size_t n;
     const k3_opt *t = k3_opts_table(&n);
@@ -285,6 +285,60 @@ static void test_help_lists_shared_groups(void) {
         CHECK(strstr(r.out, "--temperature T") && strstr(r.out, "(default 1)") &&
               strstr(r.out, "--effort E") && strstr(r.out, "(default max)"), "%s", r.out);
     k3t_cli_free(&r);
+}
+
+/* Every command of k3 and k3-lab parses through the table: an unknown flag is named with
+ * the command's help, a bad number names its flag and range, and --help lists the command's
+ * own flags. */
+static void test_every_command_on_the_table(void) {
+    static const struct {
+        int lab;              /* 1: k3-lab */
+        const char *cmd;      /* the command (and its benchmark) */
+        const char *bad;      /* a flag with a bad number, or NULL */
+        const char *want;     /* what the refusal of `bad` says */
+        const char *listed;   /* a flag --help must list */
+    } cmds[] = {
+        {0, "pack", "--quality-tokens 1", "--quality-tokens='1': expected an integer in [2, ",
+         "  --no-quality"},
+        {0, "pack", "--threads 0", "--threads='0': expected an integer in [1, 1024]",
+         "  --threads N"},
+        {0, "setup", "--connections 65", "--connections='65': expected an integer in [1, 64]",
+         "  --chunk-mb N"},
+        {0, "render", NULL, NULL, "  --segments"},
+        {0, "tokenize", NULL, NULL, "  --special"},
+        {0, "detokenize", NULL, NULL, "  --file PATH"},
+        {0, "version", NULL, NULL, "  --kernels PATH"},
+        {0, "plan", "--sessions 0", "--sessions='0': expected an integer in [1, 4096]",
+         "  --sessions N"},
+        {0, "run", "--threads x", "--threads='x': expected an integer", "  --max-new N"},
+        {0, "quality", "--threads 0", "--threads='0'", "  --threads N"},
+    };
+    for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++) {
+        const char *prog = cmds[i].lab ? "k3-lab" : "k3";
+        char args[256], want[256];
+        k3t_cli r = {0};
+        snprintf(args, sizeof args, "%s --no-such-flag", cmds[i].cmd);
+        if (!(cmds[i].lab ? k3t_lab_run(args, &r) : k3t_cli_run(args, &r))) {
+            snprintf(want, sizeof want, "%s %s: unknown option '--no-such-flag' (see %s %s "
+                     "--help)", prog, cmds[i].cmd, prog, cmds[i].cmd);
+            CHECK(r.status == K3_ERR_USAGE && strstr(r.err, want), "%s %s: exit %d: %s", prog,
+                  args, r.status, r.err);
+        }
+        k3t_cli_free(&r);
+        snprintf(args, sizeof args, "%s --help", cmds[i].cmd);
+        if (!(cmds[i].lab ? k3t_lab_run(args, &r) : k3t_cli_run(args, &r)))
+            CHECK(r.status == 0 && strstr(r.out, cmds[i].listed) && strstr(r.out, "-h, --help"),
+                  "%s %s: exit %d, no '%s' in %s", prog, args, r.status, cmds[i].listed, r.out);
+        k3t_cli_free(&r);
+        if (!cmds[i].bad) continue;
+        snprintf(args, sizeof args, "%s %s", cmds[i].cmd, cmds[i].bad);
+        if (!(cmds[i].lab ? k3t_lab_run(args, &r) : k3t_cli_run(args, &r))) {
+            snprintf(want, sizeof want, "%s %s: %s", prog, cmds[i].cmd, cmds[i].want);
+            CHECK(r.status == K3_ERR_USAGE && strstr(r.err, want), "%s %s: exit %d: %s", prog,
+                  args, r.status, r.err);
+        }
+        k3t_cli_free(&r);
+    }
 }
 
 /* serve's --temperature / --effort are the defaults of requests that leave them out. */
@@ -419,6 +473,7 @@ const k3_test k3_suite_opts[] = {
     {"bad_values_name_range", test_bad_values_name_range},
     {"empty_api_key", test_empty_api_key},
     {"help_lists_shared_groups", test_help_lists_shared_groups},
+    {"every_command_on_the_table", test_every_command_on_the_table},
     {"seed_unused_warning", test_seed_unused_warning},
     {"server_defaults", test_server_defaults},
     {"pack_out_created", test_pack_out_created},

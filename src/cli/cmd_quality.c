@@ -180,7 +180,7 @@ static const k3_cli_command quality_cmd = {
         "agreement and max |logit difference|. Without MODEL_DIR the bundled fixture is used.\n"
         "Experts are used in place from the mapped shards (every engine shares the page cache).\n",
     .rows = quality_rows, .n_rows = sizeof quality_rows / sizeof *quality_rows,
-    .groups = K3_OG_DEVICE | K3_OG_THREADS | K3_OG_BUDGET | K3_OG_QUIET,
+    .groups = K3_OG_DEVICE | K3_OG_THREADS | K3_OG_KERNELS | K3_OG_BUDGET | K3_OG_QUIET,
     .max_positional = 1,
 };
 

@@ -43,7 +43,7 @@ static const k3_opt table[] = {
      .help = "compute threads (default: OpenMP's own count when OMP_NUM_THREADS is\n"
              "set, else the physical cores)"},
     {.flag = "--kernels", .env = "K3_KERNELS", K3_OPT_ENG(kernels), .type = K3_OPT_STR,
-     .meta = "PATH", .group = K3_OG_THREADS,
+     .meta = "PATH", .group = K3_OG_KERNELS,
      .help = "kernel path: scalar, avx2, avx512 or neon (default: the fastest this CPU\n"
              "runs; k3 version lists them)"},
     /* ---- spine */
@@ -186,11 +186,6 @@ static const k3_opt table[] = {
      .group = K3_OG_NET,
      .help = "Hugging Face token for the experts a streaming install (k3 setup --stream)\n"
              "still downloads"},
-    /* read by k3 setup through k3_opts_env (it has flags of its own) */
-    {.env = "HF_ENDPOINT", .field = "endpoint", .type = K3_OPT_STR,
-     .help = "k3 setup: the Hugging Face endpoint (default https://huggingface.co)"},
-    {.env = "K3_SETUP_FREE_BYTES", .field = "free_bytes", .type = K3_OPT_STR,
-     .flags = K3_OPTF_LAB, .help = "tests: the free disk space k3 setup assumes"},
     /* ---- output */
     {.flag = "--quiet", .alias = "-q", .field = "quiet", K3_OPT_COM(quiet),
      .type = K3_OPT_SWITCH, .value = 1, .group = K3_OG_QUIET,
@@ -203,7 +198,7 @@ static const struct {
     unsigned group;
     const char *title;
 } group_titles[] = {
-    {K3_OG_DEVICE, "device"}, {K3_OG_THREADS, "threads and kernels"},
+    {K3_OG_DEVICE, "device"}, {K3_OG_THREADS, "threads"}, {K3_OG_KERNELS, "kernels"},
     {K3_OG_SPINE, "spine"}, {K3_OG_BUDGET, "spine folder and budget"},
     {K3_OG_STORE, "expert store (routed experts are read from the shards on demand)"},
     {K3_OG_TRACE, "tracing"}, {K3_OG_SPEED, "speed (exact)"}, {K3_OG_SAMPLING, "sampling"}, {K3_OG_CHAT, "chat"},
@@ -307,16 +302,22 @@ static int find(const k3_opt *const *rows, int n, const char *a, size_t len) {
     return -1;
 }
 
+static const char *prog(const k3_cli_command *cmd) { return cmd->prog ? cmd->prog : "k3"; }
+
 static int usage_error(const k3_cli_command *cmd, const char *fmt, const char *a) {
-    fprintf(stderr, "k3 %s: ", cmd->name);
+    fprintf(stderr, "%s %s: ", prog(cmd), cmd->name);
     fprintf(stderr, fmt, a);
-    fprintf(stderr, " (see k3 %s --help)\n", cmd->name);
+    fprintf(stderr, " (see %s %s --help)\n", prog(cmd), cmd->name);
     return K3_ERR_USAGE;
 }
 
 static int fail_print(const k3_cli_command *cmd, const k3_err *err) {
-    fprintf(stderr, "k3 %s: %s\n", cmd->name, err->msg);
+    fprintf(stderr, "%s %s: %s\n", prog(cmd), cmd->name, err->msg);
     return K3_ERR_USAGE;
+}
+
+int k3_opts_usage_error(const k3_cli_command *cmd, const char *what) {
+    return usage_error(cmd, "%s", what);
 }
 
 int k3_opts_parse(const k3_cli_command *cmd, int argc, char **argv, const k3_opt_targets *t,
@@ -334,13 +335,18 @@ int k3_opts_parse(const k3_cli_command *cmd, int argc, char **argv, const k3_opt
     for (int i = 0; i < n; i++) /* defaults, through the same parser */
         if (rows[i]->def && set_value(rows[i], rows[i]->def, rows[i]->flag, t, &err))
             return fail_print(cmd, &err);
+    bool options_done = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+        if (!options_done && cmd->end_of_options && !strcmp(a, "--")) {
+            options_done = true;
+            continue;
+        }
+        if (!options_done && (!strcmp(a, "-h") || !strcmp(a, "--help"))) {
             k3_opts_usage(cmd, stdout);
             return -1;
         }
-        if (a[0] != '-' || !a[1]) {
+        if (options_done || a[0] != '-' || !a[1]) {
             if (out->n_positional >= cmd->max_positional)
                 return usage_error(cmd, "unexpected argument '%s'", a);
             out->positional[out->n_positional++] = a;
@@ -379,8 +385,8 @@ int k3_opts_parse(const k3_cli_command *cmd, int argc, char **argv, const k3_opt
     if (t->co && k3_opts_given(cmd, out, "--seed")) {
         t->co->has_seed = true;
         if (!(t->co->sampling.temperature > 0))
-            fprintf(stderr, "k3 %s: warning: --seed is unused at temperature 0 (greedy "
-                    "decoding); give --temperature T > 0 to sample\n", cmd->name);
+            fprintf(stderr, "%s %s: warning: --seed is unused at temperature 0 (greedy "
+                    "decoding); give --temperature T > 0 to sample\n", prog(cmd), cmd->name);
     }
     return K3_OK;
 }
@@ -389,7 +395,7 @@ int k3_opts_given(const k3_cli_command *cmd, const k3_opts_parsed *p, const char
     const k3_opt *rows[160];
     int n = collect(cmd, rows, 160);
     for (int i = 0; i < n; i++)
-        if (rows[i]->flag && !strcmp(rows[i]->flag, flag)) return p->given[i] != 0;
+        if (rows[i]->flag && !strcmp(rows[i]->flag, flag)) return p->given[i];
     return 0;
 }
 
@@ -451,8 +457,10 @@ void k3_opts_usage(const k3_cli_command *cmd, FILE *f) {
         for (size_t i = 0; i < N_TABLE; i++)
             if (table[i].group == group_titles[g].group) print_row(&table[i], f);
     }
-    fprintf(f, "\n  -h, --help           this help\n"
-               "Flags take --flag VALUE or --flag=VALUE; a flag beats its variable.\n");
+    fprintf(f, "\n  -h, --help           this help\n");
+    if (cmd->end_of_options) fprintf(f, "  --                   end of options (for an argument "
+                                        "that starts with '-')\n");
+    fprintf(f, "Flags take --flag VALUE or --flag=VALUE; a flag beats its variable.\n");
     if (cmd->epilog) fprintf(f, "\n%s", cmd->epilog);
 }
 
@@ -491,14 +499,4 @@ void k3_opts_error(const char *cmd, const char *msg) {
     char mapped[1400];
     k3_opts_map_fields(msg, mapped, sizeof mapped);
     fprintf(stderr, "k3 %s: %s\n", cmd, mapped);
-}
-
-const char *k3_opts_env(const char *name) {
-    for (size_t i = 0; i < N_TABLE; i++)
-        if (table[i].env && ((table[i].flag && !strcmp(table[i].flag, name)) ||
-                             !strcmp(table[i].env, name))) {
-            const char *v = getenv(table[i].env);
-            return v && *v ? v : NULL;
-        }
-    return NULL;
 }
