@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "../src/engine/k3.h"
+#include "../src/engine/k3_lab.h"
 #include "../src/kernels/kernels.h"
 #include "../src/util/fileio.h"
 #include "test.h"
@@ -41,8 +42,11 @@ static k3_engine_opts test_opts(void) {
     if (path_kernels) o.kernels = path_kernels;
     o.experts_in_place = path_in_place;
     if ((v = getenv("K3_DEVICE")) && *v) o.device = v;
-    if ((v = getenv("K3_GPU_LAYERS")) && *v) o.gpu_max_layers = atoi(v);
-    if ((v = getenv("K3_GPU_EXPERT_SLOTS")) && *v) o.gpu_expert_slots = atoi(v);
+    static k3_lab_opts lab;
+    lab = k3_lab_opts_default();
+    if ((v = getenv("K3_GPU_LAYERS")) && *v) lab.gpu_max_layers = atoi(v);
+    if ((v = getenv("K3_GPU_EXPERT_SLOTS")) && *v) lab.gpu_expert_slots = atoi(v);
+    o.lab = &lab;
     return o;
 }
 

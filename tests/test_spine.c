@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "../src/engine/k3.h"
+#include "../src/engine/k3_lab.h"
 #include "../src/format/safetensors.h"
 #include "pack_helpers.h"
 #include "test.h"
@@ -26,11 +27,14 @@ static void clean_env(void) {
     unsetenv("K3_DEVICE");
 }
 
+static const k3_lab_opts in_place = {.spine_in_place = 1, .gpu_max_layers = -1};
+
 static int load_io(const char *dir, double gb, int int8, const char *pack_dir, int direct,
                    k3_engine **e, k3_err *err) {
     k3_engine_opts o = k3_engine_opts_default();
     o.threads = 2;
-    o.spine_gb = gb == NO_FLAG ? K3_SPINE_GB_IN_PLACE : gb < 0 ? 0 : gb;
+    o.spine_gb = gb == NO_FLAG ? K3_SPINE_GB_PLAN : gb < 0 ? 0 : gb;
+    o.lab = gb == NO_FLAG ? &in_place : NULL; /* in place whatever the plan */
     o.spine = int8 ? K3_SPINE_INT8 : K3_SPINE_BF16;
     o.pack_dir = pack_dir;
     o.direct = direct;

@@ -450,7 +450,8 @@ static void print_row(const k3_opt *r, FILE *f) {
 void k3_opts_usage(const k3_cli_command *cmd, FILE *f) {
     fprintf(f, "%s", cmd->usage);
     if (cmd->n_rows) fprintf(f, "\noptions:\n");
-    for (size_t i = 0; i < cmd->n_rows; i++) print_row(&cmd->rows[i], f);
+    for (size_t i = 0; i < cmd->n_rows; i++)
+        if (!(cmd->rows[i].flags & K3_OPTF_HIDDEN)) print_row(&cmd->rows[i], f);
     for (size_t g = 0; g < sizeof group_titles / sizeof *group_titles; g++) {
         if (!(cmd->groups & group_titles[g].group)) continue;
         fprintf(f, "\n%s:\n", group_titles[g].title);

@@ -56,7 +56,16 @@ enum k3_opt_type {
     K3_OPT_CHOICE, /* int: the value of the matching `choices` name */
 };
 
-enum { K3_OPTF_LO_OPEN = 1, K3_OPTF_NONEMPTY = 2, K3_OPTF_LAB = 4 };
+enum {
+    K3_OPTF_LO_OPEN = 1,
+    K3_OPTF_NONEMPTY = 2,
+    K3_OPTF_LAB = 4,
+    K3_OPTF_HIDDEN = 8, /* parsed but not listed in --help: a sibling command's flag, which the
+                         * command refuses after parsing with a pointer to the sibling */
+};
+
+#define K3_XSTR(x) #x
+#define K3_STR(x) K3_XSTR(x) /* a macro's value in a help string: K3_STR(K3_MAX_CHUNK) */
 
 typedef struct k3_opt_choice {
     const char *name;

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "k3_lab.h"
 #ifdef K3_WITH_CUDA
 #include "../cuda/gpu.h"
 #endif
@@ -23,8 +24,9 @@ static int open_cuda(k3_backend *b, const k3_engine_opts *o, const char *why, k3
     if (!(o->gpu_gb >= 0 && o->gpu_gb < 1e9)) /* also inf and nan */
         return k3_fail(err, K3_ERR_USAGE, "gpu_gb %g: expected a number of GB from 0 to 1e9",
                        o->gpu_gb);
-    k3_gpu_opts go = {.gpu_gb = o->gpu_gb, .max_layers = o->gpu_max_layers,
-                      .expert_slots = o->gpu_expert_slots, .profile = o->gpu_profile};
+    k3_lab_opts lab = o->lab ? *o->lab : k3_lab_opts_default(); /* the lab's controls */
+    k3_gpu_opts go = {.gpu_gb = o->gpu_gb, .max_layers = lab.gpu_max_layers,
+                      .expert_slots = lab.gpu_expert_slots, .profile = lab.gpu_profile};
     int rc;
     k3_gpu *g = NULL;
     char plan[900];

@@ -27,6 +27,7 @@
 #include "../tok/tokenizer.h"
 #include "backend.h"
 #include "k3_test.h"
+#include "k3_lab.h"
 #include "engine_internal.h"
 
 /* The figures `k3 pack` stored beside the pack, if they belong to this very file. */
@@ -80,8 +81,14 @@ static int open_spine(k3_engine *e, const char *model_dir, const k3_engine_opts 
 
 /* ---- expert store (issue 3) ---------------------------------------------------------- */
 
+/* The lab's controls (k3_lab.h), or their defaults when the caller gave none. */
+static const k3_lab_opts *lab_of(const k3_engine_opts *o) {
+    static const k3_lab_opts none = {.gpu_max_layers = -1};
+    return o->lab ? o->lab : &none;
+}
+
 static int store_settings(const k3_engine_opts *o, k3_store_settings *ss, k3_err *err) {
-    *ss = (k3_store_settings){o->expert_gb, o->expert_slots, o->load_threads, o->direct,
+    *ss = (k3_store_settings){o->expert_gb, lab_of(o)->expert_slots, o->load_threads, o->direct,
                               o->pipe, K3_POLICY_DEFAULT, o->experts_in_place, o->dirs,
                               o->io_engine};
     if (o->cache_policy && (ss->policy = k3_cache_policy_parse(o->cache_policy)) < 0)
@@ -193,6 +200,13 @@ static int plan_memory(k3_engine *e, const k3_engine_opts *o, uint64_t *spine_bu
     if (o->ctx < 0)
         return k3_fail(err, K3_ERR_USAGE, "ctx %d: expected positions >= 1, or 0: the default %d",
                        o->ctx, ctx_default);
+    /* spine_gb's one check: K3_SPINE_GB_PLAN or a budget (the planner is then given it) */
+    if (!(o->spine_gb == K3_SPINE_GB_PLAN || (o->spine_gb >= 0 && o->spine_gb <= 1e6)))
+        return k3_fail(err, K3_ERR_USAGE, "spine_gb %g: expected a number of GB from 0 to 1e6, "
+                       "or K3_SPINE_GB_PLAN (-1): planned", o->spine_gb);
+    if (lab_of(o)->spine_in_place && o->spine_gb != K3_SPINE_GB_PLAN)
+        return k3_fail(err, K3_ERR_USAGE, "spine_gb %g: the lab's spine_in_place leaves no "
+                       "budget", o->spine_gb);
     if (!(o->memory_gb >= 0 && o->memory_gb < 1e6))
         return k3_fail(err, K3_ERR_USAGE, "memory_gb %g: expected a number of GB below 1e6 (or "
                        "0: this machine's)", o->memory_gb);
@@ -213,15 +227,15 @@ static int plan_memory(k3_engine *e, const k3_engine_opts *o, uint64_t *spine_bu
     if (!m) m = &probed;
     k3_plan_request r = {.base_bytes = k3_plan_base_bytes(metadata_bytes(e->ck)), .sessions = o->sessions > 0 ? o->sessions : 1,
                          .gpu = o->device && !strcmp(o->device, "cuda"),
-                         .spine_gb = o->spine_gb >= 0 ? o->spine_gb : -1,
-                         .expert_gb = o->expert_slots > 0
-                                          ? (double)o->expert_slots * pm.expert_slot_bytes / 1e9
+                         .spine_gb = o->spine_gb, /* K3_SPINE_GB_PLAN is the planner's -1 */
+                         .expert_gb = lab_of(o)->expert_slots > 0
+                                          ? (double)lab_of(o)->expert_slots *
+                                                pm.expert_slot_bytes / 1e9
                                           : o->expert_gb,
                          .ctx = e->plan_ctx};
-    if (o->spine_gb == K3_SPINE_GB_IN_PLACE) r.spine_gb = -1;
     e->mplan_model = pm;
     if ((rc = k3_plan_memory(m, &pm, &r, &e->mplan, err))) return rc;
-    if (o->spine_gb == K3_SPINE_GB_IN_PLACE && e->mplan.spine_budgeted)
+    if (lab_of(o)->spine_in_place && e->mplan.spine_budgeted)
         e->mplan.spine_budgeted = 0; /* the caller asked for the mapping whatever the plan */
     *spine_budget = e->mplan.spine_budgeted ? e->mplan.spine_budget_bytes : UINT64_MAX;
     return K3_OK;
@@ -234,9 +248,6 @@ static int open_spine_budget(k3_engine *e, const k3_engine_opts *o, uint64_t byt
                              const k3_store_settings *ss, k3_engine_opts *dev, bool plan_only,
                              k3_err *err) {
     snprintf(e->spine_plan_line, sizeof e->spine_plan_line, "spine budget: none");
-    if (!(o->spine_gb < 1e9)) /* also nan */
-        return k3_fail(err, K3_ERR_USAGE, "spine_gb %g: expected a number of GB below 1e9 (or "
-                       "< 0: planned)", o->spine_gb);
     if (bytes == UINT64_MAX) return K3_OK;
     if (o->device && !strcmp(o->device, "cuda"))
         return k3_fail(err, K3_ERR_USAGE, "spine_gb is a budget of the CPU backend; on the GPU "
@@ -259,7 +270,7 @@ static void settle_plan(k3_engine *e, const k3_engine_opts *o, k3_store_settings
     /* the planned model: the spare never makes the cache larger than every expert */
     if (e->model.spine)
         k3_plan_settle(&e->mplan, &e->mplan_model, k3_spine_ram_bytes(e->model.spine, &e->model));
-    if (o->expert_slots <= 0 && o->expert_gb <= 0 && !o->experts_in_place)
+    if (lab_of(o)->expert_slots <= 0 && o->expert_gb <= 0 && !o->experts_in_place)
         ss->expert_gb = (double)e->mplan.expert_cache_bytes / 1e9;
     k3_plan_describe(&e->mplan, e->mplan_line, sizeof e->mplan_line);
 }
@@ -279,7 +290,7 @@ k3_engine_opts k3_engine_opts_default(void) {
     /* physical cores: SMT siblings share the FPU and the memory bus */
     return (k3_engine_opts){.threads = k3_cpu_physical_cores(), .spine = K3_SPINE_BF16,
                             .load_threads = 4, .direct = K3_IO_AUTO, .pipe = K3_PIPE_AUTO,
-                            .device = "cpu", .gpu_max_layers = -1,
+                            .device = "cpu",
                             .spine_gb = K3_SPINE_GB_PLAN, .sessions = 1};
 }
 
