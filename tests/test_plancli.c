@@ -186,7 +186,7 @@ static void test_line_is_the_runs(void) {
 static void test_below_the_minimum_is_refused(void) {
     k3t_cli r = {0};
     k3t_cli_run("plan " NANO " --memory-gb 0.001", &r);
-    int ok = r.err && strstr(r.err, "cannot run within 0.001 GB (--memory-gb given)") &&
+    int ok = r.err && strstr(r.err, "cannot run within 0.001 GB (memory_gb given)") &&
              strstr(r.err, "it needs at least");
     int st = r.status;
     char err[1024];

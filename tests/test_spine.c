@@ -367,7 +367,7 @@ static void test_cli_flag(void) {
     int plan = err1 && strstr(err1, "spine budget 0.000 MB: resident no layers") &&
                strstr(err1, "streamed layers 0..8 + lm_head");
     int bad = err2 && strstr(err2, "--spine-gb='-1': expected a finite number in [0, ");
-    int cuda = err3 && strstr(err3, "on the GPU use --gpu-gb");
+    int cuda = err3 && strstr(err3, ": --spine-gb is a budget of the CPU backend");
     char *e1 = err1 ? strdup(err1) : NULL;
     free(out0), free(out1), free(err1), free(err2), free(err3);
     CHECK(rc0 == 0 && rc1 == 0, "exit %d / %d", rc0, rc1);

@@ -136,7 +136,7 @@ int k3_cmd_plan(int argc, char **argv) {
     k3_engine_plan_info info;
     k3_err err = {0};
     if ((rc = k3_engine_plan(dir, &eo, &info, &err))) {
-        k3_opts_error("plan", err.msg);
+        k3_opts_error("plan", &err);
         return rc;
     }
     if (cc.quiet) printf("%s\n", info.line);

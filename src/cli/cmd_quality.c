@@ -291,6 +291,6 @@ int k3_cmd_quality(int argc, char **argv) {
     if (!rc) k3_quality_print(stdout, rows, n_modes + 1);
     if (!rc && a.json) rc = write_json(a.json, &a, rows, n_modes + 1, &err);
     free(ids);
-    if (rc) k3_opts_error("quality", err.msg);
+    if (rc) k3_opts_error("quality", &err);
     return rc;
 }

@@ -1,7 +1,6 @@
 /* opts.c — the option table and its parser (see opts.h). */
 #include "opts.h"
 
-#include <ctype.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -467,37 +466,21 @@ void k3_opts_usage(const k3_cli_command *cmd, FILE *f) {
 
 /* ---- library errors: field names to flags --------------------------------------------------- */
 
-static bool word_char(char c) { return isalnum((unsigned char)c) || c == '_'; }
-
-void k3_opts_map_fields(const char *msg, char *out, size_t cap) {
-    size_t o = 0;
-    for (size_t i = 0; msg[i] && o + 1 < cap;) {
-        const k3_opt *hit = NULL;
-        size_t len = 0;
-        if (i == 0 || !word_char(msg[i - 1]))
-            for (size_t k = 0; k < N_TABLE && !hit; k++) {
-                const k3_opt *r = &table[k];
-                if (r->target != K3_OT_ENGINE || !r->flag) continue;
-                size_t fl = strlen(r->field);
-                if (strncmp(msg + i, r->field, fl) || word_char(msg[i + fl])) continue;
-                /* a field without '_' is also an English word: only "device 'x'" maps */
-                if (!strchr(r->field, '_') && strncmp(msg + i + fl, " '", 2)) continue;
-                hit = r, len = fl;
-            }
-        if (hit) {
-            int w = snprintf(out + o, cap - o, "%s", hit->flag);
-            o = w > 0 && (size_t)w < cap - o ? o + (size_t)w : cap - 1;
-            i += len;
-        } else {
-            out[o++] = msg[i++];
-        }
-    }
-    out[o < cap ? o : cap - 1] = 0;
+const char *k3_opts_flag_of(const char *field) {
+    for (size_t k = 0; field && *field && k < N_TABLE; k++)
+        if (table[k].flag && table[k].field && !strcmp(table[k].field, field))
+            return table[k].flag;
+    return NULL;
 }
 
-void k3_opts_error(const char *cmd, const char *msg) {
-    if (!msg[0]) return; /* already said (an MPI follower rank: rank 0 reports) */
-    char mapped[1400];
-    k3_opts_map_fields(msg, mapped, sizeof mapped);
-    fprintf(stderr, "k3 %s: %s\n", cmd, mapped);
+void k3_opts_error(const char *cmd, const k3_err *err) {
+    if (!err->msg[0]) return; /* already said (an MPI follower rank: rank 0 reports) */
+    const char *flag = k3_opts_flag_of(err->field);
+    size_t n = strlen(err->field);
+    if (flag && !strncmp(err->msg, err->field, n))
+        fprintf(stderr, "k3 %s: %s%s\n", cmd, flag, err->msg + n);
+    else if (flag)
+        fprintf(stderr, "k3 %s: %s (%s is %s)\n", cmd, err->msg, err->field, flag);
+    else
+        fprintf(stderr, "k3 %s: %s\n", cmd, err->msg);
 }

@@ -166,12 +166,17 @@ int k3_opts_usage_error(const k3_cli_command *cmd, const char *what);
 /* The help of cmd: its usage, its rows, then each shared group it draws. */
 void k3_opts_usage(const k3_cli_command *cmd, FILE *f);
 
-/* Prints "k3 CMD: MSG\n" to stderr with the library's field names (e.g. "expert_gb",
- * "spine_gb", "device 'x'") replaced by the flags that set them. */
-void k3_opts_error(const char *cmd, const char *msg);
+/* Prints a library error as "k3 CMD: MSG\n" to stderr. When the error is about an option
+ * field (err->field, set by k3_fail_field: msg starts with it), the flag of the table row
+ * that sets that field stands where the field's name stood ("spine_gb 2e+06: ..." becomes
+ * "--spine-gb 2e+06: ..."); a field no row sets, or a message prefixed since, is printed as
+ * it is followed by "(FIELD is FLAG)". Nothing is searched in the text. An empty message is
+ * not printed (an MPI follower rank: rank 0 reports). */
+void k3_opts_error(const char *cmd, const k3_err *err);
 
-/* Writes msg with field names mapped to flags into out (for callers that print elsewhere). */
-void k3_opts_map_fields(const char *msg, char *out, size_t cap);
+/* The flag of the table row that sets field (a k3_engine_opts or k3_cli_common field), or
+ * NULL. */
+const char *k3_opts_flag_of(const char *field);
 
 /* The shared table (for tests and `k3 version`): rows and count. */
 const k3_opt *k3_opts_table(size_t *n);
