@@ -22,7 +22,8 @@ struct k3_backend {
 #ifdef K3_WITH_CUDA
 static int open_cuda(k3_backend *b, const k3_engine_opts *o, const char *why, k3_err *err) {
     if (!(o->gpu_gb >= 0 && o->gpu_gb < 1e9)) /* also inf and nan */
-        return k3_fail_field(err, K3_ERR_USAGE, "gpu_gb", " %g: expected a number of GB from 0 to 1e9",
+        return k3_fail_field(err, K3_ERR_USAGE, "gpu_gb",
+                             " %g: expected a number of GB from 0 to 1e9",
                        o->gpu_gb);
     k3_lab_opts lab = o->lab ? *o->lab : k3_lab_opts_default(); /* the lab's controls */
     k3_gpu_opts go = {.gpu_gb = o->gpu_gb, .max_layers = lab.gpu_max_layers,

@@ -198,17 +198,21 @@ static int plan_memory(k3_engine *e, const k3_engine_opts *o, uint64_t *spine_bu
     int moe_layers = c->num_hidden_layers - c->first_k_dense_replace;
     int ctx_default = c->max_position_embeddings < 4096 ? c->max_position_embeddings : 4096;
     if (o->ctx < 0)
-        return k3_fail_field(err, K3_ERR_USAGE, "ctx", " %d: expected positions >= 1, or 0: the default %d",
+        return k3_fail_field(err, K3_ERR_USAGE, "ctx",
+                             " %d: expected positions >= 1, or 0: the default %d",
                        o->ctx, ctx_default);
     /* spine_gb's one check: K3_SPINE_GB_PLAN or a budget (the planner is then given it) */
     if (!(o->spine_gb == K3_SPINE_GB_PLAN || (o->spine_gb >= 0 && o->spine_gb <= 1e6)))
-        return k3_fail_field(err, K3_ERR_USAGE, "spine_gb", " %g: expected a number of GB from 0 to 1e6, "
+        return k3_fail_field(err, K3_ERR_USAGE, "spine_gb",
+                             " %g: expected a number of GB from 0 to 1e6, "
                        "or K3_SPINE_GB_PLAN (-1): planned", o->spine_gb);
     if (lab_of(o)->spine_in_place && o->spine_gb != K3_SPINE_GB_PLAN)
-        return k3_fail_field(err, K3_ERR_USAGE, "spine_gb", " %g: the lab's spine_in_place leaves no "
+        return k3_fail_field(err, K3_ERR_USAGE, "spine_gb",
+                             " %g: the lab's spine_in_place leaves no "
                        "budget", o->spine_gb);
     if (!(o->memory_gb >= 0 && o->memory_gb < 1e6))
-        return k3_fail_field(err, K3_ERR_USAGE, "memory_gb", " %g: expected a number of GB below 1e6 (or "
+        return k3_fail_field(err, K3_ERR_USAGE, "memory_gb",
+                             " %g: expected a number of GB below 1e6 (or "
                        "0: this machine's)", o->memory_gb);
     /* past the model's context no session opens (k3_session_new says why): plan its maximum */
     e->plan_ctx = o->ctx <= 0 ? ctx_default
@@ -225,7 +229,8 @@ static int plan_memory(k3_engine *e, const k3_engine_opts *o, uint64_t *spine_bu
     if (!m && o->memory_gb > 0) given_machine(o->memory_gb, &probed), m = &probed;
     if (!m && (rc = k3_machine_mem_probe("", &probed, err))) return rc;
     if (!m) m = &probed;
-    k3_plan_request r = {.base_bytes = k3_plan_base_bytes(metadata_bytes(e->ck)), .sessions = o->sessions > 0 ? o->sessions : 1,
+    k3_plan_request r = {.base_bytes = k3_plan_base_bytes(metadata_bytes(e->ck)),
+                         .sessions = o->sessions > 0 ? o->sessions : 1,
                          .gpu = o->device && !strcmp(o->device, "cuda"),
                          .spine_gb = o->spine_gb, /* K3_SPINE_GB_PLAN is the planner's -1 */
                          .expert_gb = lab_of(o)->expert_slots > 0
@@ -250,7 +255,8 @@ static int open_spine_budget(k3_engine *e, const k3_engine_opts *o, uint64_t byt
     snprintf(e->spine_plan_line, sizeof e->spine_plan_line, "spine budget: none");
     if (bytes == UINT64_MAX) return K3_OK;
     if (o->device && !strcmp(o->device, "cuda"))
-        return k3_fail_field(err, K3_ERR_USAGE, "spine_gb", " is a budget of the CPU backend; the GPU "
+        return k3_fail_field(err, K3_ERR_USAGE, "spine_gb",
+                             " is a budget of the CPU backend; the GPU "
                        "backend plans its own device memory");
     dev->device = "cpu";
     /* direct as for experts, but auto means O_DIRECT: streamed layers are read
@@ -357,7 +363,8 @@ int k3_engine_load(const char *model_dir, const k3_engine_opts *opts, k3_engine 
     k3_engine_opts defaults = k3_engine_opts_default();
     if (!opts) opts = &defaults;
     if (opts->threads < 0)
-        return k3_fail_field(err, K3_ERR_USAGE, "threads", " %d: expected >= 1 (or 0: OpenMP's own count)",
+        return k3_fail_field(err, K3_ERR_USAGE, "threads",
+                             " %d: expected >= 1 (or 0: OpenMP's own count)",
                        opts->threads);
     k3_engine *e = calloc(1, sizeof *e);
     if (!e) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
@@ -371,7 +378,8 @@ int k3_engine_load(const char *model_dir, const k3_engine_opts *opts, k3_engine 
     if (!rc) rc = attach_source(e, opts, err);
     if (!rc) rc = k3_backend_open(&e->model, &dev, &e->backend, err);
     if (!rc && opts->expert_ranks && k3_backend_can_rewind(e->backend) == 0)
-        rc = k3_fail_field(err, K3_ERR_USAGE, "device", " '%s': an MPI run computes its experts on the "
+        rc = k3_fail_field(err, K3_ERR_USAGE, "device",
+                           " '%s': an MPI run computes its experts on the "
                      "CPU backend only (GPU ranks are not built yet); give --device cpu",
                      k3_backend_name(e->backend));
     if (rc) {

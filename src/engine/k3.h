@@ -194,9 +194,10 @@ enum k3_describe_part {
 /* Writes the parts selected by the bit set `parts` into buf (cap bytes, NUL-terminated,
  * truncated to fit) in the order above, separated by '\n', without a final newline. */
 void k3_engine_describe(const k3_engine *e, int parts, char *buf, size_t cap);
-/* When the GPU backend profiles (k3_lab_opts.gpu_profile, k3_lab.h): the mean device milliseconds of each
- * layer over the steps so far into ms [num_hidden_layers + 1] (the last entry: the head) and,
- * when bytes is non-NULL, the weight bytes each reads per token (spine + top-k experts).
+/* When the GPU backend profiles (k3_lab_opts.gpu_profile, k3_lab.h): the mean device
+ * milliseconds of each layer over the steps so far into ms [num_hidden_layers + 1] (the last
+ * entry: the head) and, when bytes is non-NULL, the weight bytes each reads per token (spine +
+ * top-k experts).
  * Returns the number of steps averaged, else 0. */
 int k3_engine_layer_profile(const k3_engine *e, double *ms, uint64_t *bytes);
 

@@ -178,12 +178,16 @@ static uint64_t cache_fit(const k3_plan_model *mod, uint64_t bytes, uint64_t lo)
 
 static int check_request(const k3_plan_request *r, k3_err *err) {
     if (r->sessions < 1 || r->sessions > 4096)
-        return k3_fail_field(err, K3_ERR_USAGE, "sessions", ": expected 1..4096, got %d", r->sessions);
-    if (r->ctx < 0) return k3_fail_field(err, K3_ERR_USAGE, "ctx", ": expected >= 0, got %d", r->ctx);
+        return k3_fail_field(err, K3_ERR_USAGE, "sessions",
+                             ": expected 1..4096, got %d", r->sessions);
+    if (r->ctx < 0) return k3_fail_field(err, K3_ERR_USAGE, "ctx",
+                                         ": expected >= 0, got %d", r->ctx);
     if (!isfinite(r->spine_gb) || r->spine_gb > 1e6)
-        return k3_fail_field(err, K3_ERR_USAGE, "spine_gb", ": expected a finite number of GB below 1e6");
+        return k3_fail_field(err, K3_ERR_USAGE, "spine_gb",
+                             ": expected a finite number of GB below 1e6");
     if (!isfinite(r->expert_gb) || r->expert_gb > 1e6)
-        return k3_fail_field(err, K3_ERR_USAGE, "expert_gb", ": expected a finite number of GB below 1e6");
+        return k3_fail_field(err, K3_ERR_USAGE, "expert_gb",
+                             ": expected a finite number of GB below 1e6");
     return K3_OK;
 }
 
@@ -213,7 +217,8 @@ static int plan_parts(const k3_plan_model *mod, const k3_plan_request *r, uint64
             return K3_OK;
         }
         if (left < mod->staging_bytes)
-            return k3_fail_field(err, K3_ERR_USAGE, "expert_gb", ": an expert cache of %.2f GB leaves "
+            return k3_fail_field(err, K3_ERR_USAGE, "expert_gb",
+                                 ": an expert cache of %.2f GB leaves "
                            "%.2f GB for the spine, below its %.2f GB of staging: lower it",
                            p->expert_cache_bytes / GB, left / GB, mod->staging_bytes / GB);
         p->spine_budgeted = 1;
@@ -223,7 +228,8 @@ static int plan_parts(const k3_plan_model *mod, const k3_plan_request *r, uint64
     if (p->spine_from_user) { /* the experts get what the spine leaves */
         uint64_t left = room > p->spine_ram_bytes ? room - p->spine_ram_bytes : 0;
         if (left < e_min)
-            return k3_fail_field(err, K3_ERR_USAGE, "spine_gb", ": a spine budget of %.2f GB leaves %.2f GB "
+            return k3_fail_field(err, K3_ERR_USAGE, "spine_gb",
+                                 ": a spine budget of %.2f GB leaves %.2f GB "
                            "for the expert cache, below top-k + 1 = %d experts (%.2f GB): lower it",
                            p->spine_budget_bytes / GB, left / GB, mod->top_k + 1, e_min / GB);
         p->expert_cache_bytes = cache_fit(mod, left, e_min);
@@ -252,7 +258,8 @@ int k3_plan_memory(const k3_machine_mem *m, const k3_plan_model *mod, const k3_p
     p->spine_from_user = r->spine_gb >= 0;
     p->experts_from_user = r->expert_gb > 0;
     if (r->gpu && p->spine_from_user)
-        return k3_fail_field(err, K3_ERR_USAGE, "spine_gb", " is a budget of the CPU backend; the GPU "
+        return k3_fail_field(err, K3_ERR_USAGE, "spine_gb",
+                             " is a budget of the CPU backend; the GPU "
                        "backend plans its own device memory");
     plan_limit(m, r->base_bytes, p);
     p->headroom_bytes = headroom(p->limit_bytes);
