@@ -109,6 +109,20 @@ $(BUILD)/suites.txt: FORCE
 
 FORCE:
 
+# The test build, for tests only: k3 with the test controls compiled in (-DK3_TEST_CONTROLS: the
+# variables a test sets to reach inside, e.g. K3_TEST_MPI_STALL_LAYER in tests/mpi/run.sh). Only
+# the files that hold such a control are compiled again; the shipped k3 reads none
+# (`strings k3 | grep K3_TEST_` prints nothing).
+TEST_CTL_SRC := $(shell grep -l K3_TEST_CONTROLS $(LIB_SRC) $(CLI_SRC) 2>/dev/null)
+TEST_CTL_OBJ := $(TEST_CTL_SRC:%.c=$(BUILD)/test-controls/%.o)
+$(BUILD)/test-controls/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DK3_TEST_CONTROLS -c -o $@ $<
+
+$(BUILD)/k3-test: $(filter-out $(TEST_CTL_SRC:%.c=$(BUILD)/%.o),$(CLI_OBJ)) $(TEST_CTL_OBJ) \
+		$(BUILD)/libk3.a
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
 # Every test; the last line of output is "N passed, N failed". K3_LAB_BIN is the developer
 # binary for the tests that run bench, synth, replay or trace-gen.
 test: k3 k3-lab $(BUILD)/k3_tests
@@ -118,8 +132,9 @@ test: k3 k3-lab $(BUILD)/k3_tests
 # one process, per-rank folders, serve, a killed and a hung rank. SKIPPED without mpirun.
 .PHONY: test-mpi
 test-mpi: k3
-	@if command -v mpicc >/dev/null 2>&1; then $(MAKE) --no-print-directory MPI=1 build-mpi/k3; fi
-	K3_BIN=./k3 K3_MPI_BIN=build-mpi/k3 sh tests/mpi/run.sh
+	@if command -v mpicc >/dev/null 2>&1; then $(MAKE) --no-print-directory MPI=1 build-mpi/k3 \
+	    build-mpi/k3-test; fi
+	K3_BIN=./k3 K3_MPI_BIN=build-mpi/k3 K3_MPI_TEST_BIN=build-mpi/k3-test sh tests/mpi/run.sh
 
 # `k3 serve` through the official OpenAI client (tests/server, Node's test runner; needs
 # node + npm, and the npm registry or its cache for `npm ci`).

@@ -126,17 +126,3 @@ int k3t_patch_bf16(const char *dir, const char *name, size_t index, uint16_t bit
     CHECK_OR(-1, w == 2, "%s: cannot patch: %s", path, strerror(errno));
     return 0;
 }
-
-int k3t_same_figures(const char *a, const char *b, double tol) {
-    while (*a && *b) {
-        char *ea, *eb;
-        double x = strtod(a, &ea), y = strtod(b, &eb);
-        if (ea != a && eb != b) {
-            if (x - y > tol || y - x > tol) return 0;
-            a = ea, b = eb;
-        } else if (*a++ != *b++) {
-            return 0;
-        }
-    }
-    return *a == *b;
-}

@@ -39,9 +39,4 @@ char *k3t_nano_copy(void);
  * (e.g. 0x7fc0 NaN, 0x7f80 +Inf), in place in its shard file. */
 int k3t_patch_bf16(const char *dir, const char *name, size_t index, uint16_t bits);
 
-/* 1 when a and b are the same text but for numbers, which may differ by up to tol each (two
- * processes' plans: one's RSS at planning time differs from the other's by some kB, which can
- * move a rounding of 0.01 GB). */
-int k3t_same_figures(const char *a, const char *b, double tol);
-
 #endif

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "../src/engine/k3.h"
+#include "../src/engine/k3_lab.h"
 #include "../src/kernels/kernels.h"
 #include "../src/util/fileio.h"
 #include "test.h"
@@ -26,16 +27,26 @@ static cJSON *load_json(const char *dir, const char *name) {
     return j;
 }
 
-/* The suites that run the fixture checks on every kernel path or on the GPU (test_paths,
- * test_cuda) say so through these variables; the test harness maps them onto the options
- * (the library reads no environment). */
+/* The kernel path and expert mode fixture_on_every_path runs the checks with (NULL / 0: the
+ * defaults); each load asserts that the engine runs that path (k3_engine_kernels), so a check
+ * cannot pass silently on another one. */
+static const char *path_kernels;
+static int path_in_place;
+
+/* The GPU suite (test_cuda) says what it runs through these variables; the test harness maps
+ * them onto the options (the library reads no environment). */
 static k3_engine_opts test_opts(void) {
     k3_engine_opts o = k3_engine_opts_default();
     const char *v;
     if ((v = getenv("K3_KERNELS")) && *v) o.kernels = v;
+    if (path_kernels) o.kernels = path_kernels;
+    o.experts_in_place = path_in_place;
     if ((v = getenv("K3_DEVICE")) && *v) o.device = v;
-    if ((v = getenv("K3_GPU_LAYERS")) && *v) o.gpu_max_layers = atoi(v);
-    if ((v = getenv("K3_GPU_EXPERT_SLOTS")) && *v) o.gpu_expert_slots = atoi(v);
+    static k3_lab_opts lab;
+    lab = k3_lab_opts_default();
+    if ((v = getenv("K3_GPU_LAYERS")) && *v) lab.gpu_max_layers = atoi(v);
+    if ((v = getenv("K3_GPU_EXPERT_SLOTS")) && *v) lab.gpu_expert_slots = atoi(v);
+    o.lab = &lab;
     return o;
 }
 
@@ -45,6 +56,16 @@ static k3_engine *load_engine(const char *model_dir) {
     k3_engine_opts o = test_opts();
     if (k3_engine_load(model_dir, &o, &e, &err))
         k3_test_fail(__FILE__, __LINE__, "loading %s: %s", model_dir, err.msg);
+    const char *want = path_kernels ? path_kernels : getenv("K3_KERNELS");
+    if (e && want && *want && strcmp(k3_engine_kernels(e), want))
+        k3_test_fail(__FILE__, __LINE__, "asked for the %s kernel path, the engine runs %s",
+                     want, k3_engine_kernels(e));
+    if (e && path_in_place) {
+        char line[K3_DESCRIBE_CAP];
+        k3_engine_describe(e, K3_DESCRIBE_STORE, line, sizeof line);
+        if (!strstr(line, "used in place"))
+            k3_test_fail(__FILE__, __LINE__, "asked for experts in place: %s", line);
+    }
     return e;
 }
 
@@ -315,15 +336,15 @@ done:
 
 /* ---- every kernel path ------------------------------------------------------------------- */
 
-void fixture_on_every_path(void (*check)(void)) {
+void fixture_on_every_path(void (*check)(void), int others_in_place) {
     const k3_kernels *all[8];
     int n = k3_kernels_available(all, 8);
-    char *saved = getenv("K3_KERNELS") ? strdup(getenv("K3_KERNELS")) : NULL;
     for (int i = 0; i < n && !k3_test_stopped(); i++) {
         printf("        (kernel path %s)\n", k3_kernels_name(all[i]));
-        setenv("K3_KERNELS", k3_kernels_name(all[i]), 1);
+        fflush(stdout);
+        path_kernels = k3_kernels_name(all[i]);
+        path_in_place = i > 0 && others_in_place;
         check();
     }
-    if (saved) setenv("K3_KERNELS", saved, 1); else unsetenv("K3_KERNELS");
-    free(saved);
+    path_kernels = NULL, path_in_place = 0;
 }

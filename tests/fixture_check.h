@@ -15,9 +15,11 @@ void fixture_check_trace(const char *model_dir, const char *ref_dir, const char 
                          const fixture_tol *tol);
 void fixture_check_decode(const char *model_dir, const char *ref_dir, const fixture_tol *tol);
 
-/* Runs check once per kernel path this CPU runs (scalar, and avx2 / avx512 / neon where
- * present), with K3_KERNELS naming the path (the engine reads it at load); K3_KERNELS is
- * restored afterwards. Stops at the first failing path. */
-void fixture_on_every_path(void (*check)(void));
+/* Runs check once per kernel path this CPU runs (the fastest first, then the others down to
+ * scalar), loading each engine with that path (k3_engine_opts.kernels) and failing when the
+ * engine reports another (k3_engine_kernels). With others_in_place, every path but the first
+ * uses the experts in place from the mapping (they check the kernels, not the expert store's
+ * reads), which is asserted too. Stops at the first failing path. */
+void fixture_on_every_path(void (*check)(void), int others_in_place);
 
 #endif

@@ -5,7 +5,8 @@
  *    below: one table, the same as the one in docs/ARCHITECTURE.md, which a test compares),
  *  - a file includes anything outside src/<layer>/ (tests/, ../../, an unknown folder),
  *  - a file includes another folder's internal header (INTERNAL) or a test-only header
- *    (TEST_ONLY) from outside its folder,
+ *    (TEST_ONLY) from outside its folder, or a lab-and-tests header (LAB_ONLY) from outside
+ *    its folder and src/lab (the shipped k3 cannot reach the lab's controls),
  *  - a file below the edge (src/cli, src/server, src/lab) calls getenv: the library reads no
  *    environment; the edge turns variables into options.
  * Only "quoted" includes are followed (<system> headers are not k3's); every include counts,
@@ -60,6 +61,8 @@ static const char *const INTERNAL[] = {
 };
 /* Headers for tests/ only (and the folder that implements them). */
 static const char *const TEST_ONLY[] = {"src/engine/k3_test.h"};
+/* Headers for tests/ and src/lab only (and the folder that implements them). */
+static const char *const LAB_ONLY[] = {"src/engine/k3_lab.h"};
 
 /* Known violations being removed by work in progress; "FILE -> LAYER" (an include) or
  * "FILE getenv", NULL-terminated. Empty now: issue 15's branches have landed. */
@@ -230,6 +233,10 @@ static void check_includes(report *r, const char *path, const struct layer *own,
             add(r, "%s:%d: includes %s, internal to src/%s\n", path, line, target, to->name);
         if (!same && listed(TEST_ONLY, sizeof TEST_ONLY / sizeof *TEST_ONLY, target))
             add(r, "%s:%d: includes %s, a header for tests only\n", path, line, target);
+        if (!same && strcmp(own->name, "lab") &&
+            listed(LAB_ONLY, sizeof LAB_ONLY / sizeof *LAB_ONLY, target))
+            add(r, "%s:%d: includes %s, a header for the lab and tests only\n", path, line,
+                target);
         char what[64];
         snprintf(what, sizeof what, "-> %s", to->name);
         if (!same && !word_in(own->may_include, to->name) && !exempt(r, path, what))
@@ -404,6 +411,8 @@ static void test_planted_violations_fail(void) {
     put(root, "src/extra/x.c", "\n");
     put(root, "src/cli/t.c", "#include \"../engine/k3_test.h\"\n");
     put(root, "src/server/s.c", "#include \"../cli/cli.h\"\n");
+    put(root, "src/cli/lab.c", "#include \"../engine/k3_lab.h\"\n");
+    put(root, "src/lab/ok.c", "#include \"../engine/k3_lab.h\"\n");
     memset(r, 0, sizeof *r);
     int planted = arch_check(root, r);
     rm_rf(root);
@@ -411,7 +420,9 @@ static void test_planted_violations_fail(void) {
     snprintf(text, sizeof text, "%s", r->text);
     free(r);
     CHECK(clean == 0, "the allowed forms were refused: %s", clean_text);
-    CHECK(planted == 7, "%d violations, expected 7: %s", planted, text);
+    CHECK(planted == 8, "%d violations, expected 8: %s", planted, text);
+    CHECK(strstr(text, "src/cli/lab.c:1: includes src/engine/k3_lab.h, a header for the lab "
+                 "and tests only"), "%s", text);
     CHECK(strstr(text, "src/kernels/up.c:3: kernels includes src/engine/k3.h (layer engine): "
                  "kernels may include only: util"), "%s", text);
     CHECK(strstr(text, "src/format/t.c:1: includes \"../../tests/simde_avx512.h\", outside"),

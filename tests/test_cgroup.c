@@ -98,9 +98,48 @@ static void test_default_flags_under_a_limit(void) {
     CHECK(kills <= 0, "the kernel killed k3 in the cgroup (%lld)", kills);
     CHECK(same, "ids differ under the limit");
     CHECK(planned, "the plan does not obey the cgroup: %s", err);
-    CHECK(rc2 == 0 && run_line[0] && k3t_same_figures(run_line, plan_line, 0.0101), "k3 plan (exit %d): %s\n"
+    CHECK(rc2 == 0 && run_line[0] && !strcmp(run_line, plan_line), "k3 plan (exit %d): %s\n"
           "k3 run: %s", rc2, plan_line, run_line);
     CHECK(peak > 0 && peak <= (256ll << 20), "peak %lld", peak);
+}
+
+/* D18 (issue 32): a cgroup of exactly the minimum `k3 plan` prints (in the cgroup, for the
+ * run's context) runs to the end without an OOM kill; one page less is refused before
+ * loading. */
+static void test_runs_at_the_printed_minimum(void) {
+    if (!usable()) return;
+    char dir[256];
+    if (make_cgroup(dir, sizeof dir, 256ull << 20)) {
+        k3_test_skip("cannot create a cgroup under " CG_ROOT);
+        return;
+    }
+    k3t_cli plan = {0}, at = {0}, below = {0};
+    int rc0 = run_in(dir, "plan " MODEL " --ctx 11", &plan) ? -1 : plan.status;
+    const char *row = plan.out ? strstr(plan.out, "\n  minimum limit ") : NULL;
+    long long min = row ? atoll(row + strlen("\n  minimum limit ")) : -1;
+    k3t_cli_free(&plan);
+    char p[512];
+    snprintf(p, sizeof p, "%s/memory.limit_in_bytes", dir);
+    FILE *f = min > 0 ? fopen(p, "w") : NULL;
+    int set = f && fprintf(f, "%lld\n", min) > 0;
+    if (f && fclose(f)) set = 0;
+    int rc1 = set && !run_in(dir, ARGS " --ctx 11", &at) ? at.status : -1;
+    long long kills = read_num(dir, "memory.oom_control", "oom_kill ");
+    long long limit = read_num(dir, "memory.limit_in_bytes", NULL);
+    f = min > 0 ? fopen(p, "w") : NULL;
+    set = f && fprintf(f, "%lld\n", min - 4096) > 0;
+    if (f && fclose(f)) set = 0;
+    int rc2 = set && !run_in(dir, ARGS " --ctx 11", &below) ? below.status : -1;
+    char err[2048];
+    snprintf(err, sizeof err, "%s | %s", at.err ? at.err : "", below.err ? below.err : "");
+    int says = below.err && strstr(below.err, "cannot run within");
+    k3t_cli_free(&at), k3t_cli_free(&below);
+    rmdir(dir);
+    CHECK(rc0 == 0 && min > 0, "k3 plan: exit %d", rc0);
+    CHECK(limit == min, "the cgroup holds %lld, not %lld", limit, min);
+    CHECK(rc1 == 0 && kills <= 0, "at the minimum %lld: exit %d, %lld OOM kills: %s", min, rc1,
+          kills, err);
+    CHECK(rc2 == 2 && says, "one page below %lld: exit %d: %s", min, rc2, err);
 }
 
 static void test_below_the_minimum_is_refused(void) {
@@ -114,7 +153,7 @@ static void test_below_the_minimum_is_refused(void) {
     /* at the default context (4096 positions): the session alone passes 20 MB beside the base */
     int rc = run_in(dir, ARGS " --ctx 4096", &r) ? -1 : r.status;
     long long kills = read_num(dir, "memory.oom_control", "oom_kill ");
-    int says = r.err && strstr(r.err, "cannot run within 0.02 GB (cgroup") &&
+    int says = r.err && strstr(r.err, "cannot run within 0.021 GB (cgroup") &&
                strstr(r.err, "it needs at least");
     char err[1024];
     snprintf(err, sizeof err, "%s", r.err ? r.err : "");
@@ -131,4 +170,5 @@ static void test_below_the_minimum_is_refused(void) {
 const k3_test k3_suite_cgroup[] = {
     {"default_flags_under_a_limit", test_default_flags_under_a_limit},
     {"below_the_minimum_is_refused", test_below_the_minimum_is_refused},
+    {"runs_at_the_printed_minimum", test_runs_at_the_printed_minimum},
     {0}};

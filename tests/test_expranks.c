@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "../src/engine/k3.h"
+#include "../src/engine/k3_lab.h"
 #include "test.h"
 
 /* ---- ownership -------------------------------------------------------------------------- */
@@ -85,7 +86,7 @@ static int feed(const char *model, const k3_expert_ranks *xr, const int32_t *ids
                 int chunk, float *logits, k3_err *err) {
     k3_engine_opts o = k3_engine_opts_default();
     o.threads = 1;
-    o.expert_slots = 64;
+    o.lab = &(k3_lab_opts){.expert_slots = 64, .gpu_max_layers = -1};
     o.expert_ranks = xr;
     k3_engine *e = NULL;
     k3_session *s = NULL;

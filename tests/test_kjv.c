@@ -34,9 +34,9 @@ static void prompts(void) { fixture_check_prompts(KJV, KJV_REF, &kjv_tol); }
 static void trace(void) { fixture_check_trace(KJV, KJV_REF, "trace_len9.json", &kjv_tol); }
 static void decode(void) { fixture_check_decode(KJV, KJV_REF, &kjv_tol); }
 
-static void test_prompts(void) { fixture_on_every_path(prompts); }
-static void test_trace(void) { fixture_on_every_path(trace); }
-static void test_decode(void) { fixture_on_every_path(decode); }
+static void test_prompts(void) { fixture_on_every_path(prompts, 0); }
+static void test_trace(void) { fixture_on_every_path(trace, 0); }
+static void test_decode(void) { fixture_on_every_path(decode, 0); }
 
 /* 6 layers, AttnRes block 3 (boundary at layer 3), KDA 0,1,3,4 and MLA 2,5: chunk sizes cut the
  * 9-, 33- and 70-token prompts at many positions (1 and 70 also give one pass). */

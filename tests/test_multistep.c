@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "../src/engine/k3.h"
+#include "../src/engine/k3_lab.h"
 #include "../src/engine/k3_test.h"
 #include "../src/store/store.h"
 #include "batch_check.h"
@@ -291,7 +292,7 @@ static void test_nano_expert_reads_once(void) {
             }
         }
         k3_engine_opts o = k3_engine_opts_default();
-        o.expert_slots = 2 * K * n_moe + 8; /* nothing evicted */
+        o.lab = &(k3_lab_opts){.expert_slots = 2 * K * n_moe + 8, .gpu_max_layers = -1}; /* nothing evicted */
         o.pipe = K3_PIPE_OFF;
         k3_engine *e = NULL;
         k3_multistep *ms = NULL;

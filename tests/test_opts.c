@@ -257,7 +257,7 @@ static void test_help_lists_shared_groups(void) {
         {"run", K3_OG_MODEL | K3_OG_TRACE | K3_OG_SPEED | K3_OG_SAMPLING | K3_OG_CHAT | K3_OG_CTX | K3_OG_STATE},
         {"chat", K3_OG_MODEL | K3_OG_TRACE | K3_OG_SPEED | K3_OG_SAMPLING | K3_OG_CHAT | K3_OG_CTX | K3_OG_STATE},
         {"serve", K3_OG_MODEL | K3_OG_SPEED | K3_OG_CTX},
-        {"quality", K3_OG_DEVICE | K3_OG_THREADS | K3_OG_BUDGET | K3_OG_QUIET},
+        {"quality", K3_OG_DEVICE | K3_OG_THREADS | K3_OG_KERNELS | K3_OG_BUDGET | K3_OG_QUIET},
     };
     size_t n;
     const k3_opt *t = k3_opts_table(&n);
@@ -285,6 +285,79 @@ static void test_help_lists_shared_groups(void) {
         CHECK(strstr(r.out, "--temperature T") && strstr(r.out, "(default 1)") &&
               strstr(r.out, "--effort E") && strstr(r.out, "(default max)"), "%s", r.out);
     k3t_cli_free(&r);
+}
+
+/* Every command of k3 and k3-lab parses through the table: an unknown flag is named with
+ * the command's help, a bad number names its flag and range, and --help lists the command's
+ * own flags. */
+static void test_every_command_on_the_table(void) {
+    static const struct {
+        int lab;              /* 1: k3-lab */
+        const char *cmd;      /* the command (and its benchmark) */
+        const char *bad;      /* a flag with a bad number, or NULL */
+        const char *want;     /* what the refusal of `bad` says */
+        const char *listed;   /* a flag --help must list */
+    } cmds[] = {
+        {0, "pack", "--quality-tokens 1", "--quality-tokens='1': expected an integer in [2, ",
+         "  --no-quality"},
+        {0, "pack", "--threads 0", "--threads='0': expected an integer in [1, 1024]",
+         "  --threads N"},
+        {0, "setup", "--connections 65", "--connections='65': expected an integer in [1, 64]",
+         "  --chunk-mb N"},
+        {0, "render", NULL, NULL, "  --segments"},
+        {0, "tokenize", NULL, NULL, "  --special"},
+        {0, "detokenize", NULL, NULL, "  --file PATH"},
+        {0, "version", NULL, NULL, "  --kernels PATH"},
+        {0, "plan", "--sessions 0", "--sessions='0': expected an integer in [1, 4096]",
+         "  --sessions N"},
+        {0, "run", "--threads x", "--threads='x': expected an integer", "  --max-new N"},
+        {0, "quality", "--threads 0", "--threads='0'", "  --threads N"},
+        {1, "bench io", "--threads 0", "--threads='0': expected an integer in [1, 256]",
+         "  --no-fio"},
+        {1, "bench kernels", "--seconds 0", "--seconds='0': expected a finite number in (0, ",
+         "  --kernels PATH"},
+        {1, "bench decode", "--spine-gb -1", "--spine-gb='-1': expected a finite number in [0, ",
+         "  --spine-gb G"},
+        {1, "bench prefill", "--tokens 0", "--tokens='0': expected an integer in [1, ",
+         "  --chunks LIST"},
+        {1, "bench spec", "--spec 0", "--spec='0': expected an integer in [1, 255]",
+         "  --max-new N"},
+        {1, "bench-batch", "--prompt 0", "--prompt='0': expected an integer in [1, 256]",
+         "  --sessions LIST"},
+        {1, "bench-gpu", "--reps 0", "--reps='0': expected an integer in [1, ",
+         "  K3_GPU_LAYERS"},
+        {1, "synth", "--layers 1", "--layers='1': expected an integer in [2, ",
+         "  --expert-shards N"},
+        {1, "replay", NULL, NULL, "  --percent LIST"},
+        {1, "trace-gen", "--hot-mass 2", "--hot-mass='2': expected a finite number in [0, 1]",
+         "  --seed N"},
+    };
+    for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++) {
+        const char *prog = cmds[i].lab ? "k3-lab" : "k3";
+        char args[256], want[256];
+        k3t_cli r = {0};
+        snprintf(args, sizeof args, "%s --no-such-flag", cmds[i].cmd);
+        if (!(cmds[i].lab ? k3t_lab_run(args, &r) : k3t_cli_run(args, &r))) {
+            snprintf(want, sizeof want, "%s %s: unknown option '--no-such-flag' (see %s %s "
+                     "--help)", prog, cmds[i].cmd, prog, cmds[i].cmd);
+            CHECK(r.status == K3_ERR_USAGE && strstr(r.err, want), "%s %s: exit %d: %s", prog,
+                  args, r.status, r.err);
+        }
+        k3t_cli_free(&r);
+        snprintf(args, sizeof args, "%s --help", cmds[i].cmd);
+        if (!(cmds[i].lab ? k3t_lab_run(args, &r) : k3t_cli_run(args, &r)))
+            CHECK(r.status == 0 && strstr(r.out, cmds[i].listed) && strstr(r.out, "-h, --help"),
+                  "%s %s: exit %d, no '%s' in %s", prog, args, r.status, cmds[i].listed, r.out);
+        k3t_cli_free(&r);
+        if (!cmds[i].bad) continue;
+        snprintf(args, sizeof args, "%s %s", cmds[i].cmd, cmds[i].bad);
+        if (!(cmds[i].lab ? k3t_lab_run(args, &r) : k3t_cli_run(args, &r))) {
+            snprintf(want, sizeof want, "%s %s: %s", prog, cmds[i].cmd, cmds[i].want);
+            CHECK(r.status == K3_ERR_USAGE && strstr(r.err, want), "%s %s: exit %d: %s", prog,
+                  args, r.status, r.err);
+        }
+        k3t_cli_free(&r);
+    }
 }
 
 /* serve's --temperature / --effort are the defaults of requests that leave them out. */
@@ -367,20 +440,36 @@ static void test_library_reads_no_environment(void) {
           "spine_gb nan: %s", err.msg);
 }
 
+/* Library errors name fields (k3_fail_field records which); the edge shows the flag that sets
+ * it where the name stood, without searching the text: a word that only looks like a field
+ * stays as it is. */
 static void test_fields_map_to_flags(void) {
-    static const struct { const char *in, *out; } cases[] = {
-        {"spine_gb is a budget of the CPU backend; on the GPU use gpu_gb",
-         "--spine-gb is a budget of the CPU backend; on the GPU use --gpu-gb"},
-        {"device 'gpu': expected cpu, cuda or auto", "--device 'gpu': expected cpu, cuda or auto"},
-        {"device: cpu (auto picked it)", "device: cpu (auto picked it)"},
-        {"expert_gb 0.0001 GB is below one expert slot: raise expert_gb",
-         "--expert-gb 0.0001 GB is below one expert slot: raise --expert-gb"},
-        {"my_expert_gb stays", "my_expert_gb stays"},
+    k3_err err = {0};
+    k3_fail_field(&err, K3_ERR_USAGE, "spine_gb", " %g: expected a number", 2e6);
+    CHECK(!strcmp(err.msg, "spine_gb 2e+06: expected a number") && !strcmp(err.field, "spine_gb"),
+          "%s / %s", err.msg, err.field);
+    k3_fail(&err, K3_ERR_USAGE, "expert_gb alone is no field");
+    CHECK(!err.field[0], "k3_fail left the field %s", err.field);
+    static const struct { const char *field, *flag; } map[] = {
+        {"spine_gb", "--spine-gb"}, {"expert_gb", "--expert-gb"}, {"device", "--device"},
+        {"kernels", "--kernels"}, {"ctx", "--ctx"}, {"gpu_gb", "--gpu-gb"}};
+    for (size_t i = 0; i < sizeof map / sizeof *map; i++) {
+        const char *f = k3_opts_flag_of(map[i].field);
+        CHECK(f && !strcmp(f, map[i].flag), "%s -> %s", map[i].field, f ? f : "(none)");
+    }
+    CHECK(!k3_opts_flag_of("my_expert_gb") && !k3_opts_flag_of(""), "a non-field mapped");
+    /* end to end: the engine's own checks, printed with the flag */
+    static const struct { const char *args, *want; } cli[] = {
+        {"run " NANO " --prompt hi --kernels bogus", "k3 run: --kernels 'bogus': unknown"},
+        {"run " NANO " --prompt hi --spine-gb 0 --device cuda",
+         "k3 run: --spine-gb is a budget of the CPU backend"},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        char out[256];
-        k3_opts_map_fields(cases[i].in, out, sizeof out);
-        CHECK(!strcmp(out, cases[i].out), "'%s' -> '%s'", cases[i].in, out);
+    for (size_t i = 0; i < sizeof cli / sizeof *cli; i++) {
+        k3t_cli r = {0};
+        if (k3t_cli_run(cli[i].args, &r)) continue;
+        CHECK(r.status != 0 && strstr(r.err, cli[i].want), "k3 %s: exit %d: %s", cli[i].args,
+              r.status, r.err);
+        k3t_cli_free(&r);
     }
 }
 
@@ -419,6 +508,7 @@ const k3_test k3_suite_opts[] = {
     {"bad_values_name_range", test_bad_values_name_range},
     {"empty_api_key", test_empty_api_key},
     {"help_lists_shared_groups", test_help_lists_shared_groups},
+    {"every_command_on_the_table", test_every_command_on_the_table},
     {"seed_unused_warning", test_seed_unused_warning},
     {"server_defaults", test_server_defaults},
     {"pack_out_created", test_pack_out_created},

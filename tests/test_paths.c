@@ -19,9 +19,9 @@ static void prompts(void) { fixture_check_prompts(NANO, NANO_REF, &nano_tol); }
 static void trace(void) { fixture_check_trace(NANO, NANO_REF, "trace_len7.json", &nano_tol); }
 static void decode(void) { fixture_check_decode(NANO, NANO_REF, &nano_tol); }
 
-static void test_prompts(void) { fixture_on_every_path(prompts); }
-static void test_trace(void) { fixture_on_every_path(trace); }
-static void test_decode(void) { fixture_on_every_path(decode); }
+static void test_prompts(void) { fixture_on_every_path(prompts, 0); }
+static void test_trace(void) { fixture_on_every_path(trace, 0); }
+static void test_decode(void) { fixture_on_every_path(decode, 0); }
 
 /* stdout + stderr of `K3_KERNELS=path $K3_BIN run ...` and its exit status. */
 static int run_k3(const char *path, char *out, size_t cap) {

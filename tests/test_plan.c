@@ -40,14 +40,15 @@ static void test_64gb_machine_streams_the_spine(void) {
     k3_plan p;
     k3_err err = {0};
     CHECK(k3_plan_memory(&m, &k3_bf16, &r, &p, &err) == K3_OK, "%s", err.msg);
-    /* limit min(64, 60 + 0.25) = 60.25 GB (MemAvailable); headroom 10% = 6.025 GB */
-    CHECK(p.limit_bytes == 60 * GB + GB / 4, "%llu", (unsigned long long)p.limit_bytes);
+    /* limit min(64, 60 + 0.25) = 60.25 GB (MemAvailable) in whole pages; headroom 10% */
+    uint64_t limit = (60 * GB + GB / 4) / 4096 * 4096;
+    CHECK(p.limit_bytes == limit, "%llu", (unsigned long long)p.limit_bytes);
     CHECK(strstr(p.limit_source, "MemAvailable"), "%s", p.limit_source);
-    CHECK(p.headroom_bytes == 6025000000ull, "%llu", (unsigned long long)p.headroom_bytes);
+    CHECK(p.headroom_bytes == limit / 10, "%llu", (unsigned long long)p.headroom_bytes);
     /* the spine does not fit: experts get 2 x top-k = 32 slots, the spine the rest */
     CHECK(p.spine_budgeted && !p.spine_from_user);
     CHECK(p.expert_cache_bytes == 32 * SLOT, "%llu", (unsigned long long)p.expert_cache_bytes);
-    uint64_t room = 60 * GB + GB / 4 - 6025000000ull - GB / 4 - GB / 2;
+    uint64_t room = limit - limit / 10 - GB / 4 - GB / 2;
     CHECK(p.spine_budget_bytes == room - 32 * SLOT);
     CHECK(within(&p));
 }
@@ -73,8 +74,9 @@ static void test_cgroup_beats_meminfo(void) {
     k3_plan p;
     k3_err err = {0};
     CHECK(k3_plan_memory(&m, &wide, &r, &p, &err) == K3_OK, "%s", err.msg);
-    CHECK(p.limit_bytes == 5 * GB && strstr(p.limit_source, "cgroup"), "%s", p.limit_source);
-    CHECK(p.headroom_bytes == 5 * GB / 8, "an eighth of a small limit: %llu",
+    CHECK(p.limit_bytes == 5 * GB / 4096 * 4096 && strstr(p.limit_source, "cgroup"), "%s",
+          p.limit_source);
+    CHECK(p.headroom_bytes == 5 * GB / 4096 * 4096 / 8, "an eighth of a small limit: %llu",
           (unsigned long long)p.headroom_bytes);
     CHECK(p.spine_budgeted, "5.4 GB of spine cannot sit in place under 5 GB");
     CHECK(within(&p));
@@ -125,14 +127,27 @@ static void test_below_the_minimum_says_so(void) {
     k3_plan p;
     k3_err err = {0};
     CHECK(k3_plan_memory(&m, &k3_bf16, &r, &p, &err) == K3_ERR_USAGE);
-    CHECK(strstr(err.msg, "cannot run within 4.00 GB") && strstr(err.msg, "cgroup"), "%s",
+    CHECK(strstr(err.msg, "cannot run within 4.000 GB") && strstr(err.msg, "cgroup"), "%s",
           err.msg);
     CHECK(p.min_limit_bytes > 4048000000ull && p.min_limit_bytes < 5 * GB, "%llu",
           (unsigned long long)p.min_limit_bytes);
-    /* at the stated minimum it plans */
-    m = machine(64 * GB, 64 * GB, p.min_limit_bytes);
+    /* the minimum is exact (whole pages): at it the plan holds the minimum's parts, one byte
+     * or one page less is refused */
+    uint64_t min = p.min_limit_bytes;
+    CHECK((min & 4095) == 0, "%llu", (unsigned long long)min);
+    m = machine(64 * GB, 64 * GB, min - 1);
+    CHECK(k3_plan_memory(&m, &k3_bf16, &r, &p, &err) == K3_ERR_USAGE, "one byte below %llu",
+          (unsigned long long)min);
+    m = machine(64 * GB, 64 * GB, min - 4096);
+    CHECK(k3_plan_memory(&m, &k3_bf16, &r, &p, &err) == K3_ERR_USAGE);
+    m = machine(64 * GB, 64 * GB, min);
     CHECK(k3_plan_memory(&m, &k3_bf16, &r, &p, &err) == K3_OK, "%s", err.msg);
     CHECK(within(&p) && p.expert_cache_bytes >= 17 * SLOT);
+    /* need = staging + 17 slots + base + session; headroom an eighth below 16 GB */
+    uint64_t need = 3 * GB + 17 * SLOT + GB / 4 + GB / 2;
+    CHECK(min - min / 8 >= need && (min - 4096) - (min - 4096) / 8 < need, "%llu",
+          (unsigned long long)min);
+    CHECK(p.min_limit_bytes == min, "the same inputs, the same minimum");
     /* more sessions raise the minimum */
     r.sessions = 8;
     CHECK(k3_plan_memory(&m, &k3_bf16, &r, &p, &err) == K3_ERR_USAGE);

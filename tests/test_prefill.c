@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "../src/engine/k3.h"
+#include "../src/engine/k3_lab.h"
 #include "batch_check.h"
 #include "test.h"
 
@@ -25,7 +26,7 @@ static void test_chunked_bit_identical(void) {
  * each pass's last id into last [vocab]. */
 static int run_store(const bc_prompt *p, int slots, int chunk, float *last, uint64_t *requests) {
     k3_engine_opts o = k3_engine_opts_default();
-    o.expert_slots = slots;
+    o.lab = &(k3_lab_opts){.expert_slots = slots, .gpu_max_layers = -1};
     o.pipe = -1;
     o.experts_in_place = slots ? 0 : 1;
     k3_engine *e = NULL;

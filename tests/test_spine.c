@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "../src/engine/k3.h"
+#include "../src/engine/k3_lab.h"
 #include "../src/format/safetensors.h"
 #include "pack_helpers.h"
 #include "test.h"
@@ -26,11 +27,14 @@ static void clean_env(void) {
     unsetenv("K3_DEVICE");
 }
 
+static const k3_lab_opts in_place = {.spine_in_place = 1, .gpu_max_layers = -1};
+
 static int load_io(const char *dir, double gb, int int8, const char *pack_dir, int direct,
                    k3_engine **e, k3_err *err) {
     k3_engine_opts o = k3_engine_opts_default();
     o.threads = 2;
-    o.spine_gb = gb == NO_FLAG ? K3_SPINE_GB_IN_PLACE : gb < 0 ? 0 : gb;
+    o.spine_gb = gb == NO_FLAG ? K3_SPINE_GB_PLAN : gb < 0 ? 0 : gb;
+    o.lab = gb == NO_FLAG ? &in_place : NULL; /* in place whatever the plan */
     o.spine = int8 ? K3_SPINE_INT8 : K3_SPINE_BF16;
     o.pack_dir = pack_dir;
     o.direct = direct;
@@ -363,7 +367,7 @@ static void test_cli_flag(void) {
     int plan = err1 && strstr(err1, "spine budget 0.000 MB: resident no layers") &&
                strstr(err1, "streamed layers 0..8 + lm_head");
     int bad = err2 && strstr(err2, "--spine-gb='-1': expected a finite number in [0, ");
-    int cuda = err3 && strstr(err3, "on the GPU use --gpu-gb");
+    int cuda = err3 && strstr(err3, ": --spine-gb is a budget of the CPU backend");
     char *e1 = err1 ? strdup(err1) : NULL;
     free(out0), free(out1), free(err1), free(err2), free(err3);
     CHECK(rc0 == 0 && rc1 == 0, "exit %d / %d", rc0, rc1);

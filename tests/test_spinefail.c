@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "../src/engine/k3.h"
+#include "../src/engine/k3_lab.h"
 #include "../src/format/safetensors.h"
 #include "pack_helpers.h"
 #include "test.h"
@@ -25,12 +26,15 @@
 #define N_TOK 12
 static const int32_t prompt[N_TOK] = {1792, 5, 77, 1000, 9, 300, 1500, 2, 64, 65, 66, 67};
 
+static const k3_lab_opts in_place = {.spine_in_place = 1, .gpu_max_layers = -1};
+
 static int load(const char *dir, int budget, k3_engine **e, k3_err *err) {
     unsetenv("K3_SPINE_GB");
     unsetenv("K3_DEVICE");
     k3_engine_opts o = k3_engine_opts_default();
     o.threads = 2;
-    o.spine_gb = budget ? 0 : K3_SPINE_GB_IN_PLACE;
+    o.spine_gb = budget ? 0 : K3_SPINE_GB_PLAN;
+    o.lab = budget ? NULL : &in_place; /* in place whatever the plan */
     o.spine = K3_SPINE_BF16;
     return k3_engine_load(dir, &o, e, err);
 }

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include "../src/engine/k3.h"
+#include "../src/engine/k3_lab.h"
 #include "pack_helpers.h"
 #include "test.h"
 
@@ -37,8 +38,10 @@ static int run(const char *dir, int budget, float *logits, int *vocab,
     k3_session *s = NULL;
     k3_engine_opts o = k3_engine_opts_default();
     o.spine = K3_SPINE_BF16;
-    o.spine_gb = budget ? 0 : K3_SPINE_GB_IN_PLACE;
-    o.expert_slots = 40;
+    /* in place whatever the plan (the lab's control), else streaming every layer */
+    o.spine_gb = budget ? 0 : K3_SPINE_GB_PLAN;
+    k3_lab_opts lab = {.expert_slots = 40, .spine_in_place = !budget, .gpu_max_layers = -1};
+    o.lab = &lab;
     unsetenv("K3_SPINE_GB");
     unsetenv("K3_MMAP_EXPERTS");
     int rc = k3_engine_load(dir, &o, &e, err);

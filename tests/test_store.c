@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "../src/engine/k3.h"
+#include "../src/engine/k3_lab.h"
 #include "../src/engine/k3_test.h"
 #include "../src/format/safetensors.h"
 #include "../src/store/store.h"
@@ -124,7 +125,7 @@ static void test_budgets_bit_identical(void) {
                          b ? "buffered" : "O_DIRECT", c ? "on" : "off");
                 k3_engine_opts o = k3_engine_opts_default();
                 o.threads = 2;
-                o.expert_slots = slots[a];
+                o.lab = &(k3_lab_opts){.expert_slots = slots[a], .gpu_max_layers = -1};
                 o.direct = direct[b];
                 o.pipe = pipe[c];
                 o.cache_policy = a % 2 ? "s3fifo" : "lru";
@@ -167,7 +168,7 @@ static void test_two_folders(void) {
     if (ok) {
         k3_engine_opts o = k3_engine_opts_default();
         o.threads = 2;
-        o.expert_slots = 7;
+        o.lab = &(k3_lab_opts){.expert_slots = 7, .gpu_max_layers = -1};
         o.direct = K3_IO_DIRECT;
         o.pipe = K3_PIPE_ALL;
         o.dirs = dirs;
@@ -206,7 +207,7 @@ static void truncated_after_load(int io_engine) {
     k3_err err = {0};
     k3_engine_opts o = k3_engine_opts_default();
     o.threads = 2;
-    o.expert_slots = 256;
+    o.lab = &(k3_lab_opts){.expert_slots = 256, .gpu_max_layers = -1};
     o.direct = K3_IO_BUFFERED;
     o.pipe = K3_PIPE_OFF;
     o.io_engine = io_engine;
@@ -258,7 +259,7 @@ static int run_with_hook(const float *ref, int vocab, hook_state *h, int direct,
     k3_session *s = NULL;
     k3_engine_opts o = k3_engine_opts_default();
     o.threads = 1;
-    o.expert_slots = 6;
+    o.lab = &(k3_lab_opts){.expert_slots = 6, .gpu_max_layers = -1};
     o.direct = direct;
     o.pipe = K3_PIPE_OFF;
     o.load_threads = 1;
@@ -322,7 +323,7 @@ static void test_eio_fails_with_exit_status(void) { eio_fails_with_exit_status(K
 static int uring_works(void) {
     k3_engine_opts o = k3_engine_opts_default();
     o.threads = 1;
-    o.expert_slots = 8;
+    o.lab = &(k3_lab_opts){.expert_slots = 8, .gpu_max_layers = -1};
     o.io_engine = K3_IO_ENGINE_URING;
     k3_engine *e = NULL;
     k3_err err = {0};
@@ -356,7 +357,7 @@ static void test_uring_bit_identical(void) {
                              threads[t], slots[a], b ? "buffered" : "O_DIRECT", c ? "on" : "off");
                     k3_engine_opts o = k3_engine_opts_default();
                     o.threads = 2;
-                    o.expert_slots = slots[a];
+                    o.lab = &(k3_lab_opts){.expert_slots = slots[a], .gpu_max_layers = -1};
                     o.direct = b ? K3_IO_BUFFERED : K3_IO_DIRECT;
                     o.pipe = c ? K3_PIPE_ALL : K3_PIPE_OFF;
                     o.load_threads = threads[t];
@@ -385,7 +386,7 @@ static void test_budget_is_a_ceiling(void) {
     k3_err err = {0};
     k3_engine_opts probe = k3_engine_opts_default();
     probe.threads = 2;
-    probe.expert_slots = 1;
+    probe.lab = &(k3_lab_opts){.expert_slots = 1, .gpu_max_layers = -1};
     clean_env();
     int rc = k3_engine_load(NANO, &probe, &e, &err);
     CHECK(rc == 0, "%s", err.msg);
@@ -441,7 +442,7 @@ static void test_scattered_experts_fallback(void) {
     k3_err err = {0};
     k3_engine_opts o = k3_engine_opts_default();
     o.threads = 2;
-    o.expert_slots = 4;
+    o.lab = &(k3_lab_opts){.expert_slots = 4, .gpu_max_layers = -1};
     o.direct = K3_IO_DIRECT;
     int rc = ref ? k3_engine_load(dir, &o, &e, &err) : -1;
     int noted = !rc && strstr(describe(e, K3_DESCRIBE_STORE, (char[K3_DESCRIBE_CAP]){0}), "tensor by tensor") != NULL;
@@ -515,7 +516,7 @@ static void test_mla_adjacent_layers_use_prev(void) {
     for (size_t i = 0; i < 4 && !k3_test_stopped(); i++) {
         k3_engine *e = NULL;
         k3_err err = {0};
-        k3_engine_opts o = {.threads = 1, .expert_slots = 256, .pipe = pipes[i]};
+        k3_engine_opts o = {.threads = 1, .lab = &(k3_lab_opts){.expert_slots = 256, .gpu_max_layers = -1}, .pipe = pipes[i]};
         clean_env();
         int rc = k3_engine_load(NANO, &o, &e, &err);
         CHECK(rc == 0, "load failed: %s", err.msg);
@@ -557,14 +558,14 @@ static void test_mla_fallback_decode(void) {
     int vocab = 0;
     float *ref = reference(NANO, &vocab);
     if (!ref) return;
-    expect_identical(NANO, ref, vocab, (k3_engine_opts){.threads = 2, .expert_slots = 40,
+    expect_identical(NANO, ref, vocab, (k3_engine_opts){.threads = 2, .lab = &(k3_lab_opts){.expert_slots = 40, .gpu_max_layers = -1},
                      .pipe = K3_PIPE_LOOKAHEAD}, "K3_PIPE lookahead, 40 slots");
-    expect_identical(NANO, ref, vocab, (k3_engine_opts){.threads = 2, .expert_slots = 9,
+    expect_identical(NANO, ref, vocab, (k3_engine_opts){.threads = 2, .lab = &(k3_lab_opts){.expert_slots = 9, .gpu_max_layers = -1},
                      .pipe = K3_PIPE_ALL}, "K3_PIPE all, 9 slots");
     k3_engine *e = NULL;
     k3_session *s = NULL;
     k3_err err = {0};
-    k3_engine_opts o = {.threads = 2, .expert_slots = 40, .pipe = K3_PIPE_ALL};
+    k3_engine_opts o = {.threads = 2, .lab = &(k3_lab_opts){.expert_slots = 40, .gpu_max_layers = -1}, .pipe = K3_PIPE_ALL};
     clean_env();
     int rc = k3_engine_load(NANO, &o, &e, &err);
     if (!rc) rc = k3_session_new(e, 64, &s, &err);
@@ -654,7 +655,7 @@ static int visit_layers(int pipe, int right, double busy, k3_store_stats *out) {
     k3_engine *e = NULL;
     k3_store_client *c = NULL;
     k3_err err = {0};
-    k3_engine_opts o = {.threads = 1, .expert_slots = 256, .pipe = pipe};
+    k3_engine_opts o = {.threads = 1, .lab = &(k3_lab_opts){.expert_slots = 256, .gpu_max_layers = -1}, .pipe = pipe};
     clean_env();
     int rc = k3_engine_load(NANO, &o, &e, &err);
     if (!rc) rc = k3_store_client_new(k3_engine_store(e), &c, &err);

@@ -23,25 +23,11 @@ static void trace(void) { fixture_check_trace(model_dir, ref_dir, "trace_len5.js
 static void prompts(void) { fixture_check_prompts(model_dir, ref_dir, &wide_tol); }
 static void decode(void) { fixture_check_decode(model_dir, ref_dir, &wide_tol); }
 
-/* Runs check once per kernel path this CPU runs (K3_KERNELS set for each, read at load). The
- * fastest path runs as configured; the others check the kernels only, so they use the experts
- * in place from the mapping (K3_MMAP_EXPERTS=1) and skip the expert store's reads. */
+/* Runs check once per kernel path this CPU runs: the fastest as configured, the others on
+ * the experts in place (they check the kernels only). */
 static void on_every_path(void (*check)(void)) {
     if (!ph_wide(&model_dir, &ref_dir)) return;
-    const k3_kernels *all[8];
-    int n = k3_kernels_available(all, 8);
-    char *saved = getenv("K3_KERNELS") ? strdup(getenv("K3_KERNELS")) : NULL;
-    char *saved_mmap = getenv("K3_MMAP_EXPERTS") ? strdup(getenv("K3_MMAP_EXPERTS")) : NULL;
-    for (int i = 0; i < n && !k3_test_stopped(); i++) {
-        printf("        (kernel path %s)\n", k3_kernels_name(all[i]));
-        fflush(stdout);
-        setenv("K3_KERNELS", k3_kernels_name(all[i]), 1);
-        if (i > 0) setenv("K3_MMAP_EXPERTS", "1", 1);
-        check();
-    }
-    if (saved) setenv("K3_KERNELS", saved, 1); else unsetenv("K3_KERNELS");
-    if (saved_mmap) setenv("K3_MMAP_EXPERTS", saved_mmap, 1); else unsetenv("K3_MMAP_EXPERTS");
-    free(saved), free(saved_mmap);
+    fixture_on_every_path(check, 1);
 }
 
 static void test_trace(void) { on_every_path(trace); }

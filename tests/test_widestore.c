@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include "../src/engine/k3.h"
+#include "../src/engine/k3_lab.h"
 #include "../src/store/store.h"
 #include "pack_helpers.h"
 #include "test.h"
@@ -46,7 +47,7 @@ static void test_wide_store_bit_identical(void) {
     };
     for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++) {
         k3_engine_opts o = k3_engine_opts_default();
-        o.expert_slots = cfg[i].slots, o.direct = cfg[i].direct, o.pipe = cfg[i].pipe;
+        o.lab = &(k3_lab_opts){.expert_slots = cfg[i].slots, .gpu_max_layers = -1}, o.direct = cfg[i].direct, o.pipe = cfg[i].pipe;
         rc = run(dir, o, got, &vocab, &err);
         CHECK(rc == 0, "%s: %s", cfg[i].what, err.msg);
         CHECK(memcmp(got, ref, N_TOK * (size_t)vocab * sizeof *got) == 0,

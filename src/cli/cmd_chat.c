@@ -527,7 +527,7 @@ int k3_cmd_chat(int argc, char **argv) {
     rc = chat_main(&o, &err);
     if (rc) {
         fflush(stdout);
-        k3_opts_error("chat", err.msg);
+        k3_opts_error("chat", &err);
     }
     return rc;
 }

@@ -21,6 +21,7 @@
 #include "../util/parse.h"
 #include "cli.h"
 #include "interrupt.h"
+#include "opts.h"
 #include "quality.h"
 #include "../util/clock.h"
 
@@ -32,8 +33,31 @@ typedef struct pack_args {
     int threads, quality_tokens, limit;
 } pack_args;
 
-static void pack_usage(FILE *f) {
-    fprintf(f,
+static const k3_opt_choice pack_schemes[] = {{"int8", 0}, {NULL, 0}};
+
+#define PACK(f) K3_OPT_CMD(pack_args, f), .field = #f
+static const k3_opt pack_rows[] = {
+    {.flag = "--spine", PACK(spine), .type = K3_OPT_WORD, .choices = pack_schemes, .def = "int8",
+     .meta = "int8", .help = "the only packing scheme"},
+    {.flag = "--out", PACK(out_dir), .type = K3_OPT_STR, .flags = K3_OPTF_NONEMPTY, .meta = "DIR",
+     .help = "write into DIR instead of MODEL_DIR (e.g. a read-only snapshot); then pass\n"
+             "--pack-dir DIR to k3 run / k3 quality"},
+    {.flag = "--verify", PACK(verify), .type = K3_OPT_SWITCH, .value = 1,
+     .help = "check an existing pack: header, table, every tensor's checksum, and that it\n"
+             "was packed from MODEL_DIR; writes nothing"},
+    {.flag = "--no-quality", PACK(quality), .type = K3_OPT_SWITCH, .value = 0,
+     .help = "skip the quality measurement at the end (a re-run also skips it when figures\n"
+             "for this very pack are stored; delete " K3_PACK_QUALITY_FILE " to measure again)"},
+    {.flag = "--quality-tokens", PACK(quality_tokens), .type = K3_OPT_INT, .lo = 2,
+     .hi = 1 << 30, .def = "64", .meta = "N",
+     .help = "evaluate the first N tokens of the built-in text"},
+    {.flag = "--limit", PACK(limit), .type = K3_OPT_INT, .lo = 1, .hi = 1 << 30, .meta = "N",
+     .help = "stop after packing N more tensors (the file stays resumable)"},
+};
+
+static const k3_cli_command pack_cmd = {
+    .name = "pack",
+    .usage =
         "usage: k3 pack MODEL_DIR [--spine int8] [options]\n"
         "\n"
         "Converts the spine's BF16 matrices (attention, dense and shared-expert projections, the\n"
@@ -45,62 +69,26 @@ static void pack_usage(FILE *f) {
         "text and stores the figures in " K3_PACK_QUALITY_FILE ";\n"
         "k3 run then uses the int8 spine by default (--spine auto) and prints those figures.\n"
         "An interrupted run (Ctrl-C, crash) resumes where it stopped.\n"
-        "Format and rule: docs/PACKED-SPINE.md\n"
-        "\n"
-        "  --spine int8        the only packing scheme (default)\n"
-        "  --out DIR           write into DIR instead of MODEL_DIR (e.g. a read-only snapshot);\n"
-        "                      then pass --pack-dir DIR to k3 run / k3 quality\n"
-        "  --verify            check an existing pack: header, table, every tensor's checksum,\n"
-        "                      and that it was packed from MODEL_DIR; writes nothing\n"
-        "  --no-quality        skip the quality measurement at the end (a re-run also skips\n"
-        "                      it when figures for this very pack are stored; delete\n"
-        "                      " K3_PACK_QUALITY_FILE " to measure again)\n"
-        "  --quality-tokens N  evaluate the first N tokens of the built-in text (default 64)\n"
-        "  --limit N           stop after packing N more tensors (the file stays resumable)\n"
-        "  --threads N         threads (default: OMP_NUM_THREADS or all cores)\n"
-        "  -q, --quiet         no progress on stderr\n"
-        "  -h, --help          this help\n");
-}
+        "Format and rule: docs/PACKED-SPINE.md\n",
+    .rows = pack_rows, .n_rows = sizeof pack_rows / sizeof *pack_rows,
+    .groups = K3_OG_THREADS | K3_OG_QUIET,
+    .max_positional = 1,
+};
 
-static int parse_int(const char *s, const char *flag, int lo, int *out) {
-    k3_err err = {0};
-    if (!k3_parse_int(s, flag, lo, 1 << 30, out, &err)) return 0;
-    fprintf(stderr, "k3 pack: %s\n", err.msg);
-    return K3_ERR_USAGE;
-}
-
+/* Parses argv through the option table into a. Returns 0, -1 after printing help, or
+ * K3_ERR_USAGE. */
 static int parse_pack(int argc, char **argv, pack_args *a) {
-    *a = (pack_args){.quality = true, .verbose = true, .quality_tokens = 64, .spine = "int8"};
-    for (int i = 1; i < argc; i++) {
-        const char *s = argv[i];
-        bool v = i + 1 < argc;
-        int rc = 0;
-        if (!strcmp(s, "-h") || !strcmp(s, "--help")) { pack_usage(stdout); return -1; }
-        else if (!strcmp(s, "--verify")) a->verify = true;
-        else if (!strcmp(s, "--no-quality")) a->quality = false;
-        else if (!strcmp(s, "-q") || !strcmp(s, "--quiet")) a->verbose = false;
-        else if (!strcmp(s, "--out") && v) a->out_dir = argv[++i];
-        else if (!strcmp(s, "--spine") && v) a->spine = argv[++i];
-        else if (!strcmp(s, "--quality-tokens") && v)
-            rc = parse_int(argv[++i], s, 2, &a->quality_tokens);
-        else if (!strcmp(s, "--limit") && v) rc = parse_int(argv[++i], s, 1, &a->limit);
-        else if (!strcmp(s, "--threads") && v) rc = parse_int(argv[++i], s, 1, &a->threads);
-        else if (s[0] != '-' && !a->model_dir) a->model_dir = s;
-        else {
-            fprintf(stderr, "k3 pack: unknown option or missing value: '%s' (see k3 pack "
-                    "--help)\n", s);
-            return K3_ERR_USAGE;
-        }
-        if (rc) return rc;
-    }
-    if (!a->model_dir) {
-        fprintf(stderr, "k3 pack: give MODEL_DIR (see k3 pack --help)\n");
-        return K3_ERR_USAGE;
-    }
-    if (strcmp(a->spine, "int8") != 0) {
-        fprintf(stderr, "k3 pack: --spine %s: only int8 is supported\n", a->spine);
-        return K3_ERR_USAGE;
-    }
+    *a = (pack_args){.quality = true};
+    k3_engine_opts eo; /* --threads: the quality measurement's engines */
+    k3_cli_common cc;
+    k3_opts_parsed parsed;
+    k3_opt_targets t = {.eo = &eo, .cc = &cc, .cmd = a};
+    int rc = k3_opts_parse(&pack_cmd, argc, argv, &t, &parsed);
+    if (rc) return rc;
+    if (!parsed.n_positional) return k3_opts_usage_error(&pack_cmd, "give MODEL_DIR");
+    a->model_dir = parsed.positional[0];
+    a->threads = eo.threads;
+    a->verbose = !cc.quiet;
     a->out_given = a->out_dir != NULL;
     if (!a->out_dir) a->out_dir = a->model_dir;
     return 0;
@@ -270,7 +258,7 @@ static int measure(const pack_args *a, const k3_pack *p, k3_err *err) {
                 "the exact path on %zu tokens of built-in text\n", n);
     k3_quality_opts o = {.model_dir = a->model_dir, .pack_dir = a->out_dir,
                          .base = k3_engine_opts_default()};
-    if (a->threads) o.base.threads = a->threads;
+    o.base.threads = a->threads; /* 0: OpenMP's own count (OMP_NUM_THREADS) */
     int modes[2] = {K3_QMODE_INT8, K3_QMODE_APPROX};
     k3_quality_row rows[3];
     rc = k3_quality_eval(&o, b, n, modes, 2, rows, err);

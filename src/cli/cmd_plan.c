@@ -69,7 +69,8 @@ static void print_plan(const char *dir, const k3_engine_plan_info *in) {
     printf("%s\n", in->line);
     part("limit", p->limit_bytes, p->limit_source);
     part("OS reserve", p->headroom_bytes, "headroom: the OS, page cache, allocator slack");
-    part("base", p->base_bytes, "this process before weights: code, tokenizer, headers");
+    part("base", p->base_bytes, "allowance for this process before weights: 16 MiB + 2 x "
+         "config, tokenizer, index and headers");
     if (!p->spine_budgeted) {
         part("spine", p->spine_ram_bytes, "in place: every layer and lm_head mapped, nothing "
              "streamed");
@@ -101,7 +102,7 @@ static void print_plan(const char *dir, const k3_engine_plan_info *in) {
     part("sessions", p->sessions_bytes, note);
     part("total", p->total_bytes, "peak RSS stays within this + 5%");
     part("minimum limit", p->min_limit_bytes, "staging + top-k + 1 experts + sessions + base, "
-         "with headroom");
+         "with headroom (one page less is refused)");
     uint64_t requested = (uint64_t)m->top_k * (uint64_t)in->moe_layers * m->expert_slot_bytes;
     printf("  per token: spine %.3f GB read from disk, experts %.3f GB requested (top-%d x %d "
            "MoE layers; misses are read)\n", (double)sp->streamed_bytes / GB,
@@ -135,7 +136,7 @@ int k3_cmd_plan(int argc, char **argv) {
     k3_engine_plan_info info;
     k3_err err = {0};
     if ((rc = k3_engine_plan(dir, &eo, &info, &err))) {
-        k3_opts_error("plan", err.msg);
+        k3_opts_error("plan", &err);
         return rc;
     }
     if (cc.quiet) printf("%s\n", info.line);

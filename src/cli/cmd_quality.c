@@ -180,7 +180,7 @@ static const k3_cli_command quality_cmd = {
         "agreement and max |logit difference|. Without MODEL_DIR the bundled fixture is used.\n"
         "Experts are used in place from the mapped shards (every engine shares the page cache).\n",
     .rows = quality_rows, .n_rows = sizeof quality_rows / sizeof *quality_rows,
-    .groups = K3_OG_DEVICE | K3_OG_THREADS | K3_OG_BUDGET | K3_OG_QUIET,
+    .groups = K3_OG_DEVICE | K3_OG_THREADS | K3_OG_KERNELS | K3_OG_BUDGET | K3_OG_QUIET,
     .max_positional = 1,
 };
 
@@ -291,6 +291,6 @@ int k3_cmd_quality(int argc, char **argv) {
     if (!rc) k3_quality_print(stdout, rows, n_modes + 1);
     if (!rc && a.json) rc = write_json(a.json, &a, rows, n_modes + 1, &err);
     free(ids);
-    if (rc) k3_opts_error("quality", err.msg);
+    if (rc) k3_opts_error("quality", &err);
     return rc;
 }

@@ -9,9 +9,27 @@
 #include "../chat/render.h"
 #include "../util/fileio.h"
 #include "cli.h"
+#include "opts.h"
 
-static void render_usage(FILE *f) {
-    fprintf(f,
+typedef struct render_args {
+    const char *request;
+    bool ids, segments;
+} render_args;
+
+#define RENDER(f) K3_OPT_CMD(render_args, f), .field = #f
+static const k3_opt render_rows[] = {
+    {.flag = "--request", RENDER(request), .type = K3_OPT_STR, .flags = K3_OPTF_NONEMPTY,
+     .meta = "FILE", .help = "the request body (- reads stdin)"},
+    {.flag = "--ids", RENDER(ids), .type = K3_OPT_SWITCH, .value = 1,
+     .help = "print the token ids instead (one line, comma-separated): each segment\n"
+             "encoded on its own, structure as special ids, all content as plain text"},
+    {.flag = "--segments", RENDER(segments), .type = K3_OPT_SWITCH, .value = 1,
+     .help = "print the segments as JSON [[text, allow_special], ...]"},
+};
+
+static const k3_cli_command render_cmd = {
+    .name = "render",
+    .usage =
         "usage: k3 render [DIR] --request FILE [--ids | --segments]\n"
         "\n"
         "Prints the prompt that the OpenAI chat-completions request body in FILE (JSON; - reads\n"
@@ -21,15 +39,10 @@ static void render_usage(FILE *f) {
         "\"thinking\": false and \"add_generation_prompt\": false. Other fields (model,\n"
         "temperature, ...) are ignored here.\n"
         "DIR holds tiktoken.model and tokenizer_config.json (default: the bundled fixture\n"
-        "model); it is read only for --ids.\n"
-        "\n"
-        "  --request FILE  the request body\n"
-        "  --ids           print the token ids instead (one line, comma-separated): each\n"
-        "                  segment encoded on its own, structure as special ids, all content\n"
-        "                  as plain text\n"
-        "  --segments      print the segments as JSON [[text, allow_special], ...]\n"
-        "  -h, --help      this help\n");
-}
+        "model); it is read only for --ids.\n",
+    .rows = render_rows, .n_rows = sizeof render_rows / sizeof *render_rows,
+    .max_positional = 1,
+};
 
 /* Reads a whole file, or stdin for "-". */
 static int read_request(const char *path, char **buf, size_t *len, k3_err *err) {
@@ -84,32 +97,16 @@ static int print_segments(const k3_segments *segs, k3_err *err) {
 }
 
 int k3_cmd_render(int argc, char **argv) {
-    const char *dir = NULL, *request = NULL;
-    bool ids = false, segments = false;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            render_usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "--ids")) {
-            ids = true;
-        } else if (!strcmp(a, "--segments")) {
-            segments = true;
-        } else if (!strcmp(a, "--request") && i + 1 < argc) {
-            request = argv[++i];
-        } else if (a[0] != '-' && !dir) {
-            dir = a;
-        } else {
-            fprintf(stderr, "k3 render: unknown option or missing value: '%s' (see k3 render "
-                    "--help)\n", a);
-            return K3_ERR_USAGE;
-        }
-    }
-    if (!request || (ids && segments)) {
-        fprintf(stderr, "k3 render: give --request FILE, and at most one of --ids and "
-                "--segments (see k3 render --help)\n");
-        return K3_ERR_USAGE;
-    }
+    render_args a = {0};
+    k3_opts_parsed parsed;
+    k3_opt_targets t = {.cmd = &a};
+    int prc = k3_opts_parse(&render_cmd, argc, argv, &t, &parsed);
+    if (prc) return prc < 0 ? 0 : prc;
+    if (!a.request || (a.ids && a.segments))
+        return k3_opts_usage_error(&render_cmd, "give --request FILE, and at most one of --ids "
+                                   "and --segments");
+    const char *dir = parsed.n_positional ? parsed.positional[0] : NULL, *request = a.request;
+    bool ids = a.ids, segments = a.segments;
     k3_err err = {0};
     k3_segments segs = {0};
     char *body = NULL;

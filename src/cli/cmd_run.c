@@ -400,7 +400,7 @@ int k3_cmd_run(int argc, char **argv) {
     rc = run(&o, &err);
     if (rc) {
         fflush(stdout);
-        k3_opts_error("run", err.msg);
+        k3_opts_error("run", &err);
     }
     free(o.prompt_text);
     return rc;

@@ -120,7 +120,7 @@ static int test_hooks(k3_server_opts *so) {
          k3_parse_double(delay, "K3_TEST_TOKEN_DELAY_MS", 0, 1000, &ms, &err)) ||
         (backlog && backlog[0] &&
          k3_parse_long(backlog, "K3_TEST_STREAM_BACKLOG_BYTES", 1, 1ll << 30, &bytes, &err))) {
-        k3_opts_error("serve", err.msg);
+        k3_opts_error("serve", &err);
         return 2;
     }
     so->token_delay_s = ms / 1e3;
@@ -218,6 +218,6 @@ int k3_cmd_serve(int argc, char **argv) {
     if (rc) return rc < 0 ? 0 : rc;
     k3_err err = {0};
     rc = serve(&a, &err);
-    if (rc) k3_opts_error("serve", err.msg);
+    if (rc) k3_opts_error("serve", &err);
     return rc;
 }

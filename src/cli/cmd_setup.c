@@ -11,8 +11,53 @@
 #include "interrupt.h"
 #include "opts.h"
 
-static void setup_usage(FILE *f) {
-    fprintf(f,
+/* What the table parses beyond k3_setup_opts' own fields (converted after parsing). */
+typedef struct setup_args {
+    k3_setup_opts *o;
+    int mode, connections, retries;
+    double backoff_s, timeout_s, chunk_mb, free_bytes;
+    const char *endpoint, *repo, *revision;
+} setup_args;
+
+#define SETUP(f) K3_OPT_CMD(setup_args, f), .field = #f
+static const k3_opt setup_rows[] = {
+    {.flag = "--full", SETUP(mode), .type = K3_OPT_SWITCH, .value = K3_SETUP_FULL,
+     .help = "mode: every shard (1.56 TB for Kimi K3)"},
+    {.flag = "--stream", SETUP(mode), .type = K3_OPT_SWITCH, .value = K3_SETUP_STREAM,
+     .help = "mode: the spine only (~115 GB): routed experts are fetched with one range\n"
+             "request each when the router first picks them, and kept"},
+    {.flag = "--finish", SETUP(mode), .type = K3_OPT_SWITCH, .value = K3_SETUP_FINISH,
+     .help = "mode: fetch every expert still missing (file-offset order, neighbours\n"
+             "coalesced); DEST becomes a full install"},
+    {.flag = "--check", SETUP(mode), .type = K3_OPT_SWITCH, .value = K3_SETUP_CHECK,
+     .help = "mode: verify what DEST holds; fetches nothing"},
+    {.flag = "--endpoint", .env = "HF_ENDPOINT", SETUP(endpoint), .type = K3_OPT_STR,
+     .flags = K3_OPTF_NONEMPTY, .meta = "URL",
+     .help = "server (default " K3_HF_ENDPOINT ")"},
+    {.flag = "--repo", SETUP(repo), .type = K3_OPT_STR, .flags = K3_OPTF_NONEMPTY,
+     .meta = "ID", .help = "repository (default " K3_HF_REPO ")"},
+    {.flag = "--revision", SETUP(revision), .type = K3_OPT_STR, .flags = K3_OPTF_NONEMPTY,
+     .meta = "REV", .help = "branch, tag or commit (default " K3_HF_REVISION ")"},
+    {.flag = "--connections", SETUP(connections), .type = K3_OPT_INT, .lo = 1, .hi = 64,
+     .meta = "N", .help = "parallel keep-alive connections (default 4, or the last k3 setup's\n"
+                          "into DEST; so for the three below)"},
+    {.flag = "--retries", SETUP(retries), .type = K3_OPT_INT, .lo = 0, .hi = 100,
+     .meta = "N", .help = "retries of a failed request: 5xx, timeout, reset, truncated or\n"
+                          "mismatched answer (default 5; 0 = none)"},
+    {.flag = "--backoff", SETUP(backoff_s), .type = K3_OPT_DOUBLE, .lo = 0.001, .hi = 600,
+     .meta = "S", .help = "seconds before the first retry, doubled each time (default 0.5)"},
+    {.flag = "--timeout", SETUP(timeout_s), .type = K3_OPT_DOUBLE, .lo = 1, .hi = 3600,
+     .meta = "S", .help = "seconds to connect, and without a byte before a retry (default 30)"},
+    {.flag = "--chunk-mb", SETUP(chunk_mb), .type = K3_OPT_DOUBLE, .lo = 1.0 / 1024,
+     .hi = 1 << 20, .meta = "N",
+     .help = "largest single range request, MiB (default 64; fractions ok)"},
+    {.env = "K3_SETUP_FREE_BYTES", SETUP(free_bytes), .type = K3_OPT_DOUBLE, .lo = 0, .hi = 9e18,
+     .help = "tests: assume this many free bytes instead of asking the file system"},
+};
+
+static const k3_cli_command setup_cmd = {
+    .name = "setup",
+    .usage =
         "usage: k3 setup DEST [--full | --stream | --finish | --check] [options]\n"
         "\n"
         "Installs a Kimi K3 snapshot into the folder DEST from any server laid out like the\n"
@@ -21,89 +66,44 @@ static void setup_usage(FILE *f) {
         "space (refusing with the exact number of bytes to free) before writing anything.\n"
         "Every file is checked (length; sha256 when the server gives one) before it gets its\n"
         "final name. Interrupted runs (Ctrl-C, crash, lost connection) resume where they\n"
-        "stopped when the same command is run again.\n"
-        "\n"
-        "modes (default: --full when the disk has room for everything, else --stream):\n"
-        "  --full             every shard (1.56 TB for Kimi K3)\n"
-        "  --stream           the spine only (~115 GB): routed experts are fetched with one\n"
-        "                     range request each when the router first picks them, and kept\n"
-        "  --finish           fetch every expert still missing (file-offset order, neighbours\n"
-        "                     coalesced); DEST becomes a full install\n"
-        "  --check            verify what DEST holds; fetches nothing\n"
-        "\n"
-        "options:\n"
-        "  --endpoint URL     server (default: $HF_ENDPOINT, else " K3_HF_ENDPOINT ")\n"
-        "  --repo ID          repository (default " K3_HF_REPO ")\n"
-        "  --revision REV     branch, tag or commit (default " K3_HF_REVISION ")\n"
-        "  --connections N    parallel keep-alive connections (default 4)\n"
-        "  --retries N        retries of a failed request: 5xx, timeout, reset, truncated or\n"
-        "                     mismatched answer (default 5; 0 = none)\n"
-        "  --backoff S        seconds before the first retry, doubled each time (default 0.5)\n"
-        "  --timeout S        seconds to connect, and without a byte before a retry (default 30)\n"
-        "  --chunk-mb N       largest single range request, MiB (default 64; fractions ok)\n"
-        "  -h, --help         this help\n"
-        "\n"
-        "environment: HF_TOKEN (bearer token, sent only to the endpoint's host, never stored),\n"
-        "HF_ENDPOINT, K3_SETUP_FREE_BYTES (assume this many free bytes; for tests).\n"
-        "Redirects are followed only to https: or to the endpoint's own host.\n"
-        "exit status: 0 ok, 2 usage, 3 I/O, 5 a bad header or --check found a problem,\n"
-        "10 network (after the retries), 11 not enough disk space, 130 interrupted.\n");
-}
-
-static int num(const char *s, const char *flag, double lo, double hi, double *out) {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || *end || end == s || v < lo || v > hi) {
-        fprintf(stderr, "k3 setup: %s needs a number in [%g, %g], got '%s'\n", flag, lo, hi, s);
-        return K3_ERR_USAGE;
-    }
-    *out = v;
-    return 0;
-}
+        "stopped when the same command is run again. Modes: at most one of --full, --stream,\n"
+        "--finish, --check (default: --full when the disk has room for everything, else\n"
+        "--stream).\n",
+    .rows = setup_rows, .n_rows = sizeof setup_rows / sizeof *setup_rows,
+    .groups = K3_OG_NET, /* HF_TOKEN */
+    .epilog = "HF_TOKEN is sent only to the endpoint's host as a bearer token, never stored.\n"
+              "Redirects are followed only to https: or to the endpoint's own host.\n"
+              "exit status: 0 ok, 2 usage, 3 I/O, 5 a bad header or --check found a problem,\n"
+              "10 network (after the retries), 11 not enough disk space, 130 interrupted.\n",
+    .max_positional = 1,
+};
 
 static int parse_args(int argc, char **argv, k3_setup_opts *o) {
-    int modes = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        bool has_val = i + 1 < argc;
-        double v = 0;
-        int rc = 0;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { setup_usage(stdout); return -1; }
-        else if (!strcmp(a, "--full")) o->mode = K3_SETUP_FULL, modes++;
-        else if (!strcmp(a, "--stream")) o->mode = K3_SETUP_STREAM, modes++;
-        else if (!strcmp(a, "--finish")) o->mode = K3_SETUP_FINISH, modes++;
-        else if (!strcmp(a, "--check")) o->mode = K3_SETUP_CHECK, modes++;
-        else if (!strcmp(a, "--endpoint") && has_val) o->endpoint = argv[++i];
-        else if (!strcmp(a, "--repo") && has_val) o->repo = argv[++i];
-        else if (!strcmp(a, "--revision") && has_val) o->revision = argv[++i];
-        else if (!strcmp(a, "--connections") && has_val) {
-            if (!(rc = num(argv[++i], a, 1, 64, &v))) o->connections = (int)v;
-        } else if (!strcmp(a, "--retries") && has_val) {
-            if (!(rc = num(argv[++i], a, 0, 100, &v))) o->retries = v == 0 ? -1 : (int)v;
-        } else if (!strcmp(a, "--backoff") && has_val) {
-            if (!(rc = num(argv[++i], a, 0.001, 600, &v))) o->backoff_s = v;
-        } else if (!strcmp(a, "--timeout") && has_val) {
-            if (!(rc = num(argv[++i], a, 1, 3600, &v))) o->timeout_s = v;
-        } else if (!strcmp(a, "--chunk-mb") && has_val) {
-            if (!(rc = num(argv[++i], a, 1.0 / 1024, 1 << 20, &v)))
-                o->chunk_bytes = (uint64_t)(v * 1048576.0);
-        } else if (a[0] != '-' && !o->dest) o->dest = a;
-        else {
-            fprintf(stderr, "k3 setup: unknown option or missing value: '%s' (see k3 setup "
-                    "--help)\n", a);
-            return K3_ERR_USAGE;
-        }
-        if (rc) return rc;
-    }
-    if (!o->dest) {
-        fprintf(stderr, "k3 setup: give the folder to install into (see k3 setup --help)\n");
-        return K3_ERR_USAGE;
-    }
-    if (modes > 1) {
-        fprintf(stderr, "k3 setup: give at most one of --full, --stream, --finish, --check\n");
-        return K3_ERR_USAGE;
-    }
+    setup_args a = {.o = o, .free_bytes = -1};
+    k3_cli_common cc;
+    k3_opts_parsed parsed;
+    k3_opt_targets t = {.cc = &cc, .cmd = &a};
+    int rc = k3_opts_parse(&setup_cmd, argc, argv, &t, &parsed);
+    if (rc) return rc;
+    if (!parsed.n_positional)
+        return k3_opts_usage_error(&setup_cmd, "give the folder to install into");
+    int modes = k3_opts_given(&setup_cmd, &parsed, "--full") +
+                k3_opts_given(&setup_cmd, &parsed, "--stream") +
+                k3_opts_given(&setup_cmd, &parsed, "--finish") +
+                k3_opts_given(&setup_cmd, &parsed, "--check");
+    if (modes > 1)
+        return k3_opts_usage_error(&setup_cmd, "give at most one of --full, --stream, --finish, "
+                                   "--check");
+    o->dest = parsed.positional[0];
+    o->mode = (enum k3_setup_mode)a.mode;
+    o->endpoint = a.endpoint, o->repo = a.repo, o->revision = a.revision;
+    o->token = cc.hf_token && cc.hf_token[0] ? cc.hf_token : NULL;
+    o->connections = a.connections;
+    /* k3_http_opts: 0 is the default (or the manifest's), -1 none */
+    o->retries = k3_opts_given(&setup_cmd, &parsed, "--retries") && !a.retries ? -1 : a.retries;
+    o->backoff_s = a.backoff_s, o->timeout_s = a.timeout_s;
+    o->chunk_bytes = (uint64_t)(a.chunk_mb * 1048576.0);
+    o->free_bytes = a.free_bytes < 0 ? -1 : (int64_t)a.free_bytes;
     return 0;
 }
 
@@ -112,16 +112,6 @@ int k3_cmd_setup(int argc, char **argv) {
                        .progress_bar = isatty(STDERR_FILENO) != 0};
     int rc = parse_args(argc, argv, &o);
     if (rc) return rc < 0 ? 0 : rc;
-    /* the option table's variables (opts.c): the only place that reads the environment */
-    const char *ep = k3_opts_env("HF_ENDPOINT"), *tok = k3_opts_env("HF_TOKEN");
-    const char *fake = k3_opts_env("K3_SETUP_FREE_BYTES");
-    if (!o.endpoint && ep && ep[0]) o.endpoint = ep;
-    if (tok && tok[0]) o.token = tok;
-    if (fake && fake[0]) {
-        double v;
-        if (num(fake, "K3_SETUP_FREE_BYTES", 0, 9e18, &v)) return K3_ERR_USAGE;
-        o.free_bytes = (int64_t)v;
-    }
     k3_cli_catch_sigint();
     k3_err err = {0};
     rc = k3_setup_run(&o, &err);

@@ -13,46 +13,54 @@
 #include "../util/fileio.h"
 #include "cli.h"
 #include "idlist.h"
+#include "opts.h"
 
 #define MAX_FILE_BYTES ((size_t)1 << 30)
 
-static void tokenize_usage(FILE *f) {
-    fprintf(f,
+typedef struct tok_args {
+    const char *dir, *arg, *file; /* arg: TEXT or IDS */
+    bool special;
+} tok_args;
+
+#define TOK(f) K3_OPT_CMD(tok_args, f), .field = #f
+static const k3_opt tokenize_rows[] = {
+    {.flag = "--special", TOK(special), .type = K3_OPT_SWITCH, .value = 1,
+     .help = "special-token spellings such as <|open|> or [BOS] become their ids\n"
+             "(default: they are ordinary text, as in user content)"},
+    {.flag = "--file", TOK(file), .type = K3_OPT_STR, .flags = K3_OPTF_NONEMPTY, .meta = "PATH",
+     .help = "tokenize the exact bytes of PATH instead of TEXT (- reads stdin)"},
+};
+static const k3_opt detokenize_rows[] = {
+    {.flag = "--file", TOK(file), .type = K3_OPT_STR, .flags = K3_OPTF_NONEMPTY, .meta = "PATH",
+     .help = "read the ids from PATH (commas, spaces or newlines between them; - reads\n"
+             "stdin, e.g. k3 tokenize TEXT | k3 detokenize --file -)"},
+};
+
+static const k3_cli_command tokenize_cmd = {
+    .name = "tokenize",
+    .usage =
         "usage: k3 tokenize [DIR] [--special] (--file PATH | TEXT)\n"
         "\n"
         "Prints the token ids of TEXT (UTF-8) on one line, comma-separated. No [BOS] is added.\n"
         "DIR holds tiktoken.model and tokenizer_config.json (default: the bundled fixture\n"
-        "model).\n"
-        "\n"
-        "  --special      special-token spellings such as <|open|> or [BOS] become their ids\n"
-        "                 (default: they are ordinary text, as in user content)\n"
-        "  --file PATH    tokenize the exact bytes of PATH instead of TEXT (- reads stdin)\n"
-        "  --             end of options (for a TEXT that starts with '-')\n"
-        "  -h, --help     this help\n");
-}
-
-static void detokenize_usage(FILE *f) {
-    fprintf(f,
+        "model).\n",
+    .rows = tokenize_rows, .n_rows = sizeof tokenize_rows / sizeof *tokenize_rows,
+    .max_positional = 2, .end_of_options = 1,
+};
+static const k3_cli_command detokenize_cmd = {
+    .name = "detokenize",
+    .usage =
         "usage: k3 detokenize [DIR] (--file PATH | IDS)\n"
         "\n"
         "Prints the text of IDS (token ids separated by commas and/or spaces, as k3 tokenize\n"
         "prints them) followed by a newline. Bytes that are not valid UTF-8 print as U+FFFD;\n"
         "special ids print as their spelling. DIR holds tiktoken.model and\n"
-        "tokenizer_config.json (default: the bundled fixture model).\n"
-        "\n"
-        "  --file PATH    read the ids from PATH (commas, spaces or newlines between them;\n"
-        "                 - reads stdin, e.g. k3 tokenize TEXT | k3 detokenize --file -)\n"
-        "  -h, --help     this help\n"
-        "\n"
-        "Exit status 2 for an item that is not an id, 7 for an id outside the vocabulary\n"
-        "(the message gives the id, the vocabulary size and, for --file, the line).\n");
-}
-
-static int usage_error(const char *cmd, const char *what, const char *arg) {
-    fprintf(stderr, "k3 %s: %s%s%s (see k3 %s --help)\n", cmd, what, arg ? ": " : "",
-            arg ? arg : "", cmd);
-    return K3_ERR_USAGE;
-}
+        "tokenizer_config.json (default: the bundled fixture model).\n",
+    .rows = detokenize_rows, .n_rows = sizeof detokenize_rows / sizeof *detokenize_rows,
+    .epilog = "Exit status 2 for an item that is not an id, 7 for an id outside the vocabulary\n"
+              "(the message gives the id, the vocabulary size and, for --file, the line).\n",
+    .max_positional = 2, .end_of_options = 1,
+};
 
 static bool is_tokenizer_dir(const char *path) {
     char p[PATH_MAX];
@@ -63,11 +71,6 @@ static bool is_tokenizer_dir(const char *path) {
 
 /* ---- argument parsing ---------------------------------------------------------------- */
 
-typedef struct tok_args {
-    const char *dir, *arg, *file; /* arg: TEXT or IDS */
-    bool special;
-} tok_args;
-
 /* What is wrong with `rest` positionals after DIR, or NULL. */
 static const char *arity_problem(bool has_file, int rest, bool with_options) {
     if (has_file) return rest ? (with_options ? "--file and TEXT both given"
@@ -77,28 +80,19 @@ static const char *arity_problem(bool has_file, int rest, bool with_options) {
     return rest > 1 ? "too many arguments, or DIR has no tiktoken.model" : NULL;
 }
 
-/* Parses [DIR] [options] ARG; --file for both, with_options enables --special (tokenize
- * only). Returns 0, -1 after printing help, or K3_ERR_USAGE. */
-static int parse_args(int argc, char **argv, bool with_options, tok_args *a) {
-    const char *cmd = argv[0], *pos[3];
-    int n_pos = 0;
-    bool opts_done = false;
+/* Parses [DIR] [options] ARG through the table of cmd (tokenize: --special and --file;
+ * detokenize: --file). Returns 0, -1 after printing help, or K3_ERR_USAGE. */
+static int parse_args(const k3_cli_command *cmd, int argc, char **argv, tok_args *a) {
     *a = (tok_args){0};
-    for (int i = 1; i < argc; i++) {
-        const char *s = argv[i];
-        bool is_opt = !opts_done && s[0] == '-' && s[1] != 0;
-        if (!is_opt && n_pos == 2) return usage_error(cmd, "too many arguments", s);
-        if (!is_opt) pos[n_pos++] = s;
-        else if (!strcmp(s, "--")) opts_done = true;
-        else if (!strcmp(s, "-h") || !strcmp(s, "--help")) return -1;
-        else if (with_options && !strcmp(s, "--special")) a->special = true;
-        else if (!strcmp(s, "--file") && i + 1 < argc) a->file = argv[++i];
-        else return usage_error(cmd, "unknown option or missing value", s);
-    }
-    int first = 0;
+    k3_opts_parsed parsed;
+    k3_opt_targets t = {.cmd = a};
+    int rc = k3_opts_parse(cmd, argc, argv, &t, &parsed);
+    if (rc) return rc;
+    const char *const *pos = parsed.positional;
+    int n_pos = parsed.n_positional, first = 0;
     if (n_pos > 0 && is_tokenizer_dir(pos[0])) a->dir = pos[first++];
-    const char *problem = arity_problem(a->file != NULL, n_pos - first, with_options);
-    if (problem) return usage_error(cmd, problem, NULL);
+    const char *problem = arity_problem(a->file != NULL, n_pos - first, cmd == &tokenize_cmd);
+    if (problem) return k3_opts_usage_error(cmd, problem);
     if (!a->file) a->arg = pos[first];
     if (!a->dir) a->dir = k3_default_model_dir();
     return 0;
@@ -146,8 +140,8 @@ static int read_input(const char *path, char **out, size_t *len, const char **na
 
 int k3_cmd_tokenize(int argc, char **argv) {
     tok_args a;
-    int rc = parse_args(argc, argv, true, &a);
-    if (rc) return rc < 0 ? (tokenize_usage(stdout), 0) : rc;
+    int rc = parse_args(&tokenize_cmd, argc, argv, &a);
+    if (rc) return rc < 0 ? 0 : rc;
     k3_err err = {0};
     char *file_text = NULL;
     size_t len = a.arg ? strlen(a.arg) : 0, n;
@@ -170,8 +164,8 @@ int k3_cmd_tokenize(int argc, char **argv) {
 
 int k3_cmd_detokenize(int argc, char **argv) {
     tok_args a;
-    int rc = parse_args(argc, argv, false, &a);
-    if (rc) return rc < 0 ? (detokenize_usage(stdout), 0) : rc;
+    int rc = parse_args(&detokenize_cmd, argc, argv, &a);
+    if (rc) return rc < 0 ? 0 : rc;
     int32_t *ids = NULL;
     size_t n = 0, len = a.arg ? strlen(a.arg) : 0;
     k3_err err = {0};

@@ -21,19 +21,21 @@
 #define ARCH "other"
 #endif
 
+static const k3_cli_command version_cmd = {
+    .name = "version",
+    .usage = "usage: k3 version (or k3 --version)\n\nPrints the k3 version, the CPU kernel paths "
+             "compiled into this binary, those this CPU runs\nand the one k3 picks (--kernels or "
+             "K3_KERNELS overrides), and whether the CUDA backend is\ncompiled in. Exit status "
+             "0.\n",
+    .groups = K3_OG_KERNELS,
+};
+
 int k3_cmd_version(int argc, char **argv) {
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: k3 version (or k3 --version)\n\nPrints the k3 version, the CPU "
-                   "kernel paths compiled into this binary, those this CPU runs and the one\n"
-                   "k3 picks (K3_KERNELS overrides), and whether the CUDA backend is compiled "
-                   "in. Exit status 0.\n");
-            return 0;
-        }
-        fprintf(stderr, "k3 version: unexpected argument '%s' (see k3 version --help)\n",
-                argv[i]);
-        return K3_ERR_USAGE;
-    }
+    k3_engine_opts eo;
+    k3_opts_parsed parsed;
+    k3_opt_targets t = {.eo = &eo};
+    int rc = k3_opts_parse(&version_cmd, argc, argv, &t, &parsed);
+    if (rc) return rc < 0 ? 0 : rc;
     const k3_kernels *runs[8];
     int n = k3_kernels_available(runs, 8);
     printf("k3 %s\n", K3_VERSION);
@@ -42,9 +44,11 @@ int k3_cmd_version(int argc, char **argv) {
     for (int i = 0; i < n; i++) printf("%s %s", i ? "," : "", k3_kernels_name(runs[i]));
     const k3_kernels *pick;
     k3_err err = {0};
-    const char *forced = k3_opts_env("--kernels"); /* K3_KERNELS, as the option table reads it */
+    const char *forced = eo.kernels; /* --kernels or K3_KERNELS, as every command reads it */
+    int from = k3_opts_given(&version_cmd, &parsed, "--kernels");
     if (k3_kernels_select(forced, &pick, &err) == K3_OK)
-        printf("; picked: %s%s\n", k3_kernels_name(pick), forced ? " (set by K3_KERNELS)" : "");
+        printf("; picked: %s%s\n", k3_kernels_name(pick),
+               from == 2 ? " (set by K3_KERNELS)" : from ? " (set by --kernels)" : "");
     else
         printf("; picked: none (K3_KERNELS='%s': %s)\n", forced, err.msg);
 #ifdef K3_WITH_CUDA

@@ -1,7 +1,6 @@
 /* opts.c — the option table and its parser (see opts.h). */
 #include "opts.h"
 
-#include <ctype.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -43,7 +42,7 @@ static const k3_opt table[] = {
      .help = "compute threads (default: OpenMP's own count when OMP_NUM_THREADS is\n"
              "set, else the physical cores)"},
     {.flag = "--kernels", .env = "K3_KERNELS", K3_OPT_ENG(kernels), .type = K3_OPT_STR,
-     .meta = "PATH", .group = K3_OG_THREADS,
+     .meta = "PATH", .group = K3_OG_KERNELS,
      .help = "kernel path: scalar, avx2, avx512 or neon (default: the fastest this CPU\n"
              "runs; k3 version lists them)"},
     /* ---- spine */
@@ -186,11 +185,6 @@ static const k3_opt table[] = {
      .group = K3_OG_NET,
      .help = "Hugging Face token for the experts a streaming install (k3 setup --stream)\n"
              "still downloads"},
-    /* read by k3 setup through k3_opts_env (it has flags of its own) */
-    {.env = "HF_ENDPOINT", .field = "endpoint", .type = K3_OPT_STR,
-     .help = "k3 setup: the Hugging Face endpoint (default https://huggingface.co)"},
-    {.env = "K3_SETUP_FREE_BYTES", .field = "free_bytes", .type = K3_OPT_STR,
-     .flags = K3_OPTF_LAB, .help = "tests: the free disk space k3 setup assumes"},
     /* ---- output */
     {.flag = "--quiet", .alias = "-q", .field = "quiet", K3_OPT_COM(quiet),
      .type = K3_OPT_SWITCH, .value = 1, .group = K3_OG_QUIET,
@@ -203,7 +197,7 @@ static const struct {
     unsigned group;
     const char *title;
 } group_titles[] = {
-    {K3_OG_DEVICE, "device"}, {K3_OG_THREADS, "threads and kernels"},
+    {K3_OG_DEVICE, "device"}, {K3_OG_THREADS, "threads"}, {K3_OG_KERNELS, "kernels"},
     {K3_OG_SPINE, "spine"}, {K3_OG_BUDGET, "spine folder and budget"},
     {K3_OG_STORE, "expert store (routed experts are read from the shards on demand)"},
     {K3_OG_TRACE, "tracing"}, {K3_OG_SPEED, "speed (exact)"}, {K3_OG_SAMPLING, "sampling"}, {K3_OG_CHAT, "chat"},
@@ -307,16 +301,22 @@ static int find(const k3_opt *const *rows, int n, const char *a, size_t len) {
     return -1;
 }
 
+static const char *prog(const k3_cli_command *cmd) { return cmd->prog ? cmd->prog : "k3"; }
+
 static int usage_error(const k3_cli_command *cmd, const char *fmt, const char *a) {
-    fprintf(stderr, "k3 %s: ", cmd->name);
+    fprintf(stderr, "%s %s: ", prog(cmd), cmd->name);
     fprintf(stderr, fmt, a);
-    fprintf(stderr, " (see k3 %s --help)\n", cmd->name);
+    fprintf(stderr, " (see %s %s --help)\n", prog(cmd), cmd->name);
     return K3_ERR_USAGE;
 }
 
 static int fail_print(const k3_cli_command *cmd, const k3_err *err) {
-    fprintf(stderr, "k3 %s: %s\n", cmd->name, err->msg);
+    fprintf(stderr, "%s %s: %s\n", prog(cmd), cmd->name, err->msg);
     return K3_ERR_USAGE;
+}
+
+int k3_opts_usage_error(const k3_cli_command *cmd, const char *what) {
+    return usage_error(cmd, "%s", what);
 }
 
 int k3_opts_parse(const k3_cli_command *cmd, int argc, char **argv, const k3_opt_targets *t,
@@ -334,13 +334,18 @@ int k3_opts_parse(const k3_cli_command *cmd, int argc, char **argv, const k3_opt
     for (int i = 0; i < n; i++) /* defaults, through the same parser */
         if (rows[i]->def && set_value(rows[i], rows[i]->def, rows[i]->flag, t, &err))
             return fail_print(cmd, &err);
+    bool options_done = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+        if (!options_done && cmd->end_of_options && !strcmp(a, "--")) {
+            options_done = true;
+            continue;
+        }
+        if (!options_done && (!strcmp(a, "-h") || !strcmp(a, "--help"))) {
             k3_opts_usage(cmd, stdout);
             return -1;
         }
-        if (a[0] != '-' || !a[1]) {
+        if (options_done || a[0] != '-' || !a[1]) {
             if (out->n_positional >= cmd->max_positional)
                 return usage_error(cmd, "unexpected argument '%s'", a);
             out->positional[out->n_positional++] = a;
@@ -379,8 +384,8 @@ int k3_opts_parse(const k3_cli_command *cmd, int argc, char **argv, const k3_opt
     if (t->co && k3_opts_given(cmd, out, "--seed")) {
         t->co->has_seed = true;
         if (!(t->co->sampling.temperature > 0))
-            fprintf(stderr, "k3 %s: warning: --seed is unused at temperature 0 (greedy "
-                    "decoding); give --temperature T > 0 to sample\n", cmd->name);
+            fprintf(stderr, "%s %s: warning: --seed is unused at temperature 0 (greedy "
+                    "decoding); give --temperature T > 0 to sample\n", prog(cmd), cmd->name);
     }
     return K3_OK;
 }
@@ -389,7 +394,7 @@ int k3_opts_given(const k3_cli_command *cmd, const k3_opts_parsed *p, const char
     const k3_opt *rows[160];
     int n = collect(cmd, rows, 160);
     for (int i = 0; i < n; i++)
-        if (rows[i]->flag && !strcmp(rows[i]->flag, flag)) return p->given[i] != 0;
+        if (rows[i]->flag && !strcmp(rows[i]->flag, flag)) return p->given[i];
     return 0;
 }
 
@@ -444,61 +449,38 @@ static void print_row(const k3_opt *r, FILE *f) {
 void k3_opts_usage(const k3_cli_command *cmd, FILE *f) {
     fprintf(f, "%s", cmd->usage);
     if (cmd->n_rows) fprintf(f, "\noptions:\n");
-    for (size_t i = 0; i < cmd->n_rows; i++) print_row(&cmd->rows[i], f);
+    for (size_t i = 0; i < cmd->n_rows; i++)
+        if (!(cmd->rows[i].flags & K3_OPTF_HIDDEN)) print_row(&cmd->rows[i], f);
     for (size_t g = 0; g < sizeof group_titles / sizeof *group_titles; g++) {
         if (!(cmd->groups & group_titles[g].group)) continue;
         fprintf(f, "\n%s:\n", group_titles[g].title);
         for (size_t i = 0; i < N_TABLE; i++)
             if (table[i].group == group_titles[g].group) print_row(&table[i], f);
     }
-    fprintf(f, "\n  -h, --help           this help\n"
-               "Flags take --flag VALUE or --flag=VALUE; a flag beats its variable.\n");
+    fprintf(f, "\n  -h, --help           this help\n");
+    if (cmd->end_of_options) fprintf(f, "  --                   end of options (for an argument "
+                                        "that starts with '-')\n");
+    fprintf(f, "Flags take --flag VALUE or --flag=VALUE; a flag beats its variable.\n");
     if (cmd->epilog) fprintf(f, "\n%s", cmd->epilog);
 }
 
 /* ---- library errors: field names to flags --------------------------------------------------- */
 
-static bool word_char(char c) { return isalnum((unsigned char)c) || c == '_'; }
-
-void k3_opts_map_fields(const char *msg, char *out, size_t cap) {
-    size_t o = 0;
-    for (size_t i = 0; msg[i] && o + 1 < cap;) {
-        const k3_opt *hit = NULL;
-        size_t len = 0;
-        if (i == 0 || !word_char(msg[i - 1]))
-            for (size_t k = 0; k < N_TABLE && !hit; k++) {
-                const k3_opt *r = &table[k];
-                if (r->target != K3_OT_ENGINE || !r->flag) continue;
-                size_t fl = strlen(r->field);
-                if (strncmp(msg + i, r->field, fl) || word_char(msg[i + fl])) continue;
-                /* a field without '_' is also an English word: only "device 'x'" maps */
-                if (!strchr(r->field, '_') && strncmp(msg + i + fl, " '", 2)) continue;
-                hit = r, len = fl;
-            }
-        if (hit) {
-            int w = snprintf(out + o, cap - o, "%s", hit->flag);
-            o = w > 0 && (size_t)w < cap - o ? o + (size_t)w : cap - 1;
-            i += len;
-        } else {
-            out[o++] = msg[i++];
-        }
-    }
-    out[o < cap ? o : cap - 1] = 0;
-}
-
-void k3_opts_error(const char *cmd, const char *msg) {
-    if (!msg[0]) return; /* already said (an MPI follower rank: rank 0 reports) */
-    char mapped[1400];
-    k3_opts_map_fields(msg, mapped, sizeof mapped);
-    fprintf(stderr, "k3 %s: %s\n", cmd, mapped);
-}
-
-const char *k3_opts_env(const char *name) {
-    for (size_t i = 0; i < N_TABLE; i++)
-        if (table[i].env && ((table[i].flag && !strcmp(table[i].flag, name)) ||
-                             !strcmp(table[i].env, name))) {
-            const char *v = getenv(table[i].env);
-            return v && *v ? v : NULL;
-        }
+const char *k3_opts_flag_of(const char *field) {
+    for (size_t k = 0; field && *field && k < N_TABLE; k++)
+        if (table[k].flag && table[k].field && !strcmp(table[k].field, field))
+            return table[k].flag;
     return NULL;
+}
+
+void k3_opts_error(const char *cmd, const k3_err *err) {
+    if (!err->msg[0]) return; /* already said (an MPI follower rank: rank 0 reports) */
+    const char *flag = k3_opts_flag_of(err->field);
+    size_t n = strlen(err->field);
+    if (flag && !strncmp(err->msg, err->field, n))
+        fprintf(stderr, "k3 %s: %s%s\n", cmd, flag, err->msg + n);
+    else if (flag)
+        fprintf(stderr, "k3 %s: %s (%s is %s)\n", cmd, err->msg, err->field, flag);
+    else
+        fprintf(stderr, "k3 %s: %s\n", cmd, err->msg);
 }

@@ -1,10 +1,12 @@
-/* opts.h — the option table: every flag of the commands that load a model, in one place.
+/* opts.h — the option table: every flag of every k3 and k3-lab command, in one place.
  * One row per option: its flag, its environment variable (if any), type and range, default,
  * help text and the field it sets (a k3_engine_opts field, a field of the generation and chat
  * options of gen.h, a CLI-level field of k3_cli_common, or a field of the command's own
- * struct). Commands draw the shared groups (device, threads and kernels, spine, expert store,
+ * struct). Commands draw the shared groups (device, threads, kernels, spine, expert store,
  * speed, sampling, chat, context, state) and add rows of their own; --help is printed from
- * the same rows, so help and behaviour cannot disagree.
+ * the same rows, so help and behaviour cannot disagree. No command parses argv by hand: k3's
+ * commands (src/cli) and k3-lab's (src/lab, the only other layer that may include this
+ * header) all go through k3_opts_parse.
  *
  * Invariants:
  *  - Precedence: flag, then the row's variable (set and non-empty), then the row's default
@@ -54,7 +56,16 @@ enum k3_opt_type {
     K3_OPT_CHOICE, /* int: the value of the matching `choices` name */
 };
 
-enum { K3_OPTF_LO_OPEN = 1, K3_OPTF_NONEMPTY = 2, K3_OPTF_LAB = 4 };
+enum {
+    K3_OPTF_LO_OPEN = 1,
+    K3_OPTF_NONEMPTY = 2,
+    K3_OPTF_LAB = 4,
+    K3_OPTF_HIDDEN = 8, /* parsed but not listed in --help: a sibling command's flag, which the
+                         * command refuses after parsing with a pointer to the sibling */
+};
+
+#define K3_XSTR(x) #x
+#define K3_STR(x) K3_XSTR(x) /* a macro's value in a help string: K3_STR(K3_MAX_CHUNK) */
 
 typedef struct k3_opt_choice {
     const char *name;
@@ -64,7 +75,7 @@ typedef struct k3_opt_choice {
 /* Groups of shared rows. */
 enum {
     K3_OG_DEVICE = 1 << 0,   /* --device, --gpu-gb */
-    K3_OG_THREADS = 1 << 1,  /* --threads, --kernels */
+    K3_OG_THREADS = 1 << 1,  /* --threads (the one row every command's threads come from) */
     K3_OG_SPINE = 1 << 2,    /* --spine, --approx */
     K3_OG_BUDGET = 1 << 3,   /* --pack-dir, --spine-gb */
     K3_OG_STORE = 1 << 4,    /* --expert-gb ... --router-trace */
@@ -76,8 +87,10 @@ enum {
     K3_OG_NET = 1 << 10,     /* HF_TOKEN (variable only) */
     K3_OG_QUIET = 1 << 11,   /* -q, --quiet */
     K3_OG_TRACE = 1 << 12,   /* --profile, --router-trace (run, chat) */
-    K3_OG_MODEL = K3_OG_DEVICE | K3_OG_THREADS | K3_OG_SPINE | K3_OG_BUDGET | K3_OG_STORE |
-                  K3_OG_NET | K3_OG_QUIET, /* every command that loads a model for generation */
+    K3_OG_KERNELS = 1 << 13, /* --kernels */
+    K3_OG_MODEL = K3_OG_DEVICE | K3_OG_THREADS | K3_OG_KERNELS | K3_OG_SPINE | K3_OG_BUDGET |
+                  K3_OG_STORE | K3_OG_NET | K3_OG_QUIET, /* every command that loads a model for
+                                                          * generation */
 };
 
 typedef struct k3_opt {
@@ -108,12 +121,14 @@ typedef struct k3_opt {
 /* A command's options: its own rows and the shared groups it draws. */
 typedef struct k3_cli_command {
     const char *name;        /* "run": messages say "k3 run: ..." */
+    const char *prog;        /* "k3-lab" for the lab's commands; NULL = "k3" */
     const char *usage;       /* printed first by --help (usage line and description) */
     const k3_opt *rows;      /* the command's own rows (any target) */
     size_t n_rows;
     unsigned groups;         /* K3_OG_* */
     const char *epilog;      /* printed last by --help, or NULL */
     int max_positional;      /* MODEL_DIR and the like */
+    int end_of_options;      /* 1: "--" ends the options (what follows is positional) */
 } k3_cli_command;
 
 /* Where the targets are (NULL for targets the command does not use). */
@@ -141,25 +156,30 @@ typedef struct k3_opts_parsed {
 int k3_opts_parse(const k3_cli_command *cmd, int argc, char **argv, const k3_opt_targets *t,
                   k3_opts_parsed *out);
 
-/* 1 when the row for flag was given by flag or variable. */
+/* 1 when the row for flag was given by its flag, 2 by its variable, else 0. */
 int k3_opts_given(const k3_cli_command *cmd, const k3_opts_parsed *p, const char *flag);
+
+/* Prints "PROG CMD: WHAT (see PROG CMD --help)" to stderr (a rule the rows cannot state: a
+ * missing positional, two modes at once); returns K3_ERR_USAGE. */
+int k3_opts_usage_error(const k3_cli_command *cmd, const char *what);
 
 /* The help of cmd: its usage, its rows, then each shared group it draws. */
 void k3_opts_usage(const k3_cli_command *cmd, FILE *f);
 
-/* Prints "k3 CMD: MSG\n" to stderr with the library's field names (e.g. "expert_gb",
- * "spine_gb", "device 'x'") replaced by the flags that set them. */
-void k3_opts_error(const char *cmd, const char *msg);
+/* Prints a library error as "k3 CMD: MSG\n" to stderr. When the error is about an option
+ * field (err->field, set by k3_fail_field: msg starts with it), the flag of the table row
+ * that sets that field stands where the field's name stood ("spine_gb 2e+06: ..." becomes
+ * "--spine-gb 2e+06: ..."); a field no row sets, or a message prefixed since, is printed as
+ * it is followed by "(FIELD is FLAG)". Nothing is searched in the text. An empty message is
+ * not printed (an MPI follower rank: rank 0 reports). */
+void k3_opts_error(const char *cmd, const k3_err *err);
 
-/* Writes msg with field names mapped to flags into out (for callers that print elsewhere). */
-void k3_opts_map_fields(const char *msg, char *out, size_t cap);
+/* The flag of the table row that sets field (a k3_engine_opts or k3_cli_common field), or
+ * NULL. */
+const char *k3_opts_flag_of(const char *field);
 
 /* The shared table (for tests and `k3 version`): rows and count. */
 const k3_opt *k3_opts_table(size_t *n);
 
-/* The value of the variable of the row named by its flag or its variable (set and
- * non-empty), or NULL: for commands that read a table variable without parsing the table
- * (k3 version: K3_KERNELS; k3 setup: HF_TOKEN, HF_ENDPOINT, K3_SETUP_FREE_BYTES). */
-const char *k3_opts_env(const char *name);
 
 #endif

@@ -341,7 +341,8 @@ static int make_plan(k3_gpu *g, const k3_gpu_opts *o, plan *p, k3_err *err) {
     if (o->gpu_gb > 0) {
         p->budget = (uint64_t)(o->gpu_gb * 1e9);
         if (p->budget > fr)
-            return k3_fail(err, K3_ERR_USAGE, "gpu_gb %.3g exceeds the %.3g GB of free device "
+            return k3_fail_field(err, K3_ERR_USAGE, "gpu_gb",
+                                 " %.3g exceeds the %.3g GB of free device "
                            "memory", o->gpu_gb, fr / 1e9);
     } else {
         p->budget = fr > margin ? fr - margin : 0;

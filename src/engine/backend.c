@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "k3_lab.h"
 #ifdef K3_WITH_CUDA
 #include "../cuda/gpu.h"
 #endif
@@ -21,10 +22,12 @@ struct k3_backend {
 #ifdef K3_WITH_CUDA
 static int open_cuda(k3_backend *b, const k3_engine_opts *o, const char *why, k3_err *err) {
     if (!(o->gpu_gb >= 0 && o->gpu_gb < 1e9)) /* also inf and nan */
-        return k3_fail(err, K3_ERR_USAGE, "gpu_gb %g: expected a number of GB from 0 to 1e9",
+        return k3_fail_field(err, K3_ERR_USAGE, "gpu_gb",
+                             " %g: expected a number of GB from 0 to 1e9",
                        o->gpu_gb);
-    k3_gpu_opts go = {.gpu_gb = o->gpu_gb, .max_layers = o->gpu_max_layers,
-                      .expert_slots = o->gpu_expert_slots, .profile = o->gpu_profile};
+    k3_lab_opts lab = o->lab ? *o->lab : k3_lab_opts_default(); /* the lab's controls */
+    k3_gpu_opts go = {.gpu_gb = o->gpu_gb, .max_layers = lab.gpu_max_layers,
+                      .expert_slots = lab.gpu_expert_slots, .profile = lab.gpu_profile};
     int rc;
     k3_gpu *g = NULL;
     char plan[900];
@@ -40,7 +43,7 @@ int k3_backend_open(const k3_model *m, const k3_engine_opts *o, k3_backend **out
                     k3_err *err) {
     const char *dev = o->device && *o->device ? o->device : "cpu";
     if (strcmp(dev, "cpu") && strcmp(dev, "cuda") && strcmp(dev, "auto"))
-        return k3_fail(err, K3_ERR_USAGE, "device '%s': expected cpu, cuda or auto", dev);
+        return k3_fail_field(err, K3_ERR_USAGE, "device", " '%s': expected cpu, cuda or auto", dev);
     k3_backend *b = calloc(1, sizeof *b);
     if (!b) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
     b->m = m;
@@ -56,7 +59,7 @@ int k3_backend_open(const k3_model *m, const k3_engine_opts *o, k3_backend **out
         snprintf(b->line, sizeof b->line, "device: cpu");
 #else
     if (!strcmp(dev, "cuda"))
-        rc = k3_fail(err, K3_ERR_DEVICE, "device 'cuda': this k3 was built without CUDA "
+        rc = k3_fail_field(err, K3_ERR_DEVICE, "device", " 'cuda': this k3 was built without CUDA "
                      "(rebuild with make CUDA=1 where nvcc is installed)");
     snprintf(b->line, sizeof b->line, "device: cpu%s",
              strcmp(dev, "auto") ? "" : " (auto: this k3 was built without CUDA)");

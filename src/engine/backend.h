@@ -12,9 +12,9 @@
  *    has CUDA and a device answers, and otherwise the CPU; the startup line says which and
  *    why. "cuda" without CUDA support or without a device is an error (K3_ERR_DEVICE), never
  *    a silent fallback.
- *  - GPU knobs: opts->gpu_gb (device memory budget, GB); for tests and benchmarks
- *    opts->gpu_max_layers (most resident spine layers; the rest are streamed),
- *    opts->gpu_expert_slots (exact expert cache size) and opts->gpu_profile (per-layer times).
+ *  - GPU knobs: opts->gpu_gb (device memory budget, GB); for tests and benchmarks, through
+ *    opts->lab (k3_lab.h): gpu_max_layers (most resident spine layers; the rest are
+ *    streamed), gpu_expert_slots (exact expert cache size) and gpu_profile (per-layer times).
  */
 #ifndef K3_BACKEND_H
 #define K3_BACKEND_H

@@ -27,6 +27,7 @@
 #include "../tok/tokenizer.h"
 #include "backend.h"
 #include "k3_test.h"
+#include "k3_lab.h"
 #include "engine_internal.h"
 
 /* The figures `k3 pack` stored beside the pack, if they belong to this very file. */
@@ -58,7 +59,7 @@ static int open_spine(k3_engine *e, const char *model_dir, const k3_engine_opts 
     int present = access(path, F_OK) == 0;
     e->approx = o->approx != 0;
     if (e->approx && (mode == K3_SPINE_BF16 || !present))
-        return k3_fail(err, K3_ERR_USAGE, "approx multiplies the int8 spine with int8 "
+        return k3_fail_field(err, K3_ERR_USAGE, "approx", " multiplies the int8 spine with int8 "
                        "activations; %s", mode == K3_SPINE_BF16 ? "it cannot be used with "
                        "spine bf16" : "build the int8 spine first with k3 pack");
     if (mode == K3_SPINE_BF16 || (mode == K3_SPINE_AUTO && !present)) {
@@ -80,26 +81,24 @@ static int open_spine(k3_engine *e, const char *model_dir, const k3_engine_opts 
 
 /* ---- expert store (issue 3) ---------------------------------------------------------- */
 
+/* The lab's controls (k3_lab.h), or their defaults when the caller gave none. */
+static const k3_lab_opts *lab_of(const k3_engine_opts *o) {
+    static const k3_lab_opts none = {.gpu_max_layers = -1};
+    return o->lab ? o->lab : &none;
+}
+
 static int store_settings(const k3_engine_opts *o, k3_store_settings *ss, k3_err *err) {
-    *ss = (k3_store_settings){o->expert_gb, o->expert_slots, o->load_threads, o->direct,
+    *ss = (k3_store_settings){o->expert_gb, lab_of(o)->expert_slots, o->load_threads, o->direct,
                               o->pipe, K3_POLICY_DEFAULT, o->experts_in_place, o->dirs,
                               o->io_engine};
     if (o->cache_policy && (ss->policy = k3_cache_policy_parse(o->cache_policy)) < 0)
-        return k3_fail(err, K3_ERR_USAGE, "cache_policy '%s': expected lru or s3fifo",
+        return k3_fail_field(err, K3_ERR_USAGE, "cache_policy", " '%s': expected lru or s3fifo",
                        o->cache_policy);
     return k3_store_settings_check(ss, err);
 }
 
-static uint64_t rss_bytes(void) {
-    long pages = 0, rss = 0;
-    FILE *f = fopen("/proc/self/statm", "r");
-    if (f && fscanf(f, "%ld %ld", &pages, &rss) != 2) rss = 0;
-    if (f) fclose(f);
-    return (uint64_t)rss * (uint64_t)sysconf(_SC_PAGESIZE);
-}
-
 static int open_store(k3_engine *e, const k3_store_settings *ss, k3_err *err) {
-    k3_mem_plan plan = {.base_bytes = rss_bytes(),
+    k3_mem_plan plan = {.base_bytes = e->mplan.base_bytes,
                         .spine_bytes = k3_spine_ram_bytes(e->model.spine, &e->model),
                         .state_bytes = e->mplan.sessions_bytes,
                         .limit_bytes = e->mplan.limit_bytes,
@@ -167,10 +166,27 @@ static uint64_t slot_estimate(const k3_config *c) {
     return (bytes + align - 1) / align * align + align;
 }
 
+/* Bytes of the metadata read before weights (plan.h's base allowance): every shard's header
+ * and the snapshot's small files. From the files, never from the process's RSS, so that the
+ * plan is the same for every run (and for `k3 plan`) on the same snapshot. */
+static uint64_t metadata_bytes(const k3_checkpoint *ck) {
+    static const char *const files[] = {"config.json", "model.safetensors.index.json",
+                                        "tiktoken.model", "tokenizer_config.json"};
+    uint64_t n = 0;
+    for (int i = 0; i < ck->n_shards; i++) n += ck->shards[i].data_start;
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        char path[4200];
+        struct stat st;
+        snprintf(path, sizeof path, "%s/%s", ck->dir, files[i]);
+        if (stat(path, &st) == 0 && st.st_size > 0) n += (uint64_t)st.st_size;
+    }
+    return n;
+}
+
 /* The machine of o->memory_gb: that much RAM, all of it available, no cgroup. */
 static void given_machine(double gb, k3_machine_mem *m) {
-    *m = (k3_machine_mem){.ram_total_bytes = (uint64_t)(gb * 1e9),
-                          .ram_available_bytes = (uint64_t)(gb * 1e9)};
+    uint64_t bytes = (uint64_t)llround(gb * 1e9); /* 0.021692416 GB is 21692416 bytes */
+    *m = (k3_machine_mem){.ram_total_bytes = bytes, .ram_available_bytes = bytes};
     snprintf(m->ram_source, sizeof m->ram_source, "memory_gb given");
 }
 
@@ -182,10 +198,21 @@ static int plan_memory(k3_engine *e, const k3_engine_opts *o, uint64_t *spine_bu
     int moe_layers = c->num_hidden_layers - c->first_k_dense_replace;
     int ctx_default = c->max_position_embeddings < 4096 ? c->max_position_embeddings : 4096;
     if (o->ctx < 0)
-        return k3_fail(err, K3_ERR_USAGE, "ctx %d: expected positions >= 1, or 0: the default %d",
+        return k3_fail_field(err, K3_ERR_USAGE, "ctx",
+                             " %d: expected positions >= 1, or 0: the default %d",
                        o->ctx, ctx_default);
+    /* spine_gb's one check: K3_SPINE_GB_PLAN or a budget (the planner is then given it) */
+    if (!(o->spine_gb == K3_SPINE_GB_PLAN || (o->spine_gb >= 0 && o->spine_gb <= 1e6)))
+        return k3_fail_field(err, K3_ERR_USAGE, "spine_gb",
+                             " %g: expected a number of GB from 0 to 1e6, "
+                       "or K3_SPINE_GB_PLAN (-1): planned", o->spine_gb);
+    if (lab_of(o)->spine_in_place && o->spine_gb != K3_SPINE_GB_PLAN)
+        return k3_fail_field(err, K3_ERR_USAGE, "spine_gb",
+                             " %g: the lab's spine_in_place leaves no "
+                       "budget", o->spine_gb);
     if (!(o->memory_gb >= 0 && o->memory_gb < 1e6))
-        return k3_fail(err, K3_ERR_USAGE, "memory_gb %g: expected a number of GB below 1e6 (or "
+        return k3_fail_field(err, K3_ERR_USAGE, "memory_gb",
+                             " %g: expected a number of GB below 1e6 (or "
                        "0: this machine's)", o->memory_gb);
     /* past the model's context no session opens (k3_session_new says why): plan its maximum */
     e->plan_ctx = o->ctx <= 0 ? ctx_default
@@ -202,17 +229,18 @@ static int plan_memory(k3_engine *e, const k3_engine_opts *o, uint64_t *spine_bu
     if (!m && o->memory_gb > 0) given_machine(o->memory_gb, &probed), m = &probed;
     if (!m && (rc = k3_machine_mem_probe("", &probed, err))) return rc;
     if (!m) m = &probed;
-    k3_plan_request r = {.base_bytes = rss_bytes(), .sessions = o->sessions > 0 ? o->sessions : 1,
+    k3_plan_request r = {.base_bytes = k3_plan_base_bytes(metadata_bytes(e->ck)),
+                         .sessions = o->sessions > 0 ? o->sessions : 1,
                          .gpu = o->device && !strcmp(o->device, "cuda"),
-                         .spine_gb = o->spine_gb >= 0 ? o->spine_gb : -1,
-                         .expert_gb = o->expert_slots > 0
-                                          ? (double)o->expert_slots * pm.expert_slot_bytes / 1e9
+                         .spine_gb = o->spine_gb, /* K3_SPINE_GB_PLAN is the planner's -1 */
+                         .expert_gb = lab_of(o)->expert_slots > 0
+                                          ? (double)lab_of(o)->expert_slots *
+                                                pm.expert_slot_bytes / 1e9
                                           : o->expert_gb,
                          .ctx = e->plan_ctx};
-    if (o->spine_gb == K3_SPINE_GB_IN_PLACE) r.spine_gb = -1;
     e->mplan_model = pm;
     if ((rc = k3_plan_memory(m, &pm, &r, &e->mplan, err))) return rc;
-    if (o->spine_gb == K3_SPINE_GB_IN_PLACE && e->mplan.spine_budgeted)
+    if (lab_of(o)->spine_in_place && e->mplan.spine_budgeted)
         e->mplan.spine_budgeted = 0; /* the caller asked for the mapping whatever the plan */
     *spine_budget = e->mplan.spine_budgeted ? e->mplan.spine_budget_bytes : UINT64_MAX;
     return K3_OK;
@@ -225,13 +253,11 @@ static int open_spine_budget(k3_engine *e, const k3_engine_opts *o, uint64_t byt
                              const k3_store_settings *ss, k3_engine_opts *dev, bool plan_only,
                              k3_err *err) {
     snprintf(e->spine_plan_line, sizeof e->spine_plan_line, "spine budget: none");
-    if (!(o->spine_gb < 1e9)) /* also nan */
-        return k3_fail(err, K3_ERR_USAGE, "spine_gb %g: expected a number of GB below 1e9 (or "
-                       "< 0: planned)", o->spine_gb);
     if (bytes == UINT64_MAX) return K3_OK;
     if (o->device && !strcmp(o->device, "cuda"))
-        return k3_fail(err, K3_ERR_USAGE, "spine_gb is a budget of the CPU backend; on the GPU "
-                       "use gpu_gb");
+        return k3_fail_field(err, K3_ERR_USAGE, "spine_gb",
+                             " is a budget of the CPU backend; the GPU "
+                       "backend plans its own device memory");
     dev->device = "cpu";
     /* direct as for experts, but auto means O_DIRECT: streamed layers are read
      * once per pass and never worth the page cache */
@@ -250,7 +276,7 @@ static void settle_plan(k3_engine *e, const k3_engine_opts *o, k3_store_settings
     /* the planned model: the spare never makes the cache larger than every expert */
     if (e->model.spine)
         k3_plan_settle(&e->mplan, &e->mplan_model, k3_spine_ram_bytes(e->model.spine, &e->model));
-    if (o->expert_slots <= 0 && o->expert_gb <= 0 && !o->experts_in_place)
+    if (lab_of(o)->expert_slots <= 0 && o->expert_gb <= 0 && !o->experts_in_place)
         ss->expert_gb = (double)e->mplan.expert_cache_bytes / 1e9;
     k3_plan_describe(&e->mplan, e->mplan_line, sizeof e->mplan_line);
 }
@@ -270,7 +296,7 @@ k3_engine_opts k3_engine_opts_default(void) {
     /* physical cores: SMT siblings share the FPU and the memory bus */
     return (k3_engine_opts){.threads = k3_cpu_physical_cores(), .spine = K3_SPINE_BF16,
                             .load_threads = 4, .direct = K3_IO_AUTO, .pipe = K3_PIPE_AUTO,
-                            .device = "cpu", .gpu_max_layers = -1,
+                            .device = "cpu",
                             .spine_gb = K3_SPINE_GB_PLAN, .sessions = 1};
 }
 
@@ -337,7 +363,8 @@ int k3_engine_load(const char *model_dir, const k3_engine_opts *opts, k3_engine 
     k3_engine_opts defaults = k3_engine_opts_default();
     if (!opts) opts = &defaults;
     if (opts->threads < 0)
-        return k3_fail(err, K3_ERR_USAGE, "threads %d: expected >= 1 (or 0: OpenMP's own count)",
+        return k3_fail_field(err, K3_ERR_USAGE, "threads",
+                             " %d: expected >= 1 (or 0: OpenMP's own count)",
                        opts->threads);
     k3_engine *e = calloc(1, sizeof *e);
     if (!e) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
@@ -351,7 +378,8 @@ int k3_engine_load(const char *model_dir, const k3_engine_opts *opts, k3_engine 
     if (!rc) rc = attach_source(e, opts, err);
     if (!rc) rc = k3_backend_open(&e->model, &dev, &e->backend, err);
     if (!rc && opts->expert_ranks && k3_backend_can_rewind(e->backend) == 0)
-        rc = k3_fail(err, K3_ERR_USAGE, "device '%s': an MPI run computes its experts on the "
+        rc = k3_fail_field(err, K3_ERR_USAGE, "device",
+                           " '%s': an MPI run computes its experts on the "
                      "CPU backend only (GPU ranks are not built yet); give --device cpu",
                      k3_backend_name(e->backend));
     if (rc) {
@@ -399,6 +427,7 @@ uint64_t k3_engine_weight_bytes(const k3_engine *e) {
 
 int k3_engine_spine_int8(const k3_engine *e) { return e->pack != NULL; }
 int k3_engine_approx(const k3_engine *e) { return e->approx; }
+const char *k3_engine_kernels(const k3_engine *e) { return k3_kernels_name(e->model.kr); }
 
 void k3_engine_describe(const k3_engine *e, int parts, char *buf, size_t cap) {
     const char *line[] = {e->spine_line, e->spine_plan_line, e->store_line,

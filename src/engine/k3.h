@@ -64,8 +64,8 @@ typedef struct k3_rank_ops {
     /* Sends op to every other rank. Errors: K3_ERR_DIST naming the rank that did not take it. */
     int (*send)(void *user, const k3_rank_op *op, k3_err *err);
 } k3_rank_ops;
-#define K3_SPINE_GB_PLAN (-1.0)     /* k3_engine_opts.spine_gb: planned */
-#define K3_SPINE_GB_IN_PLACE (-2.0) /* k3_engine_opts.spine_gb: never a budget */
+#define K3_SPINE_GB_PLAN (-1.0) /* k3_engine_opts.spine_gb: planned */
+struct k3_lab_opts;             /* src/engine/k3_lab.h: k3-lab's and the tests' controls */
 
 typedef struct k3_engine_opts {
     int threads;      /* OpenMP threads for the kernels (>= 1); 0 leaves the OpenMP runtime's
@@ -80,7 +80,6 @@ typedef struct k3_engine_opts {
     /* Expert store (src/store/store.h): routed experts are read on demand into a
      * byte-budgeted cache. */
     double expert_gb;         /* cache budget in GB; 0 = the memory plan's default */
-    int expert_slots;         /* > 0: exactly this many cache slots (tests); beats expert_gb */
     int load_threads;         /* expert reader threads (default 4); reads in flight with
                                * the io_uring engine */
     int io_engine;            /* enum k3_io_engine: K3_IO_ENGINE_DEFAULT (0 = threads),
@@ -102,20 +101,13 @@ typedef struct k3_engine_opts {
     const char *device;
     double gpu_gb;            /* device memory budget in GB (0 = free memory less a margin);
                                * the GPU backend only */
-    /* Lab-only GPU switches (tests and benchmarks; no product flag sets them). */
-    int gpu_max_layers;       /* >= 0: at most this many resident spine layers; < 0 (the
-                               * default): as many as fit */
-    int gpu_expert_slots;     /* > 0: exactly this many device expert slots; 0: the budget */
-    int gpu_profile;          /* 1: time every layer with device events
-                               * (k3_engine_layer_profile) */
     /* Resident spine budget (the CPU backend; src/model/spine.h): the head and the first
      * layers that fit stay resident, the rest are streamed from the files per pass (double
      * buffered); the output is identical for every budget. */
-    double spine_gb;          /* RAM for the spine in GB (resident + staging); 0 streams every
-                               * layer; K3_SPINE_GB_PLAN (the default): the memory planner's
-                               * choice (src/engine/plan.h: in place when it fits beside the
-                               * expert cache's minimum, else a budget); K3_SPINE_GB_IN_PLACE:
-                               * everything used in place from the mappings, whatever the plan */
+    double spine_gb;          /* RAM for the spine in GB (resident + staging), 0 to 1e6; 0
+                               * streams every layer; K3_SPINE_GB_PLAN (the default): the
+                               * memory planner's choice (src/engine/plan.h: in place when it
+                               * fits beside the expert cache's minimum, else a budget) */
     int sessions;             /* sessions that will be open at once, for the plan (default 1) */
     int ctx;                  /* positions each session is opened with, for the plan (0: the
                                * default min(max_position_embeddings, 4096)); k3_session_new
@@ -129,11 +121,14 @@ typedef struct k3_engine_opts {
      * rank_ops, k3_session_load is refused (the other ranks could not follow it). */
     const k3_expert_ranks *expert_ranks;
     const k3_rank_ops *rank_ops;
+    /* k3-lab's and the tests' controls (exact cache sizes, GPU profiling, ...: k3_lab.h);
+     * NULL in the product. Must outlive k3_engine_load. */
+    const struct k3_lab_opts *lab;
 } k3_engine_opts;
 
 /* The library's defaults: threads = physical cores, BF16 spine, expert store on its memory
- * plan (4 readers, auto I/O, auto prefetch, s3fifo), device "cpu", no spine budget
- * (spine_gb -1), gpu_max_layers -1; everything else 0 / NULL. */
+ * plan (4 readers, auto I/O, auto prefetch, s3fifo), device "cpu", the planned spine
+ * (spine_gb K3_SPINE_GB_PLAN), one session; everything else 0 / NULL. */
 k3_engine_opts k3_engine_opts_default(void);
 
 /* Loads MODEL_DIR (a Hugging Face snapshot: config.json, model.safetensors.index.json,
@@ -177,6 +172,9 @@ uint64_t k3_engine_weight_bytes(const k3_engine *e);
 int k3_engine_spine_int8(const k3_engine *e);
 /* 1 when --approx (int8 activations) is on. */
 int k3_engine_approx(const k3_engine *e);
+/* The kernel path the engine runs ("scalar", "avx2", "avx512", "neon"): opts->kernels when
+ * given, else the fastest this CPU runs (kernels.h). Tests that run every path assert it. */
+const char *k3_engine_kernels(const k3_engine *e);
 /* The spine budget's plan and its counters since load (k3_spine_stats: src/model/pass.h; all
  * zero without a budget). */
 void k3_engine_spine_stats(const k3_engine *e, k3_spine_stats *out);
@@ -196,9 +194,10 @@ enum k3_describe_part {
 /* Writes the parts selected by the bit set `parts` into buf (cap bytes, NUL-terminated,
  * truncated to fit) in the order above, separated by '\n', without a final newline. */
 void k3_engine_describe(const k3_engine *e, int parts, char *buf, size_t cap);
-/* When the GPU backend profiles (k3_engine_opts.gpu_profile): the mean device milliseconds of each
- * layer over the steps so far into ms [num_hidden_layers + 1] (the last entry: the head) and,
- * when bytes is non-NULL, the weight bytes each reads per token (spine + top-k experts).
+/* When the GPU backend profiles (k3_lab_opts.gpu_profile, k3_lab.h): the mean device
+ * milliseconds of each layer over the steps so far into ms [num_hidden_layers + 1] (the last
+ * entry: the head) and, when bytes is non-NULL, the weight bytes each reads per token (spine +
+ * top-k experts).
  * Returns the number of steps averaged, else 0. */
 int k3_engine_layer_profile(const k3_engine *e, double *ms, uint64_t *bytes);
 

@@ -135,12 +135,31 @@ static void plan_limit(const k3_machine_mem *m, uint64_t base, k3_plan *p) {
         p->limit_bytes = m->ram_available_bytes + base;
         snprintf(p->limit_source, sizeof p->limit_source, "MemAvailable + this process");
     }
+    p->limit_bytes = p->limit_bytes / K3_PLAN_PAGE_BYTES * K3_PLAN_PAGE_BYTES;
 }
 
 /* Headroom for the OS, page cache and allocator slack: 10% of the limit, and at least an
  * eighth of it up to 2 GB (small limits need proportionally more slack). */
 static uint64_t headroom(uint64_t limit) {
     return max_u64(limit / 10, min_u64(2000000000ull, limit / 8));
+}
+
+/* The smallest limit, in whole pages, whose room after headroom holds need bytes: limit -
+ * headroom(limit) never decreases as the limit grows (7/8 of it up to 16 GB, then less 2 GB,
+ * then 9/10), so a binary search over pages finds it, and every smaller whole-page limit
+ * leaves less than need. */
+static uint64_t min_limit(uint64_t need) {
+    uint64_t lo = 0, hi = need / K3_PLAN_PAGE_BYTES * 2 + 2; /* in pages; hi always suffices */
+    while (lo < hi) {
+        uint64_t mid = lo + (hi - lo) / 2, bytes = mid * K3_PLAN_PAGE_BYTES;
+        if (bytes - headroom(bytes) >= need) hi = mid;
+        else lo = mid + 1;
+    }
+    return lo * K3_PLAN_PAGE_BYTES;
+}
+
+uint64_t k3_plan_base_bytes(uint64_t metadata_bytes) {
+    return K3_PLAN_PROCESS_BYTES + 2 * metadata_bytes;
 }
 
 static uint64_t slots_bytes(const k3_plan_model *mod, uint64_t n) {
@@ -159,12 +178,16 @@ static uint64_t cache_fit(const k3_plan_model *mod, uint64_t bytes, uint64_t lo)
 
 static int check_request(const k3_plan_request *r, k3_err *err) {
     if (r->sessions < 1 || r->sessions > 4096)
-        return k3_fail(err, K3_ERR_USAGE, "sessions: expected 1..4096, got %d", r->sessions);
-    if (r->ctx < 0) return k3_fail(err, K3_ERR_USAGE, "ctx: expected >= 0, got %d", r->ctx);
+        return k3_fail_field(err, K3_ERR_USAGE, "sessions",
+                             ": expected 1..4096, got %d", r->sessions);
+    if (r->ctx < 0) return k3_fail_field(err, K3_ERR_USAGE, "ctx",
+                                         ": expected >= 0, got %d", r->ctx);
     if (!isfinite(r->spine_gb) || r->spine_gb > 1e6)
-        return k3_fail(err, K3_ERR_USAGE, "spine_gb: expected a finite number of GB below 1e6");
+        return k3_fail_field(err, K3_ERR_USAGE, "spine_gb",
+                             ": expected a finite number of GB below 1e6");
     if (!isfinite(r->expert_gb) || r->expert_gb > 1e6)
-        return k3_fail(err, K3_ERR_USAGE, "expert_gb: expected a finite number of GB below 1e6");
+        return k3_fail_field(err, K3_ERR_USAGE, "expert_gb",
+                             ": expected a finite number of GB below 1e6");
     return K3_OK;
 }
 
@@ -194,7 +217,8 @@ static int plan_parts(const k3_plan_model *mod, const k3_plan_request *r, uint64
             return K3_OK;
         }
         if (left < mod->staging_bytes)
-            return k3_fail(err, K3_ERR_USAGE, "expert_gb: an expert cache of %.2f GB leaves "
+            return k3_fail_field(err, K3_ERR_USAGE, "expert_gb",
+                                 ": an expert cache of %.2f GB leaves "
                            "%.2f GB for the spine, below its %.2f GB of staging: lower it",
                            p->expert_cache_bytes / GB, left / GB, mod->staging_bytes / GB);
         p->spine_budgeted = 1;
@@ -204,7 +228,8 @@ static int plan_parts(const k3_plan_model *mod, const k3_plan_request *r, uint64
     if (p->spine_from_user) { /* the experts get what the spine leaves */
         uint64_t left = room > p->spine_ram_bytes ? room - p->spine_ram_bytes : 0;
         if (left < e_min)
-            return k3_fail(err, K3_ERR_USAGE, "spine_gb: a spine budget of %.2f GB leaves %.2f GB "
+            return k3_fail_field(err, K3_ERR_USAGE, "spine_gb",
+                                 ": a spine budget of %.2f GB leaves %.2f GB "
                            "for the expert cache, below top-k + 1 = %d experts (%.2f GB): lower it",
                            p->spine_budget_bytes / GB, left / GB, mod->top_k + 1, e_min / GB);
         p->expert_cache_bytes = cache_fit(mod, left, e_min);
@@ -233,23 +258,23 @@ int k3_plan_memory(const k3_machine_mem *m, const k3_plan_model *mod, const k3_p
     p->spine_from_user = r->spine_gb >= 0;
     p->experts_from_user = r->expert_gb > 0;
     if (r->gpu && p->spine_from_user)
-        return k3_fail(err, K3_ERR_USAGE, "spine_gb is a budget of the CPU backend; on the GPU "
-                       "use gpu_gb");
+        return k3_fail_field(err, K3_ERR_USAGE, "spine_gb",
+                             " is a budget of the CPU backend; the GPU "
+                       "backend plans its own device memory");
     plan_limit(m, r->base_bytes, p);
     p->headroom_bytes = headroom(p->limit_bytes);
     uint64_t fixed = p->base_bytes + p->sessions_bytes;
     uint64_t need = fixed + (r->gpu ? mod->spine_bytes : mod->staging_bytes) +
                     slots_bytes(mod, (uint64_t)mod->top_k + 1);
-    /* the smallest limit whose headroom still leaves `need` */
-    p->min_limit_bytes = need + headroom(need + need / 8);
-    while (p->min_limit_bytes - headroom(p->min_limit_bytes) < need) p->min_limit_bytes += 1u << 20;
+    p->min_limit_bytes = min_limit(need);
     uint64_t avail = p->limit_bytes > p->headroom_bytes ? p->limit_bytes - p->headroom_bytes : 0;
     if (avail < need)
-        return k3_fail(err, K3_ERR_USAGE, "the model cannot run within %.2f GB (%s): it needs at "
-                       "least %.2f GB (base %.2f + %d session(s) %.2f + spine staging %.2f + "
-                       "top-k + 1 = %d experts %.2f, plus headroom %.2f); give it more memory or "
-                       "fewer sessions", p->limit_bytes / GB, p->limit_source,
-                       p->min_limit_bytes / GB, p->base_bytes / GB, r->sessions,
+        return k3_fail(err, K3_ERR_USAGE, "the model cannot run within %.3f GB (%s): it needs "
+                       "at least %.3f GB (%llu bytes: base %.3f + %d session(s) %.3f + spine "
+                       "staging %.3f + top-k + 1 = %d experts %.3f, plus headroom %.3f); give it "
+                       "more memory or fewer sessions", p->limit_bytes / GB, p->limit_source,
+                       p->min_limit_bytes / GB, (unsigned long long)p->min_limit_bytes,
+                       p->base_bytes / GB, r->sessions,
                        p->sessions_bytes / GB, (r->gpu ? mod->spine_bytes : mod->staging_bytes) / GB,
                        mod->top_k + 1, slots_bytes(mod, (uint64_t)mod->top_k + 1) / GB,
                        headroom(p->min_limit_bytes) / GB);

@@ -12,6 +12,13 @@
  *    (a spine budget with no expert budget shrinks the expert cache to fit).
  *  - When the model cannot run within the limit at all (below staging + top-k + 1 expert
  *    slots + the sessions), planning fails before anything is loaded, with the numbers.
+ *  - The minimum limit (k3_plan.min_limit_bytes) is exact: limits are counted in whole 4 KiB
+ *    pages (as the kernel counts a cgroup's), a limit at the minimum plans, one page less is
+ *    refused.
+ *  - Nothing in the plan is measured while the process runs: the base (what the process holds
+ *    before weights) is k3_plan_base_bytes of the metadata's size, an allowance that bounds the
+ *    measured RSS, so `k3 plan` and `k3 run` on the same snapshot and machine make the same plan
+ *    every time (only the probe's MemAvailable moves with the machine).
  *  - Spine bytes come first: a resident spine byte saves one byte read per token, a cached
  *    expert byte at most that (an expert is used by a fraction of tokens), so the expert cache
  *    gets its minimum for prefetch (2 x top-k slots) and the spine the rest, then any RAM the
@@ -68,9 +75,22 @@ typedef struct k3_plan_model {
                                    (k3_plan_request.ctx positions: see "Sessions" above) */
 } k3_plan_model;
 
+#define K3_PLAN_PAGE_BYTES 4096ull /* limits are counted in whole pages */
+/* The base allowance's fixed part: code, libraries, OpenMP's threads, allocator (k3 version's
+ * peak RSS on the reference machine is 9.2 MB). */
+#define K3_PLAN_PROCESS_BYTES (16ull << 20)
+
+/* The base allowance, bytes: K3_PLAN_PROCESS_BYTES + 2 x metadata_bytes (the bytes of the files
+ * read before weights: config.json, the tokenizer's files, the index and every shard's header;
+ * the parsed tensor table, the tokenizer's tables and the JSON parsed on the way take less than
+ * twice their text: the full-size K3 snapshot's 134.5 MB of metadata measure 230 MB of RSS at
+ * plan time, the allowance is 285 MB). */
+uint64_t k3_plan_base_bytes(uint64_t metadata_bytes);
+
 /* The user's side: overrides and what runs. */
 typedef struct k3_plan_request {
-    uint64_t base_bytes; /* the process's RSS before weights (code, tokenizer, headers) */
+    uint64_t base_bytes; /* the process before weights (code, tokenizer, headers): the
+                            allowance k3_plan_base_bytes, never a measurement */
     int sessions;        /* sessions that will be open at once (>= 1) */
     int gpu;             /* 1: the GPU backend (it plans device memory itself; the spine stays
                             mapped in host RAM and is not given a budget) */
@@ -94,7 +114,8 @@ typedef struct k3_plan {
     uint64_t expert_cache_bytes; /* the expert cache budget (a multiple of the slot size) */
     uint64_t total_bytes;        /* base + sessions + spine + experts: peak RSS should stay
                                     within this + 5% */
-    uint64_t min_limit_bytes;    /* the smallest limit this model and these sessions run in */
+    uint64_t min_limit_bytes;    /* the smallest limit this model and these sessions run in
+                                    (whole pages; one page less is refused) */
     int spine_from_user, experts_from_user; /* which parts the user fixed */
     int sessions, ctx;           /* as requested: sessions_bytes = sessions x session_bytes */
     uint64_t over_limit_bytes;   /* how far the user's own spine_gb / expert_gb take the plan

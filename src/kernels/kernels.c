@@ -87,7 +87,8 @@ int k3_kernels_select(const char *name, const k3_kernels **out, k3_err *err) {
     for (int i = 0, n = k3_kernels_available(k, N_PATHS); i < n; i++)
         snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "",
                  k[i]->name);
-    return k3_fail(err, K3_ERR_USAGE, "kernels '%s': unknown, or this CPU cannot run that "
+    return k3_fail_field(err, K3_ERR_USAGE, "kernels",
+                         " '%s': unknown, or this CPU cannot run that "
                    "path; this CPU runs: %s", name, list);
 }
 

@@ -9,7 +9,9 @@
 #include <time.h>
 
 #include "../cli/model_dir.h"
+#include "../cli/opts.h"
 #include "../engine/k3.h"
+#include "../engine/k3_lab.h"
 #include "../format/config.h"
 #include "../format/safetensors.h"
 #include "../store/store.h"
@@ -22,25 +24,38 @@ typedef struct bench_opts {
     double seconds;
 } bench_opts;
 
-static void bench_usage(FILE *f) {
-    fprintf(f,
+static const k3_opt_choice io_engines[] = {
+    {"threads", K3_IO_ENGINE_THREADS}, {"uring", K3_IO_ENGINE_URING}, {NULL, 0}};
+
+#define BENCH(f) K3_OPT_CMD(bench_opts, f), .field = #f
+static const k3_opt bench_rows[] = {
+    {.flag = "--threads", BENCH(threads), .type = K3_OPT_INT, .lo = 1, .hi = 256, .meta = "N",
+     .help = "reader threads and fio jobs (default 4)"},
+    {.flag = "--seconds", BENCH(seconds), .type = K3_OPT_DOUBLE, .lo = 0, .hi = 1e6,
+     .flags = K3_OPTF_LO_OPEN, .meta = "S", .help = "duration of each measurement (default 10)"},
+    {.flag = "--direct", BENCH(direct), .type = K3_OPT_INT, .lo = 0, .hi = 1, .meta = "0|1",
+     .help = "O_DIRECT for the store (default 1; fio always uses direct I/O)"},
+    {.flag = "--io-engine", BENCH(io_engine), .type = K3_OPT_CHOICE, .choices = io_engines,
+     .meta = "E", .help = "the store's reader: threads (default: a pool of --threads preads)\n"
+                          "or uring (io_uring, --threads reads in flight on one thread)"},
+    {.flag = "--decode", BENCH(decode), .type = K3_OPT_INT, .lo = 0, .hi = 1 << 20, .meta = "N",
+     .help = "also decode N tokens with K3_PIPE off and on, cache of 2 x top-k"},
+    {.flag = "--no-fio", BENCH(fio), .type = K3_OPT_SWITCH, .value = 0, .help = "skip fio"},
+};
+
+static const k3_cli_command bench_cmd = {
+    .name = "bench io", .prog = "k3-lab",
+    .usage =
         "usage: k3-lab bench io [MODEL_DIR] [options]\n"
         "\n"
         "Reads random experts through the expert store's reader pool (a layer's top-k misses\n"
         "submitted together, as in decode) and reports GB/s and per-layer latency, then runs fio\n"
         "on the same shard files with the same thread count (random reads of one expert's size,\n"
         "direct I/O) as the device's limit. Use a checkpoint that does not fit in the page\n"
-        "cache, or direct I/O (the default), so neither side reads from memory.\n"
-        "\n"
-        "  --threads N      reader threads and fio jobs (default 4)\n"
-        "  --seconds S      duration of each measurement (default 10)\n"
-        "  --direct 0|1     O_DIRECT for the store (default 1; fio always uses direct I/O)\n"
-        "  --io-engine E    the store's reader: threads (default: a pool of --threads preads)\n"
-        "                   or uring (io_uring, --threads reads in flight on one thread)\n"
-        "  --decode N       also decode N tokens with K3_PIPE off and on, cache of 2 x top-k\n"
-        "  --no-fio         skip fio\n"
-        "  -h, --help       this help\n");
-}
+        "cache, or direct I/O (the default), so neither side reads from memory.\n",
+    .rows = bench_rows, .n_rows = sizeof bench_rows / sizeof *bench_rows,
+    .max_positional = 1,
+};
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -173,7 +188,9 @@ static int run_fio(const bench_opts *o, const k3_checkpoint *ck, uint64_t bs, io
 /* Greedy decode of o->decode tokens with `slots` cache slots; the session's stats. */
 static int decode(const bench_opts *o, int slots, int pipe, k3_run_stats *st, k3_err *err) {
     k3_engine_opts eo = k3_engine_opts_default();
-    eo.expert_slots = slots, eo.load_threads = o->threads, eo.pipe = pipe;
+    k3_lab_opts lab = k3_lab_opts_default();
+    lab.expert_slots = slots; /* exactly 2 x top-k (the lab's control, k3_lab.h) */
+    eo.lab = &lab, eo.load_threads = o->threads, eo.pipe = pipe;
     eo.direct = o->direct ? K3_IO_DIRECT : K3_IO_BUFFERED;
     eo.io_engine = o->io_engine;
     k3_engine *e = NULL;
@@ -208,34 +225,11 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
                 : "'; name one of");
         return help ? -1 : K3_ERR_USAGE;
     }
-    for (int i = 2; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { bench_usage(stdout); return -1; }
-        else if (!strcmp(a, "--threads") && v) o->threads = atoi(argv[++i]);
-        else if (!strcmp(a, "--seconds") && v) o->seconds = atof(argv[++i]);
-        else if (!strcmp(a, "--direct") && v) o->direct = atoi(argv[++i]) != 0;
-        else if (!strcmp(a, "--decode") && v) o->decode = atoi(argv[++i]);
-        else if (!strcmp(a, "--io-engine") && v) {
-            const char *name = argv[++i];
-            o->io_engine = !strcmp(name, "threads") ? K3_IO_ENGINE_THREADS
-                           : !strcmp(name, "uring") ? K3_IO_ENGINE_URING : -1;
-            if (o->io_engine < 0) {
-                fprintf(stderr, "k3-lab bench io: --io-engine '%s': expected threads or uring\n",
-                        name);
-                return K3_ERR_USAGE;
-            }
-        }
-        else if (!strcmp(a, "--no-fio")) o->fio = 0;
-        else if (a[0] != '-' && !o->dir) o->dir = a;
-        else {
-            fprintf(stderr, "k3-lab bench io: unknown option or missing value: '%s'\n", a);
-            return K3_ERR_USAGE;
-        }
-    }
-    if (o->threads < 1 || o->threads > 256 || !(o->seconds > 0) || o->decode < 0) {
-        fprintf(stderr, "k3-lab bench io: need 1 <= --threads <= 256, --seconds > 0\n");
-        return K3_ERR_USAGE;
-    }
+    k3_opts_parsed parsed;
+    k3_opt_targets t = {.cmd = o};
+    int rc = k3_opts_parse(&bench_cmd, argc - 1, argv + 1, &t, &parsed);
+    if (rc) return rc;
+    o->dir = parsed.n_positional ? parsed.positional[0] : NULL;
     if (!o->dir) o->dir = k3_default_model_dir();
     return 0;
 }

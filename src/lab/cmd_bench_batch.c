@@ -6,95 +6,107 @@
 #include <errno.h>
 #include <omp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../cli/gen.h"
 #include "../cli/model_dir.h"
+#include "../cli/opts.h"
 #include "../engine/k3.h"
 #include "../engine/spec.h"
 #include "lab.h"
 #include "../util/clock.h"
 
 typedef struct bopts {
-    const char *model_dir;
+    const char *model_dir, *chunk_list;
     int chunks[16], n_chunks, tokens, threads, spec, max_new;
 } bopts;
 
-static void usage(FILE *f, const char *what) {
-    if (!strcmp(what, "prefill"))
-        fprintf(f, "usage: k3-lab bench prefill [MODEL_DIR] [--chunks 1,8,32] [--tokens N]\n"
-                "                        [--threads N]\n"
-                "Prefills N ids (default 64; a fixed pseudo-random sequence) once per chunk size\n"
-                "after a warm-up pass, and prints prompt tokens/s, the weight bytes each pass reads\n"
-                "(spine + the routed experts the store was asked for) and the time those bytes take\n"
-                "at the bandwidth of a 1 GB memcpy measured in the same run. Output is\n"
-                "bit-identical for every chunk size (tests/test_prefill.c).\n\n"
-                "  --chunks LIST  comma-separated ids per pass, each 1..%d (default 1,8,32)\n"
-                "  --tokens N     prompt ids to prefill (default 64)\n"
-                "  --threads N    compute threads (default: OMP_NUM_THREADS, else physical cores)\n"
-                "  -h, --help     this help\n", K3_MAX_CHUNK);
-    else
-        fprintf(f, "usage: k3-lab bench spec [MODEL_DIR] [--spec N] [--max-new N] [--threads N]\n"
-                "First the cost of one verification pass of 1..N+1 ids (rewound each time) against\n"
-                "one single step: a pass of 1 + d ids pays when it yields more ids than it costs\n"
-                "steps (the rule in src/engine/spec.h measures this while decoding).\n"
-                "Then greedy generation of --max-new ids (default 32) from a repetitive prompt (a\n"
-                "phrase, the model's own continuation of it, the phrase again) and from a\n"
-                "non-repetitive one, without and with --spec N (default 4): forward passes per\n"
-                "generated token, s/token, and whether the outputs are identical (they must be).\n"
-                "\n"
-                "  --spec N       most drafted ids verified per pass, 1..%d (default 4)\n"
-                "  --max-new N    ids generated per run (default 32)\n"
-                "  --threads N    compute threads (default: OMP_NUM_THREADS, else physical cores)\n"
-                "  -h, --help     this help\n", K3_MAX_CHUNK - 1);
+#define BOPT(f) K3_OPT_CMD(bopts, f), .field = #f
+/* Each benchmark's own rows, then the other's hidden (refused with a pointer to it). */
+#define CHUNKS_ROW(hide) \
+    {.flag = "--chunks", BOPT(chunk_list), .type = K3_OPT_STR, .flags = K3_OPTF_NONEMPTY | (hide), \
+     .def = "1,8,32", .meta = "LIST", \
+     .help = "comma-separated ids per pass, each 1.." K3_STR(K3_MAX_CHUNK) ", at most 16"}
+#define TOKENS_ROW(hide) \
+    {.flag = "--tokens", BOPT(tokens), .type = K3_OPT_INT, .lo = 1, .hi = 1 << 20, .def = "64", \
+     .flags = (hide), .meta = "N", .help = "prompt ids to prefill"}
+#define SPEC_ROW(hide) \
+    {.flag = "--spec", BOPT(spec), .type = K3_OPT_INT, .lo = 1, .hi = K3_MAX_CHUNK - 1, \
+     .def = "4", .flags = (hide), .meta = "N", \
+     .help = "most drafted ids verified per pass (a pass holds at most " \
+             K3_STR(K3_MAX_CHUNK) " ids)"}
+#define MAX_NEW_ROW(hide) \
+    {.flag = "--max-new", BOPT(max_new), .type = K3_OPT_INT, .lo = 1, .hi = 1 << 20, \
+     .def = "32", .flags = (hide), .meta = "N", .help = "ids generated per run"}
+static const k3_opt prefill_rows[] = {CHUNKS_ROW(0), TOKENS_ROW(0), SPEC_ROW(K3_OPTF_HIDDEN),
+                                      MAX_NEW_ROW(K3_OPTF_HIDDEN)};
+static const k3_opt spec_rows[] = {SPEC_ROW(0), MAX_NEW_ROW(0), CHUNKS_ROW(K3_OPTF_HIDDEN),
+                                   TOKENS_ROW(K3_OPTF_HIDDEN)};
+
+static const k3_cli_command prefill_cmd = {
+    .name = "bench prefill", .prog = "k3-lab",
+    .usage = "usage: k3-lab bench prefill [MODEL_DIR] [--chunks 1,8,32] [--tokens N]\n"
+             "                        [--threads N]\n"
+             "Prefills N ids (a fixed pseudo-random sequence) once per chunk size after a\n"
+             "warm-up pass, and prints prompt tokens/s, the weight bytes each pass reads (spine +\n"
+             "the routed experts the store was asked for) and the time those bytes take at the\n"
+             "bandwidth of a 1 GB memcpy measured in the same run. Output is bit-identical for\n"
+             "every chunk size (tests/test_prefill.c).\n",
+    .rows = prefill_rows, .n_rows = sizeof prefill_rows / sizeof *prefill_rows,
+    .groups = K3_OG_THREADS, .max_positional = 1,
+};
+static const k3_cli_command spec_cmd = {
+    .name = "bench spec", .prog = "k3-lab",
+    .usage = "usage: k3-lab bench spec [MODEL_DIR] [--spec N] [--max-new N] [--threads N]\n"
+             "First the cost of one verification pass of 1..N+1 ids (rewound each time) against\n"
+             "one single step: a pass of 1 + d ids pays when it yields more ids than it costs\n"
+             "steps (the rule in src/engine/spec.h measures this while decoding).\n"
+             "Then greedy generation of --max-new ids from a repetitive prompt (a phrase, the\n"
+             "model's own continuation of it, the phrase again) and from a non-repetitive one,\n"
+             "without and with --spec N: forward passes per generated token, s/token, and\n"
+             "whether the outputs are identical (they must be).\n",
+    .rows = spec_rows, .n_rows = sizeof spec_rows / sizeof *spec_rows,
+    .groups = K3_OG_THREADS, .max_positional = 1,
+};
+
+/* "1,8,32" into o->chunks. */
+static int parse_chunks(const k3_cli_command *cmd, bopts *o) {
+    char *end;
+    o->n_chunks = 0;
+    for (const char *p = o->chunk_list; *p; p = *end ? end + 1 : end) {
+        errno = 0;
+        long c = strtol(p, &end, 10);
+        if (end == p || errno || c < 1 || c > K3_MAX_CHUNK || (*end && *end != ',') ||
+            o->n_chunks == 16)
+            return k3_opts_usage_error(cmd, "--chunks needs at most 16 sizes in [1, "
+                                       K3_STR(K3_MAX_CHUNK) "]");
+        o->chunks[o->n_chunks++] = (int)c;
+    }
+    return 0;
 }
 
 static int parse(int argc, char **argv, const char *what, bopts *o) {
-    *o = (bopts){.tokens = 64, .spec = 4, .max_new = 32, .chunks = {1, 8, 32}, .n_chunks = 3};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        char *end;
-        errno = 0;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout, what);
-            return -1;
-        } else if (!strcmp(what, "prefill") ? !strcmp(a, "--spec") || !strcmp(a, "--max-new")
-                   : !strcmp(a, "--chunks") || !strcmp(a, "--tokens")) {
+    *o = (bopts){0};
+    bool prefill = !strcmp(what, "prefill");
+    const k3_cli_command *cmd = prefill ? &prefill_cmd : &spec_cmd;
+    k3_engine_opts eo;
+    k3_opts_parsed parsed;
+    k3_opt_targets t = {.eo = &eo, .cmd = o};
+    int rc = k3_opts_parse(cmd, argc, argv, &t, &parsed);
+    if (rc) return rc;
+    static const char *const theirs[2][2] = {{"--chunks", "--tokens"}, {"--spec", "--max-new"}};
+    for (int k = 0; k < 2; k++)
+        if (k3_opts_given(cmd, &parsed, theirs[prefill][k]) == 1) {
             fprintf(stderr, "k3-lab bench %s: %s belongs to k3-lab bench %s (see --help)\n",
-                    what, a, !strcmp(what, "prefill") ? "spec" : "prefill");
-            return K3_ERR_USAGE;
-        } else if (!strcmp(a, "--chunks") && v) {
-            o->n_chunks = 0;
-            for (const char *p = argv[++i]; *p && o->n_chunks < 16; p = *end ? end + 1 : end) {
-                long c = strtol(p, &end, 10);
-                if (end == p || c < 1 || c > K3_MAX_CHUNK || (*end && *end != ',')) {
-                    fprintf(stderr, "k3-lab bench prefill: --chunks needs sizes in [1, %d]\n",
-                            K3_MAX_CHUNK);
-                    return K3_ERR_USAGE;
-                }
-                o->chunks[o->n_chunks++] = (int)c;
-            }
-        } else if ((!strcmp(a, "--tokens") || !strcmp(a, "--threads") || !strcmp(a, "--spec") ||
-                    !strcmp(a, "--max-new")) && v) {
-            long x = strtol(argv[++i], &end, 10);
-            int hi = !strcmp(a, "--spec") ? K3_MAX_CHUNK - 1 : 1 << 20;
-            if (*end || errno || x < 1 || x > hi) {
-                fprintf(stderr, "k3-lab bench %s: %s needs an integer in [1, %d]\n", what, a, hi);
-                return K3_ERR_USAGE;
-            }
-            *(!strcmp(a, "--tokens") ? &o->tokens : !strcmp(a, "--threads") ? &o->threads
-              : !strcmp(a, "--spec") ? &o->spec : &o->max_new) = (int)x;
-        } else if (a[0] != '-' && !o->model_dir) {
-            o->model_dir = a;
-        } else {
-            fprintf(stderr, "k3-lab bench %s: unknown option '%s' (see --help)\n", what, a);
+                    what, theirs[prefill][k], prefill ? "spec" : "prefill");
             return K3_ERR_USAGE;
         }
-    }
-    if (!o->model_dir) o->model_dir = k3_default_model_dir();
-    return 0;
+    o->threads = eo.threads;
+    o->model_dir = parsed.n_positional ? parsed.positional[0] : k3_default_model_dir();
+    return parse_chunks(cmd, o);
 }
 
 /* One progress line on stderr ("k3-lab bench WHAT: ..."): a measurement can take tens of
@@ -148,7 +160,7 @@ static void weight_sizes(const k3_engine *e, double *expert, double *spine) {
 
 static int load(const bopts *o, k3_engine **e, k3_err *err) {
     k3_engine_opts eo = k3_engine_opts_default();
-    if (o->threads) eo.threads = o->threads;
+    eo.threads = o->threads; /* 0: OpenMP's own count (OMP_NUM_THREADS) */
     eo.verbose = 1;
     return k3_engine_load(o->model_dir, &eo, e, err);
 }

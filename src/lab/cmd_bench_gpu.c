@@ -8,16 +8,51 @@
 #include <string.h>
 #include <time.h>
 
+#include "../cli/opts.h"
 #include "../engine/k3.h"
+#include "../engine/k3_lab.h"
 #include "lab.h"
-#include "../util/parse.h"
 #ifdef K3_WITH_CUDA
 #include "../cuda/gpu.h"
 #include "../util/clock.h"
 #endif
 
-static void usage(FILE *f) {
-    fprintf(f,
+/* What the table parses (flags and the lab's variables). */
+typedef struct gpu_args {
+    int tokens, warmup, reps, max_layers, expert_slots, pdl;
+    double gpu_gb;
+    k3_gpu_tuning t;
+} gpu_args;
+
+#define GPU(f) K3_OPT_CMD(gpu_args, f), .field = #f
+static const k3_opt gpu_rows[] = {
+    {.flag = "--tokens", GPU(tokens), .type = K3_OPT_INT, .lo = 1, .hi = 1 << 20, .def = "32",
+     .meta = "N", .help = "decode steps timed"},
+    {.flag = "--warmup", GPU(warmup), .type = K3_OPT_INT, .lo = 0, .hi = 1 << 20, .def = "16",
+     .meta = "N", .help = "steps before timing, filling the expert cache"},
+    {.flag = "--reps", GPU(reps), .type = K3_OPT_INT, .lo = 1, .hi = 1 << 20, .def = "20",
+     .meta = "N", .help = "launches per timed batch in part 1"},
+    {.flag = "--gpu-gb", GPU(gpu_gb), .type = K3_OPT_DOUBLE, .lo = 0, .hi = 1e6, .meta = "G",
+     .help = "device memory budget (default: free memory less a margin)"},
+    {.env = "K3_GPU_LAYERS", GPU(max_layers), .type = K3_OPT_INT, .lo = -1, .hi = 1 << 20,
+     .def = "-1", .help = "keep at most N spine layers resident (-1: as many as fit)"},
+    {.env = "K3_GPU_EXPERT_SLOTS", GPU(expert_slots), .type = K3_OPT_INT, .lo = 0,
+     .hi = 1 << 20, .help = "exactly N device expert slots (0: the budget)"},
+    {.env = "K3_PDL", GPU(pdl), .type = K3_OPT_INT, .lo = 0, .hi = 1, .def = "1",
+     .help = "0: launch without programmatic dependent launch"},
+    {.env = "K3_MX_SCHEDULE", GPU(t.mx_schedule), .type = K3_OPT_INT, .lo = 0, .hi = 64,
+     .help = "the MXFP4 experts' launch schedule (0 = fastest)"},
+    {.env = "K3_MX_SCAN", GPU(t.mx_scan), .type = K3_OPT_SWITCH, .value = 1, .lo = 0, .hi = 1,
+     .help = "1: also n experts per launch for n = 1..32, and host enqueue times"},
+    {.env = "K3_MX_SWEEP", GPU(t.mx_sweep), .type = K3_OPT_SWITCH, .value = 1, .lo = 0, .hi = 1,
+     .help = "1: also every MXFP4 schedule"},
+    {.env = "K3_ONLY_EXPERTS", GPU(t.only_experts), .type = K3_OPT_SWITCH, .value = 1, .lo = 0,
+     .hi = 1, .help = "1: only the MXFP4 expert rows (profiling runs)"},
+};
+
+static const k3_cli_command gpu_cmd = {
+    .name = "bench-gpu", .prog = "k3-lab",
+    .usage =
         "usage: k3-lab bench-gpu [MODEL_DIR] [options]\n"
         "\n"
         "Measures the GPU backend (a k3-lab built with make CUDA=1, on a CUDA device):\n"
@@ -30,14 +65,10 @@ static void usage(FILE *f) {
         "    experts cached, each layer timed with device events; seconds per token per layer\n"
         "    kind, extrapolated to K3 (1 KDA+dense, 68 KDA+MoE and 24 MLA+MoE layers, 896\n"
         "    experts, vocabulary 163840), against the HBM floor = bytes read per token /\n"
-        "    copy bandwidth.\n"
-        "\n"
-        "  --tokens N    decode steps timed (default 32)\n"
-        "  --warmup N    steps before timing, filling the expert cache (default 16)\n"
-        "  --reps N      launches per timed batch in part 1 (default 20)\n"
-        "  --gpu-gb G    device memory budget (default: free memory less a margin)\n"
-        "  -h, --help    this help\n");
-}
+        "    copy bandwidth.\n",
+    .rows = gpu_rows, .n_rows = sizeof gpu_rows / sizeof *gpu_rows,
+    .max_positional = 1,
+};
 
 #ifdef K3_WITH_CUDA
 static int argmax(const float *x, int n) {
@@ -84,15 +115,15 @@ static int decode(k3_engine *e, int warmup, int tokens, double *ms, uint64_t *by
     return rc;
 }
 
-static int bench_model(const char *dir, int warmup, int tokens, double gpu_gb,
-                       const k3_gpu_bench *kb, k3_err *err) {
+static int bench_model(const char *dir, const gpu_args *a, const k3_gpu_bench *kb, k3_err *err) {
+    int warmup = a->warmup, tokens = a->tokens;
     k3_engine_opts eo = k3_engine_opts_default();
-    eo.device = "cuda", eo.verbose = 1, eo.gpu_gb = gpu_gb, eo.gpu_profile = 1;
-    /* lab switches (the library reads no environment): K3_GPU_LAYERS=N keeps at most N
-     * spine layers resident, K3_GPU_EXPERT_SLOTS=N sizes the expert cache exactly */
-    const char *v = getenv("K3_GPU_LAYERS");
-    if (v && *v) eo.gpu_max_layers = atoi(v);
-    if ((v = getenv("K3_GPU_EXPERT_SLOTS")) && *v) eo.gpu_expert_slots = atoi(v);
+    eo.device = "cuda", eo.verbose = 1, eo.gpu_gb = a->gpu_gb;
+    /* the lab's controls (k3_lab.h): per-layer device events, and K3_GPU_LAYERS /
+     * K3_GPU_EXPERT_SLOTS through the table */
+    k3_lab_opts lab = k3_lab_opts_default();
+    lab.gpu_profile = 1, lab.gpu_max_layers = a->max_layers, lab.gpu_expert_slots = a->expert_slots;
+    eo.lab = &lab;
     k3_engine *e = NULL;
     int rc = k3_engine_load(dir, &eo, &e, err);
     if (rc) return rc;
@@ -164,56 +195,24 @@ done:
 }
 #endif
 
-static int parse_int(const char *s, const char *flag, int lo, int *out) {
-    k3_err err = {0};
-    if (!k3_parse_int(s, flag, lo, 1 << 20, out, &err)) return 0;
-    fprintf(stderr, "k3-lab bench-gpu: %s\n", err.msg);
-    return K3_ERR_USAGE;
-}
-
 int k3_cmd_bench_gpu(int argc, char **argv) {
-    const char *dir = NULL;
-    int tokens = 32, warmup = 16, reps = 20, rc = 0;
-    double gpu_gb = 0;
-    for (int i = 1; i < argc && !rc; i++) {
-        const char *a = argv[i];
-        int has = i + 1 < argc;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "--tokens") && has) rc = parse_int(argv[++i], a, 1, &tokens);
-        else if (!strcmp(a, "--warmup") && has) rc = parse_int(argv[++i], a, 0, &warmup);
-        else if (!strcmp(a, "--reps") && has) rc = parse_int(argv[++i], a, 1, &reps);
-        else if (!strcmp(a, "--gpu-gb") && has) {
-            k3_err err = {0};
-            if (k3_parse_double(argv[++i], a, 0, 1e6, &gpu_gb, &err)) {
-                fprintf(stderr, "k3-lab bench-gpu: %s\n", err.msg);
-                rc = K3_ERR_USAGE;
-            }
-        }
-        else if (a[0] != '-' && !dir) dir = a;
-        else {
-            fprintf(stderr, "k3-lab bench-gpu: unknown option or missing value: '%s'\n", a);
-            rc = K3_ERR_USAGE;
-        }
-    }
-    if (rc) return rc;
+    gpu_args a = {0};
+    k3_opts_parsed parsed;
+    k3_opt_targets tg = {.cmd = &a};
+    int rc = k3_opts_parse(&gpu_cmd, argc, argv, &tg, &parsed);
+    if (rc) return rc < 0 ? 0 : rc;
+    const char *dir = parsed.n_positional ? parsed.positional[0] : NULL;
+    a.t.no_pdl = !a.pdl;
 #ifdef K3_WITH_CUDA
     k3_err err = {0};
     k3_gpu_bench kb;
-    /* lab switches: a lab command reads its own environment (the library reads none) */
-    const char *pdl = getenv("K3_PDL"), *sched = getenv("K3_MX_SCHEDULE");
-    k3_gpu_tuning t = {.no_pdl = pdl && pdl[0] == '0', .mx_schedule = sched ? atoi(sched) : 0,
-                       .mx_scan = getenv("K3_MX_SCAN") != NULL,
-                       .mx_sweep = getenv("K3_MX_SWEEP") != NULL,
-                       .only_experts = getenv("K3_ONLY_EXPERTS") != NULL};
-    k3_gpu_set_tuning(&t);
-    rc = k3_gpu_bench_kernels(stdout, reps, &t, &kb, &err);
-    if (!rc && dir) rc = bench_model(dir, warmup, tokens, gpu_gb, &kb, &err);
+    k3_gpu_set_tuning(&a.t);
+    rc = k3_gpu_bench_kernels(stdout, a.reps, &a.t, &kb, &err);
+    if (!rc && dir) rc = bench_model(dir, &a, &kb, &err);
     if (rc) fprintf(stderr, "k3-lab bench-gpu: %s\n", err.msg);
     return rc;
 #else
-    (void)dir, (void)tokens, (void)warmup, (void)reps, (void)gpu_gb;
+    (void)dir;
     fprintf(stderr, "k3-lab bench-gpu: this k3-lab was built without CUDA (rebuild with make "
             "CUDA=1)\n");
     return K3_ERR_DEVICE;

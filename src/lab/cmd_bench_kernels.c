@@ -15,24 +15,34 @@
 #include <unistd.h>
 
 #include "../cli/model_dir.h"
+#include "../cli/opts.h"
 #include "../engine/k3.h"
+#include "../engine/k3_lab.h"
 #include "../format/safetensors.h"
 #include "../kernels/kernels.h"
 #include "lab.h"
 #include "../util/clock.h"
 #include "../util/parse.h"
 
-static int parse_pos_int(const char *s, const char *flag, int *out) {
-    k3_err err = {0};
-    if (!k3_parse_int(s, flag, 1, 1 << 20, out, &err)) return 0;
-    fprintf(stderr, "k3-lab bench: %s\n", err.msg);
-    return K3_ERR_USAGE;
-}
-
 /* ---- k3-lab bench kernels ----------------------------------------------------------------- */
 
-static void kernels_usage(FILE *f) {
-    fprintf(f,
+typedef struct kernels_args {
+    double seconds;
+    const char *only; /* --only TEXT */
+} kernels_args;
+
+#define KARG(f) K3_OPT_CMD(kernels_args, f), .field = #f
+static const k3_opt kernels_rows[] = {
+    {.flag = "--seconds", KARG(seconds), .type = K3_OPT_DOUBLE, .lo = 0, .hi = 1e4,
+     .flags = K3_OPTF_LO_OPEN, .def = "0.5", .meta = "S",
+     .help = "time each measurement for about S seconds"},
+    {.flag = "--only", KARG(only), .type = K3_OPT_STR, .flags = K3_OPTF_NONEMPTY, .meta = "TEXT",
+     .help = "only the kernels whose name contains TEXT (e.g. MXFP4)"},
+};
+
+static const k3_cli_command kernels_cmd = {
+    .name = "bench kernels", .prog = "k3-lab",
+    .usage =
         "usage: k3-lab bench kernels [--kernels NAME] [--threads N] [--seconds S] [--only TEXT]\n"
         "\n"
         "Times every product kernel at K3's shapes (out <- in): BF16 7168->12288, 7168->33792,\n"
@@ -42,15 +52,11 @@ static void kernels_usage(FILE *f) {
         "from cache (the decode's own speed), and the batched forms for 2, 4 and 32 vectors.\n"
         "Prints weight GB/s beside the bandwidth of a large memcpy measured in the\n"
         "same run (bytes read + bytes written per second, STREAM's convention), for one thread\n"
-        "and for all threads. Uses about 4 GB of memory.\n"
-        "\n"
-        "  --kernels NAME   only this path (scalar, avx2, avx512, neon); default: every path\n"
-        "                   this CPU runs\n"
-        "  --threads N      the all-threads figure uses N threads (default: physical cores)\n"
-        "  --seconds S      time each measurement for about S seconds (default 0.5)\n"
-        "  --only TEXT      only the kernels whose name contains TEXT (e.g. MXFP4)\n"
-        "  -h, --help       this help\n");
-}
+        "and for all threads (--threads). Uses about 4 GB of memory. Every path this CPU runs\n"
+        "unless --kernels names one.\n",
+    .rows = kernels_rows, .n_rows = sizeof kernels_rows / sizeof *kernels_rows,
+    .groups = K3_OG_THREADS | K3_OG_KERNELS,
+};
 
 /* Pseudo-random bytes for weights (BF16 exponents kept in range so no value is inf/NaN). */
 static void fill(void *p, size_t bytes, int bf16) {
@@ -166,23 +172,15 @@ static double time_case(const k3_kernels *k, const kcase *c, const bufs *b, doub
 }
 
 static int bench_kernels(int argc, char **argv) {
-    const char *only = NULL, *filter = NULL;
-    int threads = k3_cpu_physical_cores();
-    double seconds = 0.5;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        int v = i + 1 < argc, rc = 0;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { kernels_usage(stdout); return 0; }
-        else if (!strcmp(a, "--kernels") && v) only = argv[++i];
-        else if (!strcmp(a, "--threads") && v) rc = parse_pos_int(argv[++i], a, &threads);
-        else if (!strcmp(a, "--seconds") && v) seconds = atof(argv[++i]);
-        else if (!strcmp(a, "--only") && v) filter = argv[++i];
-        else {
-            fprintf(stderr, "k3-lab bench kernels: unknown option or missing value: '%s'\n", a);
-            return K3_ERR_USAGE;
-        }
-        if (rc) return rc;
-    }
+    kernels_args a = {0};
+    k3_engine_opts eo;
+    k3_opts_parsed parsed;
+    k3_opt_targets t = {.eo = &eo, .cmd = &a};
+    int prc = k3_opts_parse(&kernels_cmd, argc, argv, &t, &parsed);
+    if (prc) return prc < 0 ? 0 : prc;
+    const char *only = eo.kernels, *filter = a.only;
+    int threads = eo.threads ? eo.threads : omp_get_max_threads();
+    double seconds = a.seconds;
     const k3_kernels *paths[8];
     int np = k3_kernels_available(paths, 8);
     if (only) {
@@ -282,30 +280,41 @@ static int k3_wide(const k3_config *c, char *why, size_t cap) {
     return !bad;
 }
 
-static void decode_usage(FILE *f) {
-    fprintf(f,
+typedef struct decode_args {
+    int tokens;
+} decode_args;
+
+static const k3_opt_choice decode_spines[] = {
+    {"bf16", K3_SPINE_BF16}, {"int8", K3_SPINE_INT8}, {NULL, 0}};
+
+static const k3_opt decode_rows[] = {
+    {.flag = "--tokens", K3_OPT_CMD(decode_args, tokens), .field = "tokens", .type = K3_OPT_INT,
+     .lo = 1, .hi = 1 << 20, .def = "10", .meta = "N", .help = "decode steps"},
+    {.flag = "--spine", K3_OPT_ENG(spine), .type = K3_OPT_CHOICE, .choices = decode_spines,
+     .def = "bf16", .meta = "MODE",
+     .help = "bf16 or int8 (the packed spine, NOT exact; k3 pack)"},
+};
+
+static const k3_cli_command decode_cmd = {
+    .name = "bench decode", .prog = "k3-lab",
+    .usage =
         "usage: k3-lab bench decode [MODEL_DIR] [--tokens N] [--threads N] [--spine-gb G]\n"
         "\n"
         "Runs N decode steps (logits every step) on MODEL_DIR with every expert used in place\n"
-        "from the mapped shards (K3_MMAP_EXPERTS=1: for a real-width checkpoint that fits in\n"
-        "RAM, such as k3-wide from make test-wide) and times each layer's token mixer (KDA or\n"
-        "MLA) and FFN (dense or MoE) through the trace hook. Prints seconds per token per layer\n"
-        "kind and the compute floor of K3's 93 layers (69 KDA + 24 MLA mixers, 1 dense + 92 MoE\n"
-        "FFNs, the rest per layer, lm_head scaled to 163840 rows); the floor needs a model at\n"
-        "K3's per-layer widths (hidden 7168, top-16 experts, ...: k3-wide, or k3-lab synth\n"
-        "--real --top-k 16), and is marked not applicable for any other. The first 2 steps\n"
-        "are warm-up and not counted.\n"
-        "\n"
-        "  --tokens N     decode steps (default 10)\n"
-        "  --threads N    compute threads (default: OMP_NUM_THREADS or physical cores)\n"
-        "  --spine MODE   bf16 (default) or int8 (the packed spine, NOT exact; k3 pack)\n"
-        "  --pack-dir DIR folder of the packed spine (default MODEL_DIR)\n"
-        "  --spine-gb G   resident spine budget (k3 run --help); then also prints the spine\n"
-        "                 bytes streamed per token, the time passes waited for them, and the\n"
-        "                 disk's sequential O_DIRECT read bandwidth measured in the same run\n"
-        "                 (up to 2 GB of the largest shard) with the floor it sets\n"
-        "  -h, --help     this help\n");
-}
+        "from the mapped shards (for a real-width checkpoint that fits in RAM, such as k3-wide\n"
+        "from make test-wide) and times each layer's token mixer (KDA or MLA) and FFN (dense or\n"
+        "MoE) through the trace hook. Prints seconds per token per layer kind and the compute\n"
+        "floor of K3's 93 layers (69 KDA + 24 MLA mixers, 1 dense + 92 MoE FFNs, the rest per\n"
+        "layer, lm_head scaled to 163840 rows); the floor needs a model at K3's per-layer\n"
+        "widths (hidden 7168, top-16 experts, ...: k3-wide, or k3-lab synth --real --top-k 16),\n"
+        "and is marked not applicable for any other. The first 2 steps are warm-up and not\n"
+        "counted. The spine is used in place unless --spine-gb gives a budget; then it also\n"
+        "prints the spine bytes streamed per token, the time passes waited for them, and the\n"
+        "disk's sequential O_DIRECT read bandwidth measured in the same run (up to 2 GB of the\n"
+        "largest shard) with the floor it sets.\n",
+    .rows = decode_rows, .n_rows = sizeof decode_rows / sizeof *decode_rows,
+    .groups = K3_OG_THREADS | K3_OG_BUDGET, .max_positional = 1,
+};
 
 #define MAX_BENCH_LAYERS 256
 typedef struct layer_clock {
@@ -385,48 +394,28 @@ static void spine_report(const k3_engine *e, const k3_spine_stats *st0, int toke
 }
 
 static int bench_decode(int argc, char **argv) {
-    const char *dir = NULL, *pack_dir = NULL;
-    int tokens = 10, threads = 0, rc = 0, spine = K3_SPINE_BF16;
-    double spine_gb = K3_SPINE_GB_IN_PLACE; /* no budget */
-    const char *gb_text = NULL, *gb_name = "--spine-gb";
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        int v = i + 1 < argc;
-        if (!strcmp(a, "--spine-gb") && v) gb_text = argv[++i];
-        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { decode_usage(stdout); return 0; }
-        else if (!strcmp(a, "--pack-dir") && v) pack_dir = argv[++i];
-        else if (!strcmp(a, "--spine") && v && (!strcmp(argv[i + 1], "int8") ||
-                                                 !strcmp(argv[i + 1], "bf16")))
-            spine = !strcmp(argv[++i], "int8") ? K3_SPINE_INT8 : K3_SPINE_BF16;
-        else if (!strcmp(a, "--tokens") && v) rc = parse_pos_int(argv[++i], a, &tokens);
-        else if (!strcmp(a, "--threads") && v) rc = parse_pos_int(argv[++i], a, &threads);
-        else if (a[0] != '-' && !dir) dir = a;
-        else {
-            fprintf(stderr, "k3-lab bench decode: unknown option or missing value: '%s'\n", a);
-            return K3_ERR_USAGE;
-        }
-        if (rc) return rc;
-    }
-    if (!dir) dir = k3_default_model_dir();
+    decode_args a = {0};
+    k3_engine_opts eo;
+    k3_opts_parsed parsed;
+    k3_opt_targets t = {.eo = &eo, .cmd = &a};
+    int rc = k3_opts_parse(&decode_cmd, argc, argv, &t, &parsed);
+    if (rc) return rc < 0 ? 0 : rc;
+    const char *dir = parsed.n_positional ? parsed.positional[0] : k3_default_model_dir();
+    int tokens = a.tokens;
     k3_err err = {0};
     k3_engine *e = NULL;
     k3_session *s = NULL;
     float *logits = NULL;
     static layer_clock clk;
-    /* a lab command reads its own environment (the library reads none); a bad value is
-     * refused before measuring the disk (2 GB) */
-    const char *env = getenv("K3_SPINE_GB");
-    if (!gb_text && env && *env) gb_text = env, gb_name = "K3_SPINE_GB";
-    if (gb_text && k3_parse_double(gb_text, gb_name, 0, 1e6, &spine_gb, &err)) {
-        fprintf(stderr, "k3-lab bench decode: %s\n", err.msg);
-        return K3_ERR_USAGE;
-    }
-    k3_engine_opts eo = k3_engine_opts_default();
-    if (threads) eo.threads = threads;
-    eo.verbose = 1, eo.experts_in_place = 1, eo.spine = spine, eo.pack_dir = pack_dir;
-    eo.spine_gb = spine_gb;
+    /* without --spine-gb (or K3_SPINE_GB) the spine is used in place whatever the plan (the
+     * lab's control, k3_lab.h) */
+    int budget = k3_opts_given(&decode_cmd, &parsed, "--spine-gb") != 0;
+    k3_lab_opts lab = k3_lab_opts_default();
+    lab.spine_in_place = !budget;
+    eo.lab = &lab;
+    eo.verbose = 1, eo.experts_in_place = 1;
     k3_spine_stats st0 = {0};
-    double bw0 = spine_gb >= 0 ? disk_read_bw(dir) : 0;
+    double bw0 = budget ? disk_read_bw(dir) : 0;
     if ((rc = k3_engine_load(dir, &eo, &e, &err))) goto done;
     const k3_config *c = k3_engine_config(e);
     if (c->num_hidden_layers > MAX_BENCH_LAYERS) {

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "../cli/model_dir.h"
+#include "../cli/opts.h"
 #include "../engine/k3.h"
 #include "../util/clock.h"
 #include "../util/parse.h"
@@ -17,77 +18,68 @@
 #define MAX_SESSIONS 64
 
 typedef struct mopts {
-    const char *model_dir;
+    const char *model_dir, *session_list;
     int sessions[16], n_sessions, tokens, prompt, threads, repeat;
     double spine_gb;
+    const char *pack_dir;
 } mopts;
 
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: k3-lab bench-batch [MODEL_DIR] [--sessions 1,2,4,8] [--tokens T] [--prompt P]\n"
-            "                          [--spine-gb X] [--threads N]\n"
-            "For each N of --sessions: N requests (prompts of P pseudo-random ids, different per\n"
-            "request) each generate T greedy ids, first served one after another (k3_session_step),\n"
-            "then all N together, one pass per step (k3_sessions_step: each spine matrix applied\n"
-            "once over the N rows, each expert of the rows' union read once). Prints aggregate\n"
-            "generated tokens/s, per-request tokens/s (each request's T ids over the time it was\n"
-            "being generated), the mean time a request took to finish from the start, and the\n"
-            "weight bytes per generated token: experts applied (union x expert size) and read from\n"
-            "disk, spine applied and read from disk (the streamed part, with --spine-gb), and the\n"
-            "phases of a step (one after another) or a pass (together): mixers, MoE (of which\n"
-            "waiting for expert reads), lm_head. The expert cache is warmed with one pass first.\n"
-            "The ids of both ways must be identical.\n\n"
-            "  --sessions LIST comma-separated N, each 1..%d (default 1,2,4,8)\n"
-            "  --tokens T      ids generated per request (default 8)\n"
-            "  --prompt P      prompt ids per request (default 4)\n"
-            "  --repeat R      measure each way R times, alternately, and keep the fastest\n"
-            "                  (default 1; a loaded machine's noise is one-sided)\n"
-            "  --spine-gb X    spine RAM budget in GB (0 streams every layer); default: the plan\n"
-            "  --threads N     compute threads (default: physical cores)\n"
-            "  -h, --help      this help\n", MAX_SESSIONS);
-}
+#define MOPT(f) K3_OPT_CMD(mopts, f), .field = #f
+static const k3_opt multi_rows[] = {
+    {.flag = "--sessions", MOPT(session_list), .type = K3_OPT_STR, .flags = K3_OPTF_NONEMPTY,
+     .def = "1,2,4,8", .meta = "LIST",
+     .help = "comma-separated N, each 1.." K3_STR(MAX_SESSIONS) ", at most 16"},
+    {.flag = "--tokens", MOPT(tokens), .type = K3_OPT_INT, .lo = 1, .hi = 1 << 16, .def = "8",
+     .meta = "T", .help = "ids generated per request"},
+    {.flag = "--prompt", MOPT(prompt), .type = K3_OPT_INT, .lo = 1, .hi = K3_MAX_CHUNK,
+     .def = "4", .meta = "P", .help = "prompt ids per request"},
+    {.flag = "--repeat", MOPT(repeat), .type = K3_OPT_INT, .lo = 1, .hi = 100, .def = "1",
+     .meta = "R", .help = "measure each way R times, alternately, and keep the fastest (a\n"
+                          "loaded machine's noise is one-sided)"},
+};
 
+static const k3_cli_command multi_cmd = {
+    .name = "bench-batch", .prog = "k3-lab",
+    .usage =
+        "usage: k3-lab bench-batch [MODEL_DIR] [--sessions 1,2,4,8] [--tokens T] [--prompt P]\n"
+        "                          [--spine-gb X] [--threads N]\n"
+        "For each N of --sessions: N requests (prompts of P pseudo-random ids, different per\n"
+        "request) each generate T greedy ids, first served one after another (k3_session_step),\n"
+        "then all N together, one pass per step (k3_sessions_step: each spine matrix applied\n"
+        "once over the N rows, each expert of the rows' union read once). Prints aggregate\n"
+        "generated tokens/s, per-request tokens/s (each request's T ids over the time it was\n"
+        "being generated), the mean time a request took to finish from the start, and the\n"
+        "weight bytes per generated token: experts applied (union x expert size) and read from\n"
+        "disk, spine applied and read from disk (the streamed part, with --spine-gb), and the\n"
+        "phases of a step (one after another) or a pass (together): mixers, MoE (of which\n"
+        "waiting for expert reads), lm_head. The expert cache is warmed with one pass first.\n"
+        "The ids of both ways must be identical.\n",
+    .rows = multi_rows, .n_rows = sizeof multi_rows / sizeof *multi_rows,
+    .groups = K3_OG_THREADS | K3_OG_BUDGET, .max_positional = 1,
+};
+
+/* Returns 0, -1 after printing help, or K3_ERR_USAGE (said). */
 static int parse(int argc, char **argv, mopts *o, k3_err *err) {
-    *o = (mopts){.sessions = {1, 2, 4, 8}, .n_sessions = 4, .tokens = 8, .prompt = 4,
-                 .repeat = 1, .spine_gb = K3_SPINE_GB_PLAN};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int rc = K3_OK;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            return -1;
-        } else if (!strcmp(a, "--sessions") && v) {
-            o->n_sessions = 0;
-            char buf[256];
-            snprintf(buf, sizeof buf, "%s", argv[++i]);
-            for (char *save = NULL, *p = strtok_r(buf, ",", &save); p && !rc;
-                 p = strtok_r(NULL, ",", &save)) {
-                if (o->n_sessions == 16)
-                    return k3_fail(err, K3_ERR_USAGE, "--sessions: at most 16 values");
-                rc = k3_parse_int(p, "--sessions", 1, MAX_SESSIONS,
-                                  &o->sessions[o->n_sessions++], err);
-            }
-            if (!rc && !o->n_sessions)
-                rc = k3_fail(err, K3_ERR_USAGE, "--sessions: expected a list such as 1,2,4,8");
-        } else if (!strcmp(a, "--tokens") && v) {
-            rc = k3_parse_int(argv[++i], a, 1, 1 << 16, &o->tokens, err);
-        } else if (!strcmp(a, "--repeat") && v) {
-            rc = k3_parse_int(argv[++i], a, 1, 100, &o->repeat, err);
-        } else if (!strcmp(a, "--prompt") && v) {
-            rc = k3_parse_int(argv[++i], a, 1, K3_MAX_CHUNK, &o->prompt, err);
-        } else if (!strcmp(a, "--threads") && v) {
-            rc = k3_parse_int(argv[++i], a, 1, 4096, &o->threads, err);
-        } else if (!strcmp(a, "--spine-gb") && v) {
-            rc = k3_parse_double(argv[++i], a, 0, 1e6, &o->spine_gb, err);
-        } else if (a[0] != '-' && !o->model_dir) {
-            o->model_dir = a;
-        } else {
-            rc = k3_fail(err, K3_ERR_USAGE, "unknown option '%s' (see --help)", a);
-        }
-        if (rc) return rc;
+    *o = (mopts){0};
+    k3_engine_opts eo;
+    k3_opts_parsed parsed;
+    k3_opt_targets t = {.eo = &eo, .cmd = o};
+    int rc = k3_opts_parse(&multi_cmd, argc, argv, &t, &parsed);
+    if (rc) return rc;
+    o->threads = eo.threads, o->spine_gb = eo.spine_gb, o->pack_dir = eo.pack_dir;
+    o->model_dir = parsed.n_positional ? parsed.positional[0] : k3_default_model_dir();
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", o->session_list);
+    for (char *save = NULL, *p = strtok_r(buf, ",", &save); p && !rc;
+         p = strtok_r(NULL, ",", &save)) {
+        if (o->n_sessions == 16) rc = k3_fail(err, K3_ERR_USAGE, "--sessions: at most 16 values");
+        else rc = k3_parse_int(p, "--sessions", 1, MAX_SESSIONS, &o->sessions[o->n_sessions++],
+                               err);
     }
-    if (!o->model_dir) o->model_dir = k3_default_model_dir();
-    return 0;
+    if (!rc && !o->n_sessions)
+        rc = k3_fail(err, K3_ERR_USAGE, "--sessions: expected a list such as 1,2,4,8");
+    if (rc) fprintf(stderr, "k3-lab bench-batch: %s\n", err->msg);
+    return rc ? -2 : 0;
 }
 
 /* Bytes of one routed expert (three MXFP4 matrices inter x latent: nibbles + E8M0 scales) and
@@ -253,8 +245,8 @@ static int run(const mopts *o, k3_err *err) {
     int max_n = 1, rc;
     for (int i = 0; i < o->n_sessions; i++) max_n = o->sessions[i] > max_n ? o->sessions[i] : max_n;
     k3_engine_opts eo = k3_engine_opts_default();
-    if (o->threads) eo.threads = o->threads;
-    eo.spine_gb = o->spine_gb;
+    eo.threads = o->threads; /* 0: OpenMP's own count (OMP_NUM_THREADS) */
+    eo.spine_gb = o->spine_gb, eo.pack_dir = o->pack_dir;
     eo.sessions = max_n;
     eo.verbose = 1;
     if ((rc = k3_engine_load(o->model_dir, &eo, &b.e, err))) return rc;
@@ -328,8 +320,8 @@ int k3_cmd_bench_multi(int argc, char **argv) {
     mopts o;
     k3_err err = {0};
     int rc = parse(argc, argv, &o, &err);
-    if (rc < 0) return 0;
-    if (!rc) rc = run(&o, &err);
+    if (rc) return rc == -1 ? 0 : rc == -2 ? K3_ERR_USAGE : rc;
+    rc = run(&o, &err);
     if (rc) fprintf(stderr, "k3-lab bench-batch: %s\n", err.msg);
     return rc;
 }

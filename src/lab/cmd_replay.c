@@ -5,43 +5,69 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../cli/opts.h"
 #include "../store/replay.h"
 #include "../store/store.h"
 #include "lab.h"
 
-static void replay_usage(FILE *f) {
-    fprintf(f,
+typedef struct replay_args {
+    const char *percent, *slots; /* lists */
+} replay_args;
+
+static const k3_opt replay_rows[] = {
+    {.flag = "--percent", K3_OPT_CMD(replay_args, percent), .field = "percent",
+     .type = K3_OPT_STR, .flags = K3_OPTF_NONEMPTY, .def = "2,5,10,25", .meta = "LIST",
+     .help = "budgets as % of the traced layers' experts (at most 16)"},
+    {.flag = "--slots", K3_OPT_CMD(replay_args, slots), .field = "slots", .type = K3_OPT_STR,
+     .flags = K3_OPTF_NONEMPTY, .meta = "LIST",
+     .help = "budgets as slot counts instead (each at least top-k + 1; at most 16)"},
+};
+
+static const k3_cli_command replay_cmd = {
+    .name = "replay", .prog = "k3-lab",
+    .usage =
         "usage: k3-lab replay TRACE.jsonl [--percent P1,P2,...] [--slots S1,S2,...]\n"
         "\n"
         "Replays a router trace (k3 run --router-trace, or k3-lab trace-gen) against each expert\n"
         "cache policy of the store (lru, s3fifo: the same code, pins included) and Belady's\n"
-        "offline MIN, and prints their hit rates per budget.\n"
-        "\n"
-        "  --percent LIST   budgets as %% of the traced layers' experts (default 2,5,10,25)\n"
-        "  --slots LIST     budgets as slot counts instead (each at least top-k + 1)\n"
-        "  -h, --help       this help\n");
-}
+        "offline MIN, and prints their hit rates per budget.\n",
+    .rows = replay_rows, .n_rows = sizeof replay_rows / sizeof *replay_rows,
+    .max_positional = 1,
+};
 
-static void tracegen_usage(FILE *f) {
-    fprintf(f,
+#define TG(f) K3_OPT_CMD(k3_tracegen_opts, f), .field = #f
+static const k3_opt tracegen_rows[] = {
+    {.flag = "--tokens", TG(tokens), .type = K3_OPT_INT, .lo = 1, .hi = 1e8, .def = "1000",
+     .meta = "N", .help = "decode steps"},
+    {.flag = "--layers", TG(layers), .type = K3_OPT_INT, .lo = 1, .hi = 4096, .def = "92",
+     .meta = "N", .help = "MoE layers"},
+    {.flag = "--experts", TG(experts), .type = K3_OPT_INT, .lo = 1, .hi = 1 << 16, .def = "896",
+     .meta = "N", .help = "experts per layer"},
+    {.flag = "--top-k", TG(top_k), .type = K3_OPT_INT, .lo = 1, .hi = 1 << 16, .def = "16",
+     .meta = "N", .help = "experts per token"},
+    {.flag = "--overlap", TG(overlap), .type = K3_OPT_DOUBLE, .lo = 0, .hi = 1, .def = "0.31",
+     .meta = "F", .help = "share repeated from the previous token"},
+    {.flag = "--hot", TG(hot), .type = K3_OPT_INT, .lo = 1, .hi = 1 << 16, .def = "16",
+     .meta = "N", .help = "size of the hot set"},
+    {.flag = "--hot-mass", TG(hot_mass), .type = K3_OPT_DOUBLE, .lo = 0, .hi = 1, .def = "0.41",
+     .meta = "F", .help = "share of selections taken by the hot set"},
+    {.flag = "--seed", TG(seed), .type = K3_OPT_U64, .def = "1", .meta = "N",
+     .help = "random seed"},
+};
+
+static const k3_cli_command tracegen_cmd = {
+    .name = "trace-gen", .prog = "k3-lab",
+    .usage =
         "usage: k3-lab trace-gen OUT.jsonl [options]\n"
         "\n"
         "Writes a synthetic router trace whose locality matches what is published for K3's\n"
-        "routing: consecutive tokens share ~31%% of a layer's experts and the 16 hottest of 896\n"
-        "take ~41%% of the routing mass. The popularity exponent and the reuse probability are\n"
+        "routing: consecutive tokens share ~31% of a layer's experts and the 16 hottest of 896\n"
+        "take ~41% of the routing mass. The popularity exponent and the reuse probability are\n"
         "calibrated by simulation; the statistics measured on the written trace are printed.\n"
-        "(The lookahead recall of real runs, 60-70%%, concerns prediction, not the trace.)\n"
-        "\n"
-        "  --tokens N       decode steps (default 1000)\n"
-        "  --layers N       MoE layers (default 92)\n"
-        "  --experts N      experts per layer (default 896)\n"
-        "  --top-k N        experts per token (default 16)\n"
-        "  --overlap F      share repeated from the previous token (default 0.31)\n"
-        "  --hot N          size of the hot set (default 16)\n"
-        "  --hot-mass F     share of selections taken by the hot set (default 0.41)\n"
-        "  --seed N         random seed (default 1)\n"
-        "  -h, --help       this help\n");
-}
+        "(The lookahead recall of real runs, 60-70%, concerns prediction, not the trace.)\n",
+    .rows = tracegen_rows, .n_rows = sizeof tracegen_rows / sizeof *tracegen_rows,
+    .max_positional = 1,
+};
 
 /* "2,5,10" -> values; returns the count or -1. */
 static int parse_list(const char *s, double *v, int cap) {
@@ -84,18 +110,18 @@ static void print_table(const char *path, const k3_route_trace *t, const int *sl
 }
 
 int k3_cmd_replay(int argc, char **argv) {
-    const char *path = NULL;
-    double pct[16] = {2, 5, 10, 25}, sl[16];
-    int npct = 4, nsl = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { replay_usage(stdout); return 0; }
-        if (!strcmp(a, "--percent") && v) { npct = parse_list(v, pct, 16); i++; if (npct < 0) goto bad; }
-        else if (!strcmp(a, "--slots") && v) { nsl = parse_list(v, sl, 16); i++; if (nsl < 0) goto bad; }
-        else if (a[0] != '-' && !path) path = a;
-        else goto bad;
-    }
-    if (!path) goto bad;
+    replay_args a = {0};
+    k3_opts_parsed parsed;
+    k3_opt_targets tg = {.cmd = &a};
+    int prc = k3_opts_parse(&replay_cmd, argc, argv, &tg, &parsed);
+    if (prc) return prc < 0 ? 0 : prc;
+    double pct[16], sl[16];
+    int npct = parse_list(a.percent, pct, 16), nsl = a.slots ? parse_list(a.slots, sl, 16) : 0;
+    if (npct < 0 || nsl < 0)
+        return k3_opts_usage_error(&replay_cmd, "--percent and --slots take up to 16 numbers > 0,"
+                                   " comma-separated");
+    if (!parsed.n_positional) return k3_opts_usage_error(&replay_cmd, "give TRACE.jsonl");
+    const char *path = parsed.positional[0];
     k3_route_trace t;
     k3_err err = {0};
     int rc = k3_route_trace_read(path, &t, &err);
@@ -114,31 +140,16 @@ int k3_cmd_replay(int argc, char **argv) {
     print_table(path, &t, slots, nb);
     k3_route_trace_free(&t);
     return 0;
-bad:
-    fprintf(stderr, "k3-lab replay: bad arguments (see k3-lab replay --help)\n");
-    return K3_ERR_USAGE;
 }
 
 int k3_cmd_tracegen(int argc, char **argv) {
-    k3_tracegen_opts o = {.tokens = 1000, .layers = 92, .experts = 896, .top_k = 16, .hot = 16,
-                          .overlap = 0.31, .hot_mass = 0.41, .seed = 1};
-    const char *path = NULL;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int *iv = !strcmp(a, "--tokens") ? &o.tokens : !strcmp(a, "--layers") ? &o.layers :
-                  !strcmp(a, "--experts") ? &o.experts : !strcmp(a, "--top-k") ? &o.top_k :
-                  !strcmp(a, "--hot") ? &o.hot : NULL;
-        double *dv = !strcmp(a, "--overlap") ? &o.overlap : !strcmp(a, "--hot-mass") ? &o.hot_mass
-                                                                                     : NULL;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { tracegen_usage(stdout); return 0; }
-        if ((iv || dv || !strcmp(a, "--seed")) && !v) goto bad;
-        if (iv) *iv = atoi(argv[++i]);
-        else if (dv) *dv = atof(argv[++i]);
-        else if (!strcmp(a, "--seed")) o.seed = strtoull(argv[++i], NULL, 10);
-        else if (a[0] != '-' && !path) path = a;
-        else goto bad;
-    }
-    if (!path) goto bad;
+    k3_tracegen_opts o = {0};
+    k3_opts_parsed parsed;
+    k3_opt_targets tg = {.cmd = &o};
+    int prc = k3_opts_parse(&tracegen_cmd, argc, argv, &tg, &parsed);
+    if (prc) return prc < 0 ? 0 : prc;
+    if (!parsed.n_positional) return k3_opts_usage_error(&tracegen_cmd, "give OUT.jsonl");
+    const char *path = parsed.positional[0];
     FILE *f = fopen(path, "w");
     if (!f) {
         fprintf(stderr, "k3-lab trace-gen: %s: cannot create\n", path);
@@ -158,7 +169,4 @@ int k3_cmd_tracegen(int argc, char **argv) {
            st.reuse, 100 * st.overlap, 100 * o.overlap, o.hot, 100 * st.hot_mass,
            100 * o.hot_mass);
     return 0;
-bad:
-    fprintf(stderr, "k3-lab trace-gen: bad arguments (see k3-lab trace-gen --help)\n");
-    return K3_ERR_USAGE;
 }

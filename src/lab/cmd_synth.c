@@ -15,6 +15,7 @@
 #include "../cli/model_dir.h"
 #include "../util/err.h"
 #include "../util/fileio.h"
+#include "../cli/opts.h"
 #include "lab.h"
 
 typedef struct synth_opts {
@@ -24,37 +25,51 @@ typedef struct synth_opts {
     int expert_shards; /* shards the experts of one layer are spread over */
     bool scatter;      /* break the six-tensors-back-to-back layout (per-tensor fallback) */
     bool sparse;       /* headers only: the data are holes (reads give zeros), for k3 plan */
+    bool real, real_experts; /* K3's widths everywhere / K3's expert dims (unset fields) */
     uint64_t seed;
 } synth_opts;
 
-static void synth_usage(FILE *f) {
-    fprintf(f,
+#define SYN(f) K3_OPT_CMD(synth_opts, f), .field = #f
+#define SYN_INT(flag_, f, lo_, text) \
+    {.flag = flag_, SYN(f), .type = K3_OPT_INT, .lo = lo_, .hi = 1 << 30, .meta = "N", .help = text}
+static const k3_opt synth_rows[] = {
+    SYN_INT("--layers", layers, 2, "layers (default 4)"),
+    SYN_INT("--experts", experts, 1, "routed experts per MoE layer (default 8)"),
+    SYN_INT("--top-k", top_k, 1, "experts per token (default min(4, experts))"),
+    SYN_INT("--hidden", hidden, 32, "hidden size (default 64)"),
+    SYN_INT("--vocab", vocab, 2048, "vocabulary, >= 2048 (default 2048)"),
+    SYN_INT("--moe-inter", moe_inter, 32, "routed expert intermediate size (default 32)"),
+    SYN_INT("--latent", latent, 32, "routed expert (latent) width (default 32)"),
+    {.flag = "--real-experts", SYN(real_experts), .type = K3_OPT_SWITCH, .value = 1,
+     .help = "K3's expert dims: moe-inter 3072, latent 3584 (17,547,264 B each)"},
+    {.flag = "--real", SYN(real), .type = K3_OPT_SWITCH, .value = 1,
+     .help = "K3's widths everywhere (hidden 7168, heads, ranks, experts), with the\n"
+             "layer/expert/vocab counts given"},
+    SYN_INT("--expert-shards", expert_shards, 1,
+            "spread each layer's experts over N shards (default 1)"),
+    {.flag = "--scatter", SYN(scatter), .type = K3_OPT_SWITCH, .value = 1,
+     .help = "interleave the experts' tensors (not back to back): exercises the store's\n"
+             "per-tensor fallback"},
+    {.flag = "--seed", SYN(seed), .type = K3_OPT_U64, .def = "1", .meta = "N",
+     .help = "random seed"},
+    {.flag = "--sparse", SYN(sparse), .type = K3_OPT_SWITCH, .value = 1,
+     .help = "write each shard's header and leave its data a hole (a sparse file: no\n"
+             "disk, zeros when read): a full-size K3 snapshot for k3 plan, which reads\n"
+             "headers only"},
+};
+
+static const k3_cli_command synth_cmd = {
+    .name = "synth", .prog = "k3-lab",
+    .usage =
         "usage: k3-lab synth OUT_DIR [options]\n"
         "\n"
         "Writes a synthetic Kimi K3 snapshot with random weights in the exact checkpoint layout\n"
         "(spec §10: names, dtypes, shapes, MXFP4 experts whose six tensors lie back to back,\n"
-        "experts in lexicographic name order). Layer 0 is dense, layers l with (l+1) %% 4 == 0\n"
-        "and the last are MLA, the rest KDA. The tokenizer is the bundled fixture's.\n"
-        "\n"
-        "  --layers N        layers (default 4)\n"
-        "  --experts N       routed experts per MoE layer (default 8)\n"
-        "  --top-k N         experts per token (default min(4, experts))\n"
-        "  --hidden N        hidden size (default 64)\n"
-        "  --vocab N         vocabulary, >= 2048 (default 2048)\n"
-        "  --moe-inter N     routed expert intermediate size (default 32)\n"
-        "  --latent N        routed expert (latent) width (default 32)\n"
-        "  --real-experts    K3's expert dims: moe-inter 3072, latent 3584 (17,547,264 B each)\n"
-        "  --real            K3's widths everywhere (hidden 7168, heads, ranks, experts), with\n"
-        "                    the layer/expert/vocab counts given\n"
-        "  --expert-shards N spread each layer's experts over N shards (default 1)\n"
-        "  --scatter         interleave the experts' tensors (not back to back): exercises the\n"
-        "                    store's per-tensor fallback\n"
-        "  --seed N          random seed (default 1)\n"
-        "  --sparse          write each shard's header and leave its data a hole (a sparse\n"
-        "                    file: no disk, zeros when read): a full-size K3 snapshot for\n"
-        "                    k3 plan, which reads headers only\n"
-        "  -h, --help        this help\n");
-}
+        "experts in lexicographic name order). Layer 0 is dense, layers l with (l+1) % 4 == 0\n"
+        "and the last are MLA, the rest KDA. The tokenizer is the bundled fixture's.\n",
+    .rows = synth_rows, .n_rows = sizeof synth_rows / sizeof *synth_rows,
+    .max_positional = 1,
+};
 
 /* ---- random weights ---------------------------------------------------------------- */
 
@@ -409,20 +424,10 @@ static int copy_file(const char *from_dir, const char *to_dir, const char *name,
 
 /* ---- options ---------------------------------------------------------------------------- */
 
-static int opt_int(const char *flag, const char *v, int lo, int *out) {
-    char *end;
-    long x = strtol(v, &end, 10);
-    if (*end || end == v || x < lo || x > (1 << 30)) {
-        fprintf(stderr, "k3-lab synth: %s needs an integer >= %d, got '%s'\n", flag, lo, v);
-        return K3_ERR_USAGE;
-    }
-    *out = (int)x;
-    return 0;
-}
-
 /* Unset fields (0) take K3's real widths with --real, K3's expert dims with --real-experts,
  * else small fixture-like values. */
-static void apply_defaults(synth_opts *o, bool real, bool real_experts) {
+static void apply_defaults(synth_opts *o) {
+    bool real = o->real, real_experts = o->real_experts;
 #define D(f, small, big) if (!o->f) o->f = real ? (big) : (small)
     D(hidden, 64, 7168); D(inter, 96, 33792); D(shared, 2, 2);
     D(kda_heads, 4, 96); D(kda_head_dim, 16, 128); D(kda_rank, 16, 128);
@@ -438,43 +443,18 @@ static void apply_defaults(synth_opts *o, bool real, bool real_experts) {
 }
 
 static int parse_args(int argc, char **argv, synth_opts *o) {
-    *o = (synth_opts){.seed = 1};
-    bool real = false, real_experts = false;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int rc = 0;
-        const struct { const char *flag; int *dst; int lo; } ints[] = {
-            {"--layers", &o->layers, 2}, {"--experts", &o->experts, 1}, {"--top-k", &o->top_k, 1},
-            {"--hidden", &o->hidden, 32}, {"--vocab", &o->vocab, 2048},
-            {"--moe-inter", &o->moe_inter, 32}, {"--latent", &o->latent, 32},
-            {"--expert-shards", &o->expert_shards, 1}};
-        size_t k = 0;
-        for (; k < sizeof ints / sizeof ints[0] && strcmp(a, ints[k].flag); k++) {}
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { synth_usage(stdout); return -1; }
-        else if (k < sizeof ints / sizeof ints[0] && v) { rc = opt_int(a, v, ints[k].lo, ints[k].dst); i++; }
-        else if (!strcmp(a, "--real")) real = true;
-        else if (!strcmp(a, "--real-experts")) real_experts = true;
-        else if (!strcmp(a, "--scatter")) o->scatter = true;
-        else if (!strcmp(a, "--sparse")) o->sparse = true;
-        else if (!strcmp(a, "--seed") && v) { o->seed = strtoull(v, NULL, 10) | 1; i++; }
-        else if (a[0] != '-' && !o->out) o->out = a;
-        else {
-            fprintf(stderr, "k3-lab synth: unknown option or missing value: '%s' (see k3-lab "
-                    "synth --help)\n", a);
-            return K3_ERR_USAGE;
-        }
-        if (rc) return rc;
-    }
-    if (!o->out) {
-        fprintf(stderr, "k3-lab synth: give the output folder (see k3-lab synth --help)\n");
-        return K3_ERR_USAGE;
-    }
-    apply_defaults(o, real, real_experts);
+    *o = (synth_opts){0};
+    k3_opts_parsed parsed;
+    k3_opt_targets t = {.cmd = o};
+    int rc = k3_opts_parse(&synth_cmd, argc, argv, &t, &parsed);
+    if (rc) return rc;
+    if (!parsed.n_positional) return k3_opts_usage_error(&synth_cmd, "give the output folder");
+    o->out = parsed.positional[0];
+    o->seed |= 1; /* xorshift needs a non-zero state */
+    apply_defaults(o);
     if (o->top_k > o->experts || o->latent % 32 || o->moe_inter % 32 || o->hidden % 32) {
-        fprintf(stderr, "k3-lab synth: need top-k <= experts and latent, moe-inter, hidden "
-                        "multiples of 32\n");
-        return K3_ERR_USAGE;
+        return k3_opts_usage_error(&synth_cmd, "need top-k <= experts and latent, moe-inter, "
+                                   "hidden multiples of 32");
     }
     return 0;
 }

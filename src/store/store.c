@@ -16,16 +16,20 @@ enum client_stage { ST_IDLE, ST_DEFERRED, ST_WAITING, ST_HANDED, ST_DONE };
 
 int k3_store_settings_check(const k3_store_settings *s, k3_err *err) {
     if (!(s->expert_gb >= 0 && s->expert_gb <= 1e6)) /* also nan */
-        return k3_fail(err, K3_ERR_USAGE, "expert_gb %g: expected a number of GB in [0, 1e6] "
+        return k3_fail_field(err, K3_ERR_USAGE, "expert_gb",
+                             " %g: expected a number of GB in [0, 1e6] "
                        "(0 = the memory plan)", s->expert_gb);
     if (s->load_threads < 0 || s->load_threads > 256)
-        return k3_fail(err, K3_ERR_USAGE, "load_threads %d: expected an integer in [1, 256] (0 = "
+        return k3_fail_field(err, K3_ERR_USAGE, "load_threads",
+                             " %d: expected an integer in [1, 256] (0 = "
                        "4)", s->load_threads);
     if (s->direct != K3_IO_AUTO && s->direct != K3_IO_DIRECT && s->direct != K3_IO_BUFFERED)
-        return k3_fail(err, K3_ERR_USAGE, "direct %d: expected K3_IO_AUTO, K3_IO_DIRECT or "
+        return k3_fail_field(err, K3_ERR_USAGE, "direct",
+                             " %d: expected K3_IO_AUTO, K3_IO_DIRECT or "
                        "K3_IO_BUFFERED", s->direct);
     if (s->pipe < K3_PIPE_OFF || s->pipe > K3_PIPE_ALL)
-        return k3_fail(err, K3_ERR_USAGE, "pipe %d: expected K3_PIPE_AUTO, _PREV, _LOOKAHEAD, "
+        return k3_fail_field(err, K3_ERR_USAGE, "pipe",
+                             " %d: expected K3_PIPE_AUTO, _PREV, _LOOKAHEAD, "
                        "_ALL or _OFF", s->pipe);
     return K3_OK;
 }

@@ -11,6 +11,21 @@ int k3_fail(k3_err *err, int code, const char *fmt, ...) {
         vsnprintf(err->msg, sizeof err->msg, fmt, ap);
         va_end(ap);
         err->code = code;
+        err->field[0] = 0;
+    }
+    return code;
+}
+
+int k3_fail_field(k3_err *err, int code, const char *field, const char *fmt, ...) {
+    if (err) {
+        snprintf(err->field, sizeof err->field, "%s", field);
+        size_t n = strlen(err->field);
+        memcpy(err->msg, err->field, n + 1);
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->msg + n, sizeof err->msg - n, fmt, ap);
+        va_end(ap);
+        err->code = code;
     }
     return code;
 }

@@ -35,12 +35,22 @@ enum k3_status {
 typedef struct k3_err {
     int code;
     char msg[1024];
+    char field[32]; /* the option field the error is about ("spine_gb", a k3_engine_opts field),
+                     * or "" (k3_fail_field sets it; msg then starts with it): the edge shows
+                     * the flag that sets the field instead, without searching the text */
 } k3_err;
 
-/* Fills err (if non-NULL) with code and a printf-style message; returns code.
+/* Fills err (if non-NULL) with code and a printf-style message (and no field); returns code.
  * Usage: return k3_fail(err, K3_ERR_IO, "%s: cannot open: %s", path, strerror(errno)); */
 int k3_fail(k3_err *err, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* The same for an error about one option field: msg is the field's name followed by the
+ * formatted text, and err->field the name.
+ * Usage: k3_fail_field(err, K3_ERR_USAGE, "spine_gb", " %g: expected ...", gb) gives
+ * "spine_gb 2e+06: expected ...", which the CLI prints as "--spine-gb 2e+06: expected ...". */
+int k3_fail_field(k3_err *err, int code, const char *field, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 
 /* Prefixes an existing message with more context ("loading model: ..."); returns err->code. */
 int k3_err_prefix(k3_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -12,11 +12,16 @@
 #     (SIGSTOP, a hung host) with K3_MPI_TIMEOUT=2: each ends the job within seconds with a
 #     message naming rank 2; and a rank lost after one peer heard from it and before another
 #     did, which rank 0 must still name (not the peer left waiting on it).
-# K3_BIN: the single-process k3 (reference); K3_MPI_BIN: k3 built with MPI=1. Prints
+# K3_BIN: the single-process k3 (reference); K3_MPI_BIN: k3 built with MPI=1; K3_MPI_TEST_BIN:
+# its test build (-DK3_TEST_CONTROLS), for the lost-rank test only; the shipped K3_MPI_BIN must
+# not know K3_TEST_MPI_STALL_LAYER (checked first). Prints
 # "N passed, M failed" last; exits non-zero on a failure; SKIPPED when mpirun is missing.
 set -u
 K3_BIN=${K3_BIN:-./k3}
 K3_MPI_BIN=${K3_MPI_BIN:-./build-mpi/k3}
+# the test build (make MPI=1 build-mpi/k3-test: -DK3_TEST_CONTROLS) for the one test that
+# reaches inside (K3_TEST_MPI_STALL_LAYER); the shipped k3 reads no test variable
+K3_MPI_TEST_BIN=${K3_MPI_TEST_BIN:-./build-mpi/k3-test}
 if ! command -v mpirun >/dev/null 2>&1; then
     echo "SKIPPED test-mpi: mpirun is missing (apt-get install openmpi-bin libopenmpi-dev, or" \
          "scripts/install-deps.sh)"
@@ -25,6 +30,7 @@ fi
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 K3_BIN=$(cd "$(dirname "$K3_BIN")" && pwd)/$(basename "$K3_BIN")
 K3_MPI_BIN=$(cd "$(dirname "$K3_MPI_BIN")" && pwd)/$(basename "$K3_MPI_BIN")
+K3_MPI_TEST_BIN=$(cd "$(dirname "$K3_MPI_TEST_BIN")" && pwd)/$(basename "$K3_MPI_TEST_BIN")
 T=$(mktemp -d /tmp/k3-mpi.XXXXXX)
 trap '[ -n "${K3_MPI_KEEP:-}" ] || rm -rf "$T"' EXIT
 # one OpenMP thread per rank, passive waits: several ranks share this machine's cores
@@ -34,6 +40,15 @@ PASS=0
 FAIL=0
 ok() { PASS=$((PASS + 1)); echo "ok      mpi/$1"; }
 bad() { FAIL=$((FAIL + 1)); echo "FAIL    mpi/$1: $2"; }
+
+# The shipped binary holds no test control (the test build does)
+if strings "$K3_MPI_BIN" | grep -q K3_TEST_MPI; then
+    bad shipped_k3_has_no_test_control "$K3_MPI_BIN knows K3_TEST_MPI_STALL_LAYER"
+elif ! strings "$K3_MPI_TEST_BIN" | grep -q K3_TEST_MPI_STALL_LAYER; then
+    bad shipped_k3_has_no_test_control "$K3_MPI_TEST_BIN lacks K3_TEST_MPI_STALL_LAYER"
+else
+    ok shipped_k3_has_no_test_control
+fi
 NANO=$ROOT/tests/fixtures/k3-nano
 KJV=$ROOT/tests/fixtures/k3-tiny-kjv
 PROMPT="And God said, Let there be light: and there was light. And God saw the light"
@@ -239,7 +254,7 @@ fi
 # ranks 1 and 2, and must name rank 2 (rank 1 reported that it waits on it), not rank 1.
 start=$(date +%s)
 (cd "$T" && K3_TEST_MPI_STALL_LAYER=2 K3_MPI_TIMEOUT=2 timeout 60 $MPIRUN -x K3_MPI_TIMEOUT \
-    -x K3_TEST_MPI_STALL_LAYER -np 3 "$K3_MPI_BIN" run -q "$NANO" --prompt "$PROMPT" \
+    -x K3_TEST_MPI_STALL_LAYER -np 3 "$K3_MPI_TEST_BIN" run -q "$NANO" --prompt "$PROMPT" \
     --max-new 40 >stall.out 2>stall.err)
 rc=$?
 took=$(($(date +%s) - start))
