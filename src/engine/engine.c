@@ -489,6 +489,31 @@ int k3_session_prefill(k3_session *s, const int32_t *ids, size_t n, float *logit
     return k3_session_prefill_with(s, ids, n, logits, reused, NULL, err);
 }
 
+int k3_prefill_begin(k3_prefill *p, k3_session *s, const int32_t *ids, size_t n, int *reused,
+                     k3_err *err) {
+    size_t pos = (size_t)k3_session_pos(s), keep = 0;
+    while (keep < pos && keep < n && s->tokens[keep] == ids[keep]) keep++;
+    if (keep < pos || keep == n) { /* the history is not a strict prefix: start again */
+        k3_session_reset(s);
+        keep = 0;
+    }
+    if (reused) *reused = (int)keep;
+    *p = (k3_prefill){.s = s, .ids = ids, .n = n, .at = keep, .first = keep};
+    if (n > (size_t)k3_session_max_ctx(s))
+        return k3_fail(err, K3_ERR_INPUT, "the prompt (%zu tokens) does not fit the context of "
+                       "%d tokens (raise --ctx)", n, k3_session_max_ctx(s));
+    return K3_OK;
+}
+
+int k3_prefill_next(const k3_prefill *p, int max, const int32_t **ids) {
+    size_t left = p->n - p->at, len = (size_t)(max < p->s->chunk ? max : p->s->chunk);
+    if (len > left) len = left;
+    *ids = p->ids + p->at;
+    return (int)len;
+}
+
+void k3_prefill_fed(k3_prefill *p, int n) { p->at += (size_t)n; }
+
 /* One pass of ids[0, len) at the session's position: with all-logits rows for the hook, the
  * last row is copied to logits when the pass ends the prompt. */
 static int prefill_pass(k3_session *s, const int32_t *ids, int len, bool last, float *logits,
@@ -502,32 +527,25 @@ static int prefill_pass(k3_session *s, const int32_t *ids, int len, bool last, f
 
 int k3_session_prefill_with(k3_session *s, const int32_t *ids, size_t n, float *logits,
                             int *reused, const k3_prefill_hook *hook, k3_err *err) {
-    size_t pos = (size_t)k3_session_pos(s), keep = 0;
-    while (keep < pos && keep < n && s->tokens[keep] == ids[keep]) keep++;
-    if (keep < pos || keep == n) { /* the history is not a strict prefix: start again */
-        k3_session_reset(s);
-        keep = 0;
-    }
-    if (reused) *reused = (int)keep;
-    if (n > (size_t)k3_session_max_ctx(s))
-        return k3_fail(err, K3_ERR_INPUT, "the prompt (%zu tokens) does not fit the context of "
-                       "%d tokens (raise --ctx)", n, k3_session_max_ctx(s));
+    k3_prefill p;
+    int rc = k3_prefill_begin(&p, s, ids, n, reused, err), len;
+    if (rc) return rc;
     float *rows = NULL;
     if (hook && hook->all_logits &&
         !(rows = malloc((size_t)s->chunk * (size_t)s->e->cfg.vocab_size * sizeof *rows)))
         return k3_fail(err, K3_ERR_GENERIC, "out of memory");
-    int rc = K3_OK;
-    for (size_t i = keep; i < n && !rc;) {
+    const int32_t *chunk;
+    while (!rc && (len = k3_prefill_next(&p, s->chunk, &chunk)) > 0) {
         if (s->interrupt && *s->interrupt) {
             rc = k3_fail(err, K3_ERR_INTERRUPTED, "interrupted after %zu of %zu prompt tokens",
-                         i - keep, n - keep);
+                         p.at - p.first, n - p.first);
             break;
         }
-        int len = n - i < (size_t)s->chunk ? (int)(n - i) : s->chunk;
-        rc = prefill_pass(s, ids + i, len, i + (size_t)len == n, logits, rows, err);
+        size_t at = p.at;
+        rc = prefill_pass(s, chunk, len, at + (size_t)len == n, logits, rows, err);
+        if (!rc) k3_prefill_fed(&p, len);
         if (!rc && hook && hook->on_pass)
-            rc = hook->on_pass(hook->user, (int)i, len, rows, n - i - (size_t)len, err);
-        i += (size_t)len;
+            rc = hook->on_pass(hook->user, (int)at, len, rows, n - p.at, err);
     }
     free(rows);
     return rc;

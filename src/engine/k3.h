@@ -297,6 +297,24 @@ typedef struct k3_prefill_hook {
 int k3_session_prefill_with(k3_session *s, const int32_t *ids, size_t n, float *logits,
                             int *reused, const k3_prefill_hook *hook, k3_err *err);
 
+/* The one prefill path in steps, for a caller that runs the passes itself (k3 serve: prompt
+ * chunks beside other sessions' rows in one pass); k3_session_prefill_with is these steps
+ * with k3_session_forward. k3_prefill_begin: makes s ready to hold ids[0, n) as
+ * k3_session_prefill decides (the fed history kept when it is a strict prefix, else a reset;
+ * *reused may be NULL); ids must outlive p. Errors: K3_ERR_INPUT (n exceeds the context).
+ * k3_prefill_next: the next chunk (*ids, the count returned: at most max and the session's
+ * chunk, 0 when all is fed), to feed at the session's position. k3_prefill_fed: after the
+ * pass that fed n of them. */
+typedef struct k3_prefill {
+    k3_session *s;
+    const int32_t *ids;
+    size_t n, at, first; /* ids fed up to at; first = the ids kept */
+} k3_prefill;
+int k3_prefill_begin(k3_prefill *p, k3_session *s, const int32_t *ids, size_t n, int *reused,
+                     k3_err *err);
+int k3_prefill_next(const k3_prefill *p, int max, const int32_t **ids);
+void k3_prefill_fed(k3_prefill *p, int n);
+
 /* A flag that k3_session_prefill checks before each chunk (set it from a SIGINT handler or
  * another thread to stop a long prefill); NULL removes it. */
 void k3_session_set_interrupt(k3_session *s, const volatile sig_atomic_t *flag);
