@@ -28,12 +28,10 @@ void k3_srv_count_pass(k3_server *s, int rows, const k3_session *sess) {
     pthread_mutex_unlock(&s->mu);
 }
 
-/* Completions with echo: the whole prompt is prefilled with the logits of every position, so
- * each prompt token gets its logprob (the first none); the text is given back first. It runs
- * on its own session in passes of K3_DEFAULT_CHUNK, the other slots waiting meanwhile.
- * Returns 1 when abandoned, 0 done, -1 failed (err). */
-static int prefill_echo(k3_server *s, k3_job *j, k3_err *err) {
-    k3_slot *w = j->slot;
+/* Completions with echo: the prompt's text is given back first, and the whole prompt is
+ * prefilled with the logits of every position (the scheduler's rounds, K3_MS_ALL_LOGITS), so
+ * that each prompt token gets its logprob (the first none; k3_slot_echo_rows). */
+static int begin_echo(k3_server *s, k3_job *j, k3_err *err) {
     int vocab = s->ws->vocab;
     const k3_tokenizer *tok = k3_engine_tokenizer(s->eng);
     char *text = NULL;
@@ -41,36 +39,16 @@ static int prefill_echo(k3_server *s, k3_job *j, k3_err *err) {
     if (k3_tokenizer_decode(tok, j->prompt, j->n_prompt, &text, &len, err)) return -1;
     k3_sbuf_add(&j->content, text, len);
     free(text);
-    float *rows = malloc((size_t)K3_DEFAULT_CHUNK * (size_t)vocab * sizeof *rows);
-    if (!rows) {
-        k3_fail(err, K3_ERR_GENERIC, "out of memory");
-        return -1;
-    }
-    k3_session_reset(w->c->sess);
     if (j->p.logprobs) k3_logprobs_add(&j->lp, tok, NULL, vocab, j->prompt[0], 0, false);
-    int rc = 0;
-    for (size_t i = 0; i < j->n_prompt && !rc;) {
-        if (k3_job_abandoned(s, j)) {
-            rc = 1;
-            break;
-        }
-        size_t n = j->n_prompt - i < K3_DEFAULT_CHUNK ? j->n_prompt - i : K3_DEFAULT_CHUNK;
-        if ((rc = k3_session_forward(w->c->sess, j->prompt + i, (int)n, rows, K3_FWD_ALL_LOGITS,
-                                     err))) {
-            k3_kept_feed_failed(w->c, rc);
-            rc = -1;
-            break;
-        }
-        k3_srv_count_pass(s, (int)n, w->c->sess);
-        for (size_t r = 0; r < n && i + r + 1 < j->n_prompt && j->p.logprobs; r++)
-            k3_logprobs_add(&j->lp, tok, rows + r * (size_t)vocab, vocab, j->prompt[i + r + 1],
-                            j->p.top_logprobs, false);
-        memcpy(w->c->logits, rows + (n - 1) * (size_t)vocab, (size_t)vocab * sizeof *rows);
-        i += n;
-    }
-    free(rows);
-    w->c->logits_valid = rc == 0;
-    return rc;
+    return 0;
+}
+
+void k3_slot_echo_rows(k3_server *s, k3_slot *w, size_t at, int n, const float *rows) {
+    k3_job *j = w->j;
+    int vocab = s->ws->vocab;
+    for (size_t r = 0; r < (size_t)n && at + r + 1 < j->n_prompt && j->p.logprobs; r++)
+        k3_logprobs_add(&j->lp, k3_engine_tokenizer(s->eng), rows + r * (size_t)vocab, vocab,
+                        j->prompt[at + r + 1], j->p.top_logprobs, false);
 }
 
 /* Chat with tools: gives the tools block's ids to the tool-call parser and each call it
@@ -175,15 +153,6 @@ static bool scripted(void *user, int32_t *id) {
     return true;
 }
 
-/* k3_gen_io.fed of a slot stepped alone (--spec): one pass per id kept (a verification pass
- * counts once per id it keeps). Batched slots are counted per multistep pass instead. */
-static int fed_alone(void *user, const float *logits, k3_err *err) {
-    (void)logits, (void)err;
-    job_ctx *c = user;
-    k3_srv_count_pass(c->s, 1, c->j->slot->c->sess);
-    return 0;
-}
-
 /* k3_gen_io.cancelled */
 static bool cancelled(void *user) {
     job_ctx *c = user;
@@ -236,12 +205,10 @@ void k3_slot_start_decode(k3_server *s, k3_slot *w) {
     w->c->logits_valid = true;
     /* drafts skip the logits logprobs read; scripted replies choose their own ids */
     bool spec = !j->p.logprobs && !s->ws->n_script && w->spec.max_draft > 0;
-    w->batched = !spec;
     k3_gen_start(&w->g, w->c->sess, &w->sampler, w->c->logits,
                  &(k3_gen_params){.max_new = limit ? limit : -1, .stops = &s->ws->stops,
                                   .spec = spec ? &w->spec : NULL},
                  &(k3_gen_io){.user = &w->ctx, .emit = take, .cancelled = cancelled,
-                              .fed = spec ? fed_alone : NULL,
                               .choose = s->ws->n_script ? scripted : NULL});
     w->phase = K3_SLOT_DECODE;
 }
@@ -272,15 +239,14 @@ void k3_slot_begin(k3_server *s, k3_slot *w, k3_job *j) {
     j->n_cached = (int)reuse;
     j->state_hit = reuse > 0;
     j->n_prompt_used = (int)j->n_prompt;
-    if (j->p.echo) {
-        int rc = prefill_echo(s, j, &w->err);
-        if (rc < 0) return k3_slot_failed(w);
-        if (rc > 0) w->done = true; /* abandoned */
-        else k3_slot_start_decode(s, w);
-        return;
-    }
-    if ((size_t)reuse == j->n_prompt) return k3_slot_start_decode(s, w); /* state and logits kept */
+    w->echo = j->p.echo;
+    if (w->echo && begin_echo(s, j, &w->err)) return k3_slot_failed(w);
+    if ((size_t)reuse == j->n_prompt && !w->echo)
+        return k3_slot_start_decode(s, w); /* state and logits kept */
     w->c->logits_valid = false;
+    /* the one prefill path (k3.h): the kept prefix stays, the rest goes in the rounds */
+    if (k3_prefill_begin(&w->pf, w->c->sess, j->prompt, j->n_prompt, NULL, &w->err))
+        return k3_slot_failed(w);
 }
 
 /* Ends the slot's job: finish reason, final chunks, the conversation's meaning (chat), the

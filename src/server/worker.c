@@ -133,13 +133,16 @@ int k3_worker_start(k3_server *s, k3_err *err) {
     w->cap_convs = s->o.state_cache > n ? s->o.state_cache : n;
     w->chunk = s->o.chunk > 0 ? s->o.chunk : K3_DEFAULT_CHUNK;
     if (w->chunk > K3_MULTISTEP_MAX_ROWS - n) w->chunk = K3_MULTISTEP_MAX_ROWS - n;
-    w->max_rows = w->chunk + n; /* a chunk of prompt beside every slot's decode row */
+    /* a chunk of prompt beside every slot's decode row and its --spec drafts (drafts beyond
+     * the largest pass are not proposed: the scheduler gives them the rows left) */
+    long rows = (long)w->chunk + (long)n * (1 + (s->o.spec > 0 ? s->o.spec : 0));
+    w->max_rows = rows < K3_MULTISTEP_MAX_ROWS ? (int)rows : K3_MULTISTEP_MAX_ROWS;
     w->convs = calloc((size_t)w->cap_convs, sizeof *w->convs);
     w->slots = calloc((size_t)n, sizeof *w->slots);
     w->segs = calloc((size_t)w->max_rows, sizeof *w->segs);
     w->seg_slot = calloc((size_t)w->max_rows, sizeof *w->seg_slot);
-    /* logits rows: one per segment that wants them, at most one per slot */
-    w->rows = malloc((size_t)n * (size_t)w->vocab * sizeof *w->rows);
+    /* logits rows: a verification and an echo chunk want one per row */
+    w->rows = malloc((size_t)w->max_rows * (size_t)w->vocab * sizeof *w->rows);
     if (!w->convs || !w->slots || !w->segs || !w->seg_slot || !w->rows)
         return k3_fail(err, K3_ERR_GENERIC, "out of memory");
     /* The first conversation now: it tells the context, and a bad --ctx fails the start. */

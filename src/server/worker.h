@@ -64,7 +64,9 @@ typedef struct k3_slot {
     enum { K3_SLOT_FREE, K3_SLOT_PREFILL, K3_SLOT_DECODE } phase;
     unsigned long long admitted; /* admission order: prefill chunks go to the oldest first */
     unsigned long long round;    /* the last round that gave it a prefill chunk */
-    bool batched;         /* its decode rows join the multistep pass (not with --spec) */
+    k3_prefill pf;        /* prefill: the prompt through the one prefill path (k3.h) */
+    bool echo;            /* prefill with the logits of every prompt position (echo) */
+    int fed_n;            /* the ids of its segment in this round's pass */
     int32_t next;         /* decode: the id k3_gen_next chose, fed in the next pass */
     k3_gen g;             /* decode */
     bool done;            /* the job ends after this round (finished, cancelled, failed) */
@@ -99,8 +101,9 @@ typedef struct k3_worker_state {
     k3_slot *slots;
     int n_slots;
     unsigned long long admissions, rounds;
-    /* The pass: segments of the slots' rows, their logits rows [n_slots][vocab], and which
-     * slot each segment is (k3_multistep_run; rows budget: the chunk + one per slot). */
+    /* The pass: segments of the slots' rows, their logits rows [max_rows][vocab], and which
+     * slot each segment is (k3_multistep_run; row budget: the chunk + each slot's decode row
+     * and --spec drafts). */
     k3_multistep *ms;
     k3_multistep_seg *segs;
     k3_slot **seg_slot;
@@ -143,6 +146,9 @@ void k3_clients_wait_locked(k3_server *s);
 void k3_slot_begin(k3_server *s, k3_slot *w, k3_job *j);
 void k3_slot_start_decode(k3_server *s, k3_slot *w);
 void k3_slot_failed(k3_slot *w);
+/* Echo: the logprobs of prompt ids at + 1 .. at + n from the rows [n][vocab] after ids
+ * at .. at + n - 1. */
+void k3_slot_echo_rows(k3_server *s, k3_slot *w, size_t at, int n, const float *rows);
 void k3_slot_finish(k3_server *s, k3_slot *w);
 void k3_slot_free(k3_slot *w);
 /* One pass of `rows` token rows that sess was in, for /metrics. */
