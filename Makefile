@@ -28,6 +28,11 @@ BUILD   ?= build-mpi
 CC      := $(MPICC)
 override CFLAGS += -DK3_WITH_MPI
 endif
+# `make TEST_CONTROLS=1` (build/k3-test, which tests/server and tests/web run) compiles in the
+# server's test controls (server.h, k3_server_test_control); the shipped k3 has none.
+ifeq ($(TEST_CONTROLS),1)
+override CFLAGS += -DK3_TEST_CONTROLS
+endif
 BUILD   ?= build
 
 # src/lab is k3-lab's alone: the shipped k3 links none of it.
@@ -123,15 +128,23 @@ test-mpi: k3
 
 # `k3 serve` through the official OpenAI client (tests/server, Node's test runner; needs
 # node + npm, and the npm registry or its cache for `npm ci`).
-test-server: k3
+test-server: k3 $(BUILD)/k3-test
 	cd tests/server && npm ci --no-audit --no-fund --loglevel=error && \
-	    K3_BIN=$(CURDIR)/k3 node --test --test-concurrency=1 *.test.mjs
+	    K3_BIN=$(CURDIR)/$(BUILD)/k3-test K3_SHIPPED_BIN=$(CURDIR)/k3 \
+	    node --test --test-concurrency=1 *.test.mjs
+
+# The test build of k3: the same sources with the server's test controls (-DK3_TEST_CONTROLS)
+# in a build folder of its own, so that no object of the shipped k3 has them.
+$(BUILD)/k3-test: FORCE
+	@$(MAKE) --no-print-directory TEST_CONTROLS=1 BUILD=$(BUILD)/test-controls \
+	    $(BUILD)/test-controls/k3
+	@cmp -s $(BUILD)/test-controls/k3 $@ || cp $(BUILD)/test-controls/k3 $@
 
 # The chat page (GET /) in a real headless Chromium driven by puppeteer-core (tests/web, ~1
 # min); screenshots in build/web-artifacts/. SKIPPED with the reason without npm or Chromium
 # (scripts/install-deps.sh --with-web). K3_WEB_DOCS_SHOT=docs/web-ui.png refreshes the README's.
 CHROMIUM ?= /usr/bin/chromium
-test-web: k3
+test-web: k3 $(BUILD)/k3-test
 	@if ! command -v npm >/dev/null 2>&1; then \
 	    echo "SKIPPED test-web: npm is missing (scripts/install-deps.sh installs it)"; \
 	elif [ ! -x "$(CHROMIUM)" ]; then \
@@ -139,7 +152,7 @@ test-web: k3
 	         "scripts/install-deps.sh --with-web; CHROMIUM=PATH picks another)"; \
 	else \
 	    cd tests/web && npm ci --no-audit --no-fund --loglevel=error && \
-	    K3_BIN=$(CURDIR)/k3 CHROMIUM=$(CHROMIUM) node --test --test-concurrency=1 *.test.mjs; \
+	    K3_BIN=$(CURDIR)/$(BUILD)/k3-test CHROMIUM=$(CHROMIUM) node --test --test-concurrency=1 *.test.mjs; \
 	fi
 
 # Bounded wrk load test of k3 serve on loopback: no crash, no lost request, stable RSS; then

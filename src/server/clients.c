@@ -36,7 +36,7 @@ bool k3_job_abandoned(k3_server *s, k3_job *j) {
 /* ---- slow clients -----------------------------------------------------------------------
  * A streamed reply's events wait in j->out until its connection hands them to the socket
  * (http.c, sse_read); emit.c appends without waiting. A decoding slot whose client has more
- * than opts.stream_backlog bytes unread (K3_STREAM_BACKLOG_BYTES, 1 MiB) sits out the rounds
+ * than s->stream_backlog bytes unread (K3_STREAM_BACKLOG_BYTES, 1 MiB) sits out the rounds
  * instead: it stays decoding and is not stepped, so its session, logits and next id are as it
  * left them, and it rejoins the pass where it was once the client has read below the limit.
  * The other slots go on meanwhile. Its backlog stays under the limit plus one round's events
@@ -48,11 +48,11 @@ bool k3_job_abandoned(k3_server *s, k3_job *j) {
 
 #define K3_CLIENT_TICK_MS 20 /* how often a worker with every slot sitting out looks again */
 
-/* Unread stream bytes of slot w's job over the limit (opts.stream_backlog, by default
+/* Unread stream bytes of slot w's job over the limit (s->stream_backlog, by default
  * K3_STREAM_BACKLOG_BYTES). Call with s->mu held. */
 static bool client_behind_locked(const k3_server *s, const k3_slot *w) {
     const k3_job *j = w->j;
-    return j->p.stream && j->out.len - j->out_taken > s->o.stream_backlog;
+    return j->p.stream && j->out.len - j->out_taken > s->stream_backlog;
 }
 
 /* Before a round: marks the decoding slots that sit out it (w->waiting), ends those whose

@@ -4,7 +4,6 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE 1 /* POLLRDHUP; the Makefile passes it too, but not every build does */
 #endif
-#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -138,20 +137,12 @@ static bool take(void *user, int32_t id) {
     if (c->j->p.kind == K3_SRV_CHAT && w->parser.pos == K3_IN_THINK) c->j->n_reasoning++;
     if (c->j->p.logprobs && !k3_stops_has(&c->s->ws->stops, id)) /* the logits it came from */
         add_logprobs(c->s, c->j, id);
-    if (c->s->o.token_delay_s > 0) poll(NULL, 0, (int)(c->s->o.token_delay_s * 1e3)); /* tests */
+    k3_srv_test_after_token();
     if (show(c->s, c->j, id, false)) return true;
     /* parallel_tool_calls false: the reply ends after its first complete call */
     return c->j->p.tools && !c->j->p.parallel_tool_calls && w->tc.n_calls;
 }
 
-/* k3_gen_io.choose, test-only: the scripted reply, then the end of the message. */
-static bool scripted(void *user, int32_t *id) {
-    job_ctx *c = user;
-    k3_slot *w = c->j->slot;
-    *id = w->script_at < w->script_cur_len ? w->script_cur[w->script_at++]
-                                           : c->s->ws->stops.ids[0];
-    return true;
-}
 
 /* k3_gen_io.cancelled */
 static bool cancelled(void *user) {
@@ -187,12 +178,7 @@ static int start_sampling(k3_server *s, k3_job *j, k3_err *err) {
     w->tc_entered = false;
     w->tc_sent = 0;
     w->ds = (k3_detok_stream){0};
-    if (ws->n_script) { /* test-only: this generation's scripted reply */
-        size_t k = ws->script_next++ % ws->n_script;
-        w->script_cur = ws->script[k];
-        w->script_cur_len = ws->script_len[k];
-        w->script_at = 0;
-    }
+    k3_srv_test_begin(ws, w); /* the test build's scripted reply and spec rule, if set */
     return rc;
 }
 
@@ -204,12 +190,13 @@ void k3_slot_start_decode(k3_server *s, k3_slot *w) {
     j->t_decode = k3_now_s(); /* prefill time vs decode speed, for /health */
     w->c->logits_valid = true;
     /* drafts skip the logits logprobs read; scripted replies choose their own ids */
-    bool spec = !j->p.logprobs && !s->ws->n_script && w->spec.max_draft > 0;
+    bool script = k3_srv_test_scripted(s->ws);
+    bool spec = !j->p.logprobs && !script && w->spec.max_draft > 0;
     k3_gen_start(&w->g, w->c->sess, &w->sampler, w->c->logits,
                  &(k3_gen_params){.max_new = limit ? limit : -1, .stops = &s->ws->stops,
                                   .spec = spec ? &w->spec : NULL},
                  &(k3_gen_io){.user = &w->ctx, .emit = take, .cancelled = cancelled,
-                              .choose = s->ws->n_script ? scripted : NULL});
+                              .choose = script ? k3_srv_test_choose : NULL});
     w->phase = K3_SLOT_DECODE;
 }
 

@@ -9,7 +9,6 @@
 #include <string.h>
 
 #include "../tok/tokenizer.h"
-#include "../util/fileio.h"
 #include "worker.h"
 
 /* ---- the worker thread ------------------------------------------------------------------------ */
@@ -79,42 +78,10 @@ static void worker_state_free(k3_worker_state *w) {
     free(w->segs);
     free(w->seg_slot);
     free(w->rows);
-    for (size_t i = 0; i < w->n_script; i++) free(w->script[i]);
-    free(w->script);
-    free(w->script_len);
+    k3_srv_test_free(w);
     free(w);
 }
 
-/* Test-only: reads opts.scripted_reply (server.h) into w->script. */
-static int load_script(k3_worker_state *w, const char *path, const k3_tokenizer *tok,
-                       k3_err *err) {
-    char *buf;
-    size_t len;
-    int rc = k3_read_file(path, (size_t)16 << 20, &buf, &len, err);
-    if (rc) return rc;
-    cJSON *arr = cJSON_ParseWithLength(buf, len);
-    free(buf);
-    int n = cJSON_IsArray(arr) ? cJSON_GetArraySize(arr) : 0;
-    w->script = calloc(n ? (size_t)n : 1, sizeof *w->script);
-    w->script_len = calloc(n ? (size_t)n : 1, sizeof *w->script_len);
-    if (!n || !w->script || !w->script_len) {
-        cJSON_Delete(arr);
-        return k3_fail(err, K3_ERR_INPUT, "%s: a scripted reply file must hold a non-empty JSON "
-                       "array of strings", path);
-    }
-    const cJSON *r;
-    cJSON_ArrayForEach(r, arr) {
-        if (!cJSON_IsString(r)) rc = k3_fail(err, K3_ERR_INPUT, "%s: entry %zu is not a string",
-                                             path, w->n_script);
-        if (!rc) rc = k3_tokenizer_encode(tok, r->valuestring, strlen(r->valuestring), true,
-                                          &w->script[w->n_script], &w->script_len[w->n_script],
-                                          err);
-        if (rc) break;
-        w->n_script++;
-    }
-    cJSON_Delete(arr);
-    return rc;
-}
 
 
 int k3_worker_start(k3_server *s, k3_err *err) {
@@ -163,7 +130,7 @@ int k3_worker_start(k3_server *s, k3_err *err) {
         sl->em = k3_emitter_new();
         if (!sl->text || !sl->em) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
     }
-    if (s->o.scripted_reply && (rc = load_script(w, s->o.scripted_reply, tok, err))) return rc;
+    if ((rc = k3_srv_test_start(w, tok, err))) return rc;
     if (pthread_create(&s->worker, NULL, worker_main, s))
         return k3_fail(err, K3_ERR_GENERIC, "cannot start the worker thread");
     s->worker_started = true;

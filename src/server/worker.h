@@ -7,6 +7,7 @@
  *   slot.c       one generation in a slot: its start, the generation loop's hooks, its end
  *   sched.c      the scheduler: each round's rows in one engine pass
  *   worker.c     the worker thread that owns every session, its start and stop
+ *   testctl.c    the test build's controls (k3_server_test_control); empty in the product
  *
  * The worker thread is the only one that touches the sessions (whose token histories,
  * k3_session_tokens, are what "kept" means), the logits buffers and the multistep.
@@ -80,7 +81,7 @@ typedef struct k3_slot {
     k3_toolcall_parser tc;/* chat with tools: the reply's tools block (toolcall.h) */
     bool tc_entered;      /* the reply reached its tools block */
     size_t tc_sent;       /* calls of tc already given to the emitter */
-    int32_t *script_cur;  /* test-only: this generation's scripted reply */
+    int32_t *script_cur;  /* the test build's scripted reply for this generation (testctl.c) */
     size_t script_cur_len, script_at;
     k3_detok_stream ds;   /* raw completions */
     char *text;           /* one push of visible text */
@@ -112,8 +113,8 @@ typedef struct k3_worker_state {
     int chunk;            /* prompt ids per prefill pass, over all prefilling slots */
     int vocab;
     k3_stops stops;       /* end-of-message ids */
-    /* Test-only scripted replies (k3_server_opts.scripted_reply): generation i takes the ids
-     * of reply i % n_script instead of sampling, then the end-of-message id. */
+    /* The test build's scripted replies (testctl.c): generation i takes the ids of reply
+     * i % n_script instead of sampling, then the end-of-message id. */
     int32_t **script;
     size_t *script_len, n_script, script_next;
 } k3_worker_state;
@@ -153,6 +154,31 @@ void k3_slot_finish(k3_server *s, k3_slot *w);
 void k3_slot_free(k3_slot *w);
 /* One pass of `rows` token rows that sess was in, for /metrics. */
 void k3_srv_count_pass(k3_server *s, int rows, const k3_session *sess);
+
+/* ---- testctl.c: the test build's controls (server.h, k3_server_test_control) ----
+ * In the shipped build (no K3_TEST_CONTROLS) these are no-ops: nothing scripted, no delay,
+ * the default stream backlog, speculation's own rule. */
+#ifdef K3_TEST_CONTROLS
+int k3_srv_test_start(k3_worker_state *w, const k3_tokenizer *tok, k3_err *err);
+void k3_srv_test_free(k3_worker_state *w);
+/* A new generation in slot w: its scripted reply; the spec rule off when asked. */
+void k3_srv_test_begin(k3_worker_state *ws, k3_slot *w);
+bool k3_srv_test_scripted(const k3_worker_state *w);
+bool k3_srv_test_choose(void *user, int32_t *id); /* k3_gen_io.choose: the script, then end */
+void k3_srv_test_after_token(void);
+size_t k3_srv_test_stream_backlog(void); /* 0: the default */
+#else
+static inline int k3_srv_test_start(k3_worker_state *w, const k3_tokenizer *tok, k3_err *err) {
+    (void)w, (void)tok, (void)err;
+    return 0;
+}
+static inline void k3_srv_test_free(k3_worker_state *w) { (void)w; }
+static inline void k3_srv_test_begin(k3_worker_state *ws, k3_slot *w) { (void)ws, (void)w; }
+static inline bool k3_srv_test_scripted(const k3_worker_state *w) { return (void)w, false; }
+#define k3_srv_test_choose NULL
+static inline void k3_srv_test_after_token(void) {}
+static inline size_t k3_srv_test_stream_backlog(void) { return 0; }
+#endif
 
 /* ---- sched.c ---- */
 /* One round (one engine pass); true when nothing ran because every running slot sits out. */
