@@ -4,6 +4,7 @@
 #include <mpi.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -564,15 +565,17 @@ static int send_stats(k3_dist *d) {
 /* K3_ROP_PASS (k3.h): the same pass as rank 0's, over this rank's copies of its sessions:
  * on a multistep's scratch when rank 0 ran it on one (shared), else as that one session's
  * step or forward, so that every rank takes the same path (and the same exchanges). The
- * followers compute no logits. Errors: those of the pass; K3_ERR_DIST (an unknown session). */
+ * followers compute no logits. Errors: those of the pass; K3_ERR_DIST with *bad (a pass this
+ * rank cannot replay: an unknown session, a malformed op). */
 static int replay_pass(k3_dist *d, const k3_engine *e, int nseg, int shared, const int32_t *w,
-                       int len, k3_err *err) {
+                       int len, bool *bad, k3_err *err) {
     k3_multistep_seg segs[K3_MAX_CHUNK];
     int rows = 0, at = 0;
+    *bad = true;
     if (nseg < 1 || nseg > K3_MAX_CHUNK)
         return k3_fail(err, K3_ERR_DIST, "rank 0 sent a pass of %d segments", nseg);
     for (int i = 0; i < nseg; i++) {
-        if (at + K3_ROP_SEG_INTS > len || at + K3_ROP_SEG_INTS + w[at + 3] > len)
+        if (at + K3_ROP_SEG_INTS > len || w[at + 3] < 1 || at + K3_ROP_SEG_INTS + w[at + 3] > len)
             return k3_fail(err, K3_ERR_DIST, "rank 0 sent a truncated pass");
         unsigned long long id = (unsigned long long)(uint32_t)w[at] |
                                 (unsigned long long)(uint32_t)w[at + 1] << 32;
@@ -587,6 +590,7 @@ static int replay_pass(k3_dist *d, const k3_engine *e, int nseg, int shared, con
         rows += w[at + 3];
         at += K3_ROP_SEG_INTS + w[at + 3];
     }
+    *bad = false;
     d->tokens += rows;
     if (!shared) {
         const k3_multistep_seg *g = &segs[0];
@@ -638,31 +642,31 @@ int k3_dist_follow(k3_dist *d, const k3_engine *e, k3_err *err) {
             continue;
         }
         if (b[0] == K3_ROP_PASS) {
-            rc = replay_pass(d, e, b[3], b[4], b + OP_HDR, b[5], &e2);
-            if (rc == K3_ERR_DIST && !d->broken) { /* rank 0 named what this rank lacks */
+            bool bad = false; /* rank 0 named what this rank lacks: the ranks disagree */
+            rc = replay_pass(d, e, b[3], b[4], b + OP_HDR, b[5], &bad, &e2);
+            if (bad) {
                 *err = e2;
                 free_sessions(d);
                 return rc;
             }
         } else if (!s) {
             return k3_fail(err, K3_ERR_DIST, "rank 0 named an unknown session (op %d)", b[0]);
+        } else {
+            switch (b[0]) {
+            case K3_ROP_FREE:
+                k3_session_free(*s);
+                *s = NULL;
+                break;
+            case K3_ROP_RESET:
+                k3_session_reset(*s);
+                break;
+            case K3_ROP_REWIND:
+                rc = k3_session_rewind(*s, b[3], &e2);
+                break;
+            default:
+                return k3_fail(err, K3_ERR_DIST, "rank 0 sent an unknown op %d", b[0]);
+            }
         }
-        if (b[0] == K3_ROP_PASS) goto done;
-        switch (b[0]) {
-        case K3_ROP_FREE:
-            k3_session_free(*s);
-            *s = NULL;
-            break;
-        case K3_ROP_RESET:
-            k3_session_reset(*s);
-            break;
-        case K3_ROP_REWIND:
-            rc = k3_session_rewind(*s, b[3], &e2);
-            break;
-        default:
-            return k3_fail(err, K3_ERR_DIST, "rank 0 sent an unknown op %d", b[0]);
-        }
-    done:
         /* a failed pass failed on rank 0 too, which reports it; a broken exchange ends here */
         if (rc && d->broken) {
             *err = e2;
