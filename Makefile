@@ -28,6 +28,11 @@ BUILD   ?= build-mpi
 CC      := $(MPICC)
 override CFLAGS += -DK3_WITH_MPI
 endif
+# `make TEST_CONTROLS=1` (build/k3-test, which tests/server and tests/web run) compiles in the
+# server's test controls (server.h, k3_server_test_control); the shipped k3 has none.
+ifeq ($(TEST_CONTROLS),1)
+override CFLAGS += -DK3_TEST_CONTROLS
+endif
 BUILD   ?= build
 
 # src/lab is k3-lab's alone: the shipped k3 links none of it.
@@ -109,20 +114,6 @@ $(BUILD)/suites.txt: FORCE
 
 FORCE:
 
-# The test build, for tests only: k3 with the test controls compiled in (-DK3_TEST_CONTROLS: the
-# variables a test sets to reach inside, e.g. K3_TEST_MPI_STALL_LAYER in tests/mpi/run.sh). Only
-# the files that hold such a control are compiled again; the shipped k3 reads none
-# (`strings k3 | grep K3_TEST_` prints nothing).
-TEST_CTL_SRC := $(shell grep -l K3_TEST_CONTROLS $(LIB_SRC) $(CLI_SRC) 2>/dev/null)
-TEST_CTL_OBJ := $(TEST_CTL_SRC:%.c=$(BUILD)/test-controls/%.o)
-$(BUILD)/test-controls/%.o: %.c
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -DK3_TEST_CONTROLS -c -o $@ $<
-
-$(BUILD)/k3-test: $(filter-out $(TEST_CTL_SRC:%.c=$(BUILD)/%.o),$(CLI_OBJ)) $(TEST_CTL_OBJ) \
-		$(BUILD)/libk3.a
-	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
-
 # Every test; the last line of output is "N passed, N failed". K3_LAB_BIN is the developer
 # binary for the tests that run bench, synth, replay or trace-gen.
 test: k3 k3-lab $(BUILD)/k3_tests
@@ -138,15 +129,23 @@ test-mpi: k3
 
 # `k3 serve` through the official OpenAI client (tests/server, Node's test runner; needs
 # node + npm, and the npm registry or its cache for `npm ci`).
-test-server: k3
+test-server: k3 $(BUILD)/k3-test
 	cd tests/server && npm ci --no-audit --no-fund --loglevel=error && \
-	    K3_BIN=$(CURDIR)/k3 node --test --test-concurrency=1 *.test.mjs
+	    K3_BIN=$(CURDIR)/$(BUILD)/k3-test K3_SHIPPED_BIN=$(CURDIR)/k3 \
+	    node --test --test-concurrency=1 *.test.mjs
+
+# The test build of k3: the same sources with the server's test controls (-DK3_TEST_CONTROLS)
+# in a build folder of its own, so that no object of the shipped k3 has them.
+$(BUILD)/k3-test: FORCE
+	@$(MAKE) --no-print-directory TEST_CONTROLS=1 BUILD=$(BUILD)/test-controls \
+	    $(BUILD)/test-controls/k3
+	@cmp -s $(BUILD)/test-controls/k3 $@ || cp $(BUILD)/test-controls/k3 $@
 
 # Claude Code, Codex and opencode (pinned in tests/agents/package.json, installed once into
 # tests/agents/node_modules) each run a tool round trip against `k3 serve` on the bundled model
 # (~20 s once installed). SKIPPED with the reason without npm, or when the clients are not
 # installed and the registry is unreachable.
-test-agents: k3
+test-agents: k3 $(BUILD)/k3-test
 	@if ! command -v npm >/dev/null 2>&1; then \
 	    echo "SKIPPED test-agents: npm is missing (scripts/install-deps.sh installs it)"; \
 	else \
@@ -157,7 +156,7 @@ test-agents: k3
 # min); screenshots in build/web-artifacts/. SKIPPED with the reason without npm or Chromium
 # (scripts/install-deps.sh --with-web). K3_WEB_DOCS_SHOT=docs/web-ui.png refreshes the README's.
 CHROMIUM ?= /usr/bin/chromium
-test-web: k3
+test-web: k3 $(BUILD)/k3-test
 	@if ! command -v npm >/dev/null 2>&1; then \
 	    echo "SKIPPED test-web: npm is missing (scripts/install-deps.sh installs it)"; \
 	elif [ ! -x "$(CHROMIUM)" ]; then \
@@ -165,7 +164,7 @@ test-web: k3
 	         "scripts/install-deps.sh --with-web; CHROMIUM=PATH picks another)"; \
 	else \
 	    cd tests/web && npm ci --no-audit --no-fund --loglevel=error && \
-	    K3_BIN=$(CURDIR)/k3 CHROMIUM=$(CHROMIUM) node --test --test-concurrency=1 *.test.mjs; \
+	    K3_BIN=$(CURDIR)/$(BUILD)/k3-test CHROMIUM=$(CHROMIUM) node --test --test-concurrency=1 *.test.mjs; \
 	fi
 
 # Bounded wrk load test of k3 serve on loopback: no crash, no lost request, stable RSS; then

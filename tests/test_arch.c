@@ -8,7 +8,12 @@
  *    (TEST_ONLY) from outside its folder, or a lab-and-tests header (LAB_ONLY) from outside
  *    its folder and src/lab (the shipped k3 cannot reach the lab's controls),
  *  - a file below the edge (src/cli, src/server, src/lab) calls getenv: the library reads no
- *    environment; the edge turns variables into options.
+ *    environment; the edge turns variables into options,
+ *  - a file calls what only some files may call (CALLS below: the one pass, issue 27): the
+ *    forward pass outside the backend, the backend's pass outside the pass envelope
+ *    (src/engine/pass.c), a prompt fed outside the one prefill path, a choice made by the
+ *    backend's name (strcmp on k3_backend_name).
+ * And the shipped ./k3 holds none of the server's test controls (K3_TEST_* names).
  * Only "quoted" includes are followed (<system> headers are not k3's); every include counts,
  * #ifdef'd or not. Comments and string literals are blanked before searching for getenv.
  *
@@ -68,6 +73,32 @@ static const char *const LAB_ONLY[] = {"src/engine/k3_lab.h"};
  * "FILE getenv", NULL-terminated. Empty now: issue 15's branches have landed. */
 static const char *const EXEMPT[] = {NULL};
 #define N_EXEMPT (sizeof EXEMPT / sizeof EXEMPT[0])
+
+/* Calls only some files may make; a rule lists path prefixes ("src/model/" a folder,
+ * "src/engine/pass.c" a file). The forward pass has one door (backend.h, k3_backend_pass), its
+ * envelope lives in one file (src/engine/pass.c), and prompts go through the one prefill path
+ * (k3_session_prefill_with and the server's rounds over k3_prefill_next). */
+static const struct call_rule {
+    const char *call, *only_in, *why;
+} CALLS[] = {
+    {"k3_forward", "src/model/ src/engine/backend.c", "the forward pass runs only in the backend "
+     "(backend.h, k3_backend_pass): feed a session through k3_session_step / "
+     "k3_session_forward / k3_multistep_run"},
+    {"k3_forward_batch", "src/model/ src/engine/backend.c", "the forward pass runs only in the "
+     "backend (backend.h, k3_backend_pass)"},
+    {"k3_forward_multi", "src/model/ src/engine/backend.c", "the forward pass runs only in the "
+     "backend (backend.h, k3_backend_pass)"},
+    {"k3_gpu_step", "src/cuda/ src/engine/backend.c", "the GPU's step runs only in the backend "
+     "(backend.h, k3_backend_pass)"},
+    {"k3_backend_pass", "src/engine/pass.c src/engine/backend.", "the pass's envelope (checks, "
+     "MPI mirror, SIGBUS, reset, logits check) is src/engine/pass.c's alone: call "
+     "k3_engine_pass"},
+    {"k3_sigbus_arm", "src/engine/pass.c src/util/", "a pass is armed in src/engine/pass.c only"},
+    {"k3_session_forward", "src/engine/ src/dist/ src/lab/", "prompts are fed through the one "
+     "prefill path (k3_session_prefill_with, or k3_prefill_* in a caller's own passes)"},
+    {"k3_session_step", "src/engine/ src/dist/ src/lab/ src/cli/", "the server feeds its "
+     "sessions through its rounds' one pass (k3_multistep_run)"},
+};
 
 /* The lab times the GPU kernels directly: it alone may include the CUDA kernels' header. */
 static bool lab_may_include(const struct layer *own, const char *target) {
@@ -263,6 +294,43 @@ static void check_env(report *r, const char *path, const struct layer *own, char
     }
 }
 
+static bool ident_char(char c) {
+    return c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+}
+
+static bool allowed_in(const char *list, const char *path) {
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", list);
+    for (char *w = strtok(buf, " "); w; w = strtok(NULL, " "))
+        if (!strncmp(path, w, strlen(w))) return true;
+    return false;
+}
+
+/* CALLS (text blanked of comments and strings), and no strcmp on k3_backend_name. */
+static void check_calls(report *r, const char *path, const char *text) {
+    for (size_t i = 0; i < sizeof CALLS / sizeof *CALLS; i++) {
+        const struct call_rule *c = &CALLS[i];
+        size_t n = strlen(c->call);
+        if (allowed_in(c->only_in, path)) continue;
+        for (const char *p = text; (p = strstr(p, c->call)); p += n) {
+            if ((p > text && ident_char(p[-1])) || ident_char(p[n])) continue;
+            const char *q = p + n;
+            while (*q == ' ' || *q == '\t') q++;
+            if (*q != '(') continue;
+            add(r, "%s:%d: calls %s, which only %s may call: %s\n", path, line_at(text, p),
+                c->call, c->only_in, c->why);
+        }
+    }
+    for (const char *p = text; (p = strstr(p, "k3_backend_name")); p++) {
+        const char *b = p;
+        while (b > text && (b[-1] == ' ' || b[-1] == '(' || b[-1] == '!')) b--;
+        if (b - text >= 6 && !strncmp(b - 6, "strcmp", 6))
+            add(r, "%s:%d: compares k3_backend_name: no caller decides by the backend's name "
+                "(ask the backend: k3_backend_can_rewind, or let k3_backend_pass choose)\n",
+                path, line_at(text, p));
+    }
+}
+
 static char *slurp(const char *path) {
     FILE *f = fopen(path, "rb");
     if (!f) return NULL;
@@ -312,15 +380,18 @@ static int arch_check(const char *root, report *r) {
             char full[1600], rel[520];
             snprintf(full, sizeof full, "%s/%s", sub, f->d_name);
             snprintf(rel, sizeof rel, "src/%s/%s", d->d_name, f->d_name);
-            char *a = slurp(full), *b = a ? strdup(a) : NULL;
-            if (a && b) {
+            char *a = slurp(full), *b = a ? strdup(a) : NULL, *c = a ? strdup(a) : NULL;
+            if (a && b && c) {
                 check_includes(r, rel, own, a);
                 check_env(r, rel, own, b);
+                blank(c, true);
+                check_calls(r, rel, c);
             } else {
                 add(r, "%s: cannot read\n", rel);
             }
             free(a);
             free(b);
+            free(c);
         }
         if (dir) closedir(dir);
     }
@@ -437,6 +508,64 @@ static void test_planted_violations_fail(void) {
           text);
 }
 
+/* The call rules: the forward pass outside the backend, the backend's pass outside pass.c,
+ * a prompt fed by hand in the server, a backend-name test each fail; the allowed forms pass. */
+static void test_planted_pass_violations_fail(void) {
+    char root[] = "/tmp/k3_arch_XXXXXX";
+    CHECK(mkdtemp(root), "mkdtemp: %s", strerror(errno));
+    put(root, "src/model/forward.c", "int k3_forward(int x) { return x; }\n");
+    put(root, "src/engine/backend.c", "int b(void) { return k3_forward_multi(1); }\n");
+    put(root, "src/engine/pass.c", "int p(void) { k3_sigbus_arm(); return k3_backend_pass(0); }\n");
+    put(root, "src/server/ok.c", "/* k3_forward(x) in a comment */ const char *s = "
+        "\"k3_session_forward(\"; int k3_forward_ok(void);\n");
+    report *r = calloc(1, sizeof *r);
+    CHECK(r, "out of memory");
+    int clean = arch_check(root, r);
+    char clean_text[sizeof r->text];
+    snprintf(clean_text, sizeof clean_text, "%s", r->text);
+    put(root, "src/engine/multistep.c", "int m(void) {\n  return k3_forward_multi(0);\n}\n");
+    put(root, "src/engine/engine.c", "int s(void) { return k3_backend_pass(0); }\n");
+    put(root, "src/server/sched.c", "int f(void) { return k3_session_forward (0); }\n");
+    put(root, "src/cli/run.c", "int g(void) { return !strcmp(k3_backend_name(b), \"cpu\"); }\n");
+    memset(r, 0, sizeof *r);
+    int planted = arch_check(root, r);
+    rm_rf(root);
+    char text[16384];
+    snprintf(text, sizeof text, "%s", r->text);
+    free(r);
+    CHECK(clean == 0, "the allowed forms were refused: %s", clean_text);
+    CHECK(planted == 4, "%d violations, expected 4: %s", planted, text);
+    CHECK(strstr(text, "src/engine/multistep.c:2: calls k3_forward_multi, which only src/model/ "
+                 "src/engine/backend.c may call"), "%s", text);
+    CHECK(strstr(text, "src/engine/engine.c:1: calls k3_backend_pass"), "%s", text);
+    CHECK(strstr(text, "src/server/sched.c:1: calls k3_session_forward"), "%s", text);
+    CHECK(strstr(text, "src/cli/run.c:1: compares k3_backend_name"), "%s", text);
+}
+
+/* The shipped k3 (K3_BIN, default ./k3) holds none of the server's test controls: they are
+ * compiled only into the test build (server.h, k3_server_test_control; build/k3-test). */
+static void test_shipped_k3_has_no_test_controls(void) {
+    const char *bin = getenv("K3_BIN") ? getenv("K3_BIN") : "./k3";
+    FILE *f = fopen(bin, "rb");
+    CHECK(f, "%s: %s (make k3 first)", bin, strerror(errno));
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = n > 0 ? malloc((size_t)n) : NULL;
+    bool ok = b && fread(b, 1, (size_t)n, f) == (size_t)n;
+    fclose(f);
+    CHECK(ok, "%s: cannot read", bin);
+    static const char *const names[] = {"K3_TEST_SCRIPTED_REPLY", "K3_TEST_TOKEN_DELAY_MS",
+                                        "K3_TEST_STREAM_BACKLOG_BYTES", "K3_TEST_SPEC_NO_JUDGE",
+                                        "k3_server_test_control"};
+    const char *found = NULL;
+    for (size_t i = 0; i < sizeof names / sizeof *names && !found; i++)
+        if (memmem(b, (size_t)n, names[i], strlen(names[i]))) found = names[i];
+    free(b);
+    CHECK(!found, "%s holds %s: the server's test controls belong in the test build only "
+          "(-DK3_TEST_CONTROLS)", bin, found);
+}
+
 /* docs/ARCHITECTURE.md's table states the same rules: one row per layer,
  * "| `name` | `a` `b` ... | edge? | ...". */
 static void test_doc_table_matches(void) {
@@ -489,5 +618,7 @@ const k3_test k3_suite_arch[] = {
     {"tree_follows_the_layers", test_tree_follows_the_layers},
     {"planted_violations_fail", test_planted_violations_fail},
     {"doc_table_matches_the_test", test_doc_table_matches},
+    {"planted_pass_violations_fail", test_planted_pass_violations_fail},
+    {"shipped_k3_has_no_test_controls", test_shipped_k3_has_no_test_controls},
     {0},
 };

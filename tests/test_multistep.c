@@ -2,7 +2,8 @@
  * on k3-nano and k3-tiny-kjv: every session's logits, greedy ids and state file bit-identical
  * to stepping it alone; a new request's prefill chunk beside other sessions' decode rows
  * within the fixture tolerance of the reference logits; a segment that cannot run fails alone;
- * each routed expert of a pass asked for (and read) once however many rows chose it. */
+ * each routed expert of a pass asked for (and read) once however many rows chose it;
+ * speculative verifications (rewindable segments) beside decode rows, rewound as alone. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -171,6 +172,73 @@ static void test_nano_prefill_beside_decode(void) {
         k3_session_free(s[i]);
         k3_session_free(t[i]);
     }
+    k3_multistep_free(ms);
+    k3_engine_free(e);
+    free(rows), free(alone);
+    bc_prompt_free(&p);
+}
+
+/* Speculative verification beside other rows (issue 27): two sessions each feed 4 ids as a
+ * rewindable segment (K3_MS_ALL_LOGITS | K3_MS_REWINDABLE) beside a third session's decode
+ * row, then are rewound to 1 and 3 of them. Logits rows, and the states after the rewinds and
+ * after one more step, must equal the twins that did the same alone with k3_session_forward
+ * (K3_FWD_REWINDABLE) and k3_session_rewind — and the twin fed only the kept ids, id by id. */
+static void test_kjv_rewindable_segments(void) {
+    bc_prompt p;
+    if (!bc_prompt_load(KJV "/reference", "prompt_len33.json", &p)) return;
+    k3_engine *e = NULL;
+    k3_multistep *ms = NULL;
+    k3_err err = {0};
+    size_t V = (size_t)p.vocab;
+    k3_session *s[3], *t[3], *u[2];
+    CHECK(k3_engine_load(KJV, NULL, &e, &err) == K3_OK, "%s", err.msg);
+    CHECK(k3_multistep_new(e, 9, &ms, &err) == K3_OK, "%s", err.msg);
+    for (int i = 0; i < 3; i++) {
+        CHECK(k3_session_new(e, 0, &s[i], &err) == K3_OK &&
+              k3_session_new(e, 0, &t[i], &err) == K3_OK, "%s", err.msg);
+        CHECK(k3_session_prefill(s[i], p.ids, (size_t)(6 + 5 * i), NULL, NULL, &err) == K3_OK &&
+              k3_session_prefill(t[i], p.ids, (size_t)(6 + 5 * i), NULL, NULL, &err) == K3_OK,
+              "%s", err.msg);
+    }
+    for (int i = 0; i < 2; i++) {
+        CHECK(k3_session_new(e, 0, &u[i], &err) == K3_OK, "%s", err.msg);
+        CHECK(k3_session_prefill(u[i], p.ids, (size_t)(6 + 5 * i), NULL, NULL, &err) == K3_OK,
+              "%s", err.msg);
+    }
+    float *rows = malloc(9 * V * sizeof *rows), *alone = malloc(4 * V * sizeof *alone);
+    const int32_t *draft[2] = {p.ids + 20, p.ids + 24}, dec = p.ids[30];
+    k3_multistep_seg seg[3] = {
+        {.session = s[0], .ids = draft[0], .n_ids = 4,
+         .flags = K3_MS_ALL_LOGITS | K3_MS_REWINDABLE},
+        {.session = s[2], .ids = &dec, .n_ids = 1},
+        {.session = s[1], .ids = draft[1], .n_ids = 4,
+         .flags = K3_MS_ALL_LOGITS | K3_MS_REWINDABLE},
+    };
+    CHECK(k3_multistep_run(ms, seg, 3, rows, &err) == K3_OK, "%s", err.msg);
+    CHECK(k3_session_step(t[2], dec, alone, &err) == K3_OK, "%s", err.msg);
+    CHECK(memcmp(rows + (size_t)seg[1].logits_row * V, alone, V * sizeof *alone) == 0,
+          "the decode row beside the verifications differs from alone");
+    int keep[2] = {1, 3};
+    for (int i = 0; i < 2; i++) {
+        const k3_multistep_seg *g = &seg[i ? 2 : 0];
+        int pos = k3_session_pos(t[i]);
+        CHECK(k3_session_forward(t[i], draft[i], 4, alone, K3_FWD_ALL_LOGITS | K3_FWD_REWINDABLE,
+                                 &err) == K3_OK, "%s", err.msg);
+        CHECK(memcmp(rows + (size_t)g->logits_row * V, alone, 4 * V * sizeof *alone) == 0,
+              "session %d: the verification rows differ from its pass alone", i);
+        CHECK(k3_session_rewind(s[i], pos + keep[i], &err) == K3_OK &&
+              k3_session_rewind(t[i], pos + keep[i], &err) == K3_OK, "%s", err.msg);
+        for (int j = 0; j < keep[i]; j++) /* the twin that never saw the rejected drafts */
+            CHECK(k3_session_step(u[i], draft[i][j], NULL, &err) == K3_OK, "%s", err.msg);
+        CHECK(same_state(s[i], t[i]) && same_state(s[i], u[i]), "session %d: the state after "
+              "the rewind to %d differs from alone", i, pos + keep[i]);
+        CHECK(k3_session_step(s[i], p.ids[31], rows, &err) == K3_OK &&
+              k3_session_step(u[i], p.ids[31], alone, &err) == K3_OK, "%s", err.msg);
+        CHECK(memcmp(rows, alone, V * sizeof *alone) == 0, "session %d: the step after the "
+              "rewind differs", i);
+    }
+    for (int i = 0; i < 3; i++) k3_session_free(s[i]), k3_session_free(t[i]);
+    for (int i = 0; i < 2; i++) k3_session_free(u[i]);
     k3_multistep_free(ms);
     k3_engine_free(e);
     free(rows), free(alone);
@@ -514,6 +582,7 @@ const k3_test k3_suite_multistep[] = {
     {"kjv_greedy_1_to_5_sessions_bit_identical", test_kjv_greedy},
     {"nano_prefill_chunk_beside_decode_rows", test_nano_prefill_beside_decode},
     {"nano_segment_fails_alone", test_nano_segment_fails_alone},
+    {"kjv_rewindable_segments_beside_decode", test_kjv_rewindable_segments},
     {"nano_expert_read_once_per_pass", test_nano_expert_reads_once},
     {"nano_nonfinite_row_fails_alone", test_nano_nonfinite_row_fails_alone},
     {"nano_traces_per_session", test_nano_traces_per_session},

@@ -106,13 +106,17 @@ static const k3_cli_command serve_cmd = {
     .max_positional = 1,
 };
 
-/* Tests only, deliberately not in --help: the K3_TEST_* hooks of server.h (replies replaced by
- * a script, a pause after each token, a smaller stream backlog). Returns 0, or 2 (reported). */
-static int test_hooks(k3_server_opts *so) {
+#ifdef K3_TEST_CONTROLS
+/* The test build only (build/k3-test; server.h, k3_server_test_control): K3_TEST_* variables
+ * set the server's test controls (replies replaced by a script, a pause after each token, a
+ * smaller stream backlog, --spec's rule off). The shipped k3 reads none of them. Returns 0,
+ * or 2 (reported). */
+static int test_hooks(void) {
     const char *script = getenv("K3_TEST_SCRIPTED_REPLY");
-    if (script && script[0]) so->scripted_reply = script;
+    if (script && script[0]) k3_server_test_control(K3_SERVER_TEST_SCRIPTED_REPLY, script);
     const char *delay = getenv("K3_TEST_TOKEN_DELAY_MS");
     const char *backlog = getenv("K3_TEST_STREAM_BACKLOG_BYTES");
+    const char *judge = getenv("K3_TEST_SPEC_NO_JUDGE");
     double ms = 0;
     long long bytes = 0;
     k3_err err = {0};
@@ -123,10 +127,14 @@ static int test_hooks(k3_server_opts *so) {
         k3_opts_error("serve", &err);
         return 2;
     }
-    so->token_delay_s = ms / 1e3;
-    so->stream_backlog = (size_t)bytes;
+    k3_server_test_control(K3_SERVER_TEST_TOKEN_DELAY, ms / 1e3);
+    k3_server_test_control(K3_SERVER_TEST_STREAM_BACKLOG, (size_t)bytes);
+    k3_server_test_control(K3_SERVER_TEST_SPEC_NO_JUDGE, judge && !strcmp(judge, "1"));
     return 0;
 }
+#else
+static int test_hooks(void) { return 0; }
+#endif
 
 static int parse_args(int argc, char **argv, serve_args *a) {
     *a = (serve_args){0};
@@ -144,7 +152,7 @@ static int parse_args(int argc, char **argv, serve_args *a) {
     /* every kept conversation is a session: the memory plan counts them */
     a->eo.sessions = a->so.state_cache > a->so.parallel ? a->so.state_cache : a->so.parallel;
     if (a->eo.sessions < 1) a->eo.sessions = 1;
-    return test_hooks(&a->so);
+    return test_hooks();
 }
 
 /* True when every address `host` resolves to is a loopback one (127.0.0.0/8, ::1); the

@@ -4,6 +4,7 @@
 #include <mpi.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,13 +12,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../model/model.h" /* K3_BATCH_* flags of a pass's segments */
 #include "../util/clock.h"
 
 enum { TAG_OP = 11, TAG_EXCHANGE = 12, TAG_STATS = 13, TAG_STUCK = 14 };
 enum { HOST_CAP = 64, LINE_CAP = 1536, MSG_CAP = 1024, MAX_SESSIONS = 8 };
 enum { OP_QUIT = 100, OP_STATS = 101 };
 /* An op on the wire: kind, session (2 ints), arg, flags, n, then n ids. */
-enum { OP_HDR = 6, OP_INTS = OP_HDR + K3_MAX_CHUNK };
+enum { OP_HDR = 6, OP_INTS = OP_HDR + K3_ROP_PASS_INTS };
 /* An exchange message: status, layer, floats that follow, bytes of message that follow. */
 enum { XH_STATUS, XH_LAYER, XH_COUNT, XH_MSGLEN, XH_INTS };
 /* The per-rank counters sent for the summary. */
@@ -55,6 +57,7 @@ struct k3_dist {
     /* a follower's sessions, by rank 0's name for them */
     unsigned long long sid[MAX_SESSIONS];
     k3_session *sess[MAX_SESSIONS];
+    k3_multistep *ms;        /* a follower's scratch for the passes rank 0 ran on one */
 };
 
 static int mpi_fail(k3_err *err, int rc, const char *what) {
@@ -443,13 +446,15 @@ static int send_op(void *user, const k3_rank_op *op, k3_err *err) {
     if (d->broken)
         return k3_fail(err, K3_ERR_DIST, "the MPI run has lost a rank; restart it");
     int32_t *b = d->opbuf;
-    int n = op->kind == K3_ROP_FORWARD ? op->n : 0;
-    if (n < 0 || n > K3_MAX_CHUNK) return k3_fail(err, K3_ERR_INPUT, "a pass of %d ids", n);
+    int n = op->kind == K3_ROP_PASS ? op->n : 0;
+    if (n < 0 || n > K3_ROP_PASS_INTS) return k3_fail(err, K3_ERR_INPUT, "a pass of %d ints", n);
     b[0] = op->kind, b[1] = (int32_t)(op->session & 0xffffffffu);
     b[2] = (int32_t)(op->session >> 32), b[3] = op->arg, b[4] = op->flags, b[5] = n;
     if (n) memcpy(b + OP_HDR, op->ids, (size_t)n * sizeof *b);
-    if (op->kind == K3_ROP_STEP) d->tokens++;
-    if (op->kind == K3_ROP_FORWARD) d->tokens += n;
+    for (int at = 0, i = 0; op->kind == K3_ROP_PASS && i < op->arg; i++) { /* its rows */
+        d->tokens += op->ids[at + 3];
+        at += K3_ROP_SEG_INTS + op->ids[at + 3];
+    }
     k3_err local;
     return send_ints(d, b, OP_HDR + n, err ? err : &local);
 }
@@ -532,6 +537,8 @@ static k3_session **find(k3_dist *d, unsigned long long id, int empty) {
 }
 
 static void free_sessions(k3_dist *d) {
+    k3_multistep_free(d->ms);
+    d->ms = NULL;
     for (int i = 0; i < MAX_SESSIONS; i++) {
         k3_session_free(d->sess[i]);
         d->sess[i] = NULL;
@@ -553,6 +560,51 @@ static int send_stats(k3_dist *d) {
                       [ST_COMM_S] = d->comm_s, [ST_TOKENS] = (double)d->tokens,
                       [ST_SENT] = (double)d->bytes_sent, [ST_EXCH] = (double)d->exchanges};
     return MPI_Send(v, ST_N, MPI_DOUBLE, 0, TAG_STATS, MPI_COMM_WORLD);
+}
+
+/* K3_ROP_PASS (k3.h): the same pass as rank 0's, over this rank's copies of its sessions:
+ * on a multistep's scratch when rank 0 ran it on one (shared), else as that one session's
+ * step or forward, so that every rank takes the same path (and the same exchanges). The
+ * followers compute no logits. Errors: those of the pass; K3_ERR_DIST with *bad (a pass this
+ * rank cannot replay: an unknown session, a malformed op). */
+static int replay_pass(k3_dist *d, const k3_engine *e, int nseg, int shared, const int32_t *w,
+                       int len, bool *bad, k3_err *err) {
+    k3_multistep_seg segs[K3_MAX_CHUNK];
+    int rows = 0, at = 0;
+    *bad = true;
+    if (nseg < 1 || nseg > K3_MAX_CHUNK)
+        return k3_fail(err, K3_ERR_DIST, "rank 0 sent a pass of %d segments", nseg);
+    for (int i = 0; i < nseg; i++) {
+        if (at + K3_ROP_SEG_INTS > len || w[at + 3] < 1 || at + K3_ROP_SEG_INTS + w[at + 3] > len)
+            return k3_fail(err, K3_ERR_DIST, "rank 0 sent a truncated pass");
+        unsigned long long id = (unsigned long long)(uint32_t)w[at] |
+                                (unsigned long long)(uint32_t)w[at + 1] << 32;
+        k3_session **s = find(d, id, 0);
+        if (!s) return k3_fail(err, K3_ERR_DIST, "rank 0 named an unknown session in a pass");
+        int f = w[at + 2];
+        segs[i] = (k3_multistep_seg){
+            .session = *s, .ids = w + at + K3_ROP_SEG_INTS, .n_ids = w[at + 3],
+            .flags = (f & K3_BATCH_ALL_LOGITS ? K3_MS_ALL_LOGITS
+                      : f & K3_BATCH_NO_LOGITS ? K3_MS_NO_LOGITS : K3_MS_LAST_LOGITS) |
+                     (f & K3_BATCH_REWINDABLE ? K3_MS_REWINDABLE : 0)};
+        rows += w[at + 3];
+        at += K3_ROP_SEG_INTS + w[at + 3];
+    }
+    *bad = false;
+    d->tokens += rows;
+    if (!shared) {
+        const k3_multistep_seg *g = &segs[0];
+        if (g->n_ids == 1 && !(g->flags & K3_MS_REWINDABLE))
+            return k3_session_step(g->session, g->ids[0], NULL, err);
+        return k3_session_forward(g->session, g->ids, g->n_ids, NULL,
+                                  g->flags & K3_MS_REWINDABLE ? K3_FWD_REWINDABLE : 0, err);
+    }
+    if (d->ms && k3_multistep_max_rows(d->ms) < rows) { /* a larger pass: a larger scratch */
+        k3_multistep_free(d->ms);
+        d->ms = NULL;
+    }
+    int rc = d->ms ? K3_OK : k3_multistep_new(e, rows, &d->ms, err);
+    return rc ? rc : k3_multistep_run(d->ms, segs, nseg, NULL, err);
 }
 
 int k3_dist_follow(k3_dist *d, const k3_engine *e, k3_err *err) {
@@ -589,28 +641,31 @@ int k3_dist_follow(k3_dist *d, const k3_engine *e, k3_err *err) {
             d->sid[s - d->sess] = id;
             continue;
         }
-        if (!s) return k3_fail(err, K3_ERR_DIST, "rank 0 named an unknown session (op %d)", b[0]);
-        switch (b[0]) {
-        case K3_ROP_FREE:
-            k3_session_free(*s);
-            *s = NULL;
-            break;
-        case K3_ROP_RESET:
-            k3_session_reset(*s);
-            break;
-        case K3_ROP_STEP:
-            d->tokens++;
-            rc = k3_session_step(*s, b[3], NULL, &e2);
-            break;
-        case K3_ROP_FORWARD:
-            d->tokens += b[5];
-            rc = k3_session_forward(*s, b + OP_HDR, b[5], NULL, b[4] & K3_FWD_REWINDABLE, &e2);
-            break;
-        case K3_ROP_REWIND:
-            rc = k3_session_rewind(*s, b[3], &e2);
-            break;
-        default:
-            return k3_fail(err, K3_ERR_DIST, "rank 0 sent an unknown op %d", b[0]);
+        if (b[0] == K3_ROP_PASS) {
+            bool bad = false; /* rank 0 named what this rank lacks: the ranks disagree */
+            rc = replay_pass(d, e, b[3], b[4], b + OP_HDR, b[5], &bad, &e2);
+            if (bad) {
+                *err = e2;
+                free_sessions(d);
+                return rc;
+            }
+        } else if (!s) {
+            return k3_fail(err, K3_ERR_DIST, "rank 0 named an unknown session (op %d)", b[0]);
+        } else {
+            switch (b[0]) {
+            case K3_ROP_FREE:
+                k3_session_free(*s);
+                *s = NULL;
+                break;
+            case K3_ROP_RESET:
+                k3_session_reset(*s);
+                break;
+            case K3_ROP_REWIND:
+                rc = k3_session_rewind(*s, b[3], &e2);
+                break;
+            default:
+                return k3_fail(err, K3_ERR_DIST, "rank 0 sent an unknown op %d", b[0]);
+            }
         }
         /* a failed pass failed on rank 0 too, which reports it; a broken exchange ends here */
         if (rc && d->broken) {

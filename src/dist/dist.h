@@ -15,8 +15,10 @@
  *    it (the same kernels on the same bytes), floats travel verbatim, and every rank sums the
  *    same rows in the same order (no MPI reduction, whose order MPI does not fix).
  *  - Every rank runs the same sequence of passes: rank 0's engine calls k3_rank_ops.send
- *    (engine/k3.h) before each step, pass, rewind, reset, session creation and free, and the
- *    followers replay the ops in k3_dist_follow. The followers compute no logits (lm_head).
+ *    (engine/k3.h) before each pass (K3_ROP_PASS: every segment of it, so that a pass over
+ *    several sessions — k3 serve --parallel — is replayed as one), rewind, reset, session
+ *    creation and free, and the followers replay the ops in k3_dist_follow on the same path
+ *    (a session's own pass, or a multistep's). The followers compute no logits (lm_head).
  *  - Nothing waits forever inside a pass: every exchange and op is nonblocking and polled
  *    against a deadline (timeout_s on rank 0, twice that on the others, so that rank 0
  *    names the lost rank first; a follower still waiting at half its deadline tells rank 0

@@ -2,7 +2,10 @@
  * and the dispatch to the CUDA backend when this build has it (K3_WITH_CUDA). */
 #include "backend.h"
 
+#include "../store/store.h"
+
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -107,33 +110,100 @@ void k3_backend_session_reset(k3_backend *b, void *sess) {
     (void)b, (void)sess;
 }
 
-int k3_backend_step(k3_backend *b, void *sess, k3_state *st, int32_t token, float *logits,
-                    const k3_trace *trace, k3_err *err) {
-#ifdef K3_WITH_CUDA
-    if (b->cuda) return k3_gpu_step(sess, st, token, logits, trace, err);
-#endif
-    (void)sess;
-    return k3_forward(b->m, st, token, logits, trace, err);
+/* ---- the pass ------------------------------------------------------------------------------- */
+
+struct k3_backend_scratch {
+    k3_batch *batch;           /* the CPU's rows (NULL on a device backend) */
+    k3_store_client *client;   /* asks the store for each MoE layer's union */
+    k3_batch_seg *bsegs;       /* [max_rows] */
+    int max_rows;
+};
+
+int k3_backend_scratch_new(k3_backend *b, int max_rows, k3_backend_scratch **out, k3_err *err) {
+    k3_backend_scratch *sc = calloc(1, sizeof *sc);
+    if (!sc) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
+    sc->max_rows = max_rows;
+    int rc = K3_OK;
+    if (!(sc->bsegs = calloc((size_t)max_rows, sizeof *sc->bsegs)) ||
+        (!b->cuda && !(sc->batch = k3_batch_new(b->m, max_rows))))
+        rc = k3_fail(err, K3_ERR_GENERIC, "out of memory for a %d-row pass", max_rows);
+    if (!rc && !b->cuda && b->m->store) rc = k3_store_client_new(b->m->store, &sc->client, err);
+    if (rc) {
+        k3_backend_scratch_free(sc);
+        return rc;
+    }
+    *out = sc;
+    return K3_OK;
 }
 
-int k3_backend_forward(k3_backend *b, void *sess, k3_state *st, const int32_t *ids, int n,
-                       float *logits, int flags, const k3_trace *trace, k3_err *err) {
+void k3_backend_scratch_free(k3_backend_scratch *sc) {
+    if (!sc) return;
+    k3_batch_free(sc->batch);
+    k3_store_client_free(sc->client);
+    free(sc->bsegs);
+    free(sc);
+}
+
+uint64_t k3_backend_scratch_bytes(const k3_backend *b, int max_rows) {
+    return sizeof(k3_backend_scratch) + (uint64_t)max_rows * sizeof(k3_batch_seg) +
+           (b->cuda ? 0 : k3_batch_bytes(b->m, max_rows));
+}
+
+uint64_t k3_backend_scratch_experts(const k3_backend_scratch *sc) {
+    return sc && sc->batch ? k3_batch_experts(sc->batch) : 0;
+}
+
 #ifdef K3_WITH_CUDA
-    if (b->cuda) { /* one token at a time */
-        if (flags & K3_BATCH_REWINDABLE)
+/* Rows of logits a segment writes (K3_BATCH_* flags). */
+static int seg_rows(const k3_backend_seg *g) {
+    return g->flags & K3_BATCH_NO_LOGITS ? 0 : g->flags & K3_BATCH_ALL_LOGITS ? g->n : 1;
+}
+
+/* A device backend: segment after segment, id by id. */
+static int cuda_pass(k3_backend *b, const k3_backend_seg *segs, int nseg, float *logits,
+                     k3_err *err) {
+    size_t vocab = (size_t)b->m->cfg.vocab_size;
+    for (int i = 0; i < nseg; i++)
+        if (segs[i].flags & K3_BATCH_REWINDABLE)
             return k3_fail(err, K3_ERR_USAGE, "this backend cannot rewind a pass");
-        size_t vocab = (size_t)b->m->cfg.vocab_size;
-        for (int i = 0; i < n; i++) {
-            float *row = !logits ? NULL : flags & K3_BATCH_ALL_LOGITS ? logits + i * vocab
-                       : i + 1 == n ? logits : NULL;
-            int rc = k3_gpu_step(sess, st, ids[i], row, trace, err);
+    for (int i = 0; i < nseg; i++) {
+        const k3_backend_seg *g = &segs[i];
+        bool all = g->flags & K3_BATCH_ALL_LOGITS, none = g->flags & K3_BATCH_NO_LOGITS;
+        for (int t = 0; t < g->n; t++) {
+            float *row = !logits || none ? NULL : all ? logits + (size_t)t * vocab
+                       : t + 1 == g->n ? logits : NULL;
+            int rc = k3_gpu_step(g->sess, g->st, g->ids[t], row, g->trace, err);
             if (rc) return rc;
         }
-        return K3_OK;
+        if (logits) logits += (size_t)seg_rows(g) * vocab;
     }
+    return K3_OK;
+}
 #endif
-    (void)sess;
-    return k3_forward_batch(b->m, st, ids, n, logits, flags, trace, err);
+
+int k3_backend_pass(k3_backend *b, k3_backend_scratch *sc, const k3_backend_seg *segs, int nseg,
+                    float *logits, k3_err *err) {
+#ifdef K3_WITH_CUDA
+    if (b->cuda) return cuda_pass(b, segs, nseg, logits, err);
+#endif
+    const k3_backend_seg *g = &segs[0];
+    if (nseg < 1 || (nseg > 1 && !sc))
+        return k3_fail(err, K3_ERR_USAGE, "a pass of %d segments needs a scratch", nseg);
+    if (nseg == 1 && g->n == 1 && !(g->flags & K3_BATCH_REWINDABLE)) /* the single step */
+        return k3_forward(b->m, g->st, g->ids[0], g->flags & K3_BATCH_NO_LOGITS ? NULL : logits,
+                          g->trace, err);
+    if (!sc)
+        return k3_forward_batch(b->m, g->st, g->ids, g->n,
+                                g->flags & K3_BATCH_NO_LOGITS ? NULL : logits,
+                                g->flags & (K3_BATCH_ALL_LOGITS | K3_BATCH_REWINDABLE), g->trace,
+                                err);
+    if (nseg > sc->max_rows)
+        return k3_fail(err, K3_ERR_INPUT, "a pass of %d segments; the scratch holds %d rows",
+                       nseg, sc->max_rows);
+    for (int i = 0; i < nseg; i++)
+        sc->bsegs[i] = (k3_batch_seg){.s = segs[i].st, .tokens = segs[i].ids, .n = segs[i].n,
+                                      .flags = segs[i].flags, .trace = segs[i].trace};
+    return k3_forward_multi(b->m, sc->batch, sc->client, sc->bsegs, nseg, logits, err);
 }
 
 int k3_backend_can_rewind(const k3_backend *b) { return !b->cuda; }

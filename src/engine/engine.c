@@ -285,13 +285,6 @@ void k3_engine_spine_stats(const k3_engine *e, k3_spine_stats *out) {
     k3_spine_get_stats(e->model.spine, out);
 }
 
-void k3_engine_note_pass(const k3_engine *e) {
-    if (!e->model.spine || !e->store) return;
-    k3_spine_stats sp;
-    k3_spine_get_stats(e->model.spine, &sp);
-    if (sp.staging_bytes) k3_store_note_spine(e->store, sp.read_s, k3_now_s());
-}
-
 k3_engine_opts k3_engine_opts_default(void) {
     /* physical cores: SMT siblings share the FPU and the memory bus */
     return (k3_engine_opts){.threads = k3_cpu_physical_cores(), .spine = K3_SPINE_BF16,
@@ -316,6 +309,8 @@ static int open_headers(k3_engine *e, const char *model_dir, const k3_engine_opt
     if (!rc) rc = k3_kernels_select(opts->kernels, &e->model.kr, err);
     e->model.ranks = opts->expert_ranks; /* MPI (src/dist); NULL in one process */
     e->rank_ops = opts->rank_ops;
+    if (!rc && e->rank_ops && !(e->pass_wire = malloc(K3_ROP_PASS_INTS * sizeof(int32_t))))
+        rc = k3_fail(err, K3_ERR_GENERIC, "out of memory");
     return rc;
 }
 
@@ -416,6 +411,7 @@ void k3_engine_free(k3_engine *e) {
     k3_pack_close(e->pack);
     k3_checkpoint_close(e->ck);
     k3_tokenizer_free(e->tok);
+    free(e->pass_wire);
     free(e);
 }
 
@@ -439,16 +435,6 @@ void k3_engine_describe(const k3_engine *e, int parts, char *buf, size_t cap) {
         int n = snprintf(buf + len, cap - len, "%s%s", len ? "\n" : "", line[i]);
         len = n < 0 ? len : len + (size_t)n < cap ? len + (size_t)n : cap - 1;
     }
-}
-
-/* Rank 0 of an MPI run: the other ranks replay op before this rank runs it (dist.h). */
-static int mirror(const k3_session *s, int kind, int arg, int flags, const int32_t *ids, int n,
-                  k3_err *err) {
-    const k3_rank_ops *o = s->e->rank_ops;
-    if (!o) return K3_OK;
-    k3_rank_op op = {.kind = kind, .session = (unsigned long long)(uintptr_t)s, .arg = arg,
-                     .flags = flags, .n = n, .ids = ids};
-    return o->send(o->user, &op, err);
 }
 
 int k3_session_new(const k3_engine *e, int max_ctx, k3_session **out, k3_err *err) {
@@ -476,7 +462,7 @@ int k3_session_new(const k3_engine *e, int max_ctx, k3_session **out, k3_err *er
         k3_session_free(s);
         return rc;
     }
-    if ((rc = mirror(s, K3_ROP_NEW, k3_state_max_ctx(s->state), 0, NULL, 0, err))) {
+    if ((rc = k3_engine_mirror(s, K3_ROP_NEW, k3_state_max_ctx(s->state), 0, NULL, 0, err))) {
         k3_session_free(s);
         return rc;
     }
@@ -486,7 +472,7 @@ int k3_session_new(const k3_engine *e, int max_ctx, k3_session **out, k3_err *er
 
 void k3_session_free(k3_session *s) {
     if (!s) return;
-    mirror(s, K3_ROP_FREE, 0, 0, NULL, 0, NULL); /* a rank that missed it quits anyway */
+    k3_engine_mirror(s, K3_ROP_FREE, 0, 0, NULL, 0, NULL); /* a rank that missed it quits anyway */
     k3_backend_session_free(s->e->backend, s->dev);
     k3_state_free(s->state);
     free(s->tokens);
@@ -494,7 +480,7 @@ void k3_session_free(k3_session *s) {
 }
 
 void k3_session_reset(k3_session *s) {
-    mirror(s, K3_ROP_RESET, 0, 0, NULL, 0, NULL); /* a lost rank fails the next pass */
+    k3_engine_mirror(s, K3_ROP_RESET, 0, 0, NULL, 0, NULL); /* a lost rank fails the next pass */
     k3_state_reset(s->state);
     k3_backend_session_reset(s->e->backend, s->dev);
 }
@@ -506,106 +492,17 @@ void k3_session_set_trace(k3_session *s, const k3_trace *trace) {
     if (trace) s->trace = *trace;
 }
 
-/* Corrupt weights (a damaged shard, a bad int8 pack) or an --approx overflow give NaN/Inf
- * logits, from which the sampler would still pick ids. One pass over the rows written (rows x
- * vocab_size floats, after lm_head read vocab_size x hidden_size weights: <0.1% of a step)
- * catches them wherever they arose; the final hidden state would be cheaper but misses a
- * corrupt lm_head row. first_pos = the position of row 0. Errors: K3_ERR_CHECKPOINT. */
-int k3_engine_check_logits(const k3_engine *e, const float *logits, int rows, int first_pos,
-                           k3_err *err) {
-    if (!logits) return K3_OK;
-    size_t V = (size_t)e->cfg.vocab_size;
-    for (int r = 0; r < rows; r++) {
-        const float *row = logits + (size_t)r * V;
-        uint32_t bad = 0; /* exponent all ones: Inf or NaN; branch-free so it vectorizes */
-        for (size_t i = 0; i < V; i++) {
-            uint32_t u;
-            memcpy(&u, &row[i], sizeof u);
-            bad |= (u & 0x7f800000u) == 0x7f800000u;
-        }
-        if (!bad) continue;
-        size_t id = 0;
-        while (id < V && isfinite(row[id])) id++;
-        return k3_fail(err, K3_ERR_CHECKPOINT, "non-finite logits (%s at vocab id %zu) after "
-                       "position %d: %s", isnan(row[id]) ? "NaN" : "Inf", id, first_pos + r,
-                       e->approx ? "--approx (int8 activations) overflowed or the int8 spine "
-                       "pack is corrupt: run without --approx, or rebuild with k3 pack"
-                       : e->pack ? "the int8 spine pack or the checkpoint's weights are likely "
-                       "corrupt (run with --spine bf16 to tell; rebuild the pack with k3 pack)"
-                       : "the checkpoint's weights are likely corrupt (a damaged or "
-                       "modified shard: compare it with the original, e.g. k3 setup --check)");
-    }
-    return K3_OK;
+/* One segment through the one pass (pass.c). */
+static int one_segment(k3_session *s, const int32_t *ids, int n, float *logits, int flags,
+                       k3_err *err) {
+    k3_pass_seg g = {.s = s, .ids = ids, .n = n,
+                     .flags = (logits ? flags : flags | K3_BATCH_NO_LOGITS) &
+                              ~(logits ? 0 : K3_BATCH_ALL_LOGITS)};
+    return k3_engine_pass(s->e, NULL, &g, 1, logits, err);
 }
 
-/* ---- a mapped file truncated under a step (issue 20, D2) -------------------------------------- */
-
-/* Puts the file's pages back where the SIGBUS handler mapped zeros (sigbus.h): the whole
- * mapping again, MAP_FIXED at the same address. 0, or -1 when it could not be redone. */
-static int remap(const void *map, uint64_t bytes, int fd, const char *path) {
-    int own = fd < 0 ? (fd = open(path, O_RDONLY)) >= 0 : 0;
-    if (fd < 0) return -1;
-    void *m = mmap((void *)map, bytes, PROT_READ, MAP_SHARED | MAP_FIXED, fd, 0);
-    if (own) close(fd);
-    return m == MAP_FAILED ? -1 : 0;
-}
-
-/* After a step: when a fault was survived since `before`, the step's output is garbage.
- * Names the file the fault was in, restores every mapping and returns K3_ERR_IO. */
-int k3_engine_mapped_fault(const k3_engine *e, uint64_t before, k3_err *err) {
-    if (k3_sigbus_faults() == before) return K3_OK;
-    const uint8_t *a = k3_sigbus_last_addr();
-    const char *path = "a mapped model file";
-    uint64_t bytes = 0;
-    int ok = 0;
-    for (int i = 0; i < e->ck->n_shards; i++) {
-        const k3_shard *sh = &e->ck->shards[i];
-        if (!sh->map) continue;
-        const uint8_t *m = sh->map;
-        if (a >= m && a < m + sh->file_bytes) path = sh->path, bytes = sh->file_bytes;
-        ok |= remap(sh->map, sh->file_bytes, sh->fd, sh->path);
-    }
-    if (e->pack && e->pack->map) {
-        if (a >= e->pack->map && a < e->pack->map + e->pack->file_bytes)
-            path = e->pack->path, bytes = e->pack->file_bytes;
-        ok |= remap(e->pack->map, e->pack->file_bytes, -1, e->pack->path);
-    }
-    struct stat st;
-    long long now = bytes && stat(path, &st) == 0 ? (long long)st.st_size : -1;
-    return k3_fail(err, K3_ERR_IO, "%s: read past its end while mapped (%lld bytes now, %llu "
-                   "when loaded: the file was truncated or replaced while k3 ran); the step was "
-                   "discarded%s. Restore the file (k3 setup --check names what changed)",
-                   path, now, (unsigned long long)bytes,
-                   ok ? ", and its mapping could not be restored: restart k3" : "");
-}
-
-/* failed_pass: a pass that fails part-way (an expert or a streamed spine layer that cannot be
- * read) has already folded its ids into the KDA and conv state of the layers before the
- * failure, while the position did not move. The history would still look like a prefix of
- * a retried prompt and k3_session_prefill would build on that state, so the session is reset:
- * the next prefill starts again from an empty state (tests/test_spinefail.c). */
 int k3_session_step(k3_session *s, int32_t token, float *logits, k3_err *err) {
-    const k3_config *c = &s->e->cfg;
-    if (token < 0 || token >= c->vocab_size)
-        return k3_fail(err, K3_ERR_INPUT, "token id %d is outside the vocabulary [0, %d)",
-                       token, c->vocab_size);
-    if (k3_state_pos(s->state) >= k3_state_max_ctx(s->state))
-        return k3_fail(err, K3_ERR_INPUT, "the context is full (%d positions); start a new "
-                       "session or raise --ctx", k3_state_max_ctx(s->state));
-    int pos = k3_state_pos(s->state);
-    int rc = mirror(s, K3_ROP_STEP, token, 0, NULL, 0, err);
-    if (rc) return rc;
-    s->tokens[pos] = token;
-    uint64_t faults = k3_sigbus_faults();
-    k3_sigbus_arm();
-    rc = k3_backend_step(s->e->backend, s->dev, s->state, token, logits,
-                         s->has_trace ? &s->trace : NULL, err);
-    k3_sigbus_disarm();
-    int fault = k3_engine_mapped_fault(s->e, faults, rc ? NULL : err);
-    if (!rc) rc = fault;
-    if (rc) k3_session_reset(s); /* see failed_pass */
-    else k3_engine_note_pass(s->e);
-    return rc ? rc : k3_engine_check_logits(s->e, logits, 1, pos, err);
+    return one_segment(s, &token, 1, logits, 0, err);
 }
 
 /* ---- token history, prefill with reuse, interruption, state files (k3.h) ------------------ */
@@ -621,6 +518,31 @@ int k3_session_prefill(k3_session *s, const int32_t *ids, size_t n, float *logit
     return k3_session_prefill_with(s, ids, n, logits, reused, NULL, err);
 }
 
+int k3_prefill_begin(k3_prefill *p, k3_session *s, const int32_t *ids, size_t n, int *reused,
+                     k3_err *err) {
+    size_t pos = (size_t)k3_session_pos(s), keep = 0;
+    while (keep < pos && keep < n && s->tokens[keep] == ids[keep]) keep++;
+    if (keep < pos || keep == n) { /* the history is not a strict prefix: start again */
+        k3_session_reset(s);
+        keep = 0;
+    }
+    if (reused) *reused = (int)keep;
+    *p = (k3_prefill){.s = s, .ids = ids, .n = n, .at = keep, .first = keep};
+    if (n > (size_t)k3_session_max_ctx(s))
+        return k3_fail(err, K3_ERR_INPUT, "the prompt (%zu tokens) does not fit the context of "
+                       "%d tokens (raise --ctx)", n, k3_session_max_ctx(s));
+    return K3_OK;
+}
+
+int k3_prefill_next(const k3_prefill *p, int max, const int32_t **ids) {
+    size_t left = p->n - p->at, len = (size_t)(max < p->s->chunk ? max : p->s->chunk);
+    if (len > left) len = left;
+    *ids = p->ids + p->at;
+    return (int)len;
+}
+
+void k3_prefill_fed(k3_prefill *p, int n) { p->at += (size_t)n; }
+
 /* One pass of ids[0, len) at the session's position: with all-logits rows for the hook, the
  * last row is copied to logits when the pass ends the prompt. */
 static int prefill_pass(k3_session *s, const int32_t *ids, int len, bool last, float *logits,
@@ -634,32 +556,25 @@ static int prefill_pass(k3_session *s, const int32_t *ids, int len, bool last, f
 
 int k3_session_prefill_with(k3_session *s, const int32_t *ids, size_t n, float *logits,
                             int *reused, const k3_prefill_hook *hook, k3_err *err) {
-    size_t pos = (size_t)k3_session_pos(s), keep = 0;
-    while (keep < pos && keep < n && s->tokens[keep] == ids[keep]) keep++;
-    if (keep < pos || keep == n) { /* the history is not a strict prefix: start again */
-        k3_session_reset(s);
-        keep = 0;
-    }
-    if (reused) *reused = (int)keep;
-    if (n > (size_t)k3_session_max_ctx(s))
-        return k3_fail(err, K3_ERR_INPUT, "the prompt (%zu tokens) does not fit the context of "
-                       "%d tokens (raise --ctx)", n, k3_session_max_ctx(s));
+    k3_prefill p;
+    int rc = k3_prefill_begin(&p, s, ids, n, reused, err), len;
+    if (rc) return rc;
     float *rows = NULL;
     if (hook && hook->all_logits &&
         !(rows = malloc((size_t)s->chunk * (size_t)s->e->cfg.vocab_size * sizeof *rows)))
         return k3_fail(err, K3_ERR_GENERIC, "out of memory");
-    int rc = K3_OK;
-    for (size_t i = keep; i < n && !rc;) {
+    const int32_t *chunk;
+    while (!rc && (len = k3_prefill_next(&p, s->chunk, &chunk)) > 0) {
         if (s->interrupt && *s->interrupt) {
             rc = k3_fail(err, K3_ERR_INTERRUPTED, "interrupted after %zu of %zu prompt tokens",
-                         i - keep, n - keep);
+                         p.at - p.first, n - p.first);
             break;
         }
-        int len = n - i < (size_t)s->chunk ? (int)(n - i) : s->chunk;
-        rc = prefill_pass(s, ids + i, len, i + (size_t)len == n, logits, rows, err);
+        size_t at = p.at;
+        rc = prefill_pass(s, chunk, len, at + (size_t)len == n, logits, rows, err);
+        if (!rc) k3_prefill_fed(&p, len);
         if (!rc && hook && hook->on_pass)
-            rc = hook->on_pass(hook->user, (int)i, len, rows, n - i - (size_t)len, err);
-        i += (size_t)len;
+            rc = hook->on_pass(hook->user, (int)at, len, rows, n - p.at, err);
     }
     free(rows);
     return rc;
@@ -677,40 +592,15 @@ int k3_session_can_rewind(const k3_session *s) { return k3_backend_can_rewind(s-
 
 int k3_session_forward(k3_session *s, const int32_t *ids, int n, float *logits, int flags,
                        k3_err *err) {
-    const k3_config *c = &s->e->cfg;
-    int pos = k3_state_pos(s->state);
     if (n < 1 || n > K3_MAX_CHUNK)
         return k3_fail(err, K3_ERR_INPUT, "a pass takes 1 to %d tokens, not %d", K3_MAX_CHUNK, n);
-    for (int i = 0; i < n; i++)
-        if (ids[i] < 0 || ids[i] >= c->vocab_size)
-            return k3_fail(err, K3_ERR_INPUT, "token id %d is outside the vocabulary [0, %d)",
-                           ids[i], c->vocab_size);
-    if (pos + n > k3_state_max_ctx(s->state))
-        return k3_fail(err, K3_ERR_INPUT, "the context is full (%d positions); start a new "
-                       "session or raise --ctx", k3_state_max_ctx(s->state));
-    if ((flags & K3_FWD_REWINDABLE) && !k3_session_can_rewind(s))
-        return k3_fail(err, K3_ERR_USAGE, "this backend cannot rewind a pass");
-    bool all = flags & K3_FWD_ALL_LOGITS;
-    int rc = mirror(s, K3_ROP_FORWARD, 0, flags & K3_FWD_REWINDABLE, ids, n, err);
-    if (rc) return rc;
-    memcpy(s->tokens + pos, ids, (size_t)n * sizeof *ids);
-    uint64_t faults = k3_sigbus_faults();
-    k3_sigbus_arm();
-    rc = k3_backend_forward(s->e->backend, s->dev, s->state, ids, n, logits,
-                            (all ? K3_BATCH_ALL_LOGITS : 0) |
-                            (flags & K3_FWD_REWINDABLE ? K3_BATCH_REWINDABLE : 0),
-                            s->has_trace ? &s->trace : NULL, err);
-    k3_sigbus_disarm();
-    int fault = k3_engine_mapped_fault(s->e, faults, rc ? NULL : err);
-    if (!rc) rc = fault;
-    if (rc) k3_session_reset(s); /* see failed_pass */
-    else k3_engine_note_pass(s->e);
-    return rc ? rc : k3_engine_check_logits(s->e, logits, all ? n : 1,
-                                            all ? pos : pos + n - 1, err);
+    return one_segment(s, ids, n, logits,
+                       (flags & K3_FWD_ALL_LOGITS ? K3_BATCH_ALL_LOGITS : 0) |
+                       (flags & K3_FWD_REWINDABLE ? K3_BATCH_REWINDABLE : 0), err);
 }
 
 int k3_session_rewind(k3_session *s, int pos, k3_err *err) {
-    int rc = mirror(s, K3_ROP_REWIND, pos, 0, NULL, 0, err);
+    int rc = k3_engine_mirror(s, K3_ROP_REWIND, pos, 0, NULL, 0, err);
     return rc ? rc : k3_backend_rewind(s->e->backend, s->dev, s->state, pos, err);
 }
 

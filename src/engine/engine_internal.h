@@ -1,5 +1,6 @@
-/* engine_internal.h — the engine's and session's structs and the step checks shared by the
- * files of src/engine (engine.c, multistep.c); nothing outside src/engine includes it. */
+/* engine_internal.h — the engine's and session's structs and the one pass (pass.c) shared by
+ * the files of src/engine (engine.c, pass.c, multistep.c); nothing outside src/engine
+ * includes it. */
 #ifndef K3_ENGINE_INTERNAL_H
 #define K3_ENGINE_INTERNAL_H
 
@@ -31,6 +32,7 @@ struct k3_engine {
     char mplan_line[1024];
     int plan_ctx;           /* positions each session was planned with: none may be larger */
     const k3_rank_ops *rank_ops; /* rank 0 of an MPI run: the followers replay its ops */
+    int32_t *pass_wire;     /* [K3_ROP_PASS_INTS] with rank_ops: a pass's op (pass.c) */
 };
 
 struct k3_session {
@@ -43,6 +45,42 @@ struct k3_session {
     const volatile sig_atomic_t *interrupt;   /* checked by k3_session_prefill, or NULL */
     void *dev;                                /* the backend's session state (NULL: CPU) */
 };
+
+/* ---- the one pass (pass.c) ------------------------------------------------------------------
+ * Every forward pass of the engine — k3_session_step, k3_session_forward, k3_multistep_run —
+ * is one k3_engine_pass: the envelope around k3_backend_pass lives there and only there. */
+
+/* One session's segment of a pass. In: s, ids, n (>= 1), flags (K3_BATCH_*: logits wanted,
+ * K3_BATCH_REWINDABLE). Out: status (K3_OK, or why this segment failed: err). */
+typedef struct k3_pass_seg {
+    k3_session *s;
+    const int32_t *ids;
+    int n, flags;
+    int status;
+    k3_err err;
+    bool in_pass;  /* out: it passed the checks and went into the pass (its logits rows, when
+                    * the pass succeeded, are among the packed ones) */
+} k3_pass_seg;
+
+/* Runs segs[0, n) (distinct sessions of e) as ONE pass of the backend, with scratch sc (NULL:
+ * one segment on its session's own scratch). In order: each segment is checked (ids in the
+ * vocabulary, the context holds them, K3_BATCH_REWINDABLE on a backend that rewinds; a
+ * segment that fails is left out with K3_ERR_INPUT / K3_ERR_USAGE); rank 0 of an MPI run
+ * sends the segments that run to the other ranks (K3_ROP_PASS), which replay the same pass;
+ * the ids join each session's history; the pass runs with SIGBUS armed (a mapped shard
+ * truncated under it fails it with K3_ERR_IO naming the file); a failed pass resets every
+ * session in it (failed_pass, pass.c); the store is told of the pass; each segment's logits
+ * rows are checked for NaN/Inf (K3_ERR_CHECKPOINT, that segment alone).
+ * logits: the rows of the segments that ran, packed in segment order (may be NULL).
+ * Returns K3_OK, or the first failed segment's status with err = its message. */
+int k3_engine_pass(const k3_engine *e, k3_backend_scratch *sc, k3_pass_seg *segs, int n,
+                   float *logits, k3_err *err);
+/* Rank 0 of an MPI run: the other ranks replay op (kind K3_ROP_NEW, _FREE, _RESET, _REWIND)
+ * before this rank runs it (dist.h); K3_OK without MPI. Errors: K3_ERR_DIST. */
+int k3_engine_mirror(const k3_session *s, int kind, int arg, int flags, const int32_t *ids,
+                     int n, k3_err *err);
+/* Rows of logits a segment of flags and n ids writes. */
+int k3_pass_seg_rows(int flags, int n);
 
 /* After a pass: tells the store how busy the streamed spine's reader keeps the disk, for auto
  * prefetch (k3_store_note_spine); nothing when no spine layer streams. */

@@ -4,6 +4,7 @@
 #endif
 #include "generate.h"
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -55,49 +56,62 @@ static int spec_fed(void *user, const float *logits, k3_err *err) {
 }
 static bool spec_accepted(void *user, int32_t id) { return take(user, id); }
 
-int k3_gen_step(k3_gen *g, k3_err *err) {
-    if (g->end) return K3_OK;
-    if (g->o.max_new >= 0 && g->n_sampled >= g->o.max_new) {
-        g->end = K3_GEN_MAX_NEW;
-        return K3_OK;
-    }
-    k3_spec *sp = spec_of(g);
-    int32_t id;
-    if (g->io.choose && g->io.choose(g->io.user, &id)) {
-        /* the caller's id (a scripted reply) */
-    } else if (!sp || !k3_spec_next(sp, &id)) {
-        id = k3_sampler_sample(g->sm, g->logits);
-    }
-    if (take(g, id)) return K3_OK;
-    int rc;
-    if (sp) { /* id, and maybe drafts K3 agrees with (taken through spec_accepted) */
-        bool ended = false;
-        int left = g->o.max_new >= 0 ? g->o.max_new - g->n_sampled - 1 /* drafts still emittable */
-                                     : k3_session_max_ctx(g->s);
-        k3_spec_io sio = {g, g->io.fed ? spec_fed : NULL, spec_accepted};
-        rc = k3_spec_feed(sp, g->s, g->sm, id, left, g->logits, &sio, &ended, err);
-    } else {
-        rc = k3_session_step(g->s, id, g->logits, err);
-        if (!rc && g->io.fed) rc = g->io.fed(g->io.user, g->logits, err);
-    }
-    if (rc) g->end = K3_GEN_FAILED;
-    return rc;
-}
-
 bool k3_gen_next(k3_gen *g, int32_t *id) {
     if (g->end) return false;
     if (g->o.max_new >= 0 && g->n_sampled >= g->o.max_new) {
         g->end = K3_GEN_MAX_NEW;
         return false;
     }
-    if (!(g->io.choose && g->io.choose(g->io.user, id))) *id = k3_sampler_sample(g->sm, g->logits);
+    k3_spec *sp = spec_of(g);
+    if (g->io.choose && g->io.choose(g->io.user, id)) {
+        /* the caller's id (a scripted reply) */
+    } else if (!sp || !k3_spec_next(sp, id)) {
+        *id = k3_sampler_sample(g->sm, g->logits);
+    }
     return !take(g, *id);
 }
 
+int k3_gen_feed_ids(k3_gen *g, int32_t id, int max_drafts, const int32_t **ids) {
+    k3_spec *sp = spec_of(g);
+    g->pending = id;
+    g->n_feed = 1;
+    *ids = &g->pending;
+    if (!sp) return 1;
+    int left = g->o.max_new >= 0 ? g->o.max_new - g->n_sampled - 1 /* drafts still emittable */
+                                 : k3_session_max_ctx(g->s);
+    if (left > max_drafts) left = max_drafts;
+    g->n_feed = 1 + k3_spec_propose(sp, g->s, id, left);
+    *ids = sp->pass;
+    return g->n_feed;
+}
+
+const float *k3_gen_rows(const k3_gen *g) {
+    k3_spec *sp = spec_of(g);
+    return g->n_feed > 1 ? sp->rows : g->logits;
+}
+
 int k3_gen_fed(k3_gen *g, int rc, k3_err *err) {
-    if (!rc && g->io.fed) rc = g->io.fed(g->io.user, g->logits, err);
+    k3_spec *sp = spec_of(g);
+    if (sp) { /* id, and maybe drafts K3 agrees with (taken through spec_accepted) */
+        bool ended = false;
+        k3_spec_io sio = {g, g->io.fed ? spec_fed : NULL, spec_accepted};
+        rc = k3_spec_settle(sp, g->s, g->sm, rc, k3_gen_rows(g), g->logits, &sio, &ended, err);
+    } else if (!rc && g->io.fed) {
+        rc = g->io.fed(g->io.user, g->logits, err);
+    }
     if (rc) g->end = K3_GEN_FAILED;
     return rc;
+}
+
+int k3_gen_step(k3_gen *g, k3_err *err) {
+    int32_t id;
+    if (!k3_gen_next(g, &id)) return K3_OK;
+    const int32_t *ids;
+    int n = k3_gen_feed_ids(g, id, INT_MAX, &ids);
+    int rc = n == 1 ? k3_session_step(g->s, id, g->logits, err)
+                    : k3_session_forward(g->s, ids, n, (float *)k3_gen_rows(g),
+                                         K3_FWD_ALL_LOGITS | K3_FWD_REWINDABLE, err);
+    return k3_gen_fed(g, rc, err);
 }
 
 int k3_gen_run(k3_gen *g, k3_err *err) {

@@ -82,6 +82,8 @@ typedef struct k3_gen {
     int32_t last_id;     /* the last id sampled (never fed), or -1 */
     int fed;             /* session positions once every emitted id but the last is fed */
     enum k3_gen_end end;
+    int32_t pending;     /* the id being fed (k3_gen_feed_ids) */
+    int n_feed;          /* ids being fed: 1, or 1 + drafts */
     double decode_s;     /* wall time in k3_gen_run, seconds */
 } k3_gen;
 
@@ -98,15 +100,21 @@ void k3_gen_start(k3_gen *g, k3_session *s, k3_sampler *sm, float *logits,
  * a failed step may have reset the session, k3.h). */
 int k3_gen_step(k3_gen *g, k3_err *err);
 
-/* k3_gen_step in two halves, for a caller that feeds the id itself (several sessions' rows in
- * one pass, k3_multistep_run in k3 serve --parallel); without speculation (o.spec must be
- * NULL or off). k3_gen_next chooses the next id as k3_gen_step does (io.choose or the
- * sampler over g->logits), emits it and applies the stop rules: true with *id when id must
- * now be fed to g->s; false when the generation ended (g->end), at this id or before. Then
- * k3_gen_fed: rc = the feed's status; on K3_OK the logits after the id must already be in
- * g->logits, and io.fed is called. Returns rc or io.fed's status (g->end is then
- * K3_GEN_FAILED). The ids, logits and stop decisions are exactly k3_gen_step's. */
+/* k3_gen_step in three parts, for a caller that feeds the ids itself (several sessions' rows
+ * in one pass, k3_multistep_run in k3 serve --parallel). k3_gen_next chooses the next id as
+ * k3_gen_step does (io.choose, a rejected draft's replacement, or the sampler over
+ * g->logits), emits it and applies the stop rules: true with *id when id must now be fed to
+ * g->s; false when the generation ended (g->end), at this id or before. k3_gen_feed_ids: the
+ * ids to feed (*ids, the count returned): id alone, or with speculation id and up to
+ * max_drafts drafts — then a verification: one pass with the logits at every position,
+ * rewindable (K3_MS_ALL_LOGITS | K3_MS_REWINDABLE). The caller runs that pass and puts its
+ * logits into k3_gen_rows(g) (one row [vocab] for one id, else [count][vocab]), then calls
+ * k3_gen_fed with the pass's status rc: acceptance and rewind, io.fed, the accepted drafts
+ * emitted. Returns rc or the status of what failed (g->end is then K3_GEN_FAILED). The ids,
+ * logits and stop decisions are exactly k3_gen_step's, which is these three parts. */
 bool k3_gen_next(k3_gen *g, int32_t *id);
+int k3_gen_feed_ids(k3_gen *g, int32_t id, int max_drafts, const int32_t **ids);
+const float *k3_gen_rows(const k3_gen *g);
 int k3_gen_fed(k3_gen *g, int rc, k3_err *err);
 
 /* k3_gen_step until the generation ends; g->decode_s receives the time it took.

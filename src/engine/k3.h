@@ -49,10 +49,16 @@ enum k3_rank_op_kind {
     K3_ROP_NEW = 1,  /* arg = max_ctx */
     K3_ROP_FREE,
     K3_ROP_RESET,
-    K3_ROP_STEP,     /* arg = the token */
-    K3_ROP_FORWARD,  /* ids[n], flags = K3_FWD_REWINDABLE or 0 */
     K3_ROP_REWIND,   /* arg = the position */
+    K3_ROP_PASS,     /* one pass: arg = its segments, flags = 1 when it ran on a multistep's
+                      * scratch (k3_multistep_run: the followers replay it there) else 0 (one
+                      * session's step or forward); ids[n] = per segment K3_ROP_SEG_INTS ints
+                      * (session low, high 32 bits; its K3_BATCH_* flags, model.h; its id
+                      * count m) then
+                      * its m ids */
 };
+#define K3_ROP_SEG_INTS 4
+#define K3_ROP_PASS_INTS (K3_MAX_CHUNK * (K3_ROP_SEG_INTS + 1)) /* the largest pass's ids[] */
 typedef struct k3_rank_op {
     int kind;                /* enum k3_rank_op_kind */
     unsigned long long session; /* which session (rank 0's own name for it) */
@@ -290,6 +296,24 @@ typedef struct k3_prefill_hook {
 int k3_session_prefill_with(k3_session *s, const int32_t *ids, size_t n, float *logits,
                             int *reused, const k3_prefill_hook *hook, k3_err *err);
 
+/* The one prefill path in steps, for a caller that runs the passes itself (k3 serve: prompt
+ * chunks beside other sessions' rows in one pass); k3_session_prefill_with is these steps
+ * with k3_session_forward. k3_prefill_begin: makes s ready to hold ids[0, n) as
+ * k3_session_prefill decides (the fed history kept when it is a strict prefix, else a reset;
+ * *reused may be NULL); ids must outlive p. Errors: K3_ERR_INPUT (n exceeds the context).
+ * k3_prefill_next: the next chunk (*ids, the count returned: at most max and the session's
+ * chunk, 0 when all is fed), to feed at the session's position. k3_prefill_fed: after the
+ * pass that fed n of them. */
+typedef struct k3_prefill {
+    k3_session *s;
+    const int32_t *ids;
+    size_t n, at, first; /* ids fed up to at; first = the ids kept */
+} k3_prefill;
+int k3_prefill_begin(k3_prefill *p, k3_session *s, const int32_t *ids, size_t n, int *reused,
+                     k3_err *err);
+int k3_prefill_next(const k3_prefill *p, int max, const int32_t **ids);
+void k3_prefill_fed(k3_prefill *p, int n);
+
 /* A flag that k3_session_prefill checks before each chunk (set it from a SIGINT handler or
  * another thread to stop a long prefill); NULL removes it. */
 void k3_session_set_interrupt(k3_session *s, const volatile sig_atomic_t *flag);
@@ -366,11 +390,15 @@ int k3_session_load(k3_session *s, const char *path, k3_err *err);
  *
  * Threads: one k3_multistep per thread; a session appears in at most one segment of a call
  * and is not stepped elsewhere meanwhile. Several multisteps may share the engine.
- * Backends: the CPU runs one pass (a call holding a single id in all takes the single-step
- * path, k3_session_step: the same bits); a device backend (CUDA) steps the segments one after
- * another (k3_session_step / k3_session_forward: the same results, no sharing of reads).
- * API history: added in issue 18 (commit "k3.h: k3_multistep ..."); since then only
- * k3_multistep_plan_bytes was added, nothing changed. */
+ * The engine has ONE operation that runs the model, a pass over segments (backend.h,
+ * k3_backend_pass); k3_session_step and k3_session_forward are passes of one segment, and a
+ * multistep call is one pass of its segments. Backends: the CPU runs one batched pass (a call
+ * holding a single id in all takes the single-step path: the same bits); a device backend
+ * (CUDA) steps the segments one after another (the same results, no sharing of reads). In an
+ * MPI run rank 0 sends each pass to the other ranks, which replay it (k3_rank_op K3_ROP_PASS).
+ * API history: added in issue 18 (commit "k3.h: k3_multistep ..."); then
+ * k3_multistep_plan_bytes; then K3_MS_REWINDABLE (issue 27: speculative verification rows
+ * in the shared pass). */
 
 typedef struct k3_multistep k3_multistep;
 
@@ -378,8 +406,11 @@ typedef struct k3_multistep k3_multistep;
 
 /* What logits a segment wants (k3_multistep_seg.flags). Its rows lie in the call's logits
  * array in segment order, each vocab_size float32: 1 row (the default: after its last id),
- * n_ids rows (ALL: after each id) or none (NONE: a prefill chunk that does not end a prompt). */
-enum { K3_MS_LAST_LOGITS = 0, K3_MS_ALL_LOGITS = 1, K3_MS_NO_LOGITS = 2 };
+ * n_ids rows (ALL: after each id) or none (NONE: a prefill chunk that does not end a prompt).
+ * K3_MS_REWINDABLE may be or'ed in: a speculative verification, which k3_session_rewind can
+ * then undo in part, as after k3_session_forward with K3_FWD_REWINDABLE (a backend that cannot
+ * rewind refuses the segment with K3_ERR_USAGE). */
+enum { K3_MS_LAST_LOGITS = 0, K3_MS_ALL_LOGITS = 1, K3_MS_NO_LOGITS = 2, K3_MS_REWINDABLE = 4 };
 
 typedef struct k3_multistep_seg {
     k3_session *session; /* in: a session of the multistep's engine */

@@ -1,16 +1,15 @@
 /* multistep.c — several sessions in one pass (k3.h "several sessions in one pass", issue 18).
  *
- * The call checks everything it can before the pass, so that a segment that cannot run (an id
- * out of range, a full context) is left out and reported alone; then the segments that can run
- * go through the model in one pass. A device backend, and rank 0 of an MPI run, step them
- * one after another instead (shared_pass). */
+ * The call checks the call as a whole, then hands its segments to the engine's one pass
+ * (pass.c, k3_engine_pass) with the multistep's scratch: a segment that cannot run (an id out
+ * of range, a full context) is left out there and reported alone; the others run in one pass
+ * of the backend (the CPU: one batched pass over all rows; a device backend steps them one
+ * after another). Rank 0 of an MPI run sends the pass to the other ranks, which replay it. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine_internal.h"
-#include "../store/store.h"
 #include "../util/clock.h"
-#include "../util/sigbus.h"
 
 struct k3_multistep {
     const k3_engine *e;
@@ -18,18 +17,10 @@ struct k3_multistep {
     int moe_layers;
     k3_multistep_stats stats;
     k3_multistep_seg *step_segs; /* [max_rows] k3_sessions_step's segments (off the stack) */
-    k3_batch *b;                 /* the pass's scratch for max_rows rows (CPU) */
-    k3_store_client *client;     /* asks the store for each MoE layer's union */
-    k3_batch_seg *bsegs;         /* [max_rows] the segments that run */
-    int *live;                   /* [max_rows] their indices in the call's segments */
+    k3_pass_seg *psegs;          /* [max_rows] the call's segments as the pass takes them */
+    float *packed;               /* NULL: the pass's rows are moved in place in the caller's */
+    k3_backend_scratch *sc;      /* the backend's scratch for max_rows rows */
 };
-
-/* Whether segments share one pass: on the CPU, and not as rank 0 of an MPI run, whose
- * followers replay session ops one by one (each session's step or pass, engine.c) and know
- * nothing of a pass over several sessions. Otherwise the segments go one after another. */
-static bool shared_pass(const k3_engine *e) {
-    return !strcmp(k3_backend_name(e->backend), "cpu") && !e->rank_ops;
-}
 
 int k3_multistep_new(const k3_engine *e, int max_rows, k3_multistep **out, k3_err *err) {
     if (max_rows < 1 || max_rows > K3_MULTISTEP_MAX_ROWS)
@@ -41,14 +32,11 @@ int k3_multistep_new(const k3_engine *e, int max_rows, k3_multistep **out, k3_er
     ms->max_rows = max_rows;
     for (int l = 0; l < e->cfg.num_hidden_layers; l++) ms->moe_layers += e->model.layers[l].is_moe;
     ms->step_segs = calloc((size_t)max_rows, sizeof *ms->step_segs);
-    ms->bsegs = calloc((size_t)max_rows, sizeof *ms->bsegs);
-    ms->live = calloc((size_t)max_rows, sizeof *ms->live);
-    bool cpu = shared_pass(e);
-    if (cpu) ms->b = k3_batch_new(&e->model, max_rows);
+    ms->psegs = calloc((size_t)max_rows, sizeof *ms->psegs);
     int rc = K3_OK;
-    if (!ms->step_segs || !ms->bsegs || !ms->live || (cpu && !ms->b))
+    if (!ms->step_segs || !ms->psegs)
         rc = k3_fail(err, K3_ERR_GENERIC, "out of memory for a %d-row pass", max_rows);
-    if (!rc && e->store) rc = k3_store_client_new(e->store, &ms->client, err);
+    if (!rc) rc = k3_backend_scratch_new(e->backend, max_rows, &ms->sc, err);
     if (rc) {
         k3_multistep_free(ms);
         return rc;
@@ -60,10 +48,8 @@ int k3_multistep_new(const k3_engine *e, int max_rows, k3_multistep **out, k3_er
 void k3_multistep_free(k3_multistep *ms) {
     if (!ms) return;
     free(ms->step_segs);
-    free(ms->bsegs);
-    free(ms->live);
-    k3_batch_free(ms->b);
-    k3_store_client_free(ms->client);
+    free(ms->psegs);
+    k3_backend_scratch_free(ms->sc);
     free(ms);
 }
 
@@ -71,14 +57,15 @@ int k3_multistep_max_rows(const k3_multistep *ms) { return ms->max_rows; }
 
 uint64_t k3_multistep_plan_bytes(const k3_engine *e, int max_rows) {
     if (max_rows < 1) max_rows = 1;
-    uint64_t segs = (uint64_t)max_rows * (sizeof(k3_multistep_seg) + sizeof(k3_batch_seg) +
-                                          sizeof(int));
-    bool cpu = shared_pass(e);
-    return sizeof(k3_multistep) + segs + (cpu ? k3_batch_bytes(&e->model, max_rows) : 0);
+    uint64_t segs = (uint64_t)max_rows * (sizeof(k3_multistep_seg) + sizeof(k3_pass_seg));
+    return sizeof(k3_multistep) + segs + k3_backend_scratch_bytes(e->backend, max_rows);
 }
 
+#define LOGITS_MODE 3 /* the logits bits of k3_multistep_seg.flags */
+
 static int seg_rows(const k3_multistep_seg *g) {
-    return g->flags == K3_MS_ALL_LOGITS ? g->n_ids : g->flags == K3_MS_NO_LOGITS ? 0 : 1;
+    int f = g->flags & LOGITS_MODE;
+    return f == K3_MS_ALL_LOGITS ? g->n_ids : f == K3_MS_NO_LOGITS ? 0 : 1;
 }
 
 int k3_multistep_logit_rows(const k3_multistep_seg *segs, int n) {
@@ -111,10 +98,11 @@ static int check_call(const k3_multistep *ms, k3_multistep_seg *segs, int n, k3_
         else if (g->n_ids < 1 || !g->ids)
             k3_fail(&e, K3_ERR_USAGE, "segment %d: %d ids (a segment feeds at least one)", i,
                     g->n_ids);
-        else if (g->flags != K3_MS_LAST_LOGITS && g->flags != K3_MS_ALL_LOGITS &&
-                 g->flags != K3_MS_NO_LOGITS)
+        else if ((g->flags & ~(LOGITS_MODE | K3_MS_REWINDABLE)) ||
+                 (g->flags & LOGITS_MODE) == LOGITS_MODE)
             k3_fail(&e, K3_ERR_USAGE, "segment %d: flags %d (expected K3_MS_LAST_LOGITS, "
-                    "K3_MS_ALL_LOGITS or K3_MS_NO_LOGITS)", i, g->flags);
+                    "K3_MS_ALL_LOGITS or K3_MS_NO_LOGITS, maybe with K3_MS_REWINDABLE)", i,
+                    g->flags);
         else if ((rows += g->n_ids) > ms->max_rows)
             k3_fail(&e, K3_ERR_USAGE, "the segments hold more than the pass's %d rows "
                     "(k3_multistep_new's max_rows)", ms->max_rows);
@@ -126,87 +114,29 @@ static int check_call(const k3_multistep *ms, k3_multistep_seg *segs, int n, k3_
     return e.code ? refuse_all(segs, n, err, e.code, e.msg) : K3_OK;
 }
 
-/* Checks of one segment against its session (its ids, its context): K3_ERR_INPUT leaves the
- * segment out of the pass. */
-static int check_seg(k3_multistep_seg *g) {
-    const k3_config *c = &g->session->e->cfg;
-    const k3_state *st = g->session->state;
-    for (int i = 0; i < g->n_ids; i++)
-        if (g->ids[i] < 0 || g->ids[i] >= c->vocab_size)
-            return k3_fail(&g->err, K3_ERR_INPUT, "token id %d is outside the vocabulary "
-                           "[0, %d)", g->ids[i], c->vocab_size);
-    if (k3_state_pos(st) + g->n_ids > k3_state_max_ctx(st))
-        return k3_fail(&g->err, K3_ERR_INPUT, "the context is full (%d positions, %d used, %d "
-                       "more asked); start a new session or raise --ctx", k3_state_max_ctx(st),
-                       k3_state_pos(st), g->n_ids);
-    return K3_OK;
+static int batch_flags(int ms_flags) {
+    int f = ms_flags & LOGITS_MODE;
+    return (f == K3_MS_ALL_LOGITS ? K3_BATCH_ALL_LOGITS : f == K3_MS_NO_LOGITS ? K3_BATCH_NO_LOGITS
+                                                                              : 0) |
+           (ms_flags & K3_MS_REWINDABLE ? K3_BATCH_REWINDABLE : 0);
 }
 
-/* Segment by segment, each as its session alone (a device backend, or a pass of one id): a
- * single id through k3_session_step, several through k3_session_forward. The same results. */
-static void run_one_by_one(k3_multistep_seg *segs, int n, float *logits, size_t V) {
-    for (int i = 0; i < n; i++) {
-        k3_multistep_seg *g = &segs[i];
-        if (g->status) continue;
-        float *rows = logits && g->logits_row >= 0 ? logits + (size_t)g->logits_row * V : NULL;
-        g->status = g->n_ids == 1
-                        ? k3_session_step(g->session, g->ids[0], rows, &g->err)
-                        : k3_session_forward(g->session, g->ids, g->n_ids, rows,
-                                             g->flags == K3_MS_ALL_LOGITS ? K3_FWD_ALL_LOGITS : 0,
-                                             &g->err);
-    }
-}
-
-/* The segments that passed check_seg, in one pass through the model (the CPU). Their logits
- * come out packed, live segment after live segment, and are then moved to their rows of the
- * call's layout (back to front: every row moves to the same or a later row). */
-static void run_pass(k3_multistep *ms, k3_multistep_seg *segs, int n, float *logits, size_t V) {
-    const k3_engine *e = ms->e;
-    int nl = 0, packed = 0;
-    for (int i = 0; i < n; i++) {
-        k3_multistep_seg *g = &segs[i];
-        if (g->status) continue;
-        k3_session *s = g->session;
-        memcpy(s->tokens + k3_state_pos(s->state), g->ids, (size_t)g->n_ids * sizeof *g->ids);
-        ms->bsegs[nl] = (k3_batch_seg){
-            .s = s->state, .tokens = g->ids, .n = g->n_ids,
-            .flags = g->flags == K3_MS_ALL_LOGITS ? K3_BATCH_ALL_LOGITS
-                   : g->flags == K3_MS_NO_LOGITS ? K3_BATCH_NO_LOGITS : 0,
-            .trace = s->has_trace ? &s->trace : NULL};
-        ms->live[nl++] = i;
-    }
-    int pos0[K3_MULTISTEP_MAX_ROWS];
-    for (int j = 0; j < nl; j++) pos0[j] = k3_state_pos(ms->bsegs[j].s);
-    k3_err perr = {0};
-    uint64_t faults = k3_sigbus_faults();
-    k3_sigbus_arm();
-    int rc = k3_forward_multi(&e->model, ms->b, ms->client, ms->bsegs, nl, logits, &perr);
-    k3_sigbus_disarm();
-    int fault = k3_engine_mapped_fault(e, faults, rc ? NULL : &perr);
-    if (!rc) rc = fault;
-    if (rc) { /* the shared pass failed: every session in it has a half-fed state */
-        for (int j = 0; j < nl; j++) {
-            k3_multistep_seg *g = &segs[ms->live[j]];
-            g->status = rc;
-            g->err = perr;
-            k3_session_reset(g->session); /* see failed_pass in engine.c */
-        }
-        return;
-    }
-    for (int j = 0; j < nl; j++) packed += seg_rows(&segs[ms->live[j]]);
-    for (int j = nl - 1; j >= 0 && logits; j--) {
-        const k3_multistep_seg *g = &segs[ms->live[j]];
+/* The pass writes the rows of the segments in it packed, segment after segment; they are
+ * moved to their rows of the call's layout (back to front: every row moves to the same or a
+ * later row). */
+static void unpack(const k3_multistep *ms, const k3_multistep_seg *segs, int n, float *logits,
+                   size_t V) {
+    int packed = 0;
+    for (int i = 0; i < n; i++)
+        if (ms->psegs[i].in_pass) packed += seg_rows(&segs[i]);
+    for (int i = n - 1; i >= 0; i--) {
+        const k3_multistep_seg *g = &segs[i];
+        if (!ms->psegs[i].in_pass) continue;
         int r = seg_rows(g);
         packed -= r;
         if (r && packed != g->logits_row)
             memmove(logits + (size_t)g->logits_row * V, logits + (size_t)packed * V,
                     (size_t)r * V * sizeof *logits);
-    }
-    for (int j = 0; j < nl && logits; j++) { /* non-finite rows fail their own segment */
-        k3_multistep_seg *g = &segs[ms->live[j]];
-        int r = seg_rows(g);
-        if (r) g->status = k3_engine_check_logits(e, logits + (size_t)g->logits_row * V, r,
-                                                  pos0[j] + g->n_ids - r, &g->err);
     }
 }
 
@@ -215,29 +145,33 @@ int k3_multistep_run(k3_multistep *ms, k3_multistep_seg *segs, int n, float *log
     int rc = check_call(ms, segs, n, err);
     if (rc) return rc;
     size_t V = (size_t)ms->e->cfg.vocab_size;
-    int row = 0, live = 0, rows = 0;
+    int row = 0;
     for (int i = 0; i < n; i++) {
         k3_multistep_seg *g = &segs[i];
         int r = seg_rows(g);
         g->logits_row = r ? row : -1;
         row += r;
-        g->err = (k3_err){0};
-        g->status = check_seg(g);
-        if (!g->status) live++, rows += g->n_ids;
+        ms->psegs[i] = (k3_pass_seg){.s = g->session, .ids = g->ids, .n = g->n_ids,
+                                     .flags = batch_flags(g->flags)};
     }
     double t0 = k3_now_s();
-    uint64_t experts = ms->b ? k3_batch_experts(ms->b) : 0;
-    uint64_t row_experts = (uint64_t)rows * (uint64_t)ms->moe_layers *
-                           (uint64_t)ms->e->cfg.num_experts_per_token;
-    /* one id alone takes the single-step path (its products are matrix-vector ones, its
-     * experts one parallel region): the same bits, less overhead */
-    bool pass = ms->b && rows > 1;
-    if (live && pass) {
-        run_pass(ms, segs, n, logits, V);
-        k3_engine_note_pass(ms->e);
-    } else if (live) run_one_by_one(segs, n, logits, V);
+    uint64_t experts = k3_backend_scratch_experts(ms->sc);
+    k3_engine_pass(ms->e, ms->sc, ms->psegs, n, logits, NULL);
+    int live = 0, rows = 0;
+    bool ok = false; /* the pass itself succeeded (a segment failed by its logits counts) */
+    for (int i = 0; i < n; i++) {
+        segs[i].status = ms->psegs[i].status;
+        segs[i].err = ms->psegs[i].err;
+        if (!ms->psegs[i].in_pass) continue;
+        live++, rows += segs[i].n_ids;
+        ok |= !segs[i].status || segs[i].status == K3_ERR_CHECKPOINT;
+    }
+    if (ok && logits) unpack(ms, segs, n, logits, V);
     if (live) {
-        ms->stats.experts += pass ? k3_batch_experts(ms->b) - experts : row_experts;
+        uint64_t row_experts = (uint64_t)rows * (uint64_t)ms->moe_layers *
+                               (uint64_t)ms->e->cfg.num_experts_per_token;
+        uint64_t d = k3_backend_scratch_experts(ms->sc) - experts;
+        ms->stats.experts += d ? d : row_experts;
         ms->stats.row_experts += row_experts;
         ms->stats.passes++;
         ms->stats.rows += (uint64_t)rows;

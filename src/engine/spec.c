@@ -133,25 +133,28 @@ static int draft(k3_spec *sp, const k3_session *s, int32_t id, int max_now) {
     return k3_spec_draft(sp->hist, (size_t)pos + 1, max_now, sp->pass + 1);
 }
 
-int k3_spec_feed(k3_spec *sp, k3_session *s, k3_sampler *sm, int32_t id, int max_now,
-                 float *logits, const k3_spec_io *io, bool *ended, k3_err *err) {
+int k3_spec_propose(k3_spec *sp, const k3_session *s, int32_t id, int max_now) {
+    sp->pass[0] = id; /* (hist and pass exist once max_draft > 0) */
+    sp->nd = draft(sp, s, id, max_now);
+    sp->t0 = k3_now_s();
+    return sp->nd;
+}
+
+int k3_spec_settle(k3_spec *sp, k3_session *s, k3_sampler *sm, int rc, const float *rows,
+                   float *logits, const k3_spec_io *io, bool *ended, k3_err *err) {
     size_t V = (size_t)sm->vocab;
-    int pos = k3_session_pos(s), nd = sp->max_draft ? draft(sp, s, id, max_now) : 0, rc;
-    double t0 = k3_now_s();
+    int nd = sp->nd, pos = k3_session_pos(s) - (nd + 1);
     *ended = false;
-    if (nd == 0) {
-        rc = k3_session_step(s, id, logits, err);
+    if (nd == 0) { /* a single step: its row is the logits */
         sp->st.steps++;
-        sp->st.step_s += k3_now_s() - t0;
+        sp->st.step_s += k3_now_s() - sp->t0;
+        if (!rc && rows != logits) memcpy(logits, rows, V * sizeof *logits);
         return rc || !io->fed ? rc : io->fed(io->user, logits, err);
     }
-    sp->pass[0] = id;
-    rc = k3_session_forward(s, sp->pass, nd + 1, sp->rows, K3_FWD_ALL_LOGITS | K3_FWD_REWINDABLE,
-                            err);
     if (rc) return rc;
     int keep = nd + 1, acc = 0;
     for (int i = 0; i <= nd; i++) { /* row i: the logits after pass[i], which is kept */
-        const float *row = sp->rows + (size_t)i * V;
+        const float *row = rows + (size_t)i * V;
         if (io->fed && (rc = io->fed(io->user, row, err))) {
             keep = i + 1;
             break;
@@ -173,16 +176,29 @@ int k3_spec_feed(k3_spec *sp, k3_session *s, k3_sampler *sm, int32_t id, int max
         int rr = k3_session_rewind(s, pos + keep, err);
         if (!rc) rc = rr;
     }
-    if (!rc) memcpy(logits, sp->rows + (size_t)(keep - 1) * V, V * sizeof *logits);
+    if (!rc) memcpy(logits, rows + (size_t)(keep - 1) * V, V * sizeof *logits);
     sp->st.proposed += nd;
     sp->st.accepted += acc;
     sp->st.fed += keep;
     sp->st.partial += acc > 0 && acc < nd;
-    double dt = k3_now_s() - t0;
+    double dt = k3_now_s() - sp->t0;
     sp->st.pass_s += dt;
     sp->st.passes++;
     judge(sp, keep, dt);
     return rc;
+}
+
+int k3_spec_feed(k3_spec *sp, k3_session *s, k3_sampler *sm, int32_t id, int max_now,
+                 float *logits, const k3_spec_io *io, bool *ended, k3_err *err) {
+    int nd = sp->max_draft ? k3_spec_propose(sp, s, id, max_now) : 0, rc;
+    if (!sp->max_draft) { /* never drafts: a plain step */
+        sp->nd = 0;
+        sp->t0 = k3_now_s();
+    }
+    if (nd == 0) rc = k3_session_step(s, id, logits, err);
+    else rc = k3_session_forward(s, sp->pass, nd + 1, sp->rows,
+                                 K3_FWD_ALL_LOGITS | K3_FWD_REWINDABLE, err);
+    return k3_spec_settle(sp, s, sm, rc, nd ? sp->rows : logits, logits, io, ended, err);
 }
 
 void k3_spec_summary(const k3_spec *sp, long generated, char *buf, size_t cap) {

@@ -81,6 +81,8 @@ typedef struct k3_spec {
     int win_ids[K3_SPEC_WINDOW];       /* the last passes: ids produced (1 + accepted) */
     double win_s[K3_SPEC_WINDOW];      /* and their time */
     int win_n;                         /* passes since the generation started */
+    int nd;              /* the drafts of the pass being fed (k3_spec_propose) */
+    double t0;           /* when it was proposed */
     k3_spec_stats st;
 } k3_spec;
 
@@ -115,6 +117,19 @@ void k3_spec_restart(k3_spec *sp);
  * Errors: those of k3_session_forward / k3_session_rewind and of io->fed. */
 int k3_spec_feed(k3_spec *sp, k3_session *s, k3_sampler *sm, int32_t id, int max_now,
                  float *logits, const k3_spec_io *io, bool *ended, k3_err *err);
+
+/* k3_spec_feed in two halves, for a caller that runs the pass itself (k3 serve: several
+ * sessions' rows, verifications included, in one pass). k3_spec_propose: the ids to feed
+ * after id: sp->pass[0, 1 + returned drafts) (id, then up to max_now drafts). The caller feeds
+ * them to s: one id as a step (its logits row), several as one pass with the logits at every
+ * position and K3_FWD_REWINDABLE (K3_MS_ALL_LOGITS | K3_MS_REWINDABLE), then calls
+ * k3_spec_settle with the pass's status rc and its rows [1 + drafts][vocab]: acceptance, the
+ * rewind to the ids kept, io as in k3_spec_feed, logits [vocab] = the logits after the last id
+ * fed. The results are k3_spec_feed's exactly. Errors: rc; those of k3_session_rewind and
+ * io->fed. */
+int k3_spec_propose(k3_spec *sp, const k3_session *s, int32_t id, int max_now);
+int k3_spec_settle(k3_spec *sp, k3_session *s, k3_sampler *sm, int rc, const float *rows,
+                   float *logits, const k3_spec_io *io, bool *ended, k3_err *err);
 
 /* While sampling, a rejected draft's replacement is drawn with the rejection: returns true
  * once, with it in *id, and the loop emits it instead of sampling the logits. */

@@ -153,7 +153,8 @@ typedef struct pass {
     const k3_batch_seg *segs;
     int nseg, n;          /* segments, rows */
     int n_blocks;         /* AttnRes blocks so far (the same for every row) */
-    bool keep;            /* rewindable (one segment only) */
+    bool keep;            /* some segment is K3_BATCH_REWINDABLE (its rewind data goes to its
+                           * own session's buffers, s->batch->rw) */
     k3_store_client *client;
     k3_state *acct;
     k3_spine_pass *sp;
@@ -182,7 +183,7 @@ static void kda_batch(const pass *p, const k3_layer *L, float *out) {
     k3_batch *b = p->b;
     int H = c->kda_num_heads, D = c->kda_head_dim, n = p->n;
     size_t P = (size_t)H * D, slot = (size_t)L->state_slot;
-    bool keep = p->keep;
+    bool keep = p->keep; /* some segment is rewindable */
     const float *x = b->xn;
     k3_matmul(m->kr, &w->q_proj, x, n, b->q);
     k3_matmul(m->kr, &w->k_proj, x, n, b->k);
@@ -192,18 +193,20 @@ static void kda_batch(const pass *p, const k3_layer *L, float *out) {
     k3_matmul(m->kr, &w->b_proj, x, n, b->beta);
     k3_matmul(m->kr, &w->g_proj, x, n, b->g);
 
-    k3_rewind *r = &b->rw;
-    size_t rcap = (size_t)r->cap;
-    if (keep) { /* (one segment) the state before the pass, and what the conv windows get */
-        k3_state *s = p->segs[0].s;
+    for (int g = 0; keep && g < p->nseg; g++) { /* the state before the pass, and what the */
+        if (!(p->segs[g].flags & K3_BATCH_REWINDABLE)) continue; /* conv windows get */
+        k3_state *s = p->segs[g].s;
+        k3_rewind *r = &s->batch->rw;
+        size_t rcap = (size_t)r->cap, a = (size_t)b->seg_first[g];
+        size_t cnt = (size_t)(b->seg_first[g + 1] - b->seg_first[g]);
         memcpy(r->S + slot * s->kda_S_floats, s->kda_S + s->kda_S_floats * slot,
                s->kda_S_floats * sizeof(float));
         memcpy(r->conv + slot * s->kda_conv_floats, s->kda_conv + s->kda_conv_floats * slot,
                s->kda_conv_floats * sizeof(float));
         float *raw = r->raw + slot * 3 * rcap * P;
-        memcpy(raw, b->q, (size_t)n * P * sizeof(float));
-        memcpy(raw + rcap * P, b->k, (size_t)n * P * sizeof(float));
-        memcpy(raw + 2 * rcap * P, b->v, (size_t)n * P * sizeof(float));
+        memcpy(raw, b->q + a * P, cnt * P * sizeof(float));
+        memcpy(raw + rcap * P, b->k + a * P, cnt * P * sizeof(float));
+        memcpy(raw + 2 * rcap * P, b->v + a * P, cnt * P * sizeof(float));
     }
     for (int t = 0; t < n; t++)
         k3_kda_conv(m, L, p->segs[b->row_seg[t]].s, b->q + t * P, b->k + t * P, b->v + t * P);
@@ -214,17 +217,24 @@ static void kda_batch(const pass *p, const k3_layer *L, float *out) {
         k3_state *s = p->segs[g].s;
         float *S0 = s->kda_S + s->kda_S_floats * slot;
         float alpha_local[1024];
+        /* a rewindable segment keeps what its delta rule consumed, in its session's buffers */
+        k3_rewind *r = p->segs[g].flags & K3_BATCH_REWINDABLE ? &s->batch->rw : NULL;
+        size_t rcap = r ? (size_t)r->cap : 0;
         for (int t = b->seg_first[g]; t < b->seg_first[g + 1]; t++) {
-            size_t at = t * P + (size_t)h * D;
-            float *alpha = keep ? r->alpha + (slot * rcap + t) * P + (size_t)h * D : alpha_local;
-            float *beta = keep ? r->beta + (slot * rcap + t) * H + h : NULL;
+            size_t at = t * P + (size_t)h * D, u = (size_t)(t - b->seg_first[g]);
+            float *alpha = r ? r->alpha + (slot * rcap + u) * P + (size_t)h * D : alpha_local;
+            float *beta = r ? r->beta + (slot * rcap + u) * H + h : NULL;
             k3_kda_head(m, L, S0 + (size_t)h * D * D, h, b->q + at, b->k + at, b->v + at,
                         b->kf + at, b->beta[t * H + h], b->g + at, b->o + at, alpha, beta);
         }
     }
-    if (keep) { /* k after its L2 norm, v after its conv: what the delta rule consumed */
-        memcpy(r->k + slot * rcap * P, b->k, (size_t)n * P * sizeof(float));
-        memcpy(r->v + slot * rcap * P, b->v, (size_t)n * P * sizeof(float));
+    for (int g = 0; keep && g < p->nseg; g++) { /* k after its L2 norm, v after its conv: */
+        if (!(p->segs[g].flags & K3_BATCH_REWINDABLE)) continue; /* what the rule consumed */
+        k3_rewind *r = &p->segs[g].s->batch->rw;
+        size_t rcap = (size_t)r->cap, a = (size_t)b->seg_first[g];
+        size_t cnt = (size_t)(b->seg_first[g + 1] - b->seg_first[g]);
+        memcpy(r->k + slot * rcap * P, b->k + a * P, cnt * P * sizeof(float));
+        memcpy(r->v + slot * rcap * P, b->v + a * P, cnt * P * sizeof(float));
     }
     k3_matmul(m->kr, &w->o_proj, b->o, n, out);
 }
@@ -568,7 +578,7 @@ static int forward_pass(pass *p, float *logits, k3_err *err) {
         s->tok.tokens = g->n;
         s->n_blocks = p->n_blocks;
         s->pos += g->n;
-        if (p->keep) b->rw.pass_pos = pos, b->rw.pass_n = g->n;
+        if (g->flags & K3_BATCH_REWINDABLE) s->batch->rw.pass_pos = pos, s->batch->rw.pass_n = g->n;
         else if (s->batch) s->batch->rw.pass_n = 0; /* nothing of it is rewindable */
         k3_state_sum_times(s);
         for (int t = 0; g->trace && g->trace->on_step && t < g->n; t++)
@@ -586,7 +596,8 @@ int k3_forward_batch(const k3_model *m, k3_state *s, const int32_t *tokens, int 
     int rc = reserve(m, s, n, keep, err);
     if (rc) return rc;
     k3_batch_seg seg = {.s = s, .tokens = tokens, .n = n, .trace = tr,
-                        .flags = !logits ? K3_BATCH_NO_LOGITS : flags & K3_BATCH_ALL_LOGITS};
+                        .flags = (!logits ? K3_BATCH_NO_LOGITS : flags & K3_BATCH_ALL_LOGITS) |
+                                 (flags & K3_BATCH_REWINDABLE)};
     k3_spine_pass sp = {.want_head = logits != NULL};
     pass p = {.m = m, .b = s->batch, .segs = &seg, .nseg = 1, .keep = keep,
               .client = s->store, .sp = &sp};
@@ -599,11 +610,19 @@ int k3_forward_multi(const k3_model *m, k3_batch *b, k3_store_client *client,
                      const k3_batch_seg *segs, int nseg, float *logits, k3_err *err) {
     if (nseg < 1 || nseg > b->cap)
         return k3_fail(err, K3_ERR_INPUT, "a pass takes 1 to %d segments, not %d", b->cap, nseg);
-    bool want = false;
-    for (int i = 0; i < nseg; i++) want |= !(segs[i].flags & K3_BATCH_NO_LOGITS);
+    bool want = false, keep = false;
+    int rc = K3_OK;
+    for (int i = 0; i < nseg && !rc; i++) {
+        want |= !(segs[i].flags & K3_BATCH_NO_LOGITS);
+        keep |= (segs[i].flags & K3_BATCH_REWINDABLE) != 0;
+        if (segs[i].flags & K3_BATCH_REWINDABLE) /* its session's rewind buffers */
+            rc = reserve(m, segs[i].s, segs[i].n, true, err);
+    }
+    if (rc) return rc;
     k3_spine_pass sp = {.want_head = want && logits != NULL};
-    pass p = {.m = m, .b = b, .segs = segs, .nseg = nseg, .client = client, .sp = &sp};
-    int rc = forward_pass(&p, logits, err);
+    pass p = {.m = m, .b = b, .segs = segs, .nseg = nseg, .keep = keep, .client = client,
+              .sp = &sp};
+    rc = forward_pass(&p, logits, err);
     k3_spine_end(m, &sp);
     return rc;
 }

@@ -169,7 +169,8 @@ uint64_t k3_batch_experts(const k3_batch *b);
 
 /* One session's rows of a k3_forward_multi pass: tokens[0, n) at positions k3_state_pos(s)..;
  * flags K3_BATCH_ALL_LOGITS (logits after every row), K3_BATCH_NO_LOGITS (none), else 0 (after
- * the last row); trace may be NULL. */
+ * the last row), plus K3_BATCH_REWINDABLE (speculative verification: the session keeps what
+ * k3_state_rewind needs, in its own rewind buffers); trace may be NULL. */
 typedef struct k3_batch_seg {
     k3_state *s;
     const int32_t *tokens;
@@ -186,9 +187,11 @@ typedef struct k3_batch_seg {
  * goes through the row's own segment in its token order. Each segment ends bit-identical to
  * k3_forward_batch of its tokens on its state alone (logits, state, routing). logits
  * [rows][vocab]: the rows the segments want, in segment order (may be NULL). Every state's
- * phase times become the pass's (with tokens = its rows). Allocation-free.
+ * phase times become the pass's (with tokens = its rows). Allocation-free, but for the rewind
+ * buffers of a rewindable segment's session on its first such pass (as k3_forward_batch).
  * Errors: K3_ERR_INPUT (a segment of no tokens, a context too small, more rows than b's cap:
- * nothing has run); K3_ERR_EXPERT_IO, K3_ERR_IO (as k3_forward: every segment's state must
+ * nothing has run); K3_ERR_GENERIC (out of memory for rewind buffers); K3_ERR_EXPERT_IO,
+ * K3_ERR_IO (as k3_forward: every segment's state must
  * then be reset). */
 int k3_forward_multi(const k3_model *m, k3_batch *b, k3_store_client *client,
                      const k3_batch_seg *segs, int nseg, float *logits, k3_err *err);

@@ -8,7 +8,7 @@
  * A streamed event is appended to the job's j->out, which its connection drains as the socket
  * takes it (http.c, sse_read). Appending never waits for the client: a client that reads
  * slower than its reply is generated, or stops reading, makes its generation sit out the
- * passes once more than opts.stream_backlog bytes are unread (worker.c), so one slow client
+ * passes once more than s->stream_backlog bytes are unread (clients.c), so one slow client
  * never holds up the worker and the other generations.
  */
 #include <stdio.h>

@@ -18,6 +18,7 @@
 #include "anthropic.h"
 #include "responses.h"
 #include "srv.h"
+#include "worker.h" /* k3_srv_test_stream_backlog */
 #include "../util/clock.h"
 #include "ui.h"
 
@@ -627,7 +628,8 @@ int k3_server_start(const k3_engine *e, const char *model_dir, const k3_server_o
     if (!s->o.host) s->o.host = "127.0.0.1";
     if (!s->o.max_body_bytes) s->o.max_body_bytes = 8u << 20;
     if (!s->o.max_connections) s->o.max_connections = K3_MAX_CONNECTIONS;
-    if (!s->o.stream_backlog) s->o.stream_backlog = K3_STREAM_BACKLOG_BYTES;
+    s->stream_backlog = k3_srv_test_stream_backlog();
+    if (!s->stream_backlog) s->stream_backlog = K3_STREAM_BACKLOG_BYTES;
     s->started_unix = (long long)time(NULL);
     if (s->o.model_id) snprintf(s->model_id, sizeof s->model_id, "%s", s->o.model_id);
     else default_model_id(model_dir, s->model_id, sizeof s->model_id);

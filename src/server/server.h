@@ -82,23 +82,33 @@ typedef struct k3_server_opts {
                                CLI's default is 1, OpenAI's) */
     const char *effort;     /* chat requests without reasoning_effort / thinking_effort think
                                at this effort ("low", "high", "max"); NULL = "max" */
-    const char *scripted_reply; /* TESTS ONLY: a JSON file holding an array of strings; the
-                               i-th generation's ids are string i % n (encoded with special
-                               tokens allowed) instead of sampled ones, then end-of-message.
-                               Lets tests make the random-weight fixture "call" tools. The
-                               CLI sets it from K3_TEST_SCRIPTED_REPLY; no help lists it. */
-    double token_delay_s;   /* TESTS ONLY: seconds slept after each generated token (0 = none),
-                               so that a browser test can stop a reply mid-stream on a machine
-                               where the fixture's whole reply takes 0.2 s. The CLI sets it
-                               from K3_TEST_TOKEN_DELAY_MS; no help lists it. */
-    size_t stream_backlog;  /* TESTS ONLY: unread bytes a streamed reply may hold before its
-                               generation sits out (the slow-client invariant above); 0 = 1 MiB
-                               (K3_STREAM_BACKLOG_BYTES). Lets a test stall a client with less
-                               output than the loopback socket buffers plus 1 MiB. The CLI sets
-                               it from K3_TEST_STREAM_BACKLOG_BYTES; no help lists it. */
 } k3_server_opts;
 
 typedef struct k3_server k3_server;
+
+#ifdef K3_TEST_CONTROLS
+/* The one door for tests (SQLite's sqlite3_test_control is the pattern), compiled only into
+ * the test build (-DK3_TEST_CONTROLS: build/k3-test, which tests/server and tests/web run;
+ * its edge sets these from K3_TEST_* variables). The shipped k3 has none of it. Call before
+ * k3_server_start; process-wide. Returns 0, or -1 for an unknown op. */
+enum k3_server_test_op {
+    /* const char *: a JSON file holding an array of strings; the i-th generation's ids are
+     * string i % n (encoded with special tokens allowed) instead of sampled ones, then
+     * end-of-message: lets tests make the random-weight fixture "call" tools. */
+    K3_SERVER_TEST_SCRIPTED_REPLY = 1,
+    /* double: seconds slept after each generated token (a browser test stops a reply
+     * mid-stream on a machine where the fixture's whole reply takes 0.2 s). */
+    K3_SERVER_TEST_TOKEN_DELAY,
+    /* size_t: unread bytes a streamed reply may hold before its generation sits out (the
+     * slow-client invariant above; default 1 MiB): a test stalls a client with less output
+     * than the loopback socket buffers plus 1 MiB. */
+    K3_SERVER_TEST_STREAM_BACKLOG,
+    /* int 1: --spec never turns itself off (its pays-off rule measures time, spec.h), so that
+     * a seeded sampled reply verifies the same drafts in every run, alone or beside others. */
+    K3_SERVER_TEST_SPEC_NO_JUDGE,
+};
+int k3_server_test_control(int op, ...);
+#endif
 
 /* Starts listening and serving in background threads; returns once the socket is bound.
  * `e` must outlive the server. Errors: K3_ERR_USAGE (bad host, port in use, bad option),

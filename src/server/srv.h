@@ -3,7 +3,9 @@
  *
  *   http.c     libmicrohttpd glue: routing, auth, body limit, JSON replies, the SSE reader
  *   request.c  request JSON -> k3_srv_params (+ the prompt), or an OpenAI-shaped error
- *   worker.c   admission (busy / FIFO), the worker thread, prefill with reuse, decode loop
+ *   queue.c, clients.c, convcache.c, slot.c, sched.c, worker.c: the worker (worker.h):
+ *              admission (busy / FIFO), client polling, the state cache, one generation,
+ *              the scheduler's passes, the worker thread
  *   emit.c     what one generated piece of text becomes: stop strings, SSE chunks, JSON
  *   anthropic.c / responses.c  the Messages and Responses APIs as chat bodies, and their replies
  *
@@ -157,7 +159,7 @@ void k3_logprobs_free(k3_logprobs *lp);
 /* Unread bytes a streamed reply may hold (j->out) before its generation sits out the passes
  * until the client reads (worker.c): the generation runs ahead of a slow client by this much
  * at most (plus one round's events), and never makes the worker wait. The default of
- * k3_server_opts.stream_backlog (which tests may set lower). */
+ * k3_server.stream_backlog (which the test build may set lower, K3_SERVER_TEST_STREAM_BACKLOG). */
 #define K3_STREAM_BACKLOG_BYTES ((size_t)1 << 20)
 
 enum k3_job_state { K3_JOB_QUEUED, K3_JOB_RUNNING, K3_JOB_DONE };
@@ -192,7 +194,7 @@ typedef struct k3_job {
                                 from a close (http.c) */
     k3_sbuf out;             /* stream: SSE bytes not yet handed to the connection, of
                                 which out_taken are taken: out.len - out_taken unread,
-                                kept near o.stream_backlog (worker.c) */
+                                kept near s->stream_backlog (clients.c) */
     size_t out_taken;
     struct k3_job *next;     /* FIFO link while queued */
 
@@ -256,6 +258,8 @@ struct k3_server {
                                       streaming client reads (worker.c) */
     size_t backlog_peak;           /* the most unread bytes a stream has held (emit.c) */
     int states_kept, states_cap;   /* the state cache's entries and capacity, for /metrics */
+    size_t stream_backlog;         /* unread bytes a stream may hold before its slot sits out
+                                      (K3_STREAM_BACKLOG_BYTES; the test build may lower it) */
 
     pthread_t worker;
     bool worker_started;

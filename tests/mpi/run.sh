@@ -7,6 +7,8 @@
 #  2. per-rank folders through the %r placeholder in --dirs (the shards only there), and a
 #     rank whose folder lacks a shard: a non-zero exit within seconds naming rank and shard;
 #  3. `k3 serve` under mpirun: one chat request's reply (curl) identical to one process's;
+#     `--parallel 4 --spec 3` on 2 ranks: 4 requests at once in shared passes (>= 2 rows per
+#     pass), each reply identical to it alone in one process;
 #  4. faults: an expert rank 1 cannot read mid-run (serve: the request fails naming rank 1,
 #     host, shard and expert); a rank killed with SIGKILL mid-run, and a rank stopped
 #     (SIGSTOP, a hung host) with K3_MPI_TIMEOUT=2: each ends the job within seconds with a
@@ -165,6 +167,79 @@ if [ -s "$T/one.json" ] && grep -q '"content"' "$T/one.json" &&
     ok serve_np3_identical_reply
 else
     bad serve_np3_identical_reply "one: $(head -c 300 "$T/one.json"); np3: $(head -c 300 "$T/np3.json"); $(tail -2 "$T/serve.err")"
+fi
+
+# One pass under MPI (issue 27): `serve --parallel 4 --spec 3` on 2 ranks, 4 requests at once
+# (greedy with speculation, seeded sampling, an echo + logprobs completion, a greedy chat):
+# rank 0 sends each round's pass (decode rows, verification rows, prefill and echo chunks) to
+# rank 1, which replays it. >= 2 token rows per pass (/metrics k3_pass_rows) and every reply
+# identical to the same request sent alone to one process. (The seeded request asks for
+# logprobs, which keeps speculation off for it: --spec's pays-off rule measures time, and a
+# sampled reply depends on the drafts verified; the test build's K3_TEST_SPEC_NO_JUDGE covers
+# that case in tests/server/onepass.test.mjs.)
+CODE='for (i = 0; i < n; i++) { a[i] = b[i]; } for (i = 0; i < n; i++) { a[i] = b[i]; }'
+REQ1='{"prompt":"'"$CODE"'","max_tokens":48,"temperature":0}'
+REQ2='{"prompt":"'"$CODE"' while","max_tokens":48,"temperature":0.8,"seed":5,"logprobs":1}'
+REQ3='{"prompt":"int main(void) { return 0; } int main","max_tokens":24,"temperature":0,"echo":true,"logprobs":2}'
+REQ4='{"messages":[{"role":"user","content":"'"$CODE"'"}],"max_tokens":48,"temperature":0}'
+# serve_four DIR TOGETHER(1|0) CMD...: a server; with TOGETHER the 4 requests at once (and
+# DIR/rows: rows and passes they ran), then each alone (DIR/aN.json).
+serve_four() {
+    dir=$1 together=$2
+    shift 2
+    mkdir -p "$dir"
+    "$@" >"$T/serve.log" 2>"$T/serve.err" &
+    spid=$!
+    url=""
+    for i in $(seq 1 100); do
+        url=$(sed -n 's/^k3 serve: listening on \(http[^ ]*\) .*/\1/p' "$T/serve.log")
+        [ -n "$url" ] && break
+        sleep 0.1
+    done
+    rows() { curl -s -m 10 "${url%/v1}/metrics" | awk '/^k3_pass_rows_sum/ {s=$2} /^k3_pass_rows_count/ {c=$2} END {print s, c}'; }
+    send() { # send N OUT
+        eval "body=\$REQ$1"
+        path=completions
+        [ "$1" = 4 ] && path=chat/completions
+        curl -s -m 120 "$url/$path" -H 'Content-Type: application/json' -d "$body" >"$2"
+    }
+    if [ -n "$url" ] && [ "$together" = 1 ]; then
+        before=$(rows)
+        send 1 "$dir/t1.json" & p1=$!
+        send 2 "$dir/t2.json" & p2=$!
+        send 3 "$dir/t3.json" & p3=$!
+        send 4 "$dir/t4.json" & p4=$!
+        wait $p1 $p2 $p3 $p4
+        echo "$before $(rows)" >"$dir/rows"
+    fi
+    for n in 1 2 3 4; do [ -n "$url" ] && send $n "$dir/a$n.json"; done
+    r0=$spid
+    for p in $(pgrep -P $spid); do
+        cat "/proc/$p/environ" 2>/dev/null | tr '\0' '\n' | grep -q '^OMPI_COMM_WORLD_RANK=0$' && r0=$p
+    done
+    kill -TERM $r0 2>/dev/null
+    for i in $(seq 1 100); do kill -0 $spid 2>/dev/null || break; sleep 0.1; done
+    kill -KILL $spid 2>/dev/null
+    wait $spid 2>/dev/null
+}
+serve_four "$T/one4" 0 "$K3_BIN" serve "$KJV" --port 0 --parallel 4 --spec 3 --no-reuse
+serve_four "$T/np2x4" 1 $MPIRUN -np 2 "$K3_MPI_BIN" serve "$KJV" --port 0 --parallel 4 --spec 3 \
+    --state-cache 4 --no-reuse
+why=""
+for n in 1 2 3 4; do
+    if ! grep -q '"choices"' "$T/one4/a$n.json"; then why="$why; request $n alone failed: $(head -c 200 "$T/one4/a$n.json")"
+    elif [ "$(strip "$T/one4/a$n.json")" != "$(strip "$T/np2x4/t$n.json")" ]; then
+        why="$why; request $n at once on 2 ranks differs from it alone in one process: $(head -c 200 "$T/np2x4/t$n.json")"
+    elif [ "$(strip "$T/one4/a$n.json")" != "$(strip "$T/np2x4/a$n.json")" ]; then
+        why="$why; request $n alone on 2 ranks differs"
+    fi
+done
+set -- $(cat "$T/np2x4/rows" 2>/dev/null) 0 0 0 0
+per=$(awk -v a="$1" -v b="$2" -v c="$3" -v d="$4" 'BEGIN { if (d > b) printf "%.2f", (c - a) / (d - b); else print 0 }')
+if [ -z "$why" ] && awk -v p="$per" 'BEGIN { exit !(p >= 2) }'; then
+    ok "serve_np2_parallel_spec_one_pass ($per rows per pass)"
+else
+    bad serve_np2_parallel_spec_one_pass "$per rows per pass$why; $(tail -2 "$T/serve.err")"
 fi
 
 # An expert that rank 1 cannot read mid-run: its copy of shard 2 loses its experts (they lie

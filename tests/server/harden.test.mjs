@@ -55,22 +55,27 @@ test('D6: ... and a streamed one', async () => {
 });
 
 test('D6: a client that really leaves still cancels its generation', async () => {
-  const sock = net.connect(port, '127.0.0.1');
+  // greedy: k3-nano writes 385 ids before its end of message (340 fit this --ctx 512); the
+  // test build's pause of 5 ms per token (K3_TEST_TOKEN_DELAY_MS) makes that >= 1.7 s, so the
+  // reply cannot end before the hang-up is seen however slow a loaded machine is (~0.2 s
+  // without the pause: on 2 busy cores the whole reply sometimes beat the RST)
+  const slow = await startServer(['--ctx', '512'], { K3_TEST_TOKEN_DELAY_MS: '5' });
+  const sock = net.connect(Number(new URL(slow.url).port), '127.0.0.1');
   await new Promise((r) => sock.on('connect', r));
-  // greedy: k3-nano writes 385 ids before its end of message (340 fit this --ctx 512), ~0.2 s
   sock.write(post({ messages: [{ role: 'user', content: 'write a long story' }], max_tokens: 340,
     temperature: 0 }));
   await sleep(60);
   sock.destroy();
   const t0 = Date.now();
   for (;;) {
-    const h = await raw(srv, 'GET', '/health');
+    const h = await raw(slow, 'GET', '/health');
     if (!h.json.generating) break;
     assert.ok(Date.now() - t0 < 5000, `still generating 5 s after the client left: ${h.text}`);
     await sleep(20);
   }
   await sleep(200);
-  assert.match(srv.log(), /POST \/v1\/chat\/completions 503 .*cancelled/);
+  await slow.stop();
+  assert.match(slow.log(), /POST \/v1\/chat\/completions 503 .*cancelled/);
 });
 
 test('D7: \\u0000 inside a string is a 400 naming the field', async () => {

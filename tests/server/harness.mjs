@@ -1,6 +1,6 @@
 // harness.mjs — `k3 serve` on the fixture model (serve.mjs) and an OpenAI client for it.
 //
-// K3_BIN names the k3 binary (make test-server sets it); default: ../../k3 from this folder.
+// K3_BIN names the k3 binary (make test-server sets it); default: build/k3-test (serve.mjs).
 import { execFileSync } from 'node:child_process';
 import { after } from 'node:test';
 import OpenAI from 'openai';

@@ -2,7 +2,8 @@
 // URL is read from the startup line). No npm dependency, so tests/server/harness.mjs and
 // tests/web/browser.mjs both import it.
 //
-// K3_BIN names the k3 binary (make test-server / test-web set it); default: ./k3 at the root.
+// K3_BIN names the k3 binary (make test-server / test-web set it); default: build/k3-test,
+// the test build whose K3_TEST_* controls these tests use (server.h, k3_server_test_control).
 // Every server still running is killed (SIGKILL) when the test process exits.
 import { spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
@@ -10,7 +11,7 @@ import path from 'node:path';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 export const ROOT = path.resolve(here, '..', '..');
-export const K3 = path.resolve(ROOT, process.env.K3_BIN || 'k3');
+export const K3 = path.resolve(ROOT, process.env.K3_BIN || 'build/k3-test');
 export const MODEL = path.join(ROOT, 'tests', 'fixtures', 'k3-nano');
 
 const running = new Set();
