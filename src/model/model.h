@@ -80,6 +80,13 @@ typedef struct k3_model {
                                            * Passes get layers via k3_spine_layer, not layers[] */
     const k3_expert_ranks *ranks;         /* expert parallelism (pass.h), or NULL: this
                                            * process computes every routed expert */
+    /* Tests only (tests/test_latent.c), NULL in the product: the MLA attention through this
+     * instead of the latent absorbed form, so the expanded oracle runs the same passes. It
+     * gets the layer's latent cache rows [pos0 + n][lora + rope] and writes o [n][H][v] for
+     * Q [n][H][nope + rope] at positions pos0.. (the contract of k3_mla_attend, layers.h). */
+    void (*mla_oracle)(void *user, const struct k3_model *m, const k3_layer *L,
+                       const float *cache, int pos0, int n, const float *Q, float *o);
+    void *mla_oracle_user;
 } k3_model;
 
 /* Binds every tensor the forward pass needs, checking dtype and shape against cfg.
@@ -122,7 +129,8 @@ void k3_state_advance(k3_state *s, const k3_phase_times *t);
 
 /* The host copies of the recurrent state, laid out as the CPU pass keeps them: per KDA layer
  * S [heads][d][d] (kda_S_floats) and conv windows [3][P][conv-1] (kda_conv_floats); per MLA
- * layer the expanded KV cache [max_ctx][kv_floats], of which positions [0, pos) are used. */
+ * layer the LATENT cache [max_ctx][kv_floats] (normed c_kv ++ k_pe, state.h), of which
+ * positions [0, pos) are used. */
 typedef struct k3_state_buffers {
     float *kda_S, *kda_conv, *kv;
     size_t kda_S_floats, kda_conv_floats, kv_floats; /* per layer; kv per position */
