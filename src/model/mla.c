@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "batch.h"
 #include "layers.h"
 
 /* The MLA LoRA norms are built without eps in the official code: KimiRMSNorm's 1e-6 (§4). */
@@ -258,4 +259,9 @@ void k3_mla_forward(const k3_model *m, const k3_layer *L, k3_state *s, const flo
     k3_matvec(m->kr, &w->g_proj, x, s->g);
     for (int i = 0; i < H * vd; i++) s->o[i] = s->o[i] * k3_sigmoid(s->g[i]);
     k3_matvec(m->kr, &w->o_proj, s->o, out);
+}
+
+void k3_mla_attend_rows(const k3_model *m, int layer, k3_state *s, k3_batch *b, int pos0, int n,
+                        const float *Q, float *o) {
+    k3_mla_attend(m, &m->layers[layer], s, pos0, n, Q, b ? b->mla_ws : s->mla_ws, o);
 }

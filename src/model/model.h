@@ -175,6 +175,14 @@ void k3_batch_free(k3_batch *b);
  * summed over layers and passes. */
 uint64_t k3_batch_experts(const k3_batch *b);
 
+/* Benchmarks only (k3-lab bench mla): the attention of MLA layer `layer` (an index of
+ * m->layers, in place: no spine budget) for n queries Q [n][H][nope + rope] at positions
+ * pos0.. over s's latent cache, whose rows 0..pos0+n-1 the caller filled (k3_state_buffers_of),
+ * into o [n][H][v] (spec §7.5, absorbed form, as the passes run it). b (cap >= n) gives the
+ * scratch of a pass of n rows; NULL takes the session's one-token scratch. */
+void k3_mla_attend_rows(const k3_model *m, int layer, k3_state *s, k3_batch *b, int pos0, int n,
+                        const float *Q, float *o);
+
 /* One session's rows of a k3_forward_multi pass: tokens[0, n) at positions k3_state_pos(s)..;
  * flags K3_BATCH_ALL_LOGITS (logits after every row), K3_BATCH_NO_LOGITS (none), else 0 (after
  * the last row); trace may be NULL. */
