@@ -165,7 +165,7 @@ static float max_abs_diff(const float *a, const float *b, int n) {
     return d;
 }
 
-static const int check_at[N_CHECK] = {255, 256, 2047, 5000, LONG_N - 1};
+static const int check_at[N_CHECK] = {K3_MLA_TILE - 1, K3_MLA_TILE, 2047, 5000, LONG_N - 1};
 
 /* Logits after ids[0..check_at[i]] for each i, then N_GREEDY greedy steps (their logits and
  * ids), with prefill passes of `chunk` ids. Returns 0 on success. */
@@ -210,7 +210,7 @@ static void test_long_context_oracle(void) {
     oracle orc;
     int ok = oracle_init(&orc, c, n_mla, LONG_N + N_GREEDY + 1);
     CHECK(ok, "out of memory for the oracle");
-    /* The latent path in passes of 97 ids (crossing the 256-position tiles everywhere), the
+    /* The latent path in passes of 97 ids (crossing the tiles' edges everywhere), the
      * oracle in passes of 64. */
     double t0 = now_s();
     if (ok) ok = run_long(e, ids, 97, la, ga) == 0;
@@ -240,7 +240,7 @@ static void test_long_context_oracle(void) {
 
 /* ---- the latent path's own invariant across tiles ----------------------------------------- */
 
-#define TILE_N 700 /* tiles 0..255, 256..511, 512..699 */
+#define TILE_N (2 * K3_MLA_TILE + 80) /* two whole tiles and part of a third */
 
 static int prefill_logits(k3_engine *e, const int32_t *ids, int n, int chunk, float *out) {
     k3_session *s = NULL;
@@ -264,22 +264,23 @@ static void test_tiles_bit_identical(void) {
     int32_t ids[TILE_N];
     prompt(ids, TILE_N);
     float *ref = malloc(V * sizeof *ref), *got = malloc(V * sizeof *got);
-    static const int chunks[] = {300, 64, 255, 257};
+    static const int chunks[] = {300, 64, K3_MLA_TILE - 1, K3_MLA_TILE + 1};
     int ok = prefill_logits(e, ids, TILE_N, 1, ref) == 0; /* token by token */
     for (size_t i = 0; ok && i < sizeof chunks / sizeof chunks[0]; i++) {
         ok = prefill_logits(e, ids, TILE_N, chunks[i], got) == 0;
         CHECK(ok && memcmp(ref, got, V * sizeof *got) == 0, "chunk %d: logits differ by %g",
               chunks[i], max_abs_diff(ref, got, V));
     }
-    /* A rewindable pass over the 512 boundary, rewound into it, then stepped on: the same bits
-     * as the token-by-token run at position 530 (the rows past the rewind are overwritten). */
+    /* A rewindable pass over the second tile's edge, rewound past it, then stepped on: the
+     * same bits as the token-by-token run (the rows past the rewind are overwritten). */
+    int edge = 2 * K3_MLA_TILE, last = edge + 16;
     k3_session *s = NULL;
-    if (ok) ok = prefill_logits(e, ids, 531, 1, ref) == 0;
+    if (ok) ok = prefill_logits(e, ids, last + 1, 1, ref) == 0;
     if (ok) ok = k3_session_new(e, TILE_N + 1, &s, &err) == K3_OK;
-    if (ok) ok = k3_session_prefill(s, ids, 500, NULL, NULL, &err) == K3_OK;
-    if (ok) ok = k3_session_forward(s, ids + 500, 30, NULL, K3_FWD_REWINDABLE, &err) == K3_OK;
-    if (ok) ok = k3_session_rewind(s, 509, &err) == K3_OK;
-    for (int p = 509; ok && p <= 530; p++) ok = k3_session_step(s, ids[p], got, &err) == K3_OK;
+    if (ok) ok = k3_session_prefill(s, ids, edge - 14, NULL, NULL, &err) == K3_OK;
+    if (ok) ok = k3_session_forward(s, ids + edge - 14, 30, NULL, K3_FWD_REWINDABLE, &err) == K3_OK;
+    if (ok) ok = k3_session_rewind(s, edge - 5, &err) == K3_OK;
+    for (int p = edge - 5; ok && p <= last; p++) ok = k3_session_step(s, ids[p], got, &err) == K3_OK;
     CHECK(ok, "%s", err.msg);
     CHECK(!ok || memcmp(ref, got, V * sizeof *got) == 0, "after the rewind: logits differ by %g",
           max_abs_diff(ref, got, V));

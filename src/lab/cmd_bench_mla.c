@@ -111,9 +111,9 @@ static double copy_rate(void) {
 
 /* Multiply-adds per second of one attention tile's two products for H (query, head) rows:
  * scores [H][TILE] from the tile [TILE][lora + rope], and Σ p·c [H][lora] from its transpose
- * [lora][TILE] (TILE 256 positions, as mla.c). */
+ * [lora][TILE] (K3_MLA_TILE positions, as mla.c). */
 static double mac_rate(const k3_kernels *kr, int H, int lora, int kvf, double seconds) {
-    int T = 256;
+    int T = K3_MLA_TILE;
     float *tile = malloc(sizeof(float) * T * kvf), *ct = malloc(sizeof(float) * lora * T);
     float *q = malloc(sizeof(float) * H * kvf), *p = malloc(sizeof(float) * H * T);
     float *y = malloc(sizeof(float) * H * (T > lora ? T : lora));
@@ -133,7 +133,7 @@ static double mac_rate(const k3_kernels *kr, int H, int lora, int kvf, double se
     return macs / best;
 }
 
-/* The tile products alone of a decode step at position ctx: per tile of 256 rows of the cache,
+/* The tile products alone of a decode step at position ctx: per tile of K3_MLA_TILE rows of the cache,
  * the scores product and the Σ p·c product (mla.c's two k3_matmul calls), on buffers of the
  * same shapes. What the attention cannot go below at the batched product's rate. */
 typedef struct prod_bufs {
@@ -143,10 +143,10 @@ typedef struct prod_bufs {
 static void tile_products(const k3_model *m, const float *cache, int ctx, const prod_bufs *b) {
     const k3_config *c = &m->cfg;
     int H = c->num_attention_heads, lora = c->kv_lora_rank, kvf = lora + c->qk_rope_head_dim;
-    for (int j0 = 0; j0 <= ctx; j0 += 256) {
-        int cnt = ctx + 1 - j0 < 256 ? ctx + 1 - j0 : 256;
+    for (int j0 = 0; j0 <= ctx; j0 += K3_MLA_TILE) {
+        int cnt = ctx + 1 - j0 < K3_MLA_TILE ? ctx + 1 - j0 : K3_MLA_TILE;
         k3_mat C = {.data = cache + (size_t)j0 * kvf, .dtype = K3_DT_F32, .rows = cnt, .cols = kvf};
-        k3_mat Ct = {.data = b->ct, .dtype = K3_DT_F32, .rows = lora, .cols = 256};
+        k3_mat Ct = {.data = b->ct, .dtype = K3_DT_F32, .rows = lora, .cols = K3_MLA_TILE};
         k3_matmul(m->kr, &C, b->qa, H, b->s);
         k3_matmul(m->kr, &Ct, b->p, H, b->y);
     }
@@ -190,11 +190,12 @@ static void decode_rows(const mla_opts *o, const k3_model *m, int layer, double 
     int H = c->num_attention_heads, nope = c->qk_nope_head_dim, rope = c->qk_rope_head_dim;
     int lora = c->kv_lora_rank, vd = c->v_head_dim, kvf = lora + rope;
     float *Q = malloc(sizeof(float) * H * (nope + rope)), *out = malloc(sizeof(float) * H * vd);
-    prod_bufs b = {malloc(sizeof(float) * H * kvf), malloc(sizeof(float) * H * 256),
-                   malloc(sizeof(float) * H * 256), malloc(sizeof(float) * lora * 256),
+    size_t T = K3_MLA_TILE;
+    prod_bufs b = {malloc(sizeof(float) * H * kvf), malloc(sizeof(float) * H * T),
+                   malloc(sizeof(float) * H * T), malloc(sizeof(float) * lora * T),
                    malloc(sizeof(float) * H * lora)};
     fill_random(Q, (size_t)H * (nope + rope), 9), fill_random(b.qa, (size_t)H * kvf, 10);
-    fill_random(b.p, (size_t)H * 256, 11), fill_random(b.ct, (size_t)lora * 256, 12);
+    fill_random(b.p, (size_t)H * T, 11), fill_random(b.ct, (size_t)lora * T, 12);
     printf("| context | latent MB / layer | ms / token / layer | s / token (%d layers) | bytes "
            "floor (ms) | MACs at the burst rate (ms) | tile products alone (ms) | x floor |\n"
            "|---:|---:|---:|---:|---:|---:|---:|---:|\n", K3_MLA_LAYERS);

@@ -39,9 +39,6 @@ void k3_mla_forward(const k3_model *m, const k3_layer *L, k3_state *s, const flo
 void k3_mla_append(const k3_model *m, const k3_layer *L, k3_state *s, int t, const float *ckv);
 void k3_mla_attend(const k3_model *m, const k3_layer *L, const k3_state *s, int pos0, int n,
                    const float *Q, k3_mla_ws *ws, float *o);
-/* Positions per tile of the latent attention: tiles start at multiples of it, so it fixes the
- * online softmax's order (changing it changes results within rounding). */
-#define K3_MLA_TILE 256
 /* Largest kv_lora_rank the attention takes (one widened W_uk row lives on the stack);
  * k3_state_new refuses a larger one. */
 #define K3_MLA_MAX_LORA 4096

@@ -40,7 +40,7 @@ struct k3_mla_ws {
     float *acc;          /* [rows][lora]: the running Σ_j p_j c_j, then divided by the sum */
     float *m, *l, *corr; /* [rows]: running max, running Σ p, this tile's rescale of acc */
     float *ct;           /* [lora][TILE]: one tile's c rows, transposed (zeros past the tile) */
-    float *ov;           /* [rows][v]: one head's W_uv product before it is scattered to o */
+    float *ov;           /* [rows][v]: the W_uv products before they are scattered to o */
 };
 
 int k3_mla_ws_rows(const k3_config *c, int queries) {
@@ -135,13 +135,16 @@ static void absorb(const k3_model *m, const k3_mla_weights *w, const float *Q, i
     }
 }
 
-/* ws->ct [lora][TILE] = c rows j0..j0+cnt-1 of the layer's cache, transposed; zeros after. */
-static void transpose_tile(const float *cache, int kvf, int lora, int j0, int cnt, float *ct) {
+/* Rows i0..i0+ni-1 of ct [lora][TILE]: c rows j0..j0+cnt-1 of the layer's cache, transposed;
+ * zeros after cnt. */
+static void transpose_tile(const float *cache, int kvf, int i0, int ni, int j0, int cnt,
+                           float *ct) {
     const int T = K3_MLA_TILE;
-    for (int i = 0; i < lora; i++) memset(ct + (size_t)i * T + cnt, 0, (size_t)(T - cnt) * sizeof(float));
+    for (int i = i0; i < i0 + ni; i++)
+        memset(ct + (size_t)i * T + cnt, 0, (size_t)(T - cnt) * sizeof(float));
     for (int j = 0; j < cnt; j++) {
         const float *row = cache + (size_t)(j0 + j) * kvf;
-        for (int i = 0; i < lora; i++) ct[(size_t)i * T + j] = row[i];
+        for (int i = i0; i < i0 + ni; i++) ct[(size_t)i * T + j] = row[i];
     }
 }
 
@@ -178,15 +181,21 @@ static void attend_block(const k3_model *m, const float *cache, int pos0, int n,
         int cnt = maxpos + 1 - j0 < K3_MLA_TILE ? maxpos + 1 - j0 : K3_MLA_TILE;
         k3_mat C = {.data = cache + (size_t)j0 * kvf, .dtype = K3_DT_F32, .rows = cnt, .cols = kvf};
         k3_matmul(m->kr, &C, ws->qa, R, ws->s); /* s[r][j] = (q' ++ q_pe)·(c_j ++ k_pe_j) */
-        transpose_tile(cache, kvf, lora, j0, cnt, ws->ct);
-#pragma omp parallel for schedule(static) if ((int64_t)R * cnt >= 16384)
-        for (int r = 0; r < R; r++) {
-            int t = pos0 + (r0 + r) % n, valid = t - j0 + 1 < cnt ? t - j0 + 1 : cnt;
-            if (valid > 0)
-                softmax_step(ws->s + (size_t)r * cnt, valid, scale,
-                             ws->p + (size_t)r * K3_MLA_TILE, &ws->m[r], &ws->l[r], &ws->corr[r]);
-            else /* the tile lies past this row: it takes nothing from it */
-                memset(ws->p + (size_t)r * K3_MLA_TILE, 0, K3_MLA_TILE * sizeof(float));
+#pragma omp parallel if ((int64_t)R * cnt >= 16384)
+        { /* one region for both: each fork is a wait on a shared machine */
+#pragma omp for schedule(static) nowait
+            for (int r = 0; r < R; r++) {
+                int t = pos0 + (r0 + r) % n, valid = t - j0 + 1 < cnt ? t - j0 + 1 : cnt;
+                if (valid > 0)
+                    softmax_step(ws->s + (size_t)r * cnt, valid, scale,
+                                 ws->p + (size_t)r * K3_MLA_TILE, &ws->m[r], &ws->l[r],
+                                 &ws->corr[r]);
+                else /* the tile lies past this row: it takes nothing from it */
+                    memset(ws->p + (size_t)r * K3_MLA_TILE, 0, K3_MLA_TILE * sizeof(float));
+            }
+#pragma omp for schedule(static)
+            for (int i = 0; i < lora; i += 64)
+                transpose_tile(cache, kvf, i, lora - i < 64 ? lora - i : 64, j0, cnt, ws->ct);
         }
         k3_mat Ct = {.data = ws->ct, .dtype = K3_DT_F32, .rows = lora, .cols = K3_MLA_TILE};
         k3_matmul(m->kr, &Ct, ws->p, R, ws->y); /* y[r] = Σ_j p[r][j] c_j */
@@ -212,6 +221,8 @@ static void up_project(const k3_model *m, const k3_mla_weights *w, int n, int r0
     int H = c->num_attention_heads, nope = c->qk_nope_head_dim, vd = c->v_head_dim;
     int lora = c->kv_lora_rank;
     const k3_mat *kvb = &w->kv_b_proj;
+    /* one region over the heads (each product then runs on its thread): one fork, not H */
+#pragma omp parallel for schedule(static) if ((int64_t)(r1 - r0) * vd * lora >= 65536)
     for (int h = r0 / n; h <= (r1 - 1) / n; h++) {
         int a = h * n > r0 ? h * n : r0, z = (h + 1) * n < r1 ? (h + 1) * n : r1;
         int64_t row0 = (int64_t)h * (nope + vd) + nope;
@@ -219,9 +230,10 @@ static void up_project(const k3_model *m, const k3_mla_weights *w, int n, int r0
         k3_mat wuv = {.data = (const char *)kvb->data + (size_t)row0 * kvb->cols * esize,
                       .dtype = kvb->dtype, .rows = vd, .cols = lora,
                       .scale = kvb->scale ? kvb->scale + row0 : NULL};
-        k3_matmul(m->kr, &wuv, ws->acc + (size_t)(a - r0) * lora, z - a, ws->ov);
+        float *ov = ws->ov + (size_t)(a - r0) * vd; /* this head's rows of ov */
+        k3_matmul(m->kr, &wuv, ws->acc + (size_t)(a - r0) * lora, z - a, ov);
         for (int r = a; r < z; r++)
-            memcpy(o + ((size_t)(r % n) * H + h) * vd, ws->ov + (size_t)(r - a) * vd,
+            memcpy(o + ((size_t)(r % n) * H + h) * vd, ov + (size_t)(r - a) * vd,
                    (size_t)vd * sizeof(float));
     }
 }

@@ -175,6 +175,10 @@ void k3_batch_free(k3_batch *b);
  * summed over layers and passes. */
 uint64_t k3_batch_experts(const k3_batch *b);
 
+/* Positions per tile of the latent MLA attention (mla.c): tiles start at multiples of it, so
+ * it fixes the online softmax's order (changing it changes results within rounding). */
+#define K3_MLA_TILE 512
+
 /* Benchmarks only (k3-lab bench mla): the attention of MLA layer `layer` (an index of
  * m->layers, in place: no spine budget) for n queries Q [n][H][nope + rope] at positions
  * pos0.. over s's latent cache, whose rows 0..pos0+n-1 the caller filled (k3_state_buffers_of),
