@@ -136,15 +136,20 @@ static void absorb(const k3_model *m, const k3_mla_weights *w, const float *Q, i
 }
 
 /* Rows i0..i0+ni-1 of ct [lora][TILE]: c rows j0..j0+cnt-1 of the layer's cache, transposed;
- * zeros after cnt. */
+ * zeros after cnt. In blocks of 8 positions, so that each row of ct is written 8 floats at a
+ * time rather than one float per cache line. */
 static void transpose_tile(const float *cache, int kvf, int i0, int ni, int j0, int cnt,
                            float *ct) {
     const int T = K3_MLA_TILE;
     for (int i = i0; i < i0 + ni; i++)
         memset(ct + (size_t)i * T + cnt, 0, (size_t)(T - cnt) * sizeof(float));
-    for (int j = 0; j < cnt; j++) {
-        const float *row = cache + (size_t)(j0 + j) * kvf;
-        for (int i = i0; i < i0 + ni; i++) ct[(size_t)i * T + j] = row[i];
+    for (int jb = 0; jb < cnt; jb += 8) {
+        int nj = cnt - jb < 8 ? cnt - jb : 8;
+        const float *rows = cache + (size_t)(j0 + jb) * kvf;
+        for (int i = i0; i < i0 + ni; i++) {
+            float *dst = ct + (size_t)i * T + jb;
+            for (int j = 0; j < nj; j++) dst[j] = rows[(size_t)j * kvf + i];
+        }
     }
 }
 
