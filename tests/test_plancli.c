@@ -144,7 +144,7 @@ static void test_figures_from_the_headers(void) {
 /* `k3 plan -q` prints the line `k3 run` prints for the same flags and machine. */
 static void test_line_is_the_runs(void) {
     static const char *const flags[] = {
-        "--memory-gb 0.022",                /* the planner streams layers 1..5 itself */
+        "--memory-gb 0.023",                /* the planner streams layers 1..5 itself */
         "--memory-gb 0.1 --spine-gb 0.002",  /* a budget given: everything streams */
         "--memory-gb 64",                    /* everything in place */
         "--memory-gb 0.1 --expert-gb 0.0005"};
