@@ -11,12 +11,12 @@ export { ROOT, K3, MODEL, startServer };
 export const MODEL_ID = 'k3-nano';
 
 // A startServer(args, env) for one test file: every server it starts is stopped after the
-// file's tests. env: the environment every one of them gets.
+// file's tests. env: the environment every one of them gets; wrap: as startServer's.
 export function serverPool(env = {}) {
   const servers = [];
   after(async () => { await Promise.all(servers.map((s) => s.stop())); });
-  return async (args) => {
-    const s = await startServer(args, env);
+  return async (args, wrap = []) => {
+    const s = await startServer(args, env, wrap);
     servers.push(s);
     return s;
   };
