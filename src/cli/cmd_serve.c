@@ -68,6 +68,10 @@ static const k3_opt serve_rows[] = {
      .def = "8", .meta = "N",
      .help = "with --state-dir: at most N state files, the least recently used replaced\n"
              "(each holds a conversation's state: at K3 widths ~465 MB + 2.4 MB per token)"},
+    {.flag = "--stall-timeout", SRV(stall_timeout_s), .type = K3_OPT_DOUBLE, .lo = 0.001,
+     .hi = 86400, .def = "300", .meta = "S",
+     .help = "a streaming client that reads nothing for S seconds while its reply waits\n"
+             "(1 MiB unread) is cancelled and its slot freed"},
     {.flag = "--no-reuse", SRV(no_reuse), .type = K3_OPT_SWITCH, .value = 1,
      .help = "prefill every prompt from an empty state instead of reusing the kept\n"
              "conversation (same prompts, same output; slower)"},

@@ -23,6 +23,7 @@
 #define K3_IDLE_TIMEOUT_S 60      /* an idle keep-alive connection is closed after this */
 #define K3_MAX_CONNECTIONS 256    /* default connection limit (one thread each), 1/8 per address */
 #define K3_WAIT_TICK_NS 200000000 /* how often a waiting connection looks at its socket */
+#define K3_STALL_TIMEOUT_S 300    /* default --stall-timeout (server.h) */
 
 enum route { R_NONE, R_MODELS, R_MODEL, R_COMPLETIONS, R_CHAT, R_HEALTH, R_UI, R_MESSAGES,
              R_COUNT_TOKENS, R_METRICS };
@@ -210,7 +211,8 @@ static enum MHD_Result get_ui(k3_server *s, struct MHD_Connection *c, const k3_c
 static void job_log(const k3_server *s, const k3_job *j, int status) {
     log_line(s, "POST %s %d%s prompt %d (cached %d) + %d tokens, %s, %.3f s%s", j->path, status,
              j->p.stream ? " stream" : "", j->n_prompt_used, j->n_cached, j->n_completion,
-             j->finish ? j->finish : (j->failed ? "failed" : "cancelled"),
+             j->finish ? j->finish : j->failed ? "failed" : j->stalled ?
+             "cancelled: the client read nothing for --stall-timeout" : "cancelled",
              j->t_end > j->t_submit ? j->t_end - j->t_submit : 0.0,
              j->p.effort_mapped ? "; reasoning_effort medium read as " K3_SRV_MEDIUM_EFFORT : "");
 }
@@ -235,6 +237,7 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
             size_t n = avail < max ? avail : max;
             memcpy(buf, j->out.p + j->out_taken, n);
             j->out_taken += n;
+            j->t_read = k3_now_s();
             if (j->out_taken == j->out.len) j->out.len = j->out_taken = 0;
             pthread_cond_broadcast(&s->progress); /* its slot may be sitting out (worker.c) */
             pthread_mutex_unlock(&s->mu);
@@ -258,7 +261,7 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
             return (ssize_t)n;
         }
         /* While queued nobody else watches this socket (the worker does once it runs). */
-        if (j->state == K3_JOB_QUEUED && k3_srv_client_gone(j->fd)) {
+        if (j->state == K3_JOB_QUEUED && k3_job_client_gone(j)) {
             k3_job_cancel_locked(s, j);
             pthread_mutex_unlock(&s->mu);
             return MHD_CONTENT_READER_END_WITH_ERROR;
@@ -296,8 +299,10 @@ static enum MHD_Result start_stream(k3_server *s, struct MHD_Connection *c, k3_j
 
 /* Non-streamed: wait for the worker, watching the socket while queued. A client that sent
  * FIN may have half-closed and still read (D6): an interim "100 Continue", which HTTP/1.1
- * clients skip, makes a gone client's kernel answer RST, so only that cancels. MHD writes
- * nothing on this connection while its thread is here. */
+ * clients skip, makes a gone client's kernel answer RST, so only that cancels. HTTP/1.0 has no
+ * interim answer to probe with, and its clients (nginx's default to upstreams) do not
+ * half-close: a FIN is taken as gone (j->fin_gone), by the worker before each token too (D19).
+ * MHD writes nothing on this connection while its thread is here. */
 static enum MHD_Result finish_plain(k3_server *s, struct MHD_Connection *c, k3_job *j,
                                     bool http11) {
     MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0);
@@ -310,7 +315,7 @@ static enum MHD_Result finish_plain(k3_server *s, struct MHD_Connection *c, k3_j
             if (send(j->fd, interim, sizeof interim - 1, MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
                 k3_job_cancel_locked(s, j);
         }
-        if (j->state == K3_JOB_QUEUED && k3_srv_client_gone(j->fd)) k3_job_cancel_locked(s, j);
+        if (j->state == K3_JOB_QUEUED && k3_job_client_gone(j)) k3_job_cancel_locked(s, j);
     }
     pthread_mutex_unlock(&s->mu);
     MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, K3_IDLE_TIMEOUT_S);
@@ -366,6 +371,7 @@ static enum MHD_Result post_generate(k3_server *s, struct MHD_Connection *c, k3_
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     j->fd = ci ? ci->connect_fd : -1;
+    j->fin_gone = !cc->http11;
     j->p.ctx = s->ctx;
     j->p.client_fd = j->fd;
     if (!bad) k3_srv_apply_defaults(root, &s->o, &j->p);
@@ -387,7 +393,7 @@ static enum MHD_Result post_generate(k3_server *s, struct MHD_Connection *c, k3_
         j->conn = c;
         j->path = cc->path;
         j->created = (long long)time(NULL);
-        j->t_submit = k3_now_s();
+        j->t_submit = j->t_read = k3_now_s();
         pthread_mutex_lock(&s->mu);
         unsigned long long serial = ++s->n_ids;
         pthread_mutex_unlock(&s->mu);
@@ -579,6 +585,7 @@ int k3_server_start(const k3_engine *e, const char *model_dir, const k3_server_o
     if (!s->o.max_body_bytes) s->o.max_body_bytes = 8u << 20;
     if (!s->o.max_connections) s->o.max_connections = K3_MAX_CONNECTIONS;
     if (!s->o.stream_backlog) s->o.stream_backlog = K3_STREAM_BACKLOG_BYTES;
+    if (!s->o.stall_timeout_s) s->o.stall_timeout_s = K3_STALL_TIMEOUT_S;
     s->started_unix = (long long)time(NULL);
     if (s->o.model_id) snprintf(s->model_id, sizeof s->model_id, "%s", s->o.model_id);
     else default_model_id(model_dir, s->model_id, sizeof s->model_id);

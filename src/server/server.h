@@ -26,8 +26,11 @@
  *    the others go on, so one client that stops reading (connected, but stalled) cannot stop
  *    the server. Its unread bytes stay under the limit plus one pass's events. If the client
  *    hangs up, the generation ends (cancelled) at the next pass, or within 20 ms when nothing
- *    else runs; one that stays connected without reading keeps its slot (there is no write
- *    timeout). /metrics: k3_streams_waiting, k3_stream_backlog_peak_bytes.
+ *    else runs; one that stays connected without reading keeps its slot for
+ *    opts.stall_timeout_s (5 minutes) at most, then is cancelled and its connection shut
+ *    down. /metrics: k3_streams_waiting, k3_stream_backlog_peak_bytes.
+ *  - A client of an HTTP/1.0 request that sends FIN after its request is gone (HTTP/1.0 has no
+ *    half-close; nginx speaks it to upstreams): its generation is cancelled as for a reset.
  *  - The state cache keeps the last max(opts.state_cache, opts.parallel) conversations, one
  *    session each (sessions are created as needed, up to that many). A
  *    kept conversation's tokens are reused only when the new prompt extends them exactly
@@ -86,6 +89,9 @@ typedef struct k3_server_opts {
                                so that a browser test can stop a reply mid-stream on a machine
                                where the fixture's whole reply takes 0.2 s. The CLI sets it
                                from K3_TEST_TOKEN_DELAY_MS; no help lists it. */
+    double stall_timeout_s; /* a streaming client that reads nothing for this many seconds while
+                               its generation sits out (its backlog full) is cancelled and its
+                               slot freed (D21); 0 = 300 (5 minutes) */
     size_t stream_backlog;  /* TESTS ONLY: unread bytes a streamed reply may hold before its
                                generation sits out (the slow-client invariant above); 0 = 1 MiB
                                (K3_STREAM_BACKLOG_BYTES). Lets a test stall a client with less

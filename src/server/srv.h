@@ -173,6 +173,8 @@ typedef struct k3_job {
     size_t n_prompt;
     int fd;                  /* client socket, polled for hang-up; -1 = unknown */
     bool anthropic;          /* POST /v1/messages: replies in Anthropic's shapes (anthropic.h) */
+    bool fin_gone;           /* HTTP/1.0: a FIN after the complete request means the client is
+                                gone (no half-close to tell apart; D19) */
     char id[48];
     long long created;       /* Unix seconds */
     double t_submit;         /* monotonic seconds */
@@ -186,6 +188,10 @@ typedef struct k3_job {
                                 which out_taken are taken: out.len - out_taken unread,
                                 kept near o.stream_backlog (worker.c) */
     size_t out_taken;
+    double t_read;           /* stream: monotonic seconds its connection last took bytes (or
+                                the submission) */
+    bool stalled;            /* cancelled because its streaming client read nothing for
+                                o.stall_timeout_s (D21) */
     struct k3_job *next;     /* FIFO link while queued */
 
     /* written by the worker while RUNNING; read by the connection once DONE */
@@ -260,6 +266,8 @@ struct k3_server {
  * k3_srv_client_read_closed, and a write tells the two apart (a closed peer answers RST). */
 bool k3_srv_client_gone(int fd);
 bool k3_srv_client_read_closed(int fd);
+/* k3_srv_client_gone for job j's client, and for HTTP/1.0 (j->fin_gone) a FIN as well. */
+bool k3_job_client_gone(const struct k3_job *j);
 
 /* worker.c */
 int k3_worker_start(struct k3_server *s, k3_err *err);
