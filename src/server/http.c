@@ -16,11 +16,11 @@
 #include <time.h>
 
 #include "anthropic.h"
+#include "conns.h"
 #include "srv.h"
 #include "../util/clock.h"
 #include "ui.h"
 
-#define K3_IDLE_TIMEOUT_S 60      /* an idle keep-alive connection is closed after this */
 #define K3_MAX_CONNECTIONS 256    /* default connection limit (one thread each), 1/8 per address */
 #define K3_WAIT_TICK_NS 200000000 /* how often a waiting connection looks at its socket */
 #define K3_STALL_TIMEOUT_S 300    /* default --stall-timeout (server.h) */
@@ -446,11 +446,39 @@ static bool authorized(const k3_server *s, struct MHD_Connection *c) {
     return same_secret(h + 7, s->o.api_key);
 }
 
+/* A connection over a cap (conns.h): 503 with Retry-After, and closed. */
+static enum MHD_Result reply_refused(k3_server *s, struct MHD_Connection *c, const char *path) {
+    k3_api_error e;
+    k3_api_fail(&e, 503, "server_error", "too_many_connections", NULL,
+                "Too many connections to this server (at most %d, or %d from one address: k3 "
+                "serve --max-connections, --max-connections-per-address); retry later",
+                s->o.max_connections, s->o.max_per_address);
+    count(s, path, 503);
+    log_line(s, "%s 503 connection over the cap", path ? path : "(request)");
+    struct MHD_Response *r = NULL;
+    char *body = k3_api_error_json(&e);
+    if (body) r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, "Content-Type", "application/json");
+    MHD_add_response_header(r, "Retry-After", "1");
+    MHD_add_response_header(r, "Connection", "close");
+    enum MHD_Result ret = MHD_queue_response(c, 503, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
 /* The first call: headers only. Answers at once when the request cannot succeed. */
 static enum MHD_Result on_headers(k3_server *s, struct MHD_Connection *c, const char *url,
                                   const char *method, k3_conn *cc) {
     k3_api_error e = {0};
     cc->route = route_of(url, cc);
+    if (k3_conns_refused(c)) {
+        cc->answered = true;
+        return k3_conns_dispatch(s, c) ? reply_refused(s, c, cc->path) : MHD_NO;
+    }
     bool post = cc->route == R_COMPLETIONS || cc->route == R_CHAT || cc->route == R_MESSAGES ||
                 cc->route == R_COUNT_TOKENS;
     if (cc->route == R_NONE)
@@ -474,6 +502,7 @@ static enum MHD_Result on_headers(k3_server *s, struct MHD_Connection *c, const 
     }
     if (!e.status) return MHD_YES;
     cc->answered = true;
+    if (!k3_conns_dispatch(s, c)) return MHD_NO; /* answered 408 already */
     return reply_error(s, c, method, cc->path ? cc->path : url, &e);
 }
 
@@ -502,6 +531,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     }
     if (cc->answered) return MHD_YES;
     cc->answered = true;
+    if (!k3_conns_dispatch(s, c)) return MHD_NO; /* answered 408 already */
     k3_api_error e = {0};
     if (cc->too_large || cc->body.oom) {
         k3_api_fail(&e, 413, "invalid_request_error", "request_too_large", NULL,
@@ -521,7 +551,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                          enum MHD_RequestTerminationCode toe) {
-    (void)cls, (void)c, (void)toe;
+    (void)toe;
+    k3_conns_request_done(cls, c);
     k3_conn *cc = *con_cls;
     if (!cc) return;
     k3_sbuf_free(&cc->body);
@@ -584,6 +615,9 @@ int k3_server_start(const k3_engine *e, const char *model_dir, const k3_server_o
     if (!s->o.host) s->o.host = "127.0.0.1";
     if (!s->o.max_body_bytes) s->o.max_body_bytes = 8u << 20;
     if (!s->o.max_connections) s->o.max_connections = K3_MAX_CONNECTIONS;
+    if (!s->o.max_per_address)
+        s->o.max_per_address = s->o.max_connections / 8 > 4 ? s->o.max_connections / 8 : 4;
+    if (!s->o.request_timeout_s) s->o.request_timeout_s = K3_REQUEST_TIMEOUT_S;
     if (!s->o.stream_backlog) s->o.stream_backlog = K3_STREAM_BACKLOG_BYTES;
     if (!s->o.stall_timeout_s) s->o.stall_timeout_s = K3_STALL_TIMEOUT_S;
     s->started_unix = (long long)time(NULL);
@@ -596,20 +630,23 @@ int k3_server_start(const k3_engine *e, const char *model_dir, const k3_server_o
     struct sockaddr_storage ss;
     int v6 = 0, rc = bind_address(s->o.host, s->o.port, &ss, &v6, err);
     if (!rc) rc = k3_worker_start(s, err);
+    if (!rc) rc = k3_conns_start(s, err);
     if (rc) {
         k3_server_stop(s);
         return rc;
     }
-    /* Slowloris (D5): connections that trickle a header byte by byte each hold a thread;
-     * one address may hold only a share of them, so the others (and /health) get in. */
-    int per_ip = s->o.max_connections / 8 > 4 ? s->o.max_connections / 8 : 4;
+    /* Slowloris (D5, D15): connections that trickle a header byte by byte each hold a
+     * thread; one address may hold only a share of them, so the others (and /health) get in,
+     * and each has a deadline (conns.h). MHD's own limits are the caps plus a margin, so that
+     * a connection over a cap is answered 503 rather than dropped. */
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
                      MHD_USE_AUTO | MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0);
     s->mhd = MHD_start_daemon(flags, (uint16_t)s->o.port, NULL, NULL, on_request, s,
                               MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
                               MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
-                              MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->o.max_connections,
-                              MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)per_ip,
+                              MHD_OPTION_CONNECTION_LIMIT, k3_conns_mhd_limit(s),
+                              MHD_OPTION_PER_IP_CONNECTION_LIMIT, k3_conns_mhd_per_address(s),
+                              MHD_OPTION_NOTIFY_CONNECTION, k3_conns_notify, s,
                               MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)K3_IDLE_TIMEOUT_S,
                               MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
                               MHD_OPTION_END);
@@ -636,6 +673,7 @@ void k3_server_stop(k3_server *s) {
         pthread_mutex_unlock(&s->mu);
     }
     if (s->mhd) MHD_stop_daemon(s->mhd);
+    k3_conns_stop(s);
     k3_worker_stop(s);
     if (s->sync_ready) {
         pthread_cond_destroy(&s->progress);

@@ -59,8 +59,13 @@ typedef struct k3_server_opts {
     int queue;              /* requests allowed to wait while one generates; 0 = 429 at once */
     int ctx;                /* session capacity in tokens; 0 = the engine default */
     size_t max_body_bytes;  /* largest request body accepted (413 above); 0 = 8 MiB */
-    int max_connections;    /* concurrent connections (one thread each); 0 = 256, at most
-                               an eighth of them (>= 4) from one address */
+    int max_connections;    /* concurrent connections admitted (one thread each); 0 = 256;
+                               more are answered 503 + Retry-After (conns.h) */
+    int max_per_address;    /* of them from one client address; 0 = an eighth of
+                               max_connections, at least 4 (behind a proxy every client has
+                               the proxy's address: raise it to max_connections) */
+    double request_timeout_s; /* a request's headers and body must arrive within this many
+                               seconds of the accept, else 408 (slow headers, D15); 0 = 30 */
     int log_requests;       /* 1: one line per request on stderr */
     int no_reuse;           /* 1: prefill every prompt from an empty state (prompts are still
                                built the same way): the A/B switch for state reuse */

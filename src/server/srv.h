@@ -255,6 +255,8 @@ struct k3_server {
     size_t backlog_peak;           /* the most unread bytes a stream has held (emit.c) */
     int states_kept, states_cap;   /* the state cache's entries and capacity, for /metrics */
 
+    struct k3_conns *conns;        /* accepted connections: caps and deadlines (conns.h) */
+
     pthread_t worker;
     bool worker_started;
     /* Owned by the worker thread only (no lock): the session, its kept tokens, scratch. */
