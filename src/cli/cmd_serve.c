@@ -68,6 +68,15 @@ static const k3_opt serve_rows[] = {
      .def = "8", .meta = "N",
      .help = "with --state-dir: at most N state files, the least recently used replaced\n"
              "(each holds a conversation's state: at K3 widths ~465 MB + 2.4 MB per token)"},
+    {.flag = "--allow-host", SRV(allow_host), .type = K3_OPT_STR, .flags = K3_OPTF_NONEMPTY,
+     .meta = "NAMES",
+     .help = "host names (comma-separated) a request's Host header may give besides\n"
+             "localhost, an IP address or --host; others get 403 (a DNS-rebinding page);\n"
+             "* allows any"},
+    {.flag = "--allow-origin", SRV(allow_origin), .type = K3_OPT_STR, .flags = K3_OPTF_NONEMPTY,
+     .meta = "ORIGINS",
+     .help = "browser origins (comma-separated, e.g. http://localhost:3000) that may call\n"
+             "the API besides k3's own page; other pages get 403; * allows any"},
     {.flag = "--request-timeout", SRV(request_timeout_s), .type = K3_OPT_DOUBLE, .lo = 0.001,
      .hi = 86400, .def = "30", .meta = "S",
      .help = "a request's headers and body must arrive within S seconds of the connection\n"

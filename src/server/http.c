@@ -479,9 +479,22 @@ static enum MHD_Result on_headers(k3_server *s, struct MHD_Connection *c, const 
         cc->answered = true;
         return k3_conns_dispatch(s, c) ? reply_refused(s, c, cc->path) : MHD_NO;
     }
+    const char *host = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Host");
+    const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
+    const char *type = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type");
     bool post = cc->route == R_COMPLETIONS || cc->route == R_CHAT || cc->route == R_MESSAGES ||
                 cc->route == R_COUNT_TOKENS;
-    if (cc->route == R_NONE)
+    if (!k3_srv_host_allowed(&s->o, host))
+        k3_api_fail(&e, 403, "invalid_request_error", "host_not_allowed", NULL,
+                    "This server does not answer to Host '%s' (a page of another site may be "
+                    "reaching it through DNS rebinding); if that name is yours, start k3 serve "
+                    "with --allow-host NAME", host);
+    else if (cc->route != R_UI && !k3_srv_origin_allowed(&s->o, origin, host))
+        k3_api_fail(&e, 403, "invalid_request_error", "origin_not_allowed", NULL,
+                    "Requests from the web page at %s are refused (a page of another site must "
+                    "not drive this server); if that page is yours, start k3 serve with "
+                    "--allow-origin %s", origin, origin);
+    else if (cc->route == R_NONE)
         k3_api_fail(&e, 404, "invalid_request_error", "unknown_url", NULL,
                     "Invalid URL (%s %s)", method, url);
     else if (strcmp(method, post ? "POST" : "GET")) {
@@ -499,6 +512,10 @@ static enum MHD_Result on_headers(k3_server *s, struct MHD_Connection *c, const 
             k3_api_fail(&e, 413, "invalid_request_error", "request_too_large", NULL,
                         "The request body is larger than this server's limit of %zu bytes "
                         "(k3 serve --max-body)", s->o.max_body_bytes);
+        else if (post && !k3_srv_json_type(type))
+            k3_api_fail(&e, 415, "invalid_request_error", "unsupported_media_type", NULL,
+                        "The body must be sent as Content-Type: application/json, not '%s' "
+                        "(curl: -H 'Content-Type: application/json')", type);
     }
     if (!e.status) return MHD_YES;
     cc->answered = true;

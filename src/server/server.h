@@ -66,6 +66,12 @@ typedef struct k3_server_opts {
                                the proxy's address: raise it to max_connections) */
     double request_timeout_s; /* a request's headers and body must arrive within this many
                                seconds of the accept, else 408 (slow headers, D15); 0 = 30 */
+    const char *allow_host; /* names besides localhost, literal addresses and `host` that a
+                               request's Host header may give (comma-separated; "*" = any);
+                               others get 403 (DNS rebinding, D20) */
+    const char *allow_origin; /* browser origins besides the server's own page that may call
+                               it (comma-separated "scheme://host:port"; "*" = any); others
+                               get 403. No CORS headers are sent */
     int log_requests;       /* 1: one line per request on stderr */
     int no_reuse;           /* 1: prefill every prompt from an empty state (prompts are still
                                built the same way): the A/B switch for state reuse */
@@ -118,6 +124,12 @@ int k3_server_port(const k3_server *s);
 const char *k3_server_model_id(const k3_server *s);
 const char *k3_server_url(const k3_server *s);
 void k3_server_describe_policy(const k3_server *s, char *buf, size_t cap);
+
+/* The check every request body passes before it renders (issue 20, D7), for `k3 render`
+ * (issue 32, D17): 1 when a string or key of the JSON body holds a "\u0000" escape (cJSON
+ * would cut the string there), with the field's path (e.g. "messages[0].content", or "" when
+ * it cannot be named) in where; 0 when there is none or the body is not JSON. */
+int k3_server_body_has_nul(const char *body, size_t len, char *where, size_t cap);
 
 /* Cancels the running generation, answers queued requests with 503, closes every
  * connection, joins all threads and frees the server. NULL is ignored. */

@@ -271,6 +271,18 @@ bool k3_srv_client_read_closed(int fd);
 /* k3_srv_client_gone for job j's client, and for HTTP/1.0 (j->fin_gone) a FIN as well. */
 bool k3_job_client_gone(const struct k3_job *j);
 
+/* origin.c — local-server hygiene (issue 32, D20). The Host header (NULL: absent, HTTP/1.0)
+ * names this server: a literal IPv4/IPv6 address, localhost, o->host, or a name in
+ * o->allow_host (comma-separated; "*" = any). Without that a DNS-rebinding page could pass as
+ * same-origin. */
+bool k3_srv_host_allowed(const k3_server_opts *o, const char *host);
+/* The Origin header (NULL: absent) is this server's own ("http://" or "https://" + Host) or
+ * in o->allow_origin (comma-separated, exact; "*" = any). */
+bool k3_srv_origin_allowed(const k3_server_opts *o, const char *origin, const char *host);
+/* Content-Type is application/json (parameters allowed) or absent: a browser's cross-site
+ * "simple" POST (text/plain, form types) is refused without a preflight. */
+bool k3_srv_json_type(const char *content_type);
+
 /* worker.c */
 int k3_worker_start(struct k3_server *s, k3_err *err);
 void k3_worker_stop(struct k3_server *s);
