@@ -269,13 +269,23 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
     }
 }
 
-/* Called when MHD drops the streamed response (done, or the client left). */
+/* The status a cancelled job is logged and counted with (D16): 499, nginx's "client closed
+ * the request", when its client left (or stalled), 503 when the server is stopping. */
+static int cancelled_status(k3_server *s) {
+    pthread_mutex_lock(&s->mu);
+    bool stopping = s->stopping;
+    pthread_mutex_unlock(&s->mu);
+    return stopping ? 503 : 499;
+}
+
+/* Called when MHD drops the streamed response (done, or the client left). The status line
+ * said 200; a failed stream ends with an error event (logged 500), a cancelled one is 499. */
 static void sse_free(void *cls) {
     k3_job *j = cls;
     k3_job_wait_done(j->srv, j, true);
-    job_log(j->srv, j, j->failed ? 500 : 200); /* the status line said 200; the stream ends
-                                                  with an error event when it failed */
-    count(j->srv, j->path, 200);
+    int status = j->failed ? 500 : j->finish ? 200 : cancelled_status(j->srv);
+    job_log(j->srv, j, status);
+    count(j->srv, j->path, status == 500 ? 200 : status);
     k3_job_free(j);
 }
 
@@ -325,8 +335,9 @@ static enum MHD_Result finish_plain(k3_server *s, struct MHD_Connection *c, k3_j
     } else if (!j->finish) {
         k3_api_error e;
         k3_api_fail(&e, 503, "server_error", NULL, NULL, "the generation was cancelled");
-        job_log(s, j, 503);
-        count(s, j->path, 503);
+        int status = cancelled_status(s); /* 499 (counted, logged) when nobody listens */
+        job_log(s, j, status);
+        count(s, j->path, status);
         ret = reply(c, 503, k3_api_error_json(&e), "Retry-After", "1"); /* if anyone listens */
     } else {
         job_log(s, j, 200);

@@ -38,8 +38,8 @@ test('D12: two servers sharing --state-dir, both pid 1, never answer from each o
   if (!canUnshare()) return t.skip('unshare -rpf is not allowed here (no user namespaces)');
   const dir = tmpdir();
   try {
-    const a = await server(['--state-dir', dir, ...CACHE], ['unshare', '-rpf']);
-    const b = await server(['--state-dir', dir, ...CACHE], ['unshare', '-rpf']);
+    const a = await server(['--state-dir', dir, ...CACHE], ['unshare', '-rpf', '--kill-child=SIGTERM']);
+    const b = await server(['--state-dir', dir, ...CACHE], ['unshare', '-rpf', '--kill-child=SIGTERM']);
     const apiA = client(a), apiB = client(b);
     const anna1 = await ask(apiA, first('Anna'));
     await ask(apiA, first('Boris'));            // A spills Anna
