@@ -41,6 +41,11 @@
  *    usage.prompt_tokens_details.cached_tokens says how many prompt tokens were reused.
  *  - Every request ends in an HTTP response (OpenAI-shaped {"error":{...}} for 4xx/5xx) or a
  *    closed connection; a field k3 cannot honour is a 400 naming it, never silently dropped.
+ *  - Connections (conns.h): at most opts.max_connections, opts.max_per_address from one
+ *    address, 503 + Retry-After past them; a request's headers and body arrive within
+ *    opts.request_timeout_s of the accept or get 408. Requests (origin.c, srv.h): the Host
+ *    names this server (opts.allow_host), an Origin is the server's own or in
+ *    opts.allow_origin (403 otherwise), a POST body is application/json (415).
  *  - The server owns no global state: several servers may run in one process.
  */
 #ifndef K3_SERVER_H
