@@ -284,6 +284,8 @@ static void sse_free(void *cls) {
     k3_job *j = cls;
     k3_job_wait_done(j->srv, j, true);
     int status = j->failed ? 500 : j->finish ? 200 : cancelled_status(j->srv);
+    if (status == 499 && k3_now_s() - j->t_read >= j->srv->o.stall_timeout_s)
+        j->stalled = true; /* MHD's timeout closed it (start_stream), before the worker did */
     job_log(j->srv, j, status);
     count(j->srv, j->path, status == 500 ? 200 : status);
     k3_job_free(j);
@@ -300,8 +302,12 @@ static enum MHD_Result start_stream(k3_server *s, struct MHD_Connection *c, k3_j
     MHD_add_response_header(r, "Content-Type", "text/event-stream");
     MHD_add_response_header(r, "Cache-Control", "no-cache");
     MHD_add_response_header(r, "X-Accel-Buffering", "no");
-    /* A long prefill or queue wait sends nothing; hang-ups are caught by polling instead. */
-    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0);
+    /* A long prefill or queue wait sends nothing, but MHD is inside sse_read then and counts
+     * no time; hang-ups are caught by polling. MHD's timeout runs only while an event waits
+     * for the socket: a client that takes nothing for --stall-timeout is closed (D21), even
+     * after its generation ended (its slot is freed sooner: worker.c). */
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT,
+                              (unsigned)(s->o.stall_timeout_s < 1 ? 1 : s->o.stall_timeout_s + 0.999));
     enum MHD_Result ret = MHD_queue_response(c, 200, r);
     MHD_destroy_response(r); /* sse_free runs when MHD lets go of it */
     return ret;
