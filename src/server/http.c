@@ -225,13 +225,25 @@ static void wait_tick(k3_server *s) {
     pthread_cond_timedwait(&s->progress, &s->mu, &ts);
 }
 
+/* The stream's MHD timeout: --stall-timeout while MHD holds events for the socket (a client
+ * that takes nothing that long is closed, D21, also after its generation ended), none while
+ * sse_read waits for the worker (a long prefill or queue wait sends nothing). Switching from
+ * none to a timeout restarts MHD's idle clock. Called on the connection's thread. */
+static void stream_timeout(k3_job *j, bool on) {
+    if (j->conn_timed == on) return;
+    j->conn_timed = on;
+    double st = j->srv->o.stall_timeout_s;
+    MHD_set_connection_option(j->conn, MHD_CONNECTION_OPTION_TIMEOUT,
+                              on ? (unsigned)(st < 1 ? 1 : st + 0.999) : 0u);
+}
+
 /* SSE content reader: hands out what the worker produced; blocks until there is some. */
 static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     k3_job *j = cls;
     k3_server *s = j->srv;
     pthread_mutex_lock(&s->mu);
-    for (;;) {
+    for (bool waited = false;; waited = true) {
         size_t avail = j->out.len - j->out_taken;
         if (avail) {
             size_t n = avail < max ? avail : max;
@@ -241,6 +253,7 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
             if (j->out_taken == j->out.len) j->out.len = j->out_taken = 0;
             pthread_cond_broadcast(&s->progress); /* its slot may be sitting out (worker.c) */
             pthread_mutex_unlock(&s->mu);
+            stream_timeout(j, true);
             return (ssize_t)n;
         }
         if (j->state == K3_JOB_DONE) {
@@ -248,6 +261,12 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
             MHD_set_connection_option(j->conn, MHD_CONNECTION_OPTION_TIMEOUT, K3_IDLE_TIMEOUT_S);
             return j->finish || j->failed ? MHD_CONTENT_READER_END_OF_STREAM
                                           : MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+        if (!waited && j->conn_timed) { /* about to wait for the worker: no timeout */
+            pthread_mutex_unlock(&s->mu);
+            stream_timeout(j, false);
+            pthread_mutex_lock(&s->mu);
+            continue;
         }
         wait_tick(s);
         /* The client sent FIN: half-closed (still reading) or gone. An SSE comment, which
@@ -302,12 +321,9 @@ static enum MHD_Result start_stream(k3_server *s, struct MHD_Connection *c, k3_j
     MHD_add_response_header(r, "Content-Type", "text/event-stream");
     MHD_add_response_header(r, "Cache-Control", "no-cache");
     MHD_add_response_header(r, "X-Accel-Buffering", "no");
-    /* A long prefill or queue wait sends nothing, but MHD is inside sse_read then and counts
-     * no time; hang-ups are caught by polling. MHD's timeout runs only while an event waits
-     * for the socket: a client that takes nothing for --stall-timeout is closed (D21), even
-     * after its generation ended (its slot is freed sooner: worker.c). */
-    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT,
-                              (unsigned)(s->o.stall_timeout_s < 1 ? 1 : s->o.stall_timeout_s + 0.999));
+    /* None while waiting for the worker, --stall-timeout while events wait for the socket
+     * (stream_timeout); hang-ups are caught by polling. */
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0);
     enum MHD_Result ret = MHD_queue_response(c, 200, r);
     MHD_destroy_response(r); /* sse_free runs when MHD lets go of it */
     return ret;

@@ -182,6 +182,8 @@ typedef struct k3_job {
     /* guarded by srv->mu */
     enum k3_job_state state;
     bool cancel;             /* the client is gone or the server stops */
+    bool conn_timed;         /* stream: its connection has MHD's timeout on (http.c; the
+                                connection's thread only) */
     bool probed;             /* the client sent FIN: a probe was written to tell a half-close
                                 from a close (http.c) */
     k3_sbuf out;             /* stream: SSE bytes not yet handed to the connection, of
