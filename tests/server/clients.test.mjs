@@ -93,3 +93,20 @@ test('D19: an HTTP/1.0 client that closes its socket cancels its non-streamed ge
   assert.equal(lines.length, 2, lines.join('\n'));
   for (const l of lines) assert.match(l, /cancelled/, l);
 });
+
+test('--stall-timeout counts only time the client does not read: a stream that waits longer in the queue is served', async () => {
+  // 100 ms per token: A holds the slot ~3 s while B (streamed, read at once) waits in the
+  // queue, three times --stall-timeout; then B is served whole
+  const srv = await serverPool({ K3_TEST_TOKEN_DELAY_MS: '100' })(['--stall-timeout', '1', '--queue', '2']);
+  const body = (n) => JSON.stringify({ messages: [{ role: 'user', content: 'hi' }], max_tokens: n,
+    temperature: 0, stream: true });
+  const go = async (n) => {
+    const r = await raw(srv, 'POST', '/v1/chat/completions', body(n), JSONH);
+    return { status: r.status, done: /data: \[DONE\]/.test(r.text) };
+  };
+  const a = go(30);
+  await sleep(200);
+  const b = go(5);
+  assert.deepEqual(await a, { status: 200, done: true });
+  assert.deepEqual(await b, { status: 200, done: true });
+});
