@@ -4,10 +4,13 @@
  * The first byte picks what the harness repairs before the rest is written to a file, so
  * that mutations reach past the two checks a random file fails first:
  *   bit 0: the header's fingerprint (bytes 16..32) is set to k3-nano's;
- *   bit 1: the trailing XXH3-64 is recomputed over every byte before it.
+ *   bit 1: the trailing XXH3-64 is recomputed over every byte before it;
+ *   bit 2: the file is read as a cache reads its own (serve's --state-dir, issue 32):
+ *          k3_session_load_prefix, expecting the seed's ids {1, 2, 3}.
  * Oracle: a load that succeeds leaves the session at the file's pos (<= 64), and one step
  * from there either succeeds or fails with an error (never a crash or a sanitizer report);
- * a load that fails leaves a session that still steps. */
+ * a cache's load that succeeds holds exactly the ids it expected, one that fails leaves the
+ * session as it was (1 position); a load that fails leaves a session that still steps. */
 #include <string.h>
 
 #define XXH_INLINE_ALL
@@ -17,6 +20,8 @@
 #include "fuzz_files.h"
 
 #define STATE_CTX 64
+
+static const int32_t ids[3] = {1, 2, 3}; /* the seed file's prefix */
 
 typedef struct fuzz_state_ctx {
     k3_engine *e;
@@ -43,7 +48,6 @@ static fuzz_state_ctx *state_ctx(void) {
     k3_fuzz_dir("state", c.dir, sizeof c.dir);
     char path[320];
     snprintf(path, sizeof path, "%s/seed.k3state", c.dir);
-    const int32_t ids[3] = {1, 2, 3};
     FILE *f = NULL;
     if (!c.logits || k3_session_prefill(c.s, ids, 3, c.logits, NULL, &err) ||
         k3_session_save(c.s, path, &err) || !(f = fopen(path, "rb")) ||
@@ -74,9 +78,20 @@ int k3_fuzz_state(const uint8_t *data, size_t size) {
     char path[320];
     snprintf(path, sizeof path, "%s/in.k3state", c->dir);
     k3_err err = {0};
-    int rc = k3_session_load(c->s, path, &err);
+    int cache = data[0] & 4, rc;
+    if (cache) {
+        k3_session_reset(c->s);
+        if (k3_session_step(c->s, 7, c->logits, &err)) return -1; /* one position to keep */
+        rc = k3_session_load_prefix(c->s, path, ids, 3, &err);
+    } else {
+        rc = k3_session_load(c->s, path, &err);
+    }
     int pos = k3_session_pos(c->s);
     if (rc == K3_OK && (pos < 0 || pos > STATE_CTX)) return -1;
+    if (cache && rc == K3_OK && (pos != 3 || memcmp(k3_session_tokens(c->s), ids, sizeof ids)))
+        return -1; /* a cache got other ids than it wrote */
+    if (cache && (rc == K3_ERR_INPUT) && (pos != 1 || k3_session_tokens(c->s)[0] != 7))
+        return -1; /* a refused file touched the session */
     if (pos >= STATE_CTX) k3_session_reset(c->s); /* full: nothing left to step */
     err = (k3_err){0};
     (void)k3_session_step(c->s, 5, c->logits, &err);

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "../chat/render.h"
+#include "../server/server.h"
 #include "../util/fileio.h"
 #include "cli.h"
 #include "opts.h"
@@ -112,6 +113,11 @@ int k3_cmd_render(int argc, char **argv) {
     char *body = NULL;
     size_t len = 0;
     int rc = read_request(request, &body, &len, &err);
+    char where[160];
+    if (!rc && k3_server_body_has_nul(body, len, where, sizeof where))
+        rc = k3_fail(&err, K3_ERR_INPUT, "%s: '%s' contains a NUL character (\\u0000), which "
+                     "k3 cannot pass to the model (k3 serve refuses it too): remove it", request,
+                     where[0] ? where : "a string of the request");
     if (!rc && (rc = k3_chat_render_json(body, len, &segs, &err)))
         k3_err_prefix(&err, "%s", request);
     if (!rc && ids) {

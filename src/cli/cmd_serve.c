@@ -69,6 +69,31 @@ static const k3_opt serve_rows[] = {
      .def = "8", .meta = "N",
      .help = "with --state-dir: at most N state files, the least recently used replaced\n"
              "(each holds a conversation's state: at K3 widths ~465 MB + 2.4 MB per token)"},
+    {.flag = "--allow-host", SRV(allow_host), .type = K3_OPT_STR, .flags = K3_OPTF_NONEMPTY,
+     .meta = "NAMES",
+     .help = "host names (comma-separated) a request's Host header may give besides\n"
+             "localhost, an IP address or --host; others get 403 (a DNS-rebinding page);\n"
+             "* allows any"},
+    {.flag = "--allow-origin", SRV(allow_origin), .type = K3_OPT_STR, .flags = K3_OPTF_NONEMPTY,
+     .meta = "ORIGINS",
+     .help = "browser origins (comma-separated, e.g. http://localhost:3000) that may call\n"
+             "the API besides k3's own page; other pages get 403; * allows any"},
+    {.flag = "--request-timeout", SRV(request_timeout_s), .type = K3_OPT_DOUBLE, .lo = 0.001,
+     .hi = 86400, .def = "30", .meta = "S",
+     .help = "a request's headers and body must arrive within S seconds of the connection\n"
+             "(or of the previous answer on a kept-alive one), else 408"},
+    {.flag = "--max-connections", SRV(max_connections), .type = K3_OPT_INT, .lo = 1,
+     .hi = 65536, .def = "256", .meta = "N",
+     .help = "connections served at once (one thread each); more get 503 + Retry-After"},
+    {.flag = "--max-connections-per-address", SRV(max_per_address), .type = K3_OPT_INT,
+     .lo = 1, .hi = 65536, .meta = "N",
+     .help = "of them from one client address (default: an eighth of --max-connections,\n"
+             "at least 4; behind a reverse proxy every client has its address: raise it\n"
+             "to --max-connections)"},
+    {.flag = "--stall-timeout", SRV(stall_timeout_s), .type = K3_OPT_DOUBLE, .lo = 0.001,
+     .hi = 86400, .def = "300", .meta = "S",
+     .help = "a streaming client that reads nothing for S seconds while its reply waits\n"
+             "(1 MiB unread) is cancelled and its slot freed"},
     {.flag = "--no-reuse", SRV(no_reuse), .type = K3_OPT_SWITCH, .value = 1,
      .help = "prefill every prompt from an empty state instead of reusing the kept\n"
              "conversation (same prompts, same output; slower)"},

@@ -47,7 +47,8 @@ static const k3_opt setup_rows[] = {
     {.flag = "--backoff", SETUP(backoff_s), .type = K3_OPT_DOUBLE, .lo = 0.001, .hi = 600,
      .meta = "S", .help = "seconds before the first retry, doubled each time (default 0.5)"},
     {.flag = "--timeout", SETUP(timeout_s), .type = K3_OPT_DOUBLE, .lo = 1, .hi = 3600,
-     .meta = "S", .help = "seconds to connect, and without a byte before a retry (default 30)"},
+     .meta = "S", .help = "seconds to connect, and without a byte before a retry (default 30);\n"
+             "a request not complete within S plus 1 s per 16 KiB is retried"},
     {.flag = "--chunk-mb", SETUP(chunk_mb), .type = K3_OPT_DOUBLE, .lo = 1.0 / 1024,
      .hi = 1 << 20, .meta = "N",
      .help = "largest single range request, MiB (default 64; fractions ok)"},

@@ -5,8 +5,10 @@
 #endif
 #include <errno.h>
 #include <poll.h>
+#include <sys/socket.h>
 #include <time.h>
 
+#include "../util/clock.h"
 #include "worker.h"
 
 static short poll_now(int fd) {
@@ -24,12 +26,17 @@ bool k3_srv_client_gone(int fd) { return poll_now(fd) & (POLLHUP | POLLERR | POL
 
 bool k3_srv_client_read_closed(int fd) { return poll_now(fd) & POLLRDHUP; }
 
+bool k3_job_client_gone(const k3_job *j) {
+    short ev = poll_now(j->fd);
+    return (ev & (POLLHUP | POLLERR | POLLNVAL)) || (j->fin_gone && (ev & POLLRDHUP));
+}
+
 /* True when the job must end now: its client hung up, or the server is stopping. */
 bool k3_job_abandoned(k3_server *s, k3_job *j) {
     pthread_mutex_lock(&s->mu);
     bool stop = j->cancel || s->stopping;
     pthread_mutex_unlock(&s->mu);
-    if (!stop && k3_srv_client_gone(j->fd)) stop = true;
+    if (!stop && k3_job_client_gone(j)) stop = true;
     return stop;
 }
 
@@ -43,8 +50,9 @@ bool k3_job_abandoned(k3_server *s, k3_job *j) {
  * (one id's, several with --spec, or a finish's last chunks). A sitting-out slot whose client
  * is gone (cancelled, hung up) or whose server stops ends at the next round, which comes
  * within K3_CLIENT_TICK_MS even when every slot sits out (k3_clients_wait_locked). A client
- * that stays connected without reading keeps its slot (there is no write timeout); /metrics
- * counts such slots (k3_streams_waiting). */
+ * that stays connected without reading keeps its slot for o.stall_timeout_s at most (D21: with
+ * one slot it would lock every other request out): then its job ends (cancelled, "stalled")
+ * and its connection is shut down. /metrics counts slots sitting out (k3_streams_waiting). */
 
 #define K3_CLIENT_TICK_MS 20 /* how often a worker with every slot sitting out looks again */
 
@@ -55,20 +63,33 @@ static bool client_behind_locked(const k3_server *s, const k3_slot *w) {
     return j->p.stream && j->out.len - j->out_taken > s->stream_backlog;
 }
 
+/* A sitting-out slot whose client has taken nothing for o.stall_timeout_s, counted from when
+ * it began to sit out or the client's last read, whichever is later. Call with s->mu held. */
+static bool stalled_locked(k3_server *s, k3_slot *w, bool was_waiting, double now) {
+    if (!was_waiting) w->wait_since = now;
+    double since = w->j->t_read > w->wait_since ? w->j->t_read : w->wait_since;
+    return s->o.stall_timeout_s > 0 && now - since >= s->o.stall_timeout_s;
+}
+
 /* Before a round: marks the decoding slots that sit out it (w->waiting), ends those whose
- * client is gone, and publishes their count for /metrics. Returns that count. */
+ * client is gone or stalled, and publishes their count for /metrics. Returns that count. */
 int k3_clients_mark_waiting(k3_server *s) {
     k3_worker_state *ws = s->ws;
+    double now = k3_now_s();
     pthread_mutex_lock(&s->mu);
     for (int i = 0; i < ws->n_slots; i++) {
         k3_slot *w = &ws->slots[i];
+        bool was = w->waiting;
         w->waiting = w->j && !w->done && w->phase == K3_SLOT_DECODE && client_behind_locked(s, w);
+        if (w->waiting && stalled_locked(s, w, was, now)) w->j->stalled = true;
     }
     pthread_mutex_unlock(&s->mu);
     int n = 0;
     for (int i = 0; i < ws->n_slots; i++) {
         k3_slot *w = &ws->slots[i];
-        if (w->waiting && k3_job_abandoned(s, w->j)) { /* nobody will read: the job ends */
+        if (w->waiting && w->j->stalled) /* its connection thread waits on the socket: wake it */
+            shutdown(w->j->fd, SHUT_RDWR);
+        if (w->waiting && (w->j->stalled || k3_job_abandoned(s, w->j))) { /* the job ends */
             w->waiting = false;
             w->g.end = K3_GEN_INTERRUPTED;
             w->done = true;

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../util/fileio.h"
 #include "worker.h"
 
 void k3_last_chat_clear(k3_last_chat *c) {
@@ -150,11 +151,13 @@ static void spill_out(k3_server *s, k3_conv *c, const k3_conv *keep) {
 }
 
 /* Loads spill entry sp into conversation c (whose own state was spilled or is empty); the
- * entry is then empty. Returns 0, or an error (the file could not be read back: c is empty). */
+ * entry is then empty. Returns 0, or an error (the file could not be read back, or holds
+ * other ids than the entry's, e.g. another server's sharing the folder: c is empty). */
 static int spill_in(k3_server *s, k3_conv *sp, k3_conv *c, k3_err *err) {
     k3_worker_state *w = s->ws;
+    int n = (int)sp->n_ids;
     sp->n_ids = 0; /* its state moves into c (or is lost with an unreadable file) */
-    int rc = k3_session_load(c->sess, sp->file, err);
+    int rc = k3_session_load_prefix(c->sess, sp->file, sp->ids, n, err);
     if (rc) {
         k3_session_reset(c->sess);
         c->logits_valid = false;
@@ -302,8 +305,8 @@ void k3_kept_remember_reply(k3_server *s, k3_job *j) {
     free(closing);
 }
 
-/* --state-dir: the spill entries and their file names (this process's own, so that two
- * servers may share the folder). */
+/* --state-dir: the spill entries and their file names: random, so that servers sharing the
+ * folder (two containers whose k3 are both pid 1) never write each other's files (D12). */
 int k3_spill_open(k3_server *s, k3_err *err) {
     k3_worker_state *w = s->ws;
     struct stat st;
@@ -314,11 +317,13 @@ int k3_spill_open(k3_server *s, k3_err *err) {
     if (!(w->spill = calloc((size_t)n, sizeof *w->spill)))
         return k3_fail(err, K3_ERR_GENERIC, "out of memory");
     w->n_spill = n;
+    char tag[33];
+    int rc = k3_random_hex(tag, 16, err);
+    if (rc) return rc;
     for (int i = 0; i < n; i++) {
         size_t len = strlen(s->o.state_dir) + 64;
         if (!(w->spill[i].file = malloc(len))) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
-        snprintf(w->spill[i].file, len, "%s/k3-serve-%ld-%d.state", s->o.state_dir,
-                 (long)getpid(), i);
+        snprintf(w->spill[i].file, len, "%s/k3-serve-%s-%d.state", s->o.state_dir, tag, i);
     }
     return 0;
 }

@@ -17,17 +17,18 @@
 
 #include "anthropic.h"
 #include "responses.h"
+#include "conns.h"
 #include "srv.h"
 #include "worker.h" /* k3_srv_test_stream_backlog */
 #include "../util/clock.h"
 #include "ui.h"
 
-#define K3_IDLE_TIMEOUT_S 60      /* an idle keep-alive connection is closed after this */
 #define K3_MAX_CONNECTIONS 256    /* default connection limit (one thread each), 1/8 per address */
 #define K3_WAIT_TICK_NS 200000000 /* how often a waiting connection looks at its socket */
 #define K3_KEEPALIVE_S 5.0        /* a silent stream gets a keep-alive after this long: agents
                                      give up on a stream quiet for long (Claude Code: ~300 s
                                      before the first byte), proxies sooner */
+#define K3_STALL_TIMEOUT_S 300    /* default --stall-timeout (server.h) */
 
 enum route { R_NONE, R_MODELS, R_MODEL, R_COMPLETIONS, R_CHAT, R_HEALTH, R_UI, R_MESSAGES,
              R_COUNT_TOKENS, R_METRICS, R_RESPONSES };
@@ -225,7 +226,8 @@ static void job_log(const k3_server *s, const k3_job *j, int status) {
                  j->p.max_requested, j->p.max_tokens);
     log_line(s, "POST %s %d%s prompt %d (cached %d) + %d tokens, %s, %.3f s%s%s%s", j->path,
              status, j->p.stream ? " stream" : "", j->n_prompt_used, j->n_cached, j->n_completion,
-             j->finish ? j->finish : (j->failed ? "failed" : "cancelled"),
+             j->finish ? j->finish : j->failed ? "failed" : j->stalled ?
+             "cancelled: the client read nothing for --stall-timeout" : "cancelled",
              j->t_end > j->t_submit ? j->t_end - j->t_submit : 0.0,
              j->p.effort_mapped ? "; reasoning_effort medium read as " K3_SRV_MEDIUM_EFFORT : "",
              clamp, j->resp ? j->resp->note : "");
@@ -239,22 +241,36 @@ static void wait_tick(k3_server *s) {
     pthread_cond_timedwait(&s->progress, &s->mu, &ts);
 }
 
+/* The stream's MHD timeout: --stall-timeout while MHD holds events for the socket (a client
+ * that takes nothing that long is closed, D21, also after its generation ended), none while
+ * sse_read waits for the worker (a long prefill or queue wait sends nothing). Switching from
+ * none to a timeout restarts MHD's idle clock. Called on the connection's thread. */
+static void stream_timeout(k3_job *j, bool on) {
+    if (j->conn_timed == on) return;
+    j->conn_timed = on;
+    double st = j->srv->o.stall_timeout_s;
+    MHD_set_connection_option(j->conn, MHD_CONNECTION_OPTION_TIMEOUT,
+                              on ? (unsigned)(st < 1 ? 1 : st + 0.999) : 0u);
+}
+
 /* SSE content reader: hands out what the worker produced; blocks until there is some. */
 static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     k3_job *j = cls;
     k3_server *s = j->srv;
     pthread_mutex_lock(&s->mu);
-    for (;;) {
+    for (bool waited = false;; waited = true) {
         size_t avail = j->out.len - j->out_taken;
         if (avail) {
             size_t n = avail < max ? avail : max;
             memcpy(buf, j->out.p + j->out_taken, n);
             j->out_taken += n;
+            j->t_read = k3_now_s();
             if (j->out_taken == j->out.len) j->out.len = j->out_taken = 0;
             j->t_sent = k3_now_s();
             pthread_cond_broadcast(&s->progress); /* its slot may be sitting out (worker.c) */
             pthread_mutex_unlock(&s->mu);
+            stream_timeout(j, true);
             return (ssize_t)n;
         }
         if (j->state == K3_JOB_DONE) {
@@ -262,6 +278,12 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
             MHD_set_connection_option(j->conn, MHD_CONNECTION_OPTION_TIMEOUT, K3_IDLE_TIMEOUT_S);
             return j->finish || j->failed ? MHD_CONTENT_READER_END_OF_STREAM
                                           : MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+        if (!waited && j->conn_timed) { /* about to wait for the worker: no timeout */
+            pthread_mutex_unlock(&s->mu);
+            stream_timeout(j, false);
+            pthread_mutex_lock(&s->mu);
+            continue;
         }
         /* Queued, prefilling or thinking without a visible event: everything handed out so
          * far ended on an event boundary (push_event appends whole events), so a keep-alive
@@ -291,7 +313,7 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
             return (ssize_t)n;
         }
         /* While queued nobody else watches this socket (the worker does once it runs). */
-        if (j->state == K3_JOB_QUEUED && k3_srv_client_gone(j->fd)) {
+        if (j->state == K3_JOB_QUEUED && k3_job_client_gone(j)) {
             k3_job_cancel_locked(s, j);
             pthread_mutex_unlock(&s->mu);
             return MHD_CONTENT_READER_END_WITH_ERROR;
@@ -304,13 +326,25 @@ static void job_free(k3_job *j) {
     k3_job_free(j);
 }
 
-/* Called when MHD drops the streamed response (done, or the client left). */
+/* The status a cancelled job is logged and counted with (D16): 499, nginx's "client closed
+ * the request", when its client left (or stalled), 503 when the server is stopping. */
+static int cancelled_status(k3_server *s) {
+    pthread_mutex_lock(&s->mu);
+    bool stopping = s->stopping;
+    pthread_mutex_unlock(&s->mu);
+    return stopping ? 503 : 499;
+}
+
+/* Called when MHD drops the streamed response (done, or the client left). The status line
+ * said 200; a failed stream ends with an error event (logged 500), a cancelled one is 499. */
 static void sse_free(void *cls) {
     k3_job *j = cls;
     k3_job_wait_done(j->srv, j, true);
-    job_log(j->srv, j, j->failed ? 500 : 200); /* the status line said 200; the stream ends
-                                                  with an error event when it failed */
-    count(j->srv, j->path, 200);
+    int status = j->failed ? 500 : j->finish ? 200 : cancelled_status(j->srv);
+    if (status == 499 && k3_now_s() - j->t_read >= j->srv->o.stall_timeout_s)
+        j->stalled = true; /* MHD's timeout closed it (start_stream), before the worker did */
+    job_log(j->srv, j, status);
+    count(j->srv, j->path, status == 500 ? 200 : status);
     job_free(j);
 }
 
@@ -325,7 +359,8 @@ static enum MHD_Result start_stream(k3_server *s, struct MHD_Connection *c, k3_j
     MHD_add_response_header(r, "Content-Type", "text/event-stream");
     MHD_add_response_header(r, "Cache-Control", "no-cache");
     MHD_add_response_header(r, "X-Accel-Buffering", "no");
-    /* A long prefill or queue wait sends nothing; hang-ups are caught by polling instead. */
+    /* None while waiting for the worker, --stall-timeout while events wait for the socket
+     * (stream_timeout); hang-ups are caught by polling. */
     MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0);
     enum MHD_Result ret = MHD_queue_response(c, 200, r);
     MHD_destroy_response(r); /* sse_free runs when MHD lets go of it */
@@ -334,8 +369,10 @@ static enum MHD_Result start_stream(k3_server *s, struct MHD_Connection *c, k3_j
 
 /* Non-streamed: wait for the worker, watching the socket while queued. A client that sent
  * FIN may have half-closed and still read (D6): an interim "100 Continue", which HTTP/1.1
- * clients skip, makes a gone client's kernel answer RST, so only that cancels. MHD writes
- * nothing on this connection while its thread is here. */
+ * clients skip, makes a gone client's kernel answer RST, so only that cancels. HTTP/1.0 has no
+ * interim answer to probe with, and its clients (nginx's default to upstreams) do not
+ * half-close: a FIN is taken as gone (j->fin_gone), by the worker before each token too (D19).
+ * MHD writes nothing on this connection while its thread is here. */
 static enum MHD_Result finish_plain(k3_server *s, struct MHD_Connection *c, k3_job *j,
                                     bool http11) {
     MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0);
@@ -348,7 +385,7 @@ static enum MHD_Result finish_plain(k3_server *s, struct MHD_Connection *c, k3_j
             if (send(j->fd, interim, sizeof interim - 1, MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
                 k3_job_cancel_locked(s, j);
         }
-        if (j->state == K3_JOB_QUEUED && k3_srv_client_gone(j->fd)) k3_job_cancel_locked(s, j);
+        if (j->state == K3_JOB_QUEUED && k3_job_client_gone(j)) k3_job_cancel_locked(s, j);
     }
     pthread_mutex_unlock(&s->mu);
     MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, K3_IDLE_TIMEOUT_S);
@@ -358,8 +395,9 @@ static enum MHD_Result finish_plain(k3_server *s, struct MHD_Connection *c, k3_j
     } else if (!j->finish) {
         k3_api_error e;
         k3_api_fail(&e, 503, "server_error", NULL, NULL, "the generation was cancelled");
-        job_log(s, j, 503);
-        count(s, j->path, 503);
+        int status = cancelled_status(s); /* 499 (counted, logged) when nobody listens */
+        job_log(s, j, status);
+        count(s, j->path, status);
         ret = reply(c, 503, k3_api_error_json(&e), "Retry-After", "1"); /* if anyone listens */
     } else {
         job_log(s, j, 200);
@@ -412,6 +450,7 @@ static enum MHD_Result post_generate(k3_server *s, struct MHD_Connection *c, k3_
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     j->fd = ci ? ci->connect_fd : -1;
+    j->fin_gone = !cc->http11;
     j->p.ctx = s->ctx;
     j->p.client_fd = j->fd;
     if (!bad) k3_srv_apply_defaults(root, &s->o, &j->p);
@@ -433,7 +472,7 @@ static enum MHD_Result post_generate(k3_server *s, struct MHD_Connection *c, k3_
         j->conn = c;
         j->path = cc->path;
         j->created = (long long)time(NULL);
-        j->t_submit = k3_now_s();
+        j->t_submit = j->t_read = k3_now_s();
         pthread_mutex_lock(&s->mu);
         unsigned long long serial = ++s->n_ids;
         pthread_mutex_unlock(&s->mu);
@@ -490,14 +529,55 @@ static bool authorized(const k3_server *s, struct MHD_Connection *c) {
     return same_secret(h + 7, s->o.api_key);
 }
 
+/* A connection over a cap (conns.h): 503 with Retry-After, and closed. */
+static enum MHD_Result reply_refused(k3_server *s, struct MHD_Connection *c, const char *path) {
+    k3_api_error e;
+    k3_api_fail(&e, 503, "server_error", "too_many_connections", NULL,
+                "Too many connections to this server (at most %d, or %d from one address: k3 "
+                "serve --max-connections, --max-connections-per-address); retry later",
+                s->o.max_connections, s->o.max_per_address);
+    count(s, path, 503);
+    log_line(s, "%s 503 connection over the cap", path ? path : "(request)");
+    struct MHD_Response *r = NULL;
+    char *body = k3_api_error_json(&e);
+    if (body) r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, "Content-Type", "application/json");
+    MHD_add_response_header(r, "Retry-After", "1");
+    MHD_add_response_header(r, "Connection", "close");
+    enum MHD_Result ret = MHD_queue_response(c, 503, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
 /* The first call: headers only. Answers at once when the request cannot succeed. */
 static enum MHD_Result on_headers(k3_server *s, struct MHD_Connection *c, const char *url,
                                   const char *method, k3_conn *cc) {
     k3_api_error e = {0};
     cc->route = route_of(url, cc);
+    if (k3_conns_refused(c)) {
+        cc->answered = true;
+        return k3_conns_dispatch(s, c) ? reply_refused(s, c, cc->path) : MHD_NO;
+    }
+    const char *host = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Host");
+    const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
+    const char *type = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type");
     bool post = cc->route == R_COMPLETIONS || cc->route == R_CHAT || cc->route == R_MESSAGES ||
                 cc->route == R_COUNT_TOKENS || cc->route == R_RESPONSES;
-    if (cc->route == R_NONE)
+    if (!k3_srv_host_allowed(&s->o, host))
+        k3_api_fail(&e, 403, "invalid_request_error", "host_not_allowed", NULL,
+                    "This server does not answer to Host '%s' (a page of another site may be "
+                    "reaching it through DNS rebinding); if that name is yours, start k3 serve "
+                    "with --allow-host NAME", host);
+    else if (cc->route != R_UI && !k3_srv_origin_allowed(&s->o, origin, host))
+        k3_api_fail(&e, 403, "invalid_request_error", "origin_not_allowed", NULL,
+                    "Requests from the web page at %s are refused (a page of another site must "
+                    "not drive this server); if that page is yours, start k3 serve with "
+                    "--allow-origin %s", origin, origin);
+    else if (cc->route == R_NONE)
         k3_api_fail(&e, 404, "invalid_request_error", "unknown_url", NULL,
                     "Invalid URL (%s %s)", method, url);
     else if (strcmp(method, post ? "POST" : "GET")) {
@@ -515,9 +595,14 @@ static enum MHD_Result on_headers(k3_server *s, struct MHD_Connection *c, const 
             k3_api_fail(&e, 413, "invalid_request_error", "request_too_large", NULL,
                         "The request body is larger than this server's limit of %zu bytes "
                         "(k3 serve --max-body)", s->o.max_body_bytes);
+        else if (post && !k3_srv_json_type(type))
+            k3_api_fail(&e, 415, "invalid_request_error", "unsupported_media_type", NULL,
+                        "The body must be sent as Content-Type: application/json, not '%s' "
+                        "(curl: -H 'Content-Type: application/json')", type);
     }
     if (!e.status) return MHD_YES;
     cc->answered = true;
+    if (!k3_conns_dispatch(s, c)) return MHD_NO; /* answered 408 already */
     return reply_error(s, c, method, cc->path ? cc->path : url, &e);
 }
 
@@ -546,6 +631,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     }
     if (cc->answered) return MHD_YES;
     cc->answered = true;
+    if (!k3_conns_dispatch(s, c)) return MHD_NO; /* answered 408 already */
     k3_api_error e = {0};
     if (cc->too_large || cc->body.oom) {
         k3_api_fail(&e, 413, "invalid_request_error", "request_too_large", NULL,
@@ -565,7 +651,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                          enum MHD_RequestTerminationCode toe) {
-    (void)cls, (void)c, (void)toe;
+    (void)toe;
+    k3_conns_request_done(cls, c);
     k3_conn *cc = *con_cls;
     if (!cc) return;
     k3_sbuf_free(&cc->body);
@@ -630,6 +717,10 @@ int k3_server_start(const k3_engine *e, const char *model_dir, const k3_server_o
     if (!s->o.max_connections) s->o.max_connections = K3_MAX_CONNECTIONS;
     s->stream_backlog = k3_srv_test_stream_backlog();
     if (!s->stream_backlog) s->stream_backlog = K3_STREAM_BACKLOG_BYTES;
+    if (!s->o.max_per_address)
+        s->o.max_per_address = s->o.max_connections / 8 > 4 ? s->o.max_connections / 8 : 4;
+    if (!s->o.request_timeout_s) s->o.request_timeout_s = K3_REQUEST_TIMEOUT_S;
+    if (!s->o.stall_timeout_s) s->o.stall_timeout_s = K3_STALL_TIMEOUT_S;
     s->started_unix = (long long)time(NULL);
     if (s->o.model_id) snprintf(s->model_id, sizeof s->model_id, "%s", s->o.model_id);
     else default_model_id(model_dir, s->model_id, sizeof s->model_id);
@@ -645,20 +736,23 @@ int k3_server_start(const k3_engine *e, const char *model_dir, const k3_server_o
     struct sockaddr_storage ss;
     int v6 = 0, rc = bind_address(s->o.host, s->o.port, &ss, &v6, err);
     if (!rc) rc = k3_worker_start(s, err);
+    if (!rc) rc = k3_conns_start(s, err);
     if (rc) {
         k3_server_stop(s);
         return rc;
     }
-    /* Slowloris (D5): connections that trickle a header byte by byte each hold a thread;
-     * one address may hold only a share of them, so the others (and /health) get in. */
-    int per_ip = s->o.max_connections / 8 > 4 ? s->o.max_connections / 8 : 4;
+    /* Slowloris (D5, D15): connections that trickle a header byte by byte each hold a
+     * thread; one address may hold only a share of them, so the others (and /health) get in,
+     * and each has a deadline (conns.h). MHD's own limits are the caps plus a margin, so that
+     * a connection over a cap is answered 503 rather than dropped. */
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
                      MHD_USE_AUTO | MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0);
     s->mhd = MHD_start_daemon(flags, (uint16_t)s->o.port, NULL, NULL, on_request, s,
                               MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
                               MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
-                              MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->o.max_connections,
-                              MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)per_ip,
+                              MHD_OPTION_CONNECTION_LIMIT, k3_conns_mhd_limit(s),
+                              MHD_OPTION_PER_IP_CONNECTION_LIMIT, k3_conns_mhd_per_address(s),
+                              MHD_OPTION_NOTIFY_CONNECTION, k3_conns_notify, s,
                               MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)K3_IDLE_TIMEOUT_S,
                               MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
                               MHD_OPTION_END);
@@ -685,6 +779,7 @@ void k3_server_stop(k3_server *s) {
         pthread_mutex_unlock(&s->mu);
     }
     if (s->mhd) MHD_stop_daemon(s->mhd);
+    k3_conns_stop(s);
     k3_worker_stop(s);
     if (s->sync_ready) {
         pthread_cond_destroy(&s->progress);

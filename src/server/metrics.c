@@ -8,7 +8,8 @@ static const char *const endpoints[K3_METRICS_ENDPOINTS] = {
     "/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens",
     "/v1/models", "/v1/models/ID", "/health", "/metrics", "/ui", "other"};
 
-static const int codes[K3_METRICS_CODES - 1] = {200, 400, 401, 404, 405, 413, 429, 500, 503};
+static const int codes[K3_METRICS_CODES - 1] = {200, 400, 401, 403, 404, 405, 408, 413,
+                                                415, 421, 429, 499, 500, 503};
 
 /* Powers of two up to the largest prefill chunk the server runs by default and beyond. */
 static const int row_bounds[K3_METRICS_ROW_BUCKETS] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512,

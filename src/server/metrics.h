@@ -20,8 +20,9 @@ struct k3_sbuf;
 
 /* The routes counted by endpoint (the canonical paths of http.c), then "other". */
 #define K3_METRICS_ENDPOINTS 10
-/* The HTTP statuses the server answers, then "other". */
-#define K3_METRICS_CODES 10
+/* The HTTP statuses the server answers (499: the client went away before the answer, as
+ * nginx counts it; issue 32, D16), then "other". */
+#define K3_METRICS_CODES 15
 /* Upper bounds of the rows-per-pass histogram's buckets (then +Inf). */
 #define K3_METRICS_ROW_BUCKETS 11
 

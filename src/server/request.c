@@ -800,3 +800,13 @@ int k3_srv_check_strings(const char *body, size_t len, const cJSON *root, k3_api
                        "which k3 cannot pass to the model (cJSON would cut the string there): "
                        "remove it", where ? where : "a string of the request");
 }
+
+int k3_server_body_has_nul(const char *body, size_t len, char *where, size_t cap) {
+    if (!raw_nul_escape(body, len)) return 0;
+    cJSON *root = cJSON_ParseWithLength(body, len);
+    k3_api_error e = {0};
+    int bad = root && k3_srv_check_strings(body, len, root, &e) != 0;
+    cJSON_Delete(root);
+    if (bad && cap) snprintf(where, cap, "%s", e.param);
+    return bad;
+}

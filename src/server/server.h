@@ -30,8 +30,11 @@
  *    the others go on, so one client that stops reading (connected, but stalled) cannot stop
  *    the server. Its unread bytes stay under the limit plus one pass's events. If the client
  *    hangs up, the generation ends (cancelled) at the next pass, or within 20 ms when nothing
- *    else runs; one that stays connected without reading keeps its slot (there is no write
- *    timeout). /metrics: k3_streams_waiting, k3_stream_backlog_peak_bytes.
+ *    else runs; one that stays connected without reading keeps its slot for
+ *    opts.stall_timeout_s (5 minutes) at most, then is cancelled and its connection shut
+ *    down. /metrics: k3_streams_waiting, k3_stream_backlog_peak_bytes.
+ *  - A client of an HTTP/1.0 request that sends FIN after its request is gone (HTTP/1.0 has no
+ *    half-close; nginx speaks it to upstreams): its generation is cancelled as for a reset.
  *  - The state cache keeps the last max(opts.state_cache, opts.parallel) conversations, one
  *    session each (sessions are created as needed, up to that many). A
  *    kept conversation's tokens are reused only when the new prompt extends them exactly
@@ -42,6 +45,11 @@
  *    usage.prompt_tokens_details.cached_tokens says how many prompt tokens were reused.
  *  - Every request ends in an HTTP response (OpenAI-shaped {"error":{...}} for 4xx/5xx) or a
  *    closed connection; a field k3 cannot honour is a 400 naming it, never silently dropped.
+ *  - Connections (conns.h): at most opts.max_connections, opts.max_per_address from one
+ *    address, 503 + Retry-After past them; a request's headers and body arrive within
+ *    opts.request_timeout_s of the accept or get 408. Requests (origin.c, srv.h): the Host
+ *    names this server (opts.allow_host), an Origin is the server's own or in
+ *    opts.allow_origin (403 otherwise), a POST body is application/json (415).
  *  - The server owns no global state: several servers may run in one process.
  */
 #ifndef K3_SERVER_H
@@ -61,8 +69,19 @@ typedef struct k3_server_opts {
     int queue;              /* requests allowed to wait while one generates; 0 = 429 at once */
     int ctx;                /* session capacity in tokens; 0 = the engine default */
     size_t max_body_bytes;  /* largest request body accepted (413 above); 0 = 8 MiB */
-    int max_connections;    /* concurrent connections (one thread each); 0 = 256, at most
-                               an eighth of them (>= 4) from one address */
+    int max_connections;    /* concurrent connections admitted (one thread each); 0 = 256;
+                               more are answered 503 + Retry-After (conns.h) */
+    int max_per_address;    /* of them from one client address; 0 = an eighth of
+                               max_connections, at least 4 (behind a proxy every client has
+                               the proxy's address: raise it to max_connections) */
+    double request_timeout_s; /* a request's headers and body must arrive within this many
+                               seconds of the accept, else 408 (slow headers, D15); 0 = 30 */
+    const char *allow_host; /* names besides localhost, literal addresses and `host` that a
+                               request's Host header may give (comma-separated; "*" = any);
+                               others get 403 (DNS rebinding, D20) */
+    const char *allow_origin; /* browser origins besides the server's own page that may call
+                               it (comma-separated "scheme://host:port"; "*" = any); others
+                               get 403. No CORS headers are sent */
     int log_requests;       /* 1: one line per request on stderr */
     int no_reuse;           /* 1: prefill every prompt from an empty state (prompts are still
                                built the same way): the A/B switch for state reuse */
@@ -82,6 +101,9 @@ typedef struct k3_server_opts {
                                CLI's default is 1, OpenAI's) */
     const char *effort;     /* chat requests without reasoning_effort / thinking_effort think
                                at this effort ("low", "high", "max"); NULL = "max" */
+    double stall_timeout_s; /* a streaming client that reads nothing for this many seconds while
+                               its generation sits out (its backlog full) is cancelled and its
+                               slot freed (D21); 0 = 300 (5 minutes) */
 } k3_server_opts;
 
 typedef struct k3_server k3_server;
@@ -122,6 +144,12 @@ int k3_server_port(const k3_server *s);
 const char *k3_server_model_id(const k3_server *s);
 const char *k3_server_url(const k3_server *s);
 void k3_server_describe_policy(const k3_server *s, char *buf, size_t cap);
+
+/* The check every request body passes before it renders (issue 20, D7), for `k3 render`
+ * (issue 32, D17): 1 when a string or key of the JSON body holds a "\u0000" escape (cJSON
+ * would cut the string there), with the field's path (e.g. "messages[0].content", or "" when
+ * it cannot be named) in where; 0 when there is none or the body is not JSON. */
+int k3_server_body_has_nul(const char *body, size_t len, char *where, size_t cap);
 
 /* Cancels the running generation, answers queued requests with 503, closes every
  * connection, joins all threads and frees the server. NULL is ignored. */

@@ -183,6 +183,8 @@ typedef struct k3_job {
                                 by the connection (http.c), not k3_job_free */
     double t_sent;           /* connection only: monotonic seconds of the last bytes handed
                                 to the stream (keep-alives follow K3_KEEPALIVE_S of silence) */
+    bool fin_gone;           /* HTTP/1.0: a FIN after the complete request means the client is
+                                gone (no half-close to tell apart; D19) */
     char id[48];
     long long created;       /* Unix seconds */
     double t_submit;         /* monotonic seconds */
@@ -190,12 +192,18 @@ typedef struct k3_job {
     /* guarded by srv->mu */
     enum k3_job_state state;
     bool cancel;             /* the client is gone or the server stops */
+    bool conn_timed;         /* stream: its connection has MHD's timeout on (http.c; the
+                                connection's thread only) */
     bool probed;             /* the client sent FIN: a probe was written to tell a half-close
                                 from a close (http.c) */
     k3_sbuf out;             /* stream: SSE bytes not yet handed to the connection, of
                                 which out_taken are taken: out.len - out_taken unread,
                                 kept near s->stream_backlog (clients.c) */
     size_t out_taken;
+    double t_read;           /* stream: monotonic seconds its connection last took bytes (or
+                                the submission) */
+    bool stalled;            /* cancelled because its streaming client read nothing for
+                                o.stall_timeout_s (D21) */
     struct k3_job *next;     /* FIFO link while queued */
 
     /* written by the worker while RUNNING; read by the connection once DONE */
@@ -261,6 +269,8 @@ struct k3_server {
     size_t stream_backlog;         /* unread bytes a stream may hold before its slot sits out
                                       (K3_STREAM_BACKLOG_BYTES; the test build may lower it) */
 
+    struct k3_conns *conns;        /* accepted connections: caps and deadlines (conns.h) */
+
     pthread_t worker;
     bool worker_started;
     /* Owned by the worker thread only (no lock): the session, its kept tokens, scratch. */
@@ -273,6 +283,20 @@ struct k3_server {
  * k3_srv_client_read_closed, and a write tells the two apart (a closed peer answers RST). */
 bool k3_srv_client_gone(int fd);
 bool k3_srv_client_read_closed(int fd);
+/* k3_srv_client_gone for job j's client, and for HTTP/1.0 (j->fin_gone) a FIN as well. */
+bool k3_job_client_gone(const struct k3_job *j);
+
+/* origin.c — local-server hygiene (issue 32, D20). The Host header (NULL: absent, HTTP/1.0)
+ * names this server: a literal IPv4/IPv6 address, localhost, o->host, or a name in
+ * o->allow_host (comma-separated; "*" = any). Without that a DNS-rebinding page could pass as
+ * same-origin. */
+bool k3_srv_host_allowed(const k3_server_opts *o, const char *host);
+/* The Origin header (NULL: absent) is this server's own ("http://" or "https://" + Host) or
+ * in o->allow_origin (comma-separated, exact; "*" = any). */
+bool k3_srv_origin_allowed(const k3_server_opts *o, const char *origin, const char *host);
+/* Content-Type is application/json (parameters allowed) or absent: a browser's cross-site
+ * "simple" POST (text/plain, form types) is refused without a preflight. */
+bool k3_srv_json_type(const char *content_type);
 
 /* worker.c */
 int k3_worker_start(struct k3_server *s, k3_err *err);

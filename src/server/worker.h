@@ -72,6 +72,7 @@ typedef struct k3_slot {
     k3_gen g;             /* decode */
     bool done;            /* the job ends after this round (finished, cancelled, failed) */
     bool waiting;         /* decode: sits out this round, its streaming client is behind */
+    double wait_since;    /* ... since when (monotonic seconds), for o.stall_timeout_s */
     bool failed;          /* ... because it failed (err) */
     k3_err err;
     int32_t last;         /* the last sampled id (never fed) */

@@ -52,6 +52,7 @@ typedef struct xfer {
     int hops;
     double not_before;
     uint64_t start;           /* absolute offset this attempt asks from */
+    double t_start;           /* monotonic seconds the attempt began (its deadline) */
     size_t cap;               /* whole-file body capacity */
     /* the current response */
     long status;
@@ -411,10 +412,25 @@ static size_t on_body(char *p, size_t sz, size_t nm, void *ud) {
     return n;
 }
 
-static int on_xferinfo(void *ud, curl_off_t a, curl_off_t b, curl_off_t c, curl_off_t d) {
-    (void)a, (void)b, (void)c, (void)d;
+/* An attempt's deadline (issue 32): --timeout plus its bytes at K3_SETUP_MIN_RATE, so that a
+ * server dripping a few bytes a second (which never trips the no-byte timeout) is retried.
+ * Its bytes: the range asked for, else (a whole file) the length once the answer's headers
+ * give it, else none yet. */
+static bool past_deadline(xfer *x, curl_off_t dltotal) {
+    const k3_http_req *r = x->r;
+    double bytes = r->nbytes ? (double)(r->nbytes - r->done) : dltotal > 0 ? (double)dltotal : 0;
+    double limit = x->h->o.timeout_s + bytes / K3_SETUP_MIN_RATE;
+    if (k3_now_s() - x->t_start <= limit) return false;
+    set_fail(x, true, K3_ERR_NETWORK, "no complete answer within %.0f s (the deadline for %.0f "
+             "bytes: --timeout plus %d KiB/s)", limit, bytes, K3_SETUP_MIN_RATE / 1024);
+    return true;
+}
+
+static int on_xferinfo(void *ud, curl_off_t dltotal, curl_off_t b, curl_off_t c, curl_off_t d) {
+    (void)b, (void)c, (void)d;
     xfer *x = ud;
-    return x->h->o.interrupt && *x->h->o.interrupt ? 1 : 0;
+    if (x->h->o.interrupt && *x->h->o.interrupt) return 1;
+    return past_deadline(x, dltotal) ? 1 : 0;
 }
 
 /* ---- one attempt ---------------------------------------------------------------------- */
@@ -434,6 +450,7 @@ static int start_attempt(k3_http *h, xfer *x, k3_err *err) {
     if (!e) return k3_fail(err, K3_ERR_GENERIC, "out of memory (curl handle)");
     x->easy = e;
     x->start = r->offset + r->done;
+    x->t_start = k3_now_s();
     x->status = 0;
     x->have_cr = x->have_cl = x->checked = x->discard = false;
     x->fail[0] = x->errbuf[0] = 0;

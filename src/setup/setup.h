@@ -95,6 +95,10 @@
 
 typedef struct k3_http k3_http;
 
+/* The slowest transfer k3 setup waits for (bytes per second): an attempt that has not
+ * completed within --timeout plus its bytes at this rate is retried (a hub dripping bytes). */
+#define K3_SETUP_MIN_RATE (16 * 1024)
+
 typedef struct k3_http_opts {
     const char *endpoint;     /* origin the user configured, e.g. "https://huggingface.co" */
     const char *token;        /* bearer token (HF_TOKEN) or NULL; sent only to endpoint's host */
@@ -102,7 +106,8 @@ typedef struct k3_http_opts {
     int retries;              /* extra attempts on retryable failures (0: 5; -1: none) */
     double backoff_s;         /* delay before the first retry, doubled each time (0: 0.5 s) */
     double timeout_s;         /* connect timeout, and a transfer with no byte for this long
-                                 fails and is retried (0: 30 s) */
+                                 fails and is retried (0: 30 s); an attempt also has a
+                                 deadline: timeout_s plus its bytes at K3_SETUP_MIN_RATE */
     volatile sig_atomic_t *interrupt; /* when *interrupt != 0, transfers stop: K3_ERR_INTERRUPTED */
     /* Called on the fetching thread for every body byte range written (progress bars). */
     void (*on_bytes)(void *user, uint64_t nbytes);

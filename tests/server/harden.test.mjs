@@ -35,7 +35,7 @@ function rawExchange(request, { halfClose }) {
 
 function post(body) {
   const b = JSON.stringify(body);
-  return `POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n` +
+  return `POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n` +
     `Content-Length: ${Buffer.byteLength(b)}\r\nConnection: close\r\n\r\n${b}`;
 }
 
@@ -74,8 +74,8 @@ test('D6: a client that really leaves still cancels its generation', async () =>
     await sleep(20);
   }
   await sleep(200);
+  assert.match(slow.log(), /POST \/v1\/chat\/completions 499 .*cancelled/);
   await slow.stop();
-  assert.match(slow.log(), /POST \/v1\/chat\/completions 503 .*cancelled/);
 });
 
 test('D7: \\u0000 inside a string is a 400 naming the field', async () => {
@@ -124,7 +124,7 @@ test('D5: 70 slowloris connections leave /health answering within a second', asy
   for (let i = 0; i < 70; i++) {
     const s = net.connect({ port, host: '127.0.0.1', localAddress: '127.0.0.2' });
     s.on('error', () => {});
-    s.on('connect', () => s.write('GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: '));
+    s.on('connect', () => s.write('GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: '));
     socks.push(s);
   }
   const drip = setInterval(() => { for (const s of socks) if (!s.destroyed) s.write('a'); }, 1000);

@@ -11,12 +11,12 @@ export { ROOT, K3, MODEL, startServer };
 export const MODEL_ID = 'k3-nano';
 
 // A startServer(args, env) for one test file: every server it starts is stopped after the
-// file's tests. env: the environment every one of them gets.
+// file's tests. env: the environment every one of them gets; wrap: as startServer's.
 export function serverPool(env = {}) {
   const servers = [];
   after(async () => { await Promise.all(servers.map((s) => s.stop())); });
-  return async (args) => {
-    const s = await startServer(args, env);
+  return async (args, wrap = []) => {
+    const s = await startServer(args, env, wrap);
     servers.push(s);
     return s;
   };
@@ -32,8 +32,12 @@ export function k3(args) {
   return execFileSync(K3, args, { cwd: ROOT, encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
 }
 
-// Raw HTTP for cases the client would not send: returns {status, headers, json, text}.
+// Raw HTTP for cases the client would not send: returns {status, headers, json, text}. A body
+// goes as application/json unless headers name another Content-Type (fetch's own default,
+// text/plain, is what k3 refuses from browsers: issue 32, D20).
 export async function raw(srv, method, p, body, headers = {}) {
+  if (body !== undefined && !Object.keys(headers).some((h) => h.toLowerCase() === 'content-type'))
+    headers = { ...headers, 'Content-Type': 'application/json' };
   const res = await fetch(srv.url + p, { method, body, headers, duplex: 'half' });
   const text = await res.text();
   let json = null;

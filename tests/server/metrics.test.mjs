@@ -3,7 +3,8 @@
 // that move by exactly what a known request did (its usage object says how many tokens).
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { serverPool, client, raw, MODEL_ID } from './harness.mjs';
+import net from 'node:net';
+import { serverPool, client, raw, sleep, MODEL_ID } from './harness.mjs';
 
 const server = serverPool();
 
@@ -136,4 +137,33 @@ test('with --api-key, /metrics needs the key like the API (/health does not)', a
   assert.equal((await raw(srv, 'GET', '/health')).status, 200);
   const m = await scrape(srv, { Authorization: 'Bearer sesame' });
   assert.equal(get(m, req('/metrics', 401)), 1);
+});
+
+// issue 32, D16: a stream whose client hung up (here before its first token) was counted as
+// code="200", like a served one. It is code="499" now (nginx's "client closed request"), and
+// so is a non-streamed one whose client left; served and abandoned are told apart.
+test('D16: requests whose client left are counted as 499, not 200', async () => {
+  const srv = await serverPool({ K3_TEST_TOKEN_DELAY_MS: '50' })(['--ctx', '512']);
+  const { hostname, port } = new URL(srv.url);
+  for (const stream of [true, false]) {
+    const body = JSON.stringify({ messages: [{ role: 'user', content: 'a long story' }], max_tokens: 300, stream });
+    const sock = net.connect(Number(port), hostname);
+    sock.on('error', () => {});
+    await new Promise((r) => sock.on('connect', r));
+    sock.write(`POST /v1/chat/completions HTTP/1.1\r\nHost: ${hostname}:${port}\r\nContent-Type: application/json\r\n` +
+      `Content-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`);
+    for (let t0 = Date.now(); !(await raw(srv, 'GET', '/health')).json.generating;) {
+      assert.ok(Date.now() - t0 < 5000, 'never started');
+      await sleep(10);
+    }
+    sock.destroy();
+    for (let t0 = Date.now(); (await raw(srv, 'GET', '/health')).json.generating;) {
+      assert.ok(Date.now() - t0 < 5000, 'still generating');
+      await sleep(10);
+    }
+  }
+  await sleep(200);
+  const m = await scrape(srv);
+  assert.equal(get(m, req('/v1/chat/completions', 499)), 2, [...m.samples.keys()].join('\n'));
+  assert.equal(m.samples.get(req('/v1/chat/completions', 200)), undefined, 'an abandoned request counted as served');
 });

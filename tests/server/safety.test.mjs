@@ -183,11 +183,11 @@ test('no input brings it down: garbage, broken HTTP, odd JSON, invalid UTF-8', a
   const junk = [
     'GARBAGE\r\n\r\n',
     '\x00\x01\x02\xff\xfe'.repeat(100),
-    'GET /v1/models HTTP/1.1\r\nHost: x\r\n' + 'X-Long: ' + 'a'.repeat(100000) + '\r\n\r\n',
-    'POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999\r\n\r\n{',
-    'POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n{',
-    'POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n',
-    'POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{"messages"',
+    'GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n' + 'X-Long: ' + 'a'.repeat(100000) + '\r\n\r\n',
+    'POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 99999999999999999999\r\n\r\n{',
+    'POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: -5\r\n\r\n{',
+    'POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n',
+    'POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 50\r\n\r\n{"messages"',
   ];
   for (const j of junk) await rawSocket(port, j, { half: true });
   const bodies = [

@@ -19,9 +19,11 @@ process.on('exit', () => { for (const p of running) p.kill('SIGKILL'); });
 
 // Starts a server; resolves to {url, base, proc, banner(), log(), exited, stop()} once it
 // prints its URL. `env` adds variables (K3_TEST_TOKEN_DELAY_MS: the test-only pause after
-// each token, server.h).
-export async function startServer(args = [], env = {}) {
-  const proc = spawn(K3, ['serve', MODEL, '--port', '0', ...args], {
+// each token, server.h). `wrap`: a command that runs k3 (e.g. ['unshare', '-rpf'], k3 as pid 1
+// of a namespace of its own, as in a container).
+export async function startServer(args = [], env = {}, wrap = []) {
+  const argv = [...wrap, K3, 'serve', MODEL, '--port', '0', ...args];
+  const proc = spawn(argv[0], argv.slice(1), {
     cwd: ROOT, env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'],
   });
   running.add(proc);

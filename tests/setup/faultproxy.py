@@ -12,7 +12,8 @@ and the first matching rule whose COUNT is not used up (-1 = forever) is applied
     status    answer HTTP ARG (e.g. 500, 404) without asking upstream
     badrange  Content-Range shifted by one byte (the body unchanged)
     stall     headers and half the body, then ARG seconds of silence, then close
-    slow      the whole answer at ARG bytes per second
+    slow      the whole answer at ARG bytes per second (4096-byte bursts)
+    drip      the body one byte at a time, ARG bytes per second (never a second without one)
 Every request is logged as: PATH RANGE STATUS MODE
 """
 import http.client, http.server, os, socket, struct, sys, threading, time
@@ -99,6 +100,16 @@ class Proxy(http.server.BaseHTTPRequestHandler):
                 self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             self.close_connection = True
             self.connection.close()
+            return
+        if mode == "drip":
+            try:
+                for i in range(len(body)):
+                    self.wfile.write(body[i:i + 1])
+                    self.wfile.flush()
+                    time.sleep(1 / float(arg))
+            except OSError:
+                pass  # the client gave up
+            self.close_connection = True
             return
         if mode == "slow":
             rate, step = float(arg), 4096

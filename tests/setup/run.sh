@@ -300,6 +300,20 @@ group_faults() {
     check "redirect to another host over http: refused (exit 10)" bash -c "[ $rc = 10 ] && grep -q 'refused a redirect to http://localhost' '$T/f-off.err'"
 }
 
+# A hub that drips (3 bytes/s: never a second without a byte, so curl's no-byte timeout never
+# fires): each attempt's deadline (--timeout plus its bytes at 16 KiB/s) retries it (issue 32).
+# Bounded: the install is killed after 60 s (dripped, config.json alone would take 25 min).
+group_drip() {
+    start_proxy
+    local rc
+    rules "drip config.json 1 3"
+    timeout 60 "$K3" setup "$T/f-drip" --full --endpoint "$PEP" --backoff 0.05 --timeout 5 2>"$T/f-drip.err"; rc=$?
+    check "drip: retried at the deadline, exit 0 (not $rc)" [ $rc = 0 ]
+    check "drip: byte-identical" same_as_source "$T/f-drip"
+    check "drip: the retry says why" grep -q "retrying .*config.json.*no complete answer within 5 s" "$T/f-drip.err"
+    rules ""
+}
+
 journaled() { # DEST: prints each shard's journaled byte count (or "all" when in place)
     local f
     for f in $SHARDS; do
@@ -348,7 +362,7 @@ group_resume() {
 }
 
 start_nginx
-GROUPS_TO_RUN=${*:-full stream streamrun budget auto faults resume}
+GROUPS_TO_RUN=${*:-full stream streamrun budget auto faults drip resume}
 for g in $GROUPS_TO_RUN; do
     echo "== $g"
     "group_$g"

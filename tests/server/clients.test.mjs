@@ -1,0 +1,112 @@
+// clients.test.mjs — issue 32's clients that stall or vanish:
+//  - D21: with the default --parallel 1, a streaming client that stops reading held the only
+//    slot until it disconnected (every other request a 429). Now it is cancelled after
+//    --stall-timeout seconds of reading nothing (1 s here) and the next request runs.
+//  - D19: a non-streamed HTTP/1.0 request whose client closed its socket ran to max_tokens
+//    (HTTP/1.0 has no half-close; nginx speaks it to upstreams). Now the FIN cancels it.
+// Replies are slowed by the test-only K3_TEST_TOKEN_DELAY_MS or made long by a scripted reply
+// (server.h), so that no outcome depends on how fast this machine is.
+import { test, after } from 'node:test';
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+import { serverPool, raw, sleep, MODEL_ID } from './harness.mjs';
+
+const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'k3-clients-'));
+after(() => fs.rmSync(dir, { recursive: true, force: true }));
+const JSONH = { 'Content-Type': 'application/json' };
+
+const WORDS = 'the fox ran over hills and rivers while a heron watched from tall reeds by the'.split(' ');
+const LONG = Array.from({ length: 6000 }, (_, i) => `${WORDS[i % WORDS.length]}${i % 9 ? '' : ','}`).join(' ');
+
+function request(port, version, body) {
+  return `POST /v1/chat/completions HTTP/${version}\r\nHost: 127.0.0.1:${port}\r\n` +
+    `Content-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`;
+}
+
+test('D21: a streaming client that reads nothing is cancelled after --stall-timeout; the slot frees', async () => {
+  const script = path.join(dir, 'script.json');
+  fs.writeFileSync(script, JSON.stringify([LONG]));
+  const srv = await serverPool({ K3_TEST_SCRIPTED_REPLY: script, K3_TEST_STREAM_BACKLOG_BYTES: '65536' })(
+    ['--stall-timeout', '1']);
+  const port = Number(new URL(srv.url).port);
+  const body = JSON.stringify({ model: MODEL_ID, stream: true, max_tokens: 3600, temperature: 0,
+    reasoning_effort: 'none', logprobs: true, top_logprobs: 20,
+    messages: [{ role: 'user', content: 'Tell a very long story.' }] });
+  const sock = net.connect(port, '127.0.0.1');
+  sock.on('error', () => {});
+  const closed = new Promise((r) => sock.on('close', r));
+  await new Promise((r) => sock.on('connect', r));
+  sock.pause(); // reads nothing, ever
+  sock.write(request(port, '1.1', body));
+  try {
+    // another client: 429 while the stalled one holds the slot, then 200 (before: 429 forever)
+    const t0 = Date.now();
+    let r;
+    for (;;) {
+      r = await raw(srv, 'POST', '/v1/chat/completions', JSON.stringify({
+        messages: [{ role: 'user', content: 'hi' }], max_tokens: 2 }), JSONH);
+      if (r.status !== 429) break;
+      assert.ok(Date.now() - t0 < 30000, 'still 429 30 s after the client stopped reading (D21)');
+      await sleep(200);
+    }
+    assert.equal(r.status, 200, r.text);
+    sock.resume(); // what was sent before the shutdown, then the end of the connection
+    await Promise.race([closed, sleep(10000).then(() => assert.fail('the stalled connection was left open'))]);
+    assert.match(srv.log(), /POST \/v1\/chat\/completions 499 stream .*cancelled: the client read nothing for --stall-timeout/);
+  } finally {
+    sock.destroy();
+  }
+});
+
+test('D19: an HTTP/1.0 client that closes its socket cancels its non-streamed generation', async () => {
+  // 50 ms per token: 340 tokens would take 17 s; the client leaves after ~0.3 s
+  const srv = await serverPool({ K3_TEST_TOKEN_DELAY_MS: '50' })(['--ctx', '512']);
+  const port = Number(new URL(srv.url).port);
+  for (const stream of [false, true]) {
+    const body = JSON.stringify({ messages: [{ role: 'user', content: 'write a long story' }],
+      max_tokens: 340, temperature: 0, stream });
+    const sock = net.connect(port, '127.0.0.1');
+    sock.on('error', () => {});
+    await new Promise((r) => sock.on('connect', r));
+    sock.write(request(port, '1.0', body));
+    for (let t0 = Date.now(); ;) { // until it generates
+      const h = await raw(srv, 'GET', '/health');
+      if (h.json.generating) break;
+      assert.ok(Date.now() - t0 < 5000, 'never started');
+      await sleep(20);
+    }
+    await sleep(300);
+    sock.destroy(); // FIN (nothing was sent back to reset)
+    const t1 = Date.now();
+    for (;;) {
+      const h = await raw(srv, 'GET', '/health');
+      if (!h.json.generating) break;
+      assert.ok(Date.now() - t1 < 5000, `stream=${stream}: still generating 5 s after the HTTP/1.0 client left (D19)`);
+      await sleep(20);
+    }
+  }
+  await sleep(200);
+  const lines = srv.log().split('\n').filter((l) => /POST \/v1\/chat\/completions/.test(l));
+  assert.equal(lines.length, 2, lines.join('\n'));
+  for (const l of lines) assert.match(l, /cancelled/, l);
+});
+
+test('--stall-timeout counts only time the client does not read: a stream that waits longer in the queue is served', async () => {
+  // 100 ms per token: A holds the slot ~3 s while B (streamed, read at once) waits in the
+  // queue, three times --stall-timeout; then B is served whole
+  const srv = await serverPool({ K3_TEST_TOKEN_DELAY_MS: '100' })(['--stall-timeout', '1', '--queue', '2']);
+  const body = (n) => JSON.stringify({ messages: [{ role: 'user', content: 'hi' }], max_tokens: n,
+    temperature: 0, stream: true });
+  const go = async (n) => {
+    const r = await raw(srv, 'POST', '/v1/chat/completions', body(n), JSONH);
+    return { status: r.status, done: /data: \[DONE\]/.test(r.text) };
+  };
+  const a = go(30);
+  await sleep(200);
+  const b = go(5);
+  assert.deepEqual(await a, { status: 200, done: true });
+  assert.deepEqual(await b, { status: 200, done: true });
+});
