@@ -7,7 +7,8 @@
  * VLOADA, VSTOREU, VSTOREA, VFMA, VADD, VMUL, VSET1, VBF16 (W BF16 values widened), the
  * functions hsum (the fixed lane sum) and load_tail (a masked load of fewer than W floats), the
  * tile sizes KC and RG, the unroll pragmas UNROLL and UNROLL_V, and the register-blocking
- * choices TILE_V, SMALL_ACC, SMALL_R4 and SMALL_R5.
+ * choices TILE_V, SMALL_ACC, SMALL_R4 and SMALL_R5, and LX_JOIN (four 8-lane vectors of a
+ * lossless group as 32 / W VFs).
  *
  * Exactness: the macros stand for the one intrinsic each ISA has for the operation, so each
  * path runs the same sequence of f32 operations it ran when the two files were written out
@@ -247,6 +248,143 @@ static void bf16_small(const uint16_t *w, int64_t rows, int64_t cols, const floa
     }
 }
 #undef BF16_RUN
+
+/* ---- lossless BF16 (K3_DT_BF16LX, kernels.h): decoded in registers, then the BF16 recipe -- */
+
+/* The 32 high bytes of a group by position (one vpshufb of the 16-entry table, both lanes):
+ * lane 0 takes the low nibbles (positions 0..15), lane 1 the high ones (16..31). */
+static inline __m256i lx_hi(const uint8_t *g, __m256i tab) {
+    __m256i c = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)g));
+    __m256i idx = _mm256_srlv_epi32(c, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
+    return _mm256_shuffle_epi8(tab, _mm256_and_si256(idx, _mm256_set1_epi8(15)));
+}
+
+/* Writes the group's escapes (consumed from *e) into hi: rare (a group of 32 holds one with
+ * probability ~3% at k3-tiny-kjv's 0.11% escapes), so out of line. */
+static __attribute__((noinline)) __m256i lx_patch(__m256i hi, const uint32_t *list, uint32_t *e,
+                                                  uint32_t end, int64_t c0) {
+    _Alignas(32) uint8_t t[32];
+    _mm256_store_si256((__m256i *)t, hi);
+    for (; *e < end && (int64_t)(list[*e] >> 8) < c0 + K3_LX_GROUP; ++*e)
+        t[k3_lx_pos((int)((int64_t)(list[*e] >> 8) - c0) & 31)] = (uint8_t)list[*e];
+    return _mm256_load_si256((const __m256i *)t);
+}
+
+/* A whole group (c0 + 32 <= cols) as 32 / W vectors in column order: (low, high) byte pairs
+ * interleave into BF16 words (vpunpck*bw), the words into f32 bits (vpunpck*wd against zero:
+ * word << 16), and the position order makes each 8-lane result 8 consecutive columns. */
+static inline void lx_group(const uint8_t *g, __m256i tab, const uint32_t *list, uint32_t *e,
+                            uint32_t end, int64_t c0, VF *v) {
+    __m256i hi = lx_hi(g, tab), z = _mm256_setzero_si256();
+    if (*e < end && (int64_t)(list[*e] >> 8) < c0 + K3_LX_GROUP) hi = lx_patch(hi, list, e, end, c0);
+    __m256i lo = _mm256_loadu_si256((const __m256i *)(g + 16));
+    __m256i b0 = _mm256_unpacklo_epi8(lo, hi), b1 = _mm256_unpackhi_epi8(lo, hi);
+    __m256 v8[4] = {_mm256_castsi256_ps(_mm256_unpacklo_epi16(z, b0)),
+                    _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, b0)),
+                    _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, b1)),
+                    _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, b1))};
+    LX_JOIN(v8, v);
+}
+
+#define LX_STEPS (K3_LX_GROUP / W)
+
+/* The last, partial group of a row (c0 + 32 > cols): decoded to BF16 in column order, then
+ * exactly bf16_vec's last steps (full steps, then the tail step with xt). */
+static inline VF lx_last(const uint8_t *g, const k3_mat *m, const uint32_t *list, uint32_t *e,
+                         uint32_t end, int64_t c0, const float *x, VF xt, VF s) {
+    uint16_t t[K3_LX_GROUP];
+    int64_t full = m->cols & ~(int64_t)(W - 1);
+    k3_lx_group_u16(g, m->xtab, list, e, end, c0, m->cols, t);
+    for (int64_t i = c0; i < full; i += W) s = VFMA(VBF16(t + (i - c0)), VLOADU(x + i), s);
+    if (full < m->cols) s = VFMA(VBF16(t + (full - c0)), xt, s);
+    return s;
+}
+
+/* Matrix-vector rows [r0, r1), four rows at a time (four FMA chains), each row's operations
+ * those of bf16_vec. */
+static void lx_vec(const k3_mat *m, const float *x, float *y, int64_t r0, int64_t r1) {
+    int64_t cols = m->cols, ng = cols / K3_LX_GROUP, full = cols & ~(int64_t)(W - 1);
+    uint64_t rb = k3_lx_row_bytes(cols);
+    const uint8_t *data = m->data;
+    const uint32_t *list = m->esc + m->rows + 1;
+    __m256i tab = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)m->xtab));
+    VF xt = full < cols ? load_tail(x + full, cols - full) : VZERO();
+    for (int64_t r = r0; r < r1;) {
+        int R = r + 4 <= r1 ? 4 : 1;
+        uint32_t e[4], end[4];
+        VF s[4] = {VZERO(), VZERO(), VZERO(), VZERO()};
+        for (int q = 0; q < R; q++) k3_lx_row_escapes(m, r + q, &e[q], &end[q]);
+        const uint8_t *row = data + (uint64_t)r * rb;
+        for (int64_t gi = 0; gi < ng; gi++) {
+            const float *xg = x + gi * K3_LX_GROUP;
+            UNROLL
+            for (int q = 0; q < R; q++) {
+                VF v[LX_STEPS];
+                lx_group(row + q * rb + gi * K3_LX_GROUP_BYTES, tab, list, &e[q], end[q],
+                         gi * K3_LX_GROUP, v);
+                for (int j = 0; j < LX_STEPS; j++) s[q] = VFMA(v[j], VLOADU(xg + j * W), s[q]);
+            }
+        }
+        if (ng * K3_LX_GROUP < cols)
+            for (int q = 0; q < R; q++)
+                s[q] = lx_last(row + q * rb + ng * K3_LX_GROUP_BYTES, m, list, &e[q], end[q],
+                               ng * K3_LX_GROUP, x, xt, s[q]);
+        for (int q = 0; q < R; q++) y[r + q] = hsum(s[q]);
+        r += R;
+    }
+}
+
+/* Batched: matmul_tiles' loop with each tile row decoded as above (the very vectors lx_vec
+ * computes, stored), so row b equals lx_vec of x[b] bit for bit. cur[r % RG] is row r's
+ * escape cursor across its tiles (rows of one row group are distinct modulo RG). */
+static void lx_tile_row(const k3_mat *m, __m256i tab, uint32_t *cur, uint32_t *curend,
+                        int64_t r, int64_t k0, int64_t kc, float *t) {
+    const uint8_t *row = (const uint8_t *)m->data + (uint64_t)r * k3_lx_row_bytes(m->cols);
+    const uint32_t *list = m->esc + m->rows + 1;
+    uint32_t *e = &cur[r % RG], end;
+    if (k0 == 0) k3_lx_row_escapes(m, r, e, &curend[r % RG]);
+    end = curend[r % RG];
+    for (int64_t c0 = k0; c0 < k0 + kc; c0 += K3_LX_GROUP) {
+        const uint8_t *g = row + c0 / K3_LX_GROUP * K3_LX_GROUP_BYTES;
+        float *o = t + (c0 - k0);
+        if (c0 + K3_LX_GROUP <= m->cols) {
+            VF v[LX_STEPS];
+            lx_group(g, tab, list, e, end, c0, v);
+            for (int j = 0; j < LX_STEPS; j++) VSTOREA(o + j * W, v[j]);
+        } else { /* zeros past cols, as bf16_tail */
+            uint16_t u[K3_LX_GROUP];
+            k3_lx_group_u16(g, m->xtab, list, e, end, c0, m->cols, u);
+            for (int64_t i = 0; i < m->cols - c0; i += W) VSTOREA(o + i, VBF16(u + i));
+        }
+    }
+}
+
+static void lx_tiles(const k3_mat *m, const float *x, int n, float *y, int64_t r0, int64_t r1) {
+    _Alignas(sizeof(VF)) float tile[RG * KC];
+    VF acc[RG][K3_MAX_BATCH];
+    uint32_t cur[RG], curend[RG];
+    int64_t cols = m->cols, rows = m->rows;
+    __m256i tab = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)m->xtab));
+    for (int64_t rg = r0; rg < r1; rg += RG) {
+        int nr = r1 - rg < RG ? (int)(r1 - rg) : RG;
+        for (int r = 0; r < nr; r++)
+            for (int b = 0; b < n; b++) acc[r][b] = VZERO();
+        for (int64_t k0 = 0; k0 < cols; k0 += KC) {
+            int64_t kc = cols - k0 < KC ? cols - k0 : KC, full = kc & ~(int64_t)(W - 1);
+            for (int r = 0; r < nr; r++) lx_tile_row(m, tab, cur, curend, rg + r, k0, kc, tile + r * KC);
+            tile_products(tile, nr, x + k0, cols, n, full, kc - full, acc);
+        }
+        for (int r = 0; r < nr; r++)
+            for (int b = 0; b < n; b++) y[b * rows + rg + r] = hsum(acc[r][b]);
+    }
+}
+
+static void bf16lx(const k3_mat *m, const float *x, int n, float *y, int64_t r0, int64_t r1) {
+    if (n == 1)
+        lx_vec(m, x, y, r0, r1);
+    else
+        lx_tiles(m, x, n, y, r0, r1);
+}
 
 /* ---- the table's entries -------------------------------------------------------------- */
 

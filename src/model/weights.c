@@ -61,7 +61,7 @@ static k3_mat mat(binder *b, const char *suffix, int dtype, int64_t rows, int64_
 static k3_mat conv_taps(binder *b, const char *suffix, int64_t p, int64_t k) {
     k3_mat m = {0};
     const k3_tensor *t = get(b, suffix, K3_DT_F32, 3, p, 1, k);
-    if (t) m = (k3_mat){t->data, t->dtype, p, k, NULL};
+    if (t) m = (k3_mat){.data = t->data, .dtype = t->dtype, .rows = p, .cols = k};
     return m;
 }
 
