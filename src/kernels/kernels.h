@@ -29,6 +29,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "../util/bf16lx.h"
 #include "../util/err.h"
 
 /* One CPU path's kernels (src/kernels/dispatch.h); read-only, chosen once at engine load.
@@ -162,26 +163,8 @@ void k3_situ_vec(const float *gate, const float *up, int n, float beta, float li
  * register in column order. esc[r] .. esc[r + 1] - 1 index row r's escapes in esc[rows + 1 +
  * i], each (column << 8) | high byte, in ascending column. Kernels clamp the index to n_esc,
  * so a corrupt payload gives wrong numbers (k3 pack --verify finds it) but never a read
- * outside the matrix. */
-#define K3_LX_GROUP 32
-#define K3_LX_GROUP_BYTES 48
-#define K3_LX_ESCAPE 15
-#define K3_LX_MAX_COLS (1 << 24) /* the column must fit an escape's 24 bits */
-
-static inline int k3_lx_pos(int k) { return 16 * ((k >> 2) & 1) + 4 * (k >> 3) + (k & 3); }
-static inline uint64_t k3_lx_row_bytes(int64_t cols) {
-    return (uint64_t)((cols + K3_LX_GROUP - 1) / K3_LX_GROUP) * K3_LX_GROUP_BYTES;
-}
-
-/* The table for a matrix whose high bytes have histogram hist[256]: the 15 most frequent
- * (ties to the smaller byte; xtab[15] = 0) into xtab, and code_of[b] = b's code (15 when b is
- * not in the table). Deterministic. */
-void k3_lx_table(const uint64_t hist[256], uint8_t xtab[16], uint8_t code_of[256]);
-/* Encodes one BF16 row of cols values into k3_lx_row_bytes(cols) bytes at out (padding
- * zeroed) and its escapes into esc (if non-NULL; room for cols entries). Returns the number
- * of escapes. cols <= K3_LX_MAX_COLS. */
-int64_t k3_lx_encode_row(const uint16_t *w, int64_t cols, const uint8_t code_of[256],
-                         uint8_t *out, uint32_t *esc);
+ * outside the matrix. The constants, the table rule and the encoder are src/util/bf16lx.h's
+ * (the packer in src/format lays files out with them). */
 /* Decodes row r of a K3_DT_BF16LX matrix into out[cols] (BF16 bits): the reference decoder
  * (k3 pack's self-check, tests, k3_mat_at). */
 void k3_lx_decode_row(const k3_mat *m, int64_t r, uint16_t *out);
