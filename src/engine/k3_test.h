@@ -8,5 +8,8 @@
 /* The engine's expert store (src/store/store.h), e.g. to install a read hook or read its
  * slot count. */
 struct k3_store *k3_engine_store(const k3_engine *e);
+/* The bound model (src/model/model.h): its matrices' dtypes, kernel path and spine bytes. */
+struct k3_model;
+const struct k3_model *k3_engine_model(const k3_engine *e);
 
 #endif
