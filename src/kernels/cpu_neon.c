@@ -202,6 +202,7 @@ static void lx_vec(const k3_mat *m, const float *x, float *y, int64_t r0, int64_
         for (int64_t gi = 0; gi < ng; gi++)
             for (int q = 0; q < R; q++) {
                 float32x4_t v[8];
+                __builtin_prefetch(row + q * rb + gi * K3_LX_GROUP_BYTES + 768);
                 lx_group(row + q * rb + gi * K3_LX_GROUP_BYTES, tab, list, &e[q], end[q],
                          gi * K3_LX_GROUP, v);
                 for (int j = 0; j < 8; j++)
