@@ -57,10 +57,9 @@ int k3_backend_open(const k3_model *m, const k3_engine_opts *o, k3_backend **out
         if (!strcmp(dev, "cuda"))
             rc = k3_fail(err, K3_ERR_USAGE, "device cuda: %s", reason);
     }
-    if (rc) {
-    } else if (!strcmp(dev, "cuda") || (!strcmp(dev, "auto") && have))
+    if (!rc && (!strcmp(dev, "cuda") || (!strcmp(dev, "auto") && have)))
         rc = open_cuda(b, o, strcmp(dev, "auto") ? "" : "auto picked the GPU: ", err);
-    else if (!strcmp(dev, "auto"))
+    else if (!rc && !strcmp(dev, "auto"))
         snprintf(b->line, sizeof b->line, "device: cpu (auto: no usable CUDA device: %s)", reason);
     else
         snprintf(b->line, sizeof b->line, "device: cpu");

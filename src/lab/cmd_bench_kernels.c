@@ -363,7 +363,8 @@ static void decode_usage(FILE *f) {
         "\n"
         "  --tokens N     decode steps (default 10)\n"
         "  --threads N    compute threads (default: OMP_NUM_THREADS or physical cores)\n"
-        "  --spine MODE   bf16 (default) or int8 (the packed spine, NOT exact; k3 pack)\n"
+        "  --spine MODE   bf16 (default), lossless (k3 pack --lossless: exact) or int8 (the\n"
+        "                 packed spine, NOT exact; k3 pack)\n"
         "  --pack-dir DIR folder of the packed spine (default MODEL_DIR)\n"
         "  --spine-gb G   resident spine budget (k3 run --help); then also prints the spine\n"
         "                 bytes streamed per token, the time passes waited for them, and the\n"
@@ -435,11 +436,12 @@ static void spine_report(const k3_engine *e, const k3_spine_stats *st0, int toke
     double bytes = (double)(st.bytes_read - st0->bytes_read) / tokens;
     double wait = (st.wait_s - st0->wait_s) / tokens, read = (st.read_s - st0->read_s) / tokens;
     double bw1 = disk_read_bw(dir), bw = bw0 > 0 && bw1 > 0 ? (bw0 + bw1) / 2 : bw1;
-    char plan[K3_DESCRIBE_CAP];
+    char plan[K3_DESCRIBE_CAP], mode[K3_DESCRIBE_CAP];
     k3_engine_describe(e, K3_DESCRIBE_SPINE_PLAN, plan, sizeof plan);
+    k3_engine_describe(e, K3_DESCRIBE_SPINE, mode, sizeof mode);
     printf("\nspine (%s, %s): %d of %d layers streamed%s, %.3f GB read per token (%s), "
            "reading %.3f s/token, passes waited %.3f s/token; decode %.3f s/token\n",
-           k3_engine_spine_int8(e) ? "int8" : "bf16", plan,
+           k3_engine_spine_int8(e) ? "int8" : strstr(mode, "lossless") ? "lossless" : "bf16", plan,
            st.streamed_layers, st.n_layers, st.head_resident ? "" : " + lm_head", bytes / 1e9,
            st.direct ? "O_DIRECT" : "buffered", read, wait, s_per_token);
     if (bw > 0)
@@ -461,8 +463,10 @@ static int bench_decode(int argc, char **argv) {
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { decode_usage(stdout); return 0; }
         else if (!strcmp(a, "--pack-dir") && v) pack_dir = argv[++i];
         else if (!strcmp(a, "--spine") && v && (!strcmp(argv[i + 1], "int8") ||
-                                                 !strcmp(argv[i + 1], "bf16")))
-            spine = !strcmp(argv[++i], "int8") ? K3_SPINE_INT8 : K3_SPINE_BF16;
+                                                 !strcmp(argv[i + 1], "bf16") ||
+                                                 !strcmp(argv[i + 1], "lossless")))
+            spine = !strcmp(argv[++i], "int8") ? K3_SPINE_INT8
+                    : !strcmp(argv[i], "lossless") ? K3_SPINE_LOSSLESS : K3_SPINE_BF16;
         else if (!strcmp(a, "--tokens") && v) rc = parse_pos_int(argv[++i], a, &tokens);
         else if (!strcmp(a, "--threads") && v) rc = parse_pos_int(argv[++i], a, &threads);
         else if (a[0] != '-' && !dir) dir = a;
