@@ -257,6 +257,8 @@ static inline __m512 join16(__m256 a, __m256 b) {
     return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(a)),
                                                _mm256_castps_pd(b), 1));
 }
+#define LX_SMALL_R2 4 /* rows per lossless small-batch call at n = 2, 3 (simd_dense.h) */
+#define LX_SMALL_R4 2 /* ... at n = 4, 5 */
 #define LX_JOIN(v8, o) do { o[0] = join16(v8[0], v8[1]); o[1] = join16(v8[2], v8[3]); } while (0)
 #include "simd_dense.h"
 

@@ -364,6 +364,74 @@ static void lx_vec(const k3_mat *m, const float *x, float *y, int64_t r0, int64_
     for (; r < r1; r++) lx_rows(m, x, xt, tab, y, r, 1);
 }
 
+/* Small batches (2 <= n <= BF16_SMALL) from registers, as bf16_rows: each group of R rows is
+ * decoded once and meets all V vectors; per (row, vector) the operations of lx_vec exactly,
+ * so the bits are bf16_vec's. R and V are constants at each call. */
+static inline __attribute__((always_inline)) void lx_rows_v(const k3_mat *m, const float *x,
+                                                            __m256i tab, float *y, int64_t r,
+                                                            int R, int V) {
+    int64_t cols = m->cols, rows = m->rows, ng = cols / K3_LX_GROUP;
+    int64_t full = cols & ~(int64_t)(W - 1), tail = cols - full;
+    uint64_t rb = k3_lx_row_bytes(cols);
+    const uint32_t *list = m->esc + m->rows + 1;
+    const uint8_t *row = (const uint8_t *)m->data + (uint64_t)r * rb;
+    lx_cur c[4];
+    VF acc[4 * BF16_SMALL];
+    UNROLL
+    for (int q = 0; q < R; q++) lx_cur_init(m, r + q, list, &c[q]);
+    UNROLL_V
+    for (int k = 0; k < R * V; k++) acc[k] = VZERO();
+    for (int64_t gi = 0; gi < ng; gi++)
+        UNROLL
+        for (int q = 0; q < R; q++) {
+            VF v[LX_STEPS];
+            _mm_prefetch((const char *)(row + q * rb + gi * K3_LX_GROUP_BYTES + LX_PF), _MM_HINT_T0);
+            lx_group(row + q * rb + gi * K3_LX_GROUP_BYTES, tab, list, &c[q], gi * K3_LX_GROUP, v);
+            UNROLL
+            for (int j = 0; j < LX_STEPS; j++)
+                UNROLL_V
+                for (int b = 0; b < V; b++)
+                    acc[q * V + b] = VFMA(v[j], VLOADU(x + b * cols + gi * K3_LX_GROUP + j * W),
+                                          acc[q * V + b]);
+        }
+    if (ng * K3_LX_GROUP < cols)
+        for (int q = 0; q < R; q++) {
+            uint16_t t[K3_LX_GROUP];
+            int64_t c0 = ng * K3_LX_GROUP;
+            k3_lx_group_u16(row + q * rb + ng * K3_LX_GROUP_BYTES, m->xtab, list, &c[q].e,
+                            c[q].end, c0, cols, t);
+            for (int b = 0; b < V; b++) {
+                VF s = acc[q * V + b];
+                for (int64_t i = c0; i < full; i += W)
+                    s = VFMA(VBF16(t + (i - c0)), VLOADU(x + b * cols + i), s);
+                if (tail) s = VFMA(VBF16(t + (full - c0)), load_tail(x + b * cols + full, tail), s);
+                acc[q * V + b] = s;
+            }
+        }
+    UNROLL
+    for (int q = 0; q < R; q++)
+        UNROLL_V
+        for (int b = 0; b < V; b++) y[b * rows + r + q] = hsum(acc[q * V + b]);
+}
+
+#define LX_RUN(R_, V_)                                                                 \
+    do {                                                                               \
+        for (; r + (R_) <= r1; r += (R_)) lx_rows_v(m, x, tab, y, r, (R_), (V_));      \
+        for (; r < r1; r++) lx_rows_v(m, x, tab, y, r, 1, (V_));                       \
+    } while (0)
+
+static void lx_small(const k3_mat *m, const float *x, int n, float *y, int64_t r0, int64_t r1) {
+    __m256i tab = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)m->xtab));
+    int64_t r = r0;
+    switch (n) {
+    case 2: LX_RUN(LX_SMALL_R2, 2); break;
+    case 3: LX_RUN(LX_SMALL_R2, 3); break;
+    case 4: LX_RUN(LX_SMALL_R4, 4); break;
+    default: LX_RUN(LX_SMALL_R4, 5); break;
+    }
+}
+#undef LX_RUN
+
 /* Batched: matmul_tiles' loop with each tile row decoded as above (the very vectors lx_vec
  * computes, stored), so row b equals lx_vec of x[b] bit for bit. cur[r % RG] is row r's
  * escape cursor across its tiles (rows of one row group are distinct modulo RG). */
@@ -411,6 +479,8 @@ static void lx_tiles(const k3_mat *m, const float *x, int n, float *y, int64_t r
 static void bf16lx(const k3_mat *m, const float *x, int n, float *y, int64_t r0, int64_t r1) {
     if (n == 1)
         lx_vec(m, x, y, r0, r1);
+    else if (n <= BF16_SMALL)
+        lx_small(m, x, n, y, r0, r1);
     else
         lx_tiles(m, x, n, y, r0, r1);
 }
