@@ -365,7 +365,33 @@ static void test_verify_finds_payload_damage(void) {
     CHECK(lr == 0, "load: %s", err.msg);
 }
 
+/* Packing twice gives the same bytes; a pack stopped after 5 tensors (--limit, exit 130)
+ * leaves only the .partial file and, resumed, ends with the uninterrupted pack's bytes. */
+static void test_deterministic_and_resumable(void) {
+    const char *ref = lx_pack(NANO, NULL);
+    char *d = ref ? ph_tmpdir() : NULL;
+    if (!d) return;
+    char args[1024], *pr = lx_path(ref), *pd = lx_path(d), partial[4200];
+    snprintf(partial, sizeof partial, "%s.partial", pd);
+    snprintf(args, sizeof args, "pack " NANO " --lossless --out %s -q --limit 5", d);
+    int st1 = ph_k3(args, NULL, NULL);
+    int only_partial = access(partial, F_OK) == 0 && access(pd, F_OK) != 0;
+    snprintf(args, sizeof args, "pack " NANO " --lossless --out %s -q", d);
+    int st2 = ph_k3(args, NULL, NULL);
+    size_t na = 0, nb = 0;
+    uint8_t *a = ph_read(pr, &na), *b = ph_read(pd, &nb);
+    int same = a && b && na == nb && memcmp(a, b, na) == 0;
+    free(a), free(b), free(pr), free(pd);
+    ph_rmdir(d);
+    free(d);
+    CHECK(st1 == 130 && only_partial, "--limit 5 exited %d; the .partial file alone: %d", st1,
+          only_partial);
+    CHECK(st2 == 0, "resuming exited %d", st2);
+    CHECK(same, "the resumed lossless pack differs from an uninterrupted one");
+}
+
 const k3_test k3_suite_lossless[] = {
+    {"deterministic_and_resumable", test_deterministic_and_resumable},
     {"kjv_size_at_most_80_percent", test_kjv_size_at_most_80_percent},
     {"decodes_to_checkpoint_bits", test_decodes_to_checkpoint_bits},
     {"logits_identical_nano", test_logits_identical_nano},
