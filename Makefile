@@ -211,7 +211,7 @@ $(BUILD)/bench_fetch: tests/setup/bench_fetch.c $(BUILD)/libk3.a
 # The SIMD kernel tests for aarch64 (NEON): tests/test_simd.c + src/kernels, cross-compiled and
 # run under qemu-aarch64; prints SKIPPED with the reason when the cross tools are missing.
 NEON_CC  ?= aarch64-linux-gnu-gcc
-NEON_SRC := $(wildcard src/kernels/*.c) src/util/err.c tests/test_simd.c tests/test_main.c
+NEON_SRC := $(wildcard src/kernels/*.c) src/util/err.c src/util/bf16lx.c tests/test_simd.c tests/test_main.c
 test-neon:
 	@if ! command -v $(NEON_CC) >/dev/null 2>&1 || ! command -v qemu-aarch64 >/dev/null 2>&1; then \
 	    echo "SKIPPED test-neon: $(NEON_CC) or qemu-aarch64 is missing" \

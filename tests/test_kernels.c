@@ -242,7 +242,8 @@ static void check_matvec(int dtype, int rows, int cols, uint32_t seed) {
         wf[i] = v;
     }
     for (int i = 0; i < cols; i++) x[i] = rnd();
-    k3_mat w = {dtype == K3_DT_BF16 ? (const void *)wb : (const void *)wf, dtype, rows, cols, NULL};
+    k3_mat w = {.data = dtype == K3_DT_BF16 ? (const void *)wb : (const void *)wf, .dtype = dtype,
+                .rows = rows, .cols = cols};
     k3_matvec(SCALAR, &w, x, y);
     for (int r = 0; r < rows; r++) {
         double s = 0, a = 0;
@@ -287,8 +288,8 @@ static void test_matvec_same_result_1_and_2_threads(void) {
     for (int i = 0; i < TH_C; i++) x[i] = rnd();
     int saved = omp_get_max_threads();
     for (int dt = 0; dt < 2; dt++) {
-        k3_mat w = {dt ? (const void *)wb : (const void *)wf, dt ? K3_DT_BF16 : K3_DT_F32, TH_R,
-                    TH_C, NULL};
+        k3_mat w = {.data = dt ? (const void *)wb : (const void *)wf,
+                    .dtype = dt ? K3_DT_BF16 : K3_DT_F32, .rows = TH_R, .cols = TH_C};
         omp_set_num_threads(1);
         k3_matvec(SCALAR, &w, x, y1);
         omp_set_num_threads(2);
@@ -336,7 +337,7 @@ static void test_rmsnorm_no_weight(void) {
 
 static void test_rmsnorm_bf16_weight(void) {
     float y[4];
-    k3_mat w = {RMS_W_BF16, K3_DT_BF16, 1, 4, NULL};
+    k3_mat w = {.data = RMS_W_BF16, .dtype = K3_DT_BF16, .rows = 1, .cols = 4};
     k3_rmsnorm(RMS_X, &w, 4, 1e-5f, y);
     double r = 1.0 / sqrt(30.0 / 4.0 + (double)1e-5f);
     for (int i = 0; i < 4; i++) {
@@ -361,7 +362,7 @@ static void test_rmsnorm_eps_matters_for_small_input(void) {
 
 static void test_rmsnorm_in_place(void) {
     float y[4], xy[4];
-    k3_mat w = {RMS_W_BF16, K3_DT_BF16, 1, 4, NULL};
+    k3_mat w = {.data = RMS_W_BF16, .dtype = K3_DT_BF16, .rows = 1, .cols = 4};
     k3_rmsnorm(RMS_X, &w, 4, 1e-5f, y);
     memcpy(xy, RMS_X, sizeof xy);
     k3_rmsnorm(xy, &w, 4, 1e-5f, xy);

@@ -56,7 +56,7 @@ static void test_rows_i8_vs_double(void) {
     for (int i = 0; i < R * C; i++) q[i] = (int8_t)((int)(next_u32() >> 24) - 128 + (i == 5));
     for (int r = 0; r < R; r++) s[r] = (float)((next_u32() >> 8) & 0xffff) / 65536.0f * 0.01f;
     for (int i = 0; i < C; i++) x[i] = (float)((next_u32() >> 8) & 0xffff) / 32768.0f - 1.0f;
-    k3_mat w = {q, K3_DT_I8, R, C, s};
+    k3_mat w = {.data = q, .dtype = K3_DT_I8, .rows = R, .cols = C, .scale = s};
     k3_rows_i8(&w, x, y, 0, 3);   /* a range that is not a multiple of 4 ... */
     k3_rows_i8(&w, x, y, 3, R);   /* ... then the rest */
     for (int r = 0; r < R; r++) {
@@ -83,7 +83,7 @@ static void test_rows_i8_avx2_vs_double(void) {
         q[i] = (int8_t)((int)((next_u32() >> 24) % 255) - 127);
     for (int r = 0; r < R; r++) s[r] = (float)((next_u32() >> 8) & 0xffff) / 65536.0f;
     for (int i = 0; i < C; i++) x[i] = (float)((next_u32() >> 8) & 0xffff) / 32768.0f - 1.0f;
-    k3_mat w = {q, K3_DT_I8, R, C, s};
+    k3_mat w = {.data = q, .dtype = K3_DT_I8, .rows = R, .cols = C, .scale = s};
     k3_rows_i8_avx2(&w, x, y, 0, 6);
     k3_rows_i8_avx2(&w, x, y, 6, R);
     k3_rows_i8_avx2(&w, x, y2, 0, R); /* a row does not depend on the range it is in */
@@ -130,7 +130,7 @@ static void test_rows_q8_error_bound(void) {
     for (int i = 0; i < C; i++) x[i] = (float)((next_u32() >> 8) & 0xffff) / 32768.0f - 1.0f;
     x[40] = 9.0f; /* one outlier: its block gets a coarser step */
     k3_quantize_act_q8(x, C, xq, xs);
-    k3_mat w = {q, K3_DT_I8_Q8, R, C, s};
+    k3_mat w = {.data = q, .dtype = K3_DT_I8_Q8, .rows = R, .cols = C, .scale = s};
     k3_rows_i8_q8(&w, x, y, 0, R);
     for (int r = 0; r < R; r++) {
         double exact = 0, bound = 0, mag = 0;

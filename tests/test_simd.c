@@ -387,7 +387,133 @@ static void test_select_by_name_and_env(void) {
     CHECK(k3_cpu_physical_cores() >= 1, "physical cores %d", k3_cpu_physical_cores());
 }
 
+/* ---- lossless BF16 (K3_DT_BF16LX) ----------------------------------------------------------- */
+
+/* A BF16 matrix re-encoded as the packer does (one table from the whole matrix's high-byte
+ * histogram); *data and *esc are malloc'd, data misaligned by one byte. */
+static k3_mat lx_make(const uint16_t *w, int64_t rows, int64_t cols, uint8_t **data,
+                      uint32_t **esc) {
+    uint64_t hist[256] = {0};
+    uint8_t code_of[256];
+    k3_mat m = {.dtype = K3_DT_BF16LX, .rows = rows, .cols = cols};
+    for (int64_t i = 0; i < rows * cols; i++) hist[w[i] >> 8]++;
+    k3_lx_table(hist, m.xtab, code_of);
+    uint64_t rb = k3_lx_row_bytes(cols);
+    *data = malloc((size_t)(rows * rb) + 1);
+    *esc = malloc((size_t)(rows + 1 + rows * cols) * sizeof **esc);
+    uint32_t n = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        (*esc)[r] = n;
+        n += (uint32_t)k3_lx_encode_row(w + r * cols, cols, code_of, *data + 1 + r * rb,
+                                        *esc + rows + 1 + n);
+    }
+    (*esc)[rows] = n;
+    m.data = *data + 1, m.esc = *esc, m.n_esc = n;
+    return m;
+}
+
+/* BF16 values of every kind: most from a few exponents (table hits), some from far ones
+ * (escapes), and ±0, subnormals, ±inf and NaN. */
+static uint16_t lx_value(void) {
+    int k = rnd_int(0, 99);
+    if (k < 3) return (uint16_t)rnd_u32(); /* any bit pattern at all */
+    if (k < 5) {
+        static const uint16_t special[] = {0x0000, 0x8000, 0x0001, 0x807f, 0x7f80, 0xff80, 0x7fc1};
+        return special[rnd_int(0, 6)];
+    }
+    return to_bf16(rnd() * ldexpf(1.0f, rnd_int(-3, 2)));
+}
+
+static void test_lossless_decode_gives_every_bit(void) {
+    static const int64_t cols[] = {1, 31, 32, 33, 100, 1031};
+    rng = 31;
+    for (int c = 0; c < 6; c++) {
+        int64_t rows = 7, n = rows * cols[c];
+        uint16_t *w = malloc((size_t)n * 2), *back = malloc((size_t)cols[c] * 2);
+        for (int64_t i = 0; i < n; i++) w[i] = lx_value();
+        uint8_t *data;
+        uint32_t *esc;
+        k3_mat m = lx_make(w, rows, cols[c], &data, &esc);
+        int64_t escapes = 0; /* counted independently: high bytes the table lacks */
+        for (int64_t i = 0; i < n; i++)
+            escapes += memchr(m.xtab, w[i] >> 8, 15) == NULL;
+        for (int64_t r = 0; r < rows && !k3_test_stopped(); r++) {
+            k3_lx_decode_row(&m, r, back);
+            for (int64_t i = 0; i < cols[c]; i++)
+                CHECK(back[i] == w[r * cols[c] + i], "cols %lld row %lld col %lld: %04x != %04x",
+                      (long long)cols[c], (long long)r, (long long)i, back[i], w[r * cols[c] + i]);
+            for (int64_t i = 0; i < cols[c]; i += 13)
+                CHECK(k3_mat_at(&m, r * cols[c] + i) == k3_bf16_to_f32(w[r * cols[c] + i]) ||
+                      (w[r * cols[c] + i] & 0x7fff) > 0x7f80);
+        }
+        CHECK((int64_t)m.n_esc == escapes, "%u escapes, %lld expected", m.n_esc, (long long)escapes);
+        free(w), free(back), free(data), free(esc);
+    }
+}
+
+/* Every path's lossless product equals its BF16 product bit for bit, for matrix-vector and
+ * batched sizes (small, tiled, over K3_MAX_BATCH), with escapes in some groups and partial
+ * last groups. A NaN result only has to be a NaN: which operand's payload an FMA passes on
+ * follows the instruction form the compiler picked, even between two BF16 loops. */
+static void test_lossless_products_bit_identical(void) {
+    static const int64_t rows[] = {1, 5, 38}, cols[] = {7, 32, 33, 100, 300, 1031};
+    static const int ns[] = {1, 2, 5, 7, 65};
+    const k3_kernels *paths[8];
+    int np = k3_kernels_available(paths, 8);
+    rng = 77;
+    for (int ri = 0; ri < 3; ri++)
+        for (int ci = 0; ci < 6; ci++) {
+            int64_t R = rows[ri], C = cols[ci];
+            uint16_t *w = malloc((size_t)(R * C) * 2);
+            for (int64_t i = 0; i < R * C; i++) w[i] = lx_value();
+            uint8_t *data;
+            uint32_t *esc;
+            k3_mat lx = lx_make(w, R, C, &data, &esc);
+            k3_mat bf = {.data = w, .dtype = K3_DT_BF16, .rows = R, .cols = C};
+            CHECK(R * C < 200 || lx.n_esc > 0, "the test must exercise escapes");
+            for (int ni = 0; ni < 5 && !k3_test_stopped(); ni++) {
+                int n = ns[ni];
+                float *xbuf, *x = make_x(n, C, 0, &xbuf);
+                float *ya = malloc((size_t)(n * R) * 4), *yb = malloc((size_t)(n * R) * 4);
+                for (int p = 0; p < np && !k3_test_stopped(); p++) {
+                    k3_matmul(paths[p], &bf, x, n, ya);
+                    k3_matmul(paths[p], &lx, x, n, yb);
+                    for (int64_t i = 0; i < n * R; i++)
+                        CHECK(memcmp(&ya[i], &yb[i], 4) == 0 || (isnan(ya[i]) && isnan(yb[i])), "%s: [%lld, %lld] n=%d: y[%lld] %g != %g",
+                              k3_kernels_name(paths[p]), (long long)R, (long long)C, n, (long long)i, ya[i], yb[i]);
+                }
+                free(xbuf), free(ya), free(yb);
+            }
+            free(w), free(data), free(esc);
+        }
+}
+
+/* A corrupt escape index (past the list, backwards) gives numbers, never a read outside. */
+static void test_lossless_corrupt_index_stays_inside(void) {
+    const k3_kernels *paths[8];
+    int np = k3_kernels_available(paths, 8);
+    rng = 5;
+    int64_t R = 9, C = 100;
+    uint16_t *w = malloc((size_t)(R * C) * 2);
+    for (int64_t i = 0; i < R * C; i++) w[i] = lx_value();
+    uint8_t *data;
+    uint32_t *esc;
+    k3_mat lx = lx_make(w, R, C, &data, &esc);
+    esc[3] = 0xfffffff0u, esc[5] = 1, esc[R] = 0xffffffffu;
+    for (uint32_t i = 0; i < lx.n_esc; i++) esc[R + 1 + i] ^= 0xa5a5a500u; /* columns scrambled */
+    float *xbuf, *x = make_x(3, C, 0, &xbuf), y[3 * 9];
+    for (int p = 0; p < np; p++) {
+        k3_matmul(paths[p], &lx, x, 1, y);
+        k3_matmul(paths[p], &lx, x, 3, y);
+    }
+    CHECK(1, "reached (ASan / UBSan builds check the reads)");
+    free(w), free(data), free(esc), free(xbuf);
+}
+
 const k3_test k3_suite_simd[] = {
+    {"lossless_decode_gives_every_bit", test_lossless_decode_gives_every_bit},
+    {"lossless_products_bit_identical", test_lossless_products_bit_identical},
+    {"lossless_corrupt_index_stays_inside", test_lossless_corrupt_index_stays_inside},
     {"select_by_name_and_env", test_select_by_name_and_env},
     {"matvec_integers_exact", test_matvec_integers_exact},
     {"matvec_random_within_bound", test_matvec_random_within_bound},

@@ -1,6 +1,8 @@
 /* cmd_pack.c — `k3 pack`: writes the int8 packed spine beside a snapshot (format and rule in
  * docs/PACKED-SPINE.md and src/format/packed.h), resumably, then measures what it costs with the
- * quality harness and stores the figures beside it. `--verify` re-checks every checksum. */
+ * quality harness and stores the figures beside it; `--lossless` writes the exact 12-bit spine
+ * instead (every tensor decoded and compared with its source before it is marked done) and
+ * prints its size and exponent statistics. `--verify` re-checks every checksum. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -28,17 +30,22 @@
 
 typedef struct pack_args {
     const char *model_dir, *out_dir, *spine;
-    bool verify, quality, verbose;
+    bool verify, quality, verbose, lossless;
     bool out_given;    /* --out DIR (else out_dir is MODEL_DIR) */
     int threads, quality_tokens, limit;
 } pack_args;
 
-static const k3_opt_choice pack_schemes[] = {{"int8", 0}, {NULL, 0}};
+static const k3_opt_choice pack_schemes[] = {{"int8", 0}, {"lossless", 1}, {NULL, 0}};
 
 #define PACK(f) K3_OPT_CMD(pack_args, f), .field = #f
 static const k3_opt pack_rows[] = {
     {.flag = "--spine", PACK(spine), .type = K3_OPT_WORD, .choices = pack_schemes, .def = "int8",
-     .meta = "int8", .help = "the only packing scheme"},
+     .meta = "int8|lossless", .help = "int8 (one f32 scale per row, NOT exact) or lossless"},
+    {.flag = "--lossless", PACK(lossless), .type = K3_OPT_SWITCH, .value = 1,
+     .help = "(= --spine lossless) the exact spine instead: the same matrices in 12 bits per\n"
+             "weight (a 4-bit code for the high byte from a table of the 15 most frequent, the\n"
+             "low byte, escapes for the rest), decoded inside the kernels to the identical BF16\n"
+             "bits; writes " K3_PACK_LX_FILE ", which --spine auto then prefers"},
     {.flag = "--out", PACK(out_dir), .type = K3_OPT_STR, .flags = K3_OPTF_NONEMPTY, .meta = "DIR",
      .help = "write into DIR instead of MODEL_DIR (e.g. a read-only snapshot); then pass\n"
              "--pack-dir DIR to k3 run / k3 quality"},
@@ -58,7 +65,7 @@ static const k3_opt pack_rows[] = {
 static const k3_cli_command pack_cmd = {
     .name = "pack",
     .usage =
-        "usage: k3 pack MODEL_DIR [--spine int8] [options]\n"
+        "usage: k3 pack MODEL_DIR [--spine int8|lossless] [--lossless] [options]\n"
         "\n"
         "Converts the spine's BF16 matrices (attention, dense and shared-expert projections, the\n"
         "latent projections and lm_head) to int8 with one f32 scale per output row (symmetric\n"
@@ -67,7 +74,8 @@ static const k3_cli_command pack_cmd = {
         "projections, the embedding and the routed experts stay as they are. The int8 spine is\n"
         "NOT exact: at the end k3 pack measures it against the exact path on a short built-in\n"
         "text and stores the figures in " K3_PACK_QUALITY_FILE ";\n"
-        "k3 run then uses the int8 spine by default (--spine auto) and prints those figures.\n"
+        "k3 run then uses the int8 spine by default (--spine auto, when no lossless pack is\n"
+        "there) and prints those figures.\n"
         "An interrupted run (Ctrl-C, crash) resumes where it stopped.\n"
         "Format and rule: docs/PACKED-SPINE.md\n",
     .rows = pack_rows, .n_rows = sizeof pack_rows / sizeof *pack_rows,
@@ -89,6 +97,8 @@ static int parse_pack(int argc, char **argv, pack_args *a) {
     a->model_dir = parsed.positional[0];
     a->threads = eo.threads;
     a->verbose = !cc.quiet;
+    if (a->lossless) a->spine = "lossless";
+    a->lossless = !strcmp(a->spine, "lossless");
     a->out_given = a->out_dir != NULL;
     if (!a->out_dir) a->out_dir = a->model_dir;
     return 0;
@@ -130,27 +140,101 @@ static int write_all(int fd, const char *path, const void *buf, uint64_t n, uint
     return K3_OK;
 }
 
+/* What the lossless packer saw in the tensors it packed in this run (k3 pack prints it). */
+typedef struct lx_stats {
+    uint64_t weights, escapes, bf16_bytes, packed_bytes;
+    uint64_t exp_hist[256], hi_hist[256]; /* exponent (bits 14..7), high byte */
+    uint64_t top15_exp;                   /* weights whose exponent is among its tensor's 15 most
+                                           * frequent: the exponent-code scheme's coverage */
+    uint32_t tensors;
+} lx_stats;
+
+static void lx_count(const k3_tensor *t, const k3_pack_entry *e, lx_stats *st) {
+    uint64_t n = (uint64_t)e->rows * (uint64_t)e->cols, eh[256] = {0};
+    const uint16_t *w = t->data;
+    for (uint64_t i = 0; i < n; i++) eh[(w[i] >> 7) & 255]++, st->hi_hist[w[i] >> 8]++;
+    uint8_t tab[16], code_of[256];
+    k3_lx_table(eh, tab, code_of); /* the same top-15 rule, applied to exponents */
+    for (int b = 0; b < 256; b++) {
+        st->exp_hist[b] += eh[b];
+        if (code_of[b] != K3_LX_ESCAPE) st->top15_exp += eh[b];
+    }
+    st->weights += n, st->escapes += e->n_esc, st->tensors++;
+}
+
+/* Encodes t as entry e says (table and escape count from k3_pack_plan): escape counts per row
+ * first, so the rows can then be encoded in parallel into their places; then every row is
+ * decoded again and compared with its source (the pack is exact, or it is not written). */
+static int encode_lx(const k3_tensor *t, const k3_pack_entry *e, uint8_t *data, uint32_t *esc,
+                     k3_err *err) {
+    int64_t rows = e->rows, cols = e->cols, bad = -1;
+    uint64_t rb = k3_lx_row_bytes(cols), total = 0;
+    const uint16_t *w = t->data;
+    uint64_t hist[256] = {0};
+    uint8_t code_of[256], xtab[16];
+    for (uint64_t i = 0; i < (uint64_t)rows * (uint64_t)cols; i++) hist[w[i] >> 8]++;
+    k3_lx_table(hist, xtab, code_of); /* the plan's table again: the same rule on the same data */
+    if (memcmp(xtab, e->xtab, 16) != 0)
+        return k3_fail(err, K3_ERR_CHECKPOINT, "tensor %s changed while packing (its table "
+                       "differs from the plan's); run k3 pack again", t->name);
+    for (int64_t r = 0; r < rows; r++) {
+        esc[r] = (uint32_t)total;
+        for (int64_t i = 0; i < cols; i++) total += code_of[w[r * cols + i] >> 8] == K3_LX_ESCAPE;
+    }
+    esc[rows] = (uint32_t)total;
+    if (total != e->n_esc)
+        return k3_fail(err, K3_ERR_CHECKPOINT, "tensor %s changed while packing (%llu escapes, "
+                       "%u planned)", t->name, (unsigned long long)total, e->n_esc);
+    k3_mat m = {.data = data, .dtype = K3_DT_BF16LX, .rows = rows, .cols = cols, .esc = esc,
+                .n_esc = e->n_esc};
+    memcpy(m.xtab, e->xtab, 16);
+#pragma omp parallel
+    {
+        uint16_t *back = malloc((size_t)cols * sizeof *back);
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r++) {
+            k3_lx_encode_row(w + r * cols, cols, code_of, data + (uint64_t)r * rb,
+                             esc + rows + 1 + esc[r]);
+            if (back) k3_lx_decode_row(&m, r, back);
+            if (!back || memcmp(back, w + r * cols, (size_t)cols * sizeof *back) != 0) {
+#pragma omp critical
+                bad = bad < 0 || r < bad ? r : bad;
+            }
+        }
+        free(back);
+    }
+    if (bad >= 0)
+        return k3_fail(err, K3_ERR_GENERIC, "tensor %s row %lld does not decode to its BF16 "
+                       "bits (a bug: please report it); nothing written", t->name, (long long)bad);
+    return K3_OK;
+}
+
 /* Packs entry e from the checkpoint, syncs it, marks it done in the table. */
 static int pack_one(int fd, const char *path, const k3_checkpoint *ck, k3_pack *p,
-                    k3_pack_entry *e, k3_err *err) {
+                    k3_pack_entry *e, lx_stats *st, k3_err *err) {
     const k3_tensor *t = k3_checkpoint_find(ck, e->name);
     if (!t) return k3_fail(err, K3_ERR_CHECKPOINT, "%s: tensor %s vanished", ck->dir, e->name);
-    uint64_t n = (uint64_t)e->rows * (uint64_t)e->cols;
-    int8_t *q = malloc(n);
-    float *scale = malloc((size_t)e->rows * sizeof *scale);
-    int rc = q && scale ? quantize(t, q, scale, err)
-                        : k3_fail(err, K3_ERR_GENERIC, "out of memory");
-    if (!rc) rc = write_all(fd, path, q, n, e->q_offset, err);
-    if (!rc) rc = write_all(fd, path, scale, (uint64_t)e->rows * 4, e->scale_offset, err);
+    uint64_t na, nb;
+    k3_pack_parts(p->scheme, e, &na, &nb);
+    void *a = malloc(na ? na : 1), *b = malloc(nb);
+    int rc = a && b ? K3_OK : k3_fail(err, K3_ERR_GENERIC, "out of memory");
+    if (!rc && p->scheme == K3_PACK_SCHEME_BF16LX) {
+        rc = encode_lx(t, e, a, b, err);
+        if (!rc) lx_count(t, e, st);
+    } else if (!rc) {
+        rc = quantize(t, a, b, err);
+    }
+    if (!rc) rc = write_all(fd, path, a, na, e->q_offset, err);
+    if (!rc) rc = write_all(fd, path, b, nb, e->scale_offset, err);
     if (!rc && fdatasync(fd) != 0)
         rc = k3_fail(err, K3_ERR_IO, "%s: sync failed: %s", path, strerror(errno));
     if (!rc) {
-        e->checksum = k3_pack_checksum(q, n, scale, e->rows);
+        e->checksum = k3_pack_checksum(a, na, b, nb);
         e->done = 1;
         rc = k3_pack_write_meta(fd, path, p, err);
     }
-    free(q);
-    free(scale);
+    free(a);
+    free(b);
     return rc;
 }
 
@@ -167,7 +251,10 @@ static int open_partial(const char *path, k3_pack *p, bool verbose, int *fd_out,
         for (uint32_t i = 0; same && i < p->n_tensors; i++)
             same = !strcmp(old.entries[i].name, p->entries[i].name) &&
                    old.entries[i].rows == p->entries[i].rows &&
-                   old.entries[i].cols == p->entries[i].cols;
+                   old.entries[i].cols == p->entries[i].cols &&
+                   old.entries[i].n_esc == p->entries[i].n_esc &&
+                   !memcmp(old.entries[i].xtab, p->entries[i].xtab, 16);
+        same = same && old.scheme == p->scheme;
         for (uint32_t i = 0; same && i < p->n_tensors; i++)
             if (old.entries[i].done) {
                 p->entries[i].done = 1;
@@ -195,7 +282,7 @@ static int open_partial(const char *path, k3_pack *p, bool verbose, int *fd_out,
 /* Writes every tensor not yet done, then marks the file complete and renames it into place.
  * Returns K3_ERR_INTERRUPTED (file resumable) on SIGINT or when --limit is reached. */
 static int pack_all(const pack_args *a, const k3_checkpoint *ck, k3_pack *p, const char *final,
-                    k3_err *err) {
+                    lx_stats *st, k3_err *err) {
     char partial[PATH_MAX + 16];
     snprintf(partial, sizeof partial, "%s.partial", final);
     int fd = -1, rc = open_partial(partial, p, a->verbose, &fd, err), packed = 0;
@@ -212,7 +299,7 @@ static int pack_all(const pack_args *a, const k3_checkpoint *ck, k3_pack *p, con
                          "k3 pack again to resume", i, p->n_tensors);
             break;
         }
-        rc = pack_one(fd, partial, ck, p, e, err);
+        rc = pack_one(fd, partial, ck, p, e, st, err);
         packed++;
         if (progress)
             fprintf(stderr, "\rk3 pack: %3.0f%% [%u/%u] %-60.60s", 100.0 * done_bytes / total,
@@ -294,9 +381,10 @@ static bool has_figures(const char *dir, const k3_pack *p, bool verbose) {
     return true;
 }
 
-static int verify(const char *final, const k3_checkpoint *ck, k3_err *err) {
+static int verify(const char *final, uint32_t scheme, const k3_checkpoint *ck, k3_err *err) {
     k3_pack *p = NULL;
     int rc = k3_pack_open(final, &p, err);
+    if (!rc) rc = k3_pack_check_scheme(p, scheme, err);
     if (!rc) rc = k3_pack_check_model(p, ck, err);
     if (!rc) rc = k3_pack_verify(p, err);
     if (!rc)
@@ -307,14 +395,50 @@ static int verify(const char *final, const k3_checkpoint *ck, k3_err *err) {
 }
 
 /* The pack at final, when it is complete and belongs to ck; NULL otherwise (to rebuild). */
-static k3_pack *existing(const char *final, const k3_checkpoint *ck, bool verbose) {
+static k3_pack *existing(const char *final, uint32_t scheme, const k3_checkpoint *ck,
+                         bool verbose) {
     k3_pack *p = NULL;
     k3_err e;
     if (access(final, F_OK) != 0) return NULL;
-    if (k3_pack_open(final, &p, &e) == K3_OK && k3_pack_check_model(p, ck, &e) == K3_OK) return p;
+    if (k3_pack_open(final, &p, &e) == K3_OK && k3_pack_check_scheme(p, scheme, &e) == K3_OK &&
+        k3_pack_check_model(p, ck, &e) == K3_OK)
+        return p;
     if (verbose) fprintf(stderr, "k3 pack: rebuilding %s: %s\n", final, e.msg);
     k3_pack_close(p);
     return NULL;
+}
+
+static double entropy_bits(const uint64_t h[256]) {
+    double n = 0, s = 0;
+    for (int b = 0; b < 256; b++) n += (double)h[b];
+    for (int b = 0; b < 256; b++)
+        if (h[b]) s -= (double)h[b] / n * log2((double)h[b] / n);
+    return s;
+}
+
+/* "lossless spine: N bytes, R% of BF16" and what the tensors packed in this run looked like. */
+static void lx_report(const k3_pack *p, const lx_stats *st) {
+    uint64_t bf16 = 0, payload = 0;
+    for (uint32_t i = 0; i < p->n_tensors; i++) {
+        uint64_t a, b;
+        k3_pack_parts(p->scheme, &p->entries[i], &a, &b);
+        payload += a + b;
+        bf16 += 2 * (uint64_t)p->entries[i].rows * (uint64_t)p->entries[i].cols;
+    }
+    printf("lossless spine: %llu bytes, %.2f%% of BF16 (%llu BF16 bytes in %u matrices; the file "
+           "with its 4 KiB alignment: %llu bytes, %.2f%%)\n", (unsigned long long)payload,
+           100.0 * (double)payload / (double)bf16, (unsigned long long)bf16, p->n_tensors,
+           (unsigned long long)p->file_bytes, 100.0 * (double)p->file_bytes / (double)bf16);
+    if (!st->weights) return;
+    int distinct = 0;
+    for (int b = 0; b < 256; b++) distinct += st->exp_hist[b] != 0;
+    printf("lossless spine: %s%u matrices, %llu weights: escapes %.4f%%; entropy of the exponent "
+           "%.3f bits (%d distinct values, its 15 most frequent per matrix cover %.4f%%), of the "
+           "high byte %.3f bits\n", st->tensors < p->n_tensors ? "packed in this run: " : "",
+           st->tensors, (unsigned long long)st->weights,
+           100.0 * (double)st->escapes / (double)st->weights, entropy_bits(st->exp_hist),
+           distinct, 100.0 * (double)st->top15_exp / (double)st->weights,
+           entropy_bits(st->hi_hist));
 }
 
 static int pack(const pack_args *a, k3_err *err) {
@@ -322,10 +446,14 @@ static int pack(const pack_args *a, k3_err *err) {
     k3_checkpoint *ck = NULL;
     k3_pack plan = {0}, *done = NULL;
     char final[PATH_MAX];
-    k3_path_join(final, sizeof final, a->out_dir, K3_PACK_FILE);
+    uint32_t scheme = a->lossless ? K3_PACK_SCHEME_BF16LX : K3_PACK_SCHEME_INT8_ROW;
+    lx_stats *st = calloc(1, sizeof *st);
+    if (!st) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
+    k3_path_join(final, sizeof final, a->out_dir, a->lossless ? K3_PACK_LX_FILE : K3_PACK_FILE);
     int rc = k3_checkpoint_open(a->model_dir, &ck, err);
     if (!rc && a->verify) {
-        rc = verify(final, ck, err);
+        free(st);
+        rc = verify(final, scheme, ck, err);
         k3_checkpoint_close(ck);
         return rc;
     }
@@ -338,11 +466,11 @@ static int pack(const pack_args *a, k3_err *err) {
                                     "writable folder", a->out_dir, strerror(errno))
                           : k3_fail(err, K3_ERR_IO, "%s: not writable (%s); give --out DIR "
                                     "for the pack", a->out_dir, strerror(errno));
-    if (!rc && !(done = existing(final, ck, a->verbose))) {
-        rc = k3_pack_plan(ck, &plan, err);
+    if (!rc && !(done = existing(final, scheme, ck, a->verbose))) {
+        rc = k3_pack_plan(ck, scheme, &plan, err);
         /* Ctrl-C: the packer stops after the tensor in progress (the file stays resumable) */
         k3_cli_catch_signals(K3_CLI_SIG_RESTART);
-        if (!rc) rc = pack_all(a, ck, &plan, final, err);
+        if (!rc) rc = pack_all(a, ck, &plan, final, st, err);
         k3_cli_default_sigint();
         if (!rc) rc = k3_pack_open(final, &done, err);
         if (!rc && a->verbose)
@@ -353,7 +481,9 @@ static int pack(const pack_args *a, k3_err *err) {
     }
     k3_checkpoint_close(ck);
     k3_pack_clear(&plan);
-    if (!rc && a->quality && !has_figures(a->out_dir, done, a->verbose))
+    if (!rc && a->lossless) lx_report(done, st); /* exact: nothing to measure */
+    free(st);
+    if (!rc && !a->lossless && a->quality && !has_figures(a->out_dir, done, a->verbose))
         rc = measure(a, done, err);
     k3_pack_close(done);
     return rc;

@@ -12,7 +12,8 @@
 
 static const k3_opt_choice devices[] = {{"cpu", 0}, {"cuda", 0}, {"auto", 0}, {NULL, 0}};
 static const k3_opt_choice spines[] = {
-    {"auto", K3_SPINE_AUTO}, {"bf16", K3_SPINE_BF16}, {"int8", K3_SPINE_INT8}, {NULL, 0}};
+    {"auto", K3_SPINE_AUTO}, {"bf16", K3_SPINE_BF16}, {"int8", K3_SPINE_INT8},
+    {"lossless", K3_SPINE_LOSSLESS}, {NULL, 0}};
 static const k3_opt_choice directs[] = {
     {"0", K3_IO_BUFFERED}, {"1", K3_IO_DIRECT}, {"auto", K3_IO_AUTO}, {NULL, 0}};
 static const k3_opt_choice io_engines[] = {
@@ -48,8 +49,10 @@ static const k3_opt table[] = {
     /* ---- spine */
     {.flag = "--spine", K3_OPT_ENG(spine), .type = K3_OPT_CHOICE, .choices = spines,
      .def = "auto", .meta = "MODE", .group = K3_OG_SPINE,
-     .help = "auto: the int8 spine when k3 pack has built it, else BF16; bf16: always\n"
-             "the exact BF16 spine; int8: the packed int8 spine (NOT exact; an error\n"
+     .help = "auto: the lossless spine when k3 pack --lossless has built it, else the\n"
+             "int8 spine when k3 pack has built it, else BF16; bf16: always the exact\n"
+             "BF16 spine; lossless: the exact spine in 12 bits per weight (CPU; an error\n"
+             "when it does not exist); int8: the packed int8 spine (NOT exact; an error\n"
              "when it does not exist)"},
     {.flag = "--approx", .env = "K3_APPROX", K3_OPT_ENG(approx), .type = K3_OPT_SWITCH,
      .value = 1, .lo = 0, .hi = 1, .group = K3_OG_SPINE,

@@ -3,6 +3,7 @@
 #include "backend.h"
 
 #include "../store/store.h"
+#include "../util/dtype.h"
 
 #include <errno.h>
 #include <stdbool.h>
@@ -54,9 +55,16 @@ int k3_backend_open(const k3_model *m, const k3_engine_opts *o, k3_backend **out
 #ifdef K3_WITH_CUDA
     char reason[256] = "";
     int have = k3_gpu_device_count(reason, sizeof reason) > 0;
-    if (!strcmp(dev, "cuda") || (!strcmp(dev, "auto") && have))
+    if (m->lm_head.dtype == K3_DT_BF16LX) { /* the lossless spine: CPU kernels only */
+        have = 0;
+        snprintf(reason, sizeof reason, "the lossless spine is decoded by the CPU kernels; "
+                 "--spine bf16 runs on the GPU");
+        if (!strcmp(dev, "cuda"))
+            rc = k3_fail(err, K3_ERR_USAGE, "device cuda: %s", reason);
+    }
+    if (!rc && (!strcmp(dev, "cuda") || (!strcmp(dev, "auto") && have)))
         rc = open_cuda(b, o, strcmp(dev, "auto") ? "" : "auto picked the GPU: ", err);
-    else if (!strcmp(dev, "auto"))
+    else if (!rc && !strcmp(dev, "auto"))
         snprintf(b->line, sizeof b->line, "device: cpu (auto: no usable CUDA device: %s)", reason);
     else
         snprintf(b->line, sizeof b->line, "device: cpu");

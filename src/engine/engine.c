@@ -48,13 +48,44 @@ static void quality_note(k3_engine *e, const char *dir, char *out, size_t cap) {
                  q.ppl_exact);
 }
 
-/* Opens the packed int8 spine when opts ask for it (docs/PACKED-SPINE.md) and writes the
- * spine line; must run after the checkpoint is open and before the model is bound. */
+/* Opens the lossless pack for mode lossless, or auto when it exists (not on the GPU, which
+ * multiplies BF16 or int8 only); the spine line says so. 1: opened, 0: not wanted. */
+static int open_lossless(k3_engine *e, const char *model_dir, const char *dir,
+                         const k3_engine_opts *o, k3_err *err) {
+    char path[PATH_MAX];
+    k3_path_join(path, sizeof path, dir, K3_PACK_LX_FILE);
+    bool cuda = o->device && !strcmp(o->device, "cuda");
+    if (o->spine == K3_SPINE_LOSSLESS && cuda)
+        return -k3_fail(err, K3_ERR_USAGE, "spine lossless is decoded by the CPU kernels; with "
+                        "device cuda use spine bf16 or auto");
+    if (o->spine != K3_SPINE_LOSSLESS &&
+        (o->spine != K3_SPINE_AUTO || o->approx || cuda || access(path, F_OK) != 0))
+        return 0;
+    if (access(path, F_OK) != 0)
+        return -k3_fail(err, K3_ERR_IO, "%s: no lossless spine here; build it with k3 pack %s "
+                        "--lossless%s%s", path, model_dir, o->pack_dir ? " --out " : "",
+                        o->pack_dir ? o->pack_dir : "");
+    int rc = k3_pack_open(path, &e->pack, err);
+    if (!rc) rc = k3_pack_check_scheme(e->pack, K3_PACK_SCHEME_BF16LX, err);
+    if (!rc) rc = k3_pack_check_model(e->pack, e->ck, err);
+    if (rc) return -rc;
+    snprintf(e->spine_line, sizeof e->spine_line, "spine: lossless from %s (exact: the BF16 "
+             "bits, decoded in the kernels)", path);
+    return 1;
+}
+
+/* Opens the packed spine when opts ask for it (docs/PACKED-SPINE.md) and writes the spine
+ * line; must run after the checkpoint is open and before the model is bound. */
 static int open_spine(k3_engine *e, const char *model_dir, const k3_engine_opts *o,
                       k3_err *err) {
     int mode = o->spine;
     const char *dir = o->pack_dir ? o->pack_dir : model_dir;
     char path[PATH_MAX], note[512];
+    if (o->approx && mode == K3_SPINE_LOSSLESS)
+        return k3_fail(err, K3_ERR_USAGE, "approx multiplies the int8 spine with int8 "
+                       "activations; it cannot be used with spine lossless");
+    int lx = open_lossless(e, model_dir, dir, o, err);
+    if (lx) return lx < 0 ? -lx : K3_OK;
     k3_path_join(path, sizeof path, dir, K3_PACK_FILE);
     int present = access(path, F_OK) == 0;
     e->approx = o->approx != 0;
@@ -71,6 +102,7 @@ static int open_spine(k3_engine *e, const char *model_dir, const k3_engine_opts 
                        path, model_dir, o->pack_dir ? " --out " : "",
                        o->pack_dir ? o->pack_dir : "");
     int rc = k3_pack_open(path, &e->pack, err);
+    if (!rc) rc = k3_pack_check_scheme(e->pack, K3_PACK_SCHEME_INT8_ROW, err);
     if (!rc) rc = k3_pack_check_model(e->pack, e->ck, err);
     if (rc) return rc;
     quality_note(e, dir, note, sizeof note);
@@ -422,7 +454,9 @@ uint64_t k3_engine_weight_bytes(const k3_engine *e) {
     return e->model.spine_bytes + e->model.expert_bytes;
 }
 
-int k3_engine_spine_int8(const k3_engine *e) { return e->pack != NULL; }
+int k3_engine_spine_int8(const k3_engine *e) {
+    return e->pack != NULL && e->pack->scheme == K3_PACK_SCHEME_INT8_ROW;
+}
 int k3_engine_approx(const k3_engine *e) { return e->approx; }
 const char *k3_engine_kernels(const k3_engine *e) { return k3_kernels_name(e->model.kr); }
 
@@ -605,8 +639,9 @@ int k3_session_rewind(k3_session *s, int pos, k3_err *err) {
     return rc ? rc : k3_backend_rewind(s->e->backend, s->dev, s->state, pos, err);
 }
 
-/* Whether the spine is the (lossy) int8 pack: part of a state file's fingerprint. */
-#define SPINE_INT8(e) ((e)->pack != NULL)
+/* Whether the spine is the (lossy) int8 pack: part of a state file's fingerprint (the lossless
+ * pack computes what BF16 computes, so its state files are BF16's). */
+#define SPINE_INT8(e) k3_engine_spine_int8(e)
 
 int k3_session_save(const k3_session *s, const char *path, k3_err *err) {
     int rc = k3_backend_sync(s->e->backend, s->dev, s->state, 1, err);

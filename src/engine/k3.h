@@ -31,8 +31,13 @@ typedef struct k3_tokenizer k3_tokenizer;
 /* Which copy of the spine's BF16 matrices the engine multiplies with. */
 enum k3_spine_mode {
     K3_SPINE_BF16 = 0, /* the checkpoint's BF16 weights: exact (the library default) */
-    K3_SPINE_AUTO = 1, /* int8 when a packed spine exists, BF16 otherwise (the CLI default) */
+    K3_SPINE_AUTO = 1, /* the lossless pack when it exists, else the int8 pack when that exists
+                        * (building it was the opt-in), else BF16 (the CLI default); on
+                        * --device cuda the lossless pack is passed over (a CPU format) */
     K3_SPINE_INT8 = 2, /* the packed int8 spine; NOT exact; an error when it does not exist */
+    K3_SPINE_LOSSLESS = 3, /* the lossless pack (k3 pack --lossless): exact, the BF16 bits in
+                            * 12 per weight decoded in the kernels; an error when it does not
+                            * exist; CPU only */
 };
 
 struct k3_expert_source; /* src/store/store.h */

@@ -8,9 +8,9 @@
 /* The engine's expert store (src/store/store.h), e.g. to install a read hook or read its
  * slot count. */
 struct k3_store *k3_engine_store(const k3_engine *e);
-
-/* The engine's bound model (src/model/model.h), e.g. to install the expanded MLA oracle
- * (k3_model.mla_oracle) before any session runs. */
+/* The engine's bound model (src/model/model.h): its matrices' dtypes, kernel path and spine
+ * bytes, or to install the expanded MLA oracle (k3_model.mla_oracle) before any session runs. */
+struct k3_model;
 struct k3_model *k3_engine_model(k3_engine *e);
 
 #endif

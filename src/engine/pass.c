@@ -49,7 +49,7 @@ int k3_engine_check_logits(const k3_engine *e, const float *logits, int rows, in
                        "position %d: %s", isnan(row[id]) ? "NaN" : "Inf", id, first_pos + r,
                        e->approx ? "--approx (int8 activations) overflowed or the int8 spine "
                        "pack is corrupt: run without --approx, or rebuild with k3 pack"
-                       : e->pack ? "the int8 spine pack or the checkpoint's weights are likely "
+                       : k3_engine_spine_int8(e) ? "the int8 spine pack or the checkpoint's weights are likely "
                        "corrupt (run with --spine bf16 to tell; rebuild the pack with k3 pack)"
                        : "the checkpoint's weights are likely corrupt (a damaged or "
                        "modified shard: compare it with the original, e.g. k3 setup --check)");

@@ -14,6 +14,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "../util/bf16lx.h"
 #include "../util/fileio.h"
 
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the pack format is little-endian");
@@ -64,18 +65,52 @@ static int cmp_data_order(const void *a, const void *b) {
     return x->file_offset < y->file_offset ? -1 : x->file_offset > y->file_offset;
 }
 
-/* Offsets of entries [0, n) from their shapes; returns the file size. */
-static uint64_t layout(k3_pack_entry *e, uint32_t n) {
+void k3_pack_parts(uint32_t scheme, const k3_pack_entry *e, uint64_t *q_bytes,
+                   uint64_t *second_bytes) {
+    uint64_t rows = (uint64_t)e->rows;
+    if (scheme == K3_PACK_SCHEME_BF16LX) {
+        *q_bytes = rows * k3_lx_row_bytes(e->cols);
+        *second_bytes = 4 * (rows + 1 + e->n_esc);
+    } else {
+        *q_bytes = rows * (uint64_t)e->cols;
+        *second_bytes = 4 * rows;
+    }
+}
+
+/* Offsets of entries [0, n) from their shapes (and escape counts); returns the file size. */
+static uint64_t layout(uint32_t scheme, k3_pack_entry *e, uint32_t n) {
     uint64_t off = align_up(K3_PACK_HEADER_BYTES + (uint64_t)n * K3_PACK_ENTRY_BYTES,
                             K3_PACK_ALIGN);
     uint64_t end = off;
     for (uint32_t i = 0; i < n; i++) {
+        uint64_t a, b;
+        k3_pack_parts(scheme, &e[i], &a, &b);
         e[i].q_offset = off;
-        e[i].scale_offset = align_up(off + (uint64_t)e[i].rows * (uint64_t)e[i].cols, 64);
-        end = e[i].scale_offset + 4 * (uint64_t)e[i].rows;
+        e[i].scale_offset = align_up(off + a, 64);
+        end = e[i].scale_offset + b;
         off = align_up(end, K3_PACK_ALIGN);
     }
     return end;
+}
+
+/* Lossless: the high-byte histogram of t (every weight read once) gives its table and its
+ * escape count, so the layout is known before any payload is written. */
+static int survey(const k3_tensor *t, k3_pack_entry *e, const char *dir, k3_err *err) {
+    uint64_t hist[256] = {0}, n = (uint64_t)e->rows * (uint64_t)e->cols, hits = 0;
+    uint8_t code_of[256];
+    const uint16_t *w = t->data;
+    if (e->cols > K3_LX_MAX_COLS)
+        return k3_fail(err, K3_ERR_CHECKPOINT, "%s: %s has %lld columns; the lossless pack "
+                       "takes at most %d", dir, e->name, (long long)e->cols, K3_LX_MAX_COLS);
+    for (uint64_t i = 0; i < n; i++) hist[w[i] >> 8]++;
+    k3_lx_table(hist, e->xtab, code_of);
+    for (int b = 0; b < 256; b++)
+        if (code_of[b] != K3_LX_ESCAPE) hits += hist[b];
+    if (n - hits + (uint64_t)e->rows + 1 > UINT32_MAX)
+        return k3_fail(err, K3_ERR_CHECKPOINT, "%s: %s: %llu escapes, more than the lossless "
+                       "pack's 32-bit index holds", dir, e->name, (unsigned long long)(n - hits));
+    e->n_esc = (uint32_t)(n - hits);
+    return K3_OK;
 }
 
 static void fingerprint(const k3_tensor *const *sel, uint32_t n, uint8_t out[16]) {
@@ -98,7 +133,9 @@ static void fingerprint(const k3_tensor *const *sel, uint32_t n, uint8_t out[16]
     XXH3_freeState(st);
 }
 
-int k3_pack_plan(const k3_checkpoint *ck, k3_pack *out, k3_err *err) {
+/* The plan without the lossless survey (names, shapes, fingerprint: enough to compare). */
+static int plan(const k3_checkpoint *ck, uint32_t scheme, int do_survey, k3_pack *out,
+                k3_err *err) {
     memset(out, 0, sizeof *out);
     const k3_tensor **sel = malloc((ck->n_tensors + 1) * sizeof *sel);
     if (!sel) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
@@ -120,17 +157,33 @@ int k3_pack_plan(const k3_checkpoint *ck, k3_pack *out, k3_err *err) {
             strcpy(e->name, sel[i]->name);
         e->rows = sel[i]->shape[0];
         e->cols = sel[i]->shape[1];
+        if (!rc && do_survey && scheme == K3_PACK_SCHEME_BF16LX) rc = survey(sel[i], e, ck->dir, err);
     }
     if (!rc) {
         out->version = K3_PACK_VERSION;
-        out->scheme = K3_PACK_SCHEME_INT8_ROW;
+        out->scheme = scheme;
         out->n_tensors = n;
-        out->file_bytes = layout(out->entries, n);
+        out->file_bytes = layout(scheme, out->entries, n);
         fingerprint(sel, n, out->fingerprint);
     }
     free(sel);
     if (rc) k3_pack_clear(out);
     return rc;
+}
+
+int k3_pack_plan(const k3_checkpoint *ck, uint32_t scheme, k3_pack *out, k3_err *err) {
+    return plan(ck, scheme, 1, out, err);
+}
+
+const char *k3_pack_scheme_name(uint32_t scheme) {
+    return scheme == K3_PACK_SCHEME_BF16LX ? "lossless" : "int8";
+}
+
+int k3_pack_check_scheme(const k3_pack *p, uint32_t scheme, k3_err *err) {
+    if (p->scheme == scheme) return K3_OK;
+    return k3_fail(err, K3_ERR_PACK, "%s holds the %s spine, not the %s one (a renamed file?); "
+                   "re-run k3 pack%s", p->path, k3_pack_scheme_name(p->scheme),
+                   k3_pack_scheme_name(scheme), scheme == K3_PACK_SCHEME_BF16LX ? " --lossless" : "");
 }
 
 /* ---- header and table bytes ---------------------------------------------------------------- */
@@ -139,7 +192,7 @@ int k3_pack_plan(const k3_checkpoint *ck, k3_pack *out, k3_err *err) {
 enum { H_MAGIC = 0, H_VERSION = 8, H_SCHEME = 12, H_NTENSORS = 16, H_COMPLETE = 20,
        H_TABLE = 24, H_FILE_BYTES = 32, H_FINGERPRINT = 40, H_TABLE_SUM = 56, H_SUM = 120 };
 enum { E_NAME = 0, E_ROWS = 192, E_COLS = 200, E_Q = 208, E_SCALE = 216, E_SUM = 224,
-       E_DONE = 232 };
+       E_DONE = 232, E_XTAB = 236, E_NESC = 252 };
 
 static void encode_entry(const k3_pack_entry *e, uint8_t *b) {
     memset(b, 0, K3_PACK_ENTRY_BYTES);
@@ -150,6 +203,8 @@ static void encode_entry(const k3_pack_entry *e, uint8_t *b) {
     put64(b + E_SCALE, e->scale_offset);
     put64(b + E_SUM, e->checksum);
     put32(b + E_DONE, (uint32_t)e->done);
+    memcpy(b + E_XTAB, e->xtab, 16); /* zero for int8 */
+    put32(b + E_NESC, e->n_esc);
 }
 
 /* Header + table as one buffer of meta_bytes(n). */
@@ -221,8 +276,9 @@ static int decode_header(const uint8_t *h, const char *path, k3_pack *p, k3_err 
     p->complete = get32(h + H_COMPLETE) == 1;
     p->file_bytes = get64(h + H_FILE_BYTES);
     memcpy(p->fingerprint, h + H_FINGERPRINT, 16);
-    if (p->scheme != K3_PACK_SCHEME_INT8_ROW)
-        return k3_fail(err, K3_ERR_PACK, "%s: unknown quantization scheme %u", path, p->scheme);
+    if (p->scheme != K3_PACK_SCHEME_INT8_ROW && p->scheme != K3_PACK_SCHEME_BF16LX)
+        return k3_fail(err, K3_ERR_PACK, "%s: unknown packing scheme %u (a newer k3 wrote it?)",
+                       path, p->scheme);
     if (p->n_tensors == 0 || p->n_tensors > MAX_TENSORS ||
         get64(h + H_TABLE) != K3_PACK_HEADER_BYTES)
         return k3_fail(err, K3_ERR_PACK, "%s: malformed header (%u tensors)", path, p->n_tensors);
@@ -241,10 +297,18 @@ static int decode_table(const uint8_t *t, const char *path, k3_pack *p, k3_err *
         e->cols = (int64_t)get64(b + E_COLS);
         e->checksum = get64(b + E_SUM);
         e->done = get32(b + E_DONE) == 1;
+        memcpy(e->xtab, b + E_XTAB, 16);
+        e->n_esc = get32(b + E_NESC);
         if (e->rows <= 0 || e->cols <= 0 || e->rows > (1ll << 31) || e->cols > (1ll << 31))
             return k3_fail(err, K3_ERR_PACK, "%s: %s: bad shape", path, e->name);
+        int lx = p->scheme == K3_PACK_SCHEME_BF16LX;
+        if (lx && (e->cols > K3_LX_MAX_COLS || e->xtab[15] != 0 ||
+                   (uint64_t)e->n_esc > (uint64_t)e->rows * (uint64_t)e->cols))
+            return k3_fail(err, K3_ERR_PACK, "%s: %s: bad lossless table entry", path, e->name);
+        for (int k = E_XTAB; !lx && k < K3_PACK_ENTRY_BYTES; k++)
+            if (b[k]) return k3_fail(err, K3_ERR_PACK, "%s: %s: reserved bytes set", path, e->name);
     }
-    uint64_t end = layout(p->entries, p->n_tensors);
+    uint64_t end = layout(p->scheme, p->entries, p->n_tensors);
     for (uint32_t i = 0; i < p->n_tensors; i++) {
         const uint8_t *b = t + (size_t)i * K3_PACK_ENTRY_BYTES;
         if (get64(b + E_Q) != p->entries[i].q_offset ||
@@ -327,7 +391,7 @@ void k3_pack_close(k3_pack *p) {
 
 int k3_pack_check_model(const k3_pack *p, const k3_checkpoint *ck, k3_err *err) {
     k3_pack want;
-    int rc = k3_pack_plan(ck, &want, err);
+    int rc = plan(ck, p->scheme, 0, &want, err);
     if (rc) return rc;
     int same = want.n_tensors == p->n_tensors &&
                memcmp(want.fingerprint, p->fingerprint, 16) == 0;
@@ -342,11 +406,11 @@ int k3_pack_check_model(const k3_pack *p, const k3_checkpoint *ck, k3_err *err) 
     return K3_OK;
 }
 
-uint64_t k3_pack_checksum(const int8_t *q, uint64_t n, const float *s, int64_t rows) {
+uint64_t k3_pack_checksum(const void *a, uint64_t na, const void *b, uint64_t nb) {
     XXH3_state_t *st = XXH3_createState();
     XXH3_64bits_reset(st);
-    XXH3_64bits_update(st, q, (size_t)n);
-    XXH3_64bits_update(st, s, (size_t)rows * sizeof *s);
+    XXH3_64bits_update(st, a, (size_t)na);
+    XXH3_64bits_update(st, b, (size_t)nb);
     uint64_t h = XXH3_64bits_digest(st);
     XXH3_freeState(st);
     return h;
@@ -355,9 +419,9 @@ uint64_t k3_pack_checksum(const int8_t *q, uint64_t n, const float *s, int64_t r
 int k3_pack_verify(const k3_pack *p, k3_err *err) {
     for (uint32_t i = 0; i < p->n_tensors; i++) {
         const k3_pack_entry *e = &p->entries[i];
-        const int8_t *q = (const int8_t *)(p->map + e->q_offset);
-        const float *s = (const float *)(p->map + e->scale_offset);
-        if (k3_pack_checksum(q, (uint64_t)e->rows * (uint64_t)e->cols, s, e->rows) != e->checksum)
+        uint64_t a, b;
+        k3_pack_parts(p->scheme, e, &a, &b);
+        if (k3_pack_checksum(p->map + e->q_offset, a, p->map + e->scale_offset, b) != e->checksum)
             return k3_fail(err, K3_ERR_PACK, "%s: tensor %s: payload checksum mismatch (file "
                            "corrupt; re-run k3 pack)", p->path, e->name);
     }

@@ -1,6 +1,8 @@
-/* packed.h — the packed spine file (`k3 pack`, issue 8): a checkpoint's spine BF16 matrices
- * re-stored as int8 with one f32 scale per output row. Byte layout, version history and the
- * quantization rule: docs/PACKED-SPINE.md. The int8 spine is NOT exact (opt-in).
+/* packed.h — the packed spine files (`k3 pack`): a checkpoint's spine BF16 matrices re-stored
+ * as int8 with one f32 scale per output row (scheme 1, issue 8; NOT exact, opt-in), or
+ * losslessly in 12 bits per weight plus escapes (scheme 2, `k3 pack --lossless`, issue 33;
+ * decodes to the identical BF16 bits, kernels.h "lossless BF16"). Byte layout, version history
+ * and the rules: docs/PACKED-SPINE.md.
  *
  * Invariants:
  *  - Which tensors are packed is decided by k3_pack_selects() alone (writer and reader agree):
@@ -8,8 +10,9 @@
  *    per token, so int8 saves no per-token bytes), the AttnRes projections ([1, hidden]) and
  *    the MoE router gate.weight (expert selection is discrete; 1% of the spine).
  *  - The layout is canonical: given the selected tensors (in checkpoint data order) every
- *    offset follows from the shapes, so the same snapshot always packs to the same bytes and
- *    a reader rejects any table that deviates from it.
+ *    offset follows from the shapes (and, for scheme 2, each tensor's escape count), so the
+ *    same snapshot always packs to the same bytes and a reader rejects any table that deviates
+ *    from it. Both schemes select the same tensors.
  *  - Every byte is covered by a checksum (XXH3-64): the header by its own, the table by one in
  *    the header, each tensor's payload (int8 values, then scales) by one in its entry. Load
  *    checks header, table and file size; payloads are checked by `k3 pack --verify`.
@@ -26,20 +29,26 @@
 
 #define K3_PACK_VERSION 1
 #define K3_PACK_SCHEME_INT8_ROW 1  /* int8, symmetric absmax, one f32 scale per row, RNE */
+#define K3_PACK_SCHEME_BF16LX 2    /* lossless BF16: 4-bit high-byte code + low byte, escapes */
 #define K3_PACK_HEADER_BYTES 128
 #define K3_PACK_ENTRY_BYTES 256
 #define K3_PACK_NAME_BYTES 192
 #define K3_PACK_ALIGN 4096         /* every tensor's int8 values start on a page boundary */
 #define K3_PACK_FILE "k3-spine-int8.k3pack"
 #define K3_PACK_QUALITY_FILE "k3-spine-int8.quality.json"
+#define K3_PACK_LX_FILE "k3-spine-lossless.k3pack"
 
 typedef struct k3_pack_entry {
     char name[K3_PACK_NAME_BYTES]; /* the checkpoint tensor name, NUL-terminated */
     int64_t rows, cols;
-    uint64_t q_offset;             /* int8 [rows, cols] row-major */
-    uint64_t scale_offset;         /* f32 [rows] */
-    uint64_t checksum;             /* XXH3-64 of the int8 bytes followed by the scale bytes */
+    uint64_t q_offset;             /* int8 [rows, cols] row-major; scheme 2: the groups,
+                                    * rows × k3_lx_row_bytes(cols) */
+    uint64_t scale_offset;         /* f32 [rows]; scheme 2: u32 escape index [rows + 1], then
+                                    * the n_esc escapes */
+    uint64_t checksum;             /* XXH3-64 of the first part's bytes followed by the second's */
     int done;                      /* payload written and synced (resume point) */
+    uint8_t xtab[16];              /* scheme 2: the high byte of each code (kernels.h) */
+    uint32_t n_esc;                /* scheme 2: escapes */
 } k3_pack_entry;
 
 typedef struct k3_pack {
@@ -56,10 +65,20 @@ typedef struct k3_pack {
 /* Whether the packer converts tensor t (the rule in the header comment). */
 int k3_pack_selects(const k3_tensor *t);
 
-/* The canonical pack of checkpoint ck: entries (done = 0, checksum 0), offsets, file size and
- * fingerprint; complete = 0, map = NULL, path = NULL. Reads 8 KiB of each packed tensor.
- * Errors: K3_ERR_CHECKPOINT (nothing to pack, a name too long), K3_ERR_GENERIC (memory). */
-int k3_pack_plan(const k3_checkpoint *ck, k3_pack *out, k3_err *err);
+/* The canonical pack of checkpoint ck in scheme (K3_PACK_SCHEME_*): entries (done = 0,
+ * checksum 0), offsets, file size and fingerprint; complete = 0, map = NULL, path = NULL.
+ * Int8 reads 8 KiB of each packed tensor; lossless reads every selected weight once (the
+ * high-byte histogram gives each tensor's table and escape count, hence the layout).
+ * Errors: K3_ERR_CHECKPOINT (nothing to pack, a name too long, a lossless matrix wider than
+ * K3_LX_MAX_COLS or with 2^32 escapes or more), K3_ERR_GENERIC (memory). */
+int k3_pack_plan(const k3_checkpoint *ck, uint32_t scheme, k3_pack *out, k3_err *err);
+/* The payload's two parts of entry e in scheme: bytes at q_offset and at scale_offset. */
+void k3_pack_parts(uint32_t scheme, const k3_pack_entry *e, uint64_t *q_bytes,
+                   uint64_t *second_bytes);
+/* Checks that p holds scheme. Errors: K3_ERR_PACK naming the file and both schemes. */
+int k3_pack_check_scheme(const k3_pack *p, uint32_t scheme, k3_err *err);
+/* "int8" or "lossless". */
+const char *k3_pack_scheme_name(uint32_t scheme);
 
 /* Writes header + table of p at offset 0 of fd (pwrite). Errors: K3_ERR_IO naming path. */
 int k3_pack_write_meta(int fd, const char *path, const k3_pack *p, k3_err *err);
@@ -114,7 +133,8 @@ int k3_pack_quality_write(const char *path, const k3_pack_quality *q, k3_err *er
 /* Reads path. Errors: K3_ERR_IO (missing), K3_ERR_PACK (malformed). */
 int k3_pack_quality_read(const char *path, k3_pack_quality *q, k3_err *err);
 
-/* Payload checksum (XXH3-64) of int8 values q[n] followed by scales s[rows]. */
-uint64_t k3_pack_checksum(const int8_t *q, uint64_t n, const float *s, int64_t rows);
+/* Payload checksum (XXH3-64) of a[na bytes] followed by b[nb bytes] (the entry's two parts:
+ * int8 values then scales, or lossless groups then escape index and list). */
+uint64_t k3_pack_checksum(const void *a, uint64_t na, const void *b, uint64_t nb);
 
 #endif

@@ -274,6 +274,9 @@ static void mxfp4_rows(const uint8_t *packed, const uint8_t *scale, int64_t rows
 #define SMALL_R4 3         /* rows per bf16_rows call at n = 4 and at n = 5 */
 #define SMALL_R5 2
 #define UNROLL_V UNROLL16  /* bf16_rows' vector loop */
+#define LX_SMALL_R2 2 /* rows per lossless small-batch call at n = 2, 3 (simd_dense.h) */
+#define LX_SMALL_R4 1 /* ... at n = 4, 5 */
+#define LX_JOIN(v8, o) do { o[0] = v8[0]; o[1] = v8[1]; o[2] = v8[2]; o[3] = v8[3]; } while (0)
 #include "simd_dense.h"
 
 #pragma GCC pop_options
@@ -283,6 +286,7 @@ const k3_kernels k3_kernels_avx2 = {
     .bf16 = bf16,
     .f32 = f32,
     .mxfp4 = mxfp4_rows,
+    .bf16lx = bf16lx,
     .dot = dot,
     .axpy = axpy,
     .kda_delta = kda_delta,

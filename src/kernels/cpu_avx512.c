@@ -252,6 +252,14 @@ static void mxfp4_rows(const uint8_t *packed, const uint8_t *scale, int64_t rows
 #define SMALL_R4 4         /* rows per bf16_rows call at n = 4 and at n = 5 */
 #define SMALL_R5 4
 #define UNROLL_V UNROLL8   /* bf16_rows' vector loop */
+/* Two 8-lane halves as one 16-lane vector (a in lanes 0..7). */
+static inline __m512 join16(__m256 a, __m256 b) {
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(a)),
+                                               _mm256_castps_pd(b), 1));
+}
+#define LX_SMALL_R2 4 /* rows per lossless small-batch call at n = 2, 3 (simd_dense.h) */
+#define LX_SMALL_R4 2 /* ... at n = 4, 5 */
+#define LX_JOIN(v8, o) do { o[0] = join16(v8[0], v8[1]); o[1] = join16(v8[2], v8[3]); } while (0)
 #include "simd_dense.h"
 
 #if !defined(K3_AVX512_EMULATED)
@@ -263,6 +271,7 @@ const k3_kernels k3_kernels_avx512 = {
     .bf16 = bf16,
     .f32 = f32,
     .mxfp4 = mxfp4_rows,
+    .bf16lx = bf16lx,
     .dot = dot,
     .axpy = axpy,
     .kda_delta = kda_delta,

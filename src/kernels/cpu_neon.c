@@ -133,15 +133,125 @@ static void mxfp4_vec(const uint8_t *packed, const uint8_t *scale, int64_t cols,
     }
 }
 
+/* ---- lossless BF16 (K3_DT_BF16LX, kernels.h): decoded in registers, then the BF16 recipe -- */
+
+/* A whole group (c0 + 32 <= cols) as 8 vectors in column order: TBL looks the codes up (low
+ * nibbles: positions 0..15, high: 16..31), escapes are written over the looked-up bytes (rare,
+ * out of line), ZIP pairs (low, high) bytes into BF16 words and vshll widens them; position
+ * p = 16·b + 4·a + c holds column 8·a + 4·b + c (kernels.h), so the vectors come out in the
+ * order below. */
+static __attribute__((noinline)) void lx_patch(uint8x16_t *h0, uint8x16_t *h1, const uint32_t *list,
+                                               uint32_t *e, uint32_t end, int64_t c0) {
+    uint8_t t[32];
+    vst1q_u8(t, *h0);
+    vst1q_u8(t + 16, *h1);
+    for (; *e < end && (int64_t)(list[*e] >> 8) < c0 + K3_LX_GROUP; ++*e)
+        t[k3_lx_pos((int)((int64_t)(list[*e] >> 8) - c0) & 31)] = (uint8_t)list[*e];
+    *h0 = vld1q_u8(t);
+    *h1 = vld1q_u8(t + 16);
+}
+
+static inline void lx_group(const uint8_t *g, uint8x16_t tab, const uint32_t *list, uint32_t *e,
+                            uint32_t end, int64_t c0, float32x4_t v[8]) {
+    uint8x16_t c = vld1q_u8(g);
+    uint8x16_t h0 = vqtbl1q_u8(tab, vandq_u8(c, vdupq_n_u8(15))), h1 = vqtbl1q_u8(tab, vshrq_n_u8(c, 4));
+    if (*e < end && (int64_t)(list[*e] >> 8) < c0 + K3_LX_GROUP) lx_patch(&h0, &h1, list, e, end, c0);
+    uint8x16_t l0 = vld1q_u8(g + 16), l1 = vld1q_u8(g + 32);
+    uint16x8_t w0 = vreinterpretq_u16_u8(vzip1q_u8(l0, h0)); /* positions 0..7 */
+    uint16x8_t w1 = vreinterpretq_u16_u8(vzip2q_u8(l0, h0)); /* 8..15 */
+    uint16x8_t w2 = vreinterpretq_u16_u8(vzip1q_u8(l1, h1)); /* 16..23 */
+    uint16x8_t w3 = vreinterpretq_u16_u8(vzip2q_u8(l1, h1)); /* 24..31 */
+#define LX_F(w, half) vreinterpretq_f32_u32(vshll_n_u16(vget_##half##_u16(w), 16))
+    v[0] = LX_F(w0, low);  /* columns 0..3: positions 0..3 */
+    v[1] = LX_F(w2, low);  /* 4..7: 16..19 */
+    v[2] = LX_F(w0, high); /* 8..11: 4..7 */
+    v[3] = LX_F(w2, high); /* 12..15: 20..23 */
+    v[4] = LX_F(w1, low);  /* 16..19: 8..11 */
+    v[5] = LX_F(w3, low);  /* 20..23: 24..27 */
+    v[6] = LX_F(w1, high); /* 24..27: 12..15 */
+    v[7] = LX_F(w3, high); /* 28..31: 28..31 */
+#undef LX_F
+}
+
+/* The last, partial group of a row: decoded to BF16 in column order, then bf16_vec's last
+ * steps exactly (full steps, then the tail step with xt). */
+static inline float32x4_t lx_last(const uint8_t *g, const k3_mat *m, const uint32_t *list,
+                                  uint32_t *e, uint32_t end, int64_t c0, const float *x,
+                                  float32x4_t xt, float32x4_t s) {
+    uint16_t t[K3_LX_GROUP];
+    int64_t full = m->cols & ~(int64_t)3;
+    k3_lx_group_u16(g, m->xtab, list, e, end, c0, m->cols, t);
+    for (int64_t i = c0; i < full; i += 4) s = vfmaq_f32(s, bf16_4(t + (i - c0)), vld1q_f32(x + i));
+    if (full < m->cols) s = vfmaq_f32(s, bf16_4(t + (full - c0)), xt);
+    return s;
+}
+
+static void lx_vec(const k3_mat *m, const float *x, float *y, int64_t r0, int64_t r1) {
+    int64_t cols = m->cols, ng = cols / K3_LX_GROUP, full = cols & ~(int64_t)3;
+    uint64_t rb = k3_lx_row_bytes(cols);
+    const uint8_t *data = m->data;
+    const uint32_t *list = m->esc + m->rows + 1;
+    uint8x16_t tab = vld1q_u8(m->xtab);
+    float32x4_t xt = full < cols ? load_tail(x + full, cols - full) : vdupq_n_f32(0);
+    for (int64_t r = r0; r < r1;) {
+        int R = r + 4 <= r1 ? 4 : 1;
+        uint32_t e[4], end[4];
+        float32x4_t s[4] = {vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0)};
+        for (int q = 0; q < R; q++) k3_lx_row_escapes(m, r + q, &e[q], &end[q]);
+        const uint8_t *row = data + (uint64_t)r * rb;
+        for (int64_t gi = 0; gi < ng; gi++)
+            for (int q = 0; q < R; q++) {
+                float32x4_t v[8];
+                __builtin_prefetch(row + q * rb + gi * K3_LX_GROUP_BYTES + 768);
+                lx_group(row + q * rb + gi * K3_LX_GROUP_BYTES, tab, list, &e[q], end[q],
+                         gi * K3_LX_GROUP, v);
+                for (int j = 0; j < 8; j++)
+                    s[q] = vfmaq_f32(s[q], v[j], vld1q_f32(x + gi * K3_LX_GROUP + 4 * j));
+            }
+        if (ng * K3_LX_GROUP < cols)
+            for (int q = 0; q < R; q++)
+                s[q] = lx_last(row + q * rb + ng * K3_LX_GROUP_BYTES, m, list, &e[q], end[q],
+                               ng * K3_LX_GROUP, x, xt, s[q]);
+        for (int q = 0; q < R; q++) y[r + q] = hsum(s[q]);
+        r += R;
+    }
+}
+
 /* ---- batched (n > 1): decode a 16-row × 256-column tile once, use it for every vector ---- */
 
-enum { SRC_BF16, SRC_F32, SRC_MXFP4 };
+enum { SRC_BF16, SRC_F32, SRC_MXFP4, SRC_LX };
 typedef struct wsrc {
     int kind;
     const void *w;         /* BF16 / F32 data, or MXFP4 packed */
     const uint8_t *scale;  /* MXFP4 only */
     int64_t cols;
+    const k3_mat *m;       /* SRC_LX: the matrix */
+    uint32_t *cur, *curend; /* SRC_LX: [RG] escape cursors of the row group's rows (r % RG) */
 } wsrc;
+
+/* A lossless tile row: lx_vec's vectors stored (zeros past cols, as bf16_tail). */
+static void lx_tile_row(const wsrc *s, int64_t r, int64_t k0, int64_t kc, float *t) {
+    const k3_mat *m = s->m;
+    const uint8_t *row = (const uint8_t *)m->data + (uint64_t)r * k3_lx_row_bytes(m->cols);
+    const uint32_t *list = m->esc + m->rows + 1;
+    uint32_t *e = &s->cur[r % RG], end;
+    if (k0 == 0) k3_lx_row_escapes(m, r, e, &s->curend[r % RG]);
+    end = s->curend[r % RG];
+    uint8x16_t tab = vld1q_u8(m->xtab);
+    for (int64_t c0 = k0; c0 < k0 + kc; c0 += K3_LX_GROUP) {
+        const uint8_t *g = row + c0 / K3_LX_GROUP * K3_LX_GROUP_BYTES;
+        float *o = t + (c0 - k0);
+        if (c0 + K3_LX_GROUP <= m->cols) {
+            float32x4_t v[8];
+            lx_group(g, tab, list, e, end, c0, v);
+            for (int j = 0; j < 8; j++) vst1q_f32(o + 4 * j, v[j]);
+        } else {
+            uint16_t u[K3_LX_GROUP];
+            k3_lx_group_u16(g, m->xtab, list, e, end, c0, m->cols, u);
+            for (int64_t i = 0; i < m->cols - c0; i += 4) vst1q_f32(o + i, bf16_4(u + i));
+        }
+    }
+}
 
 /* t[0 .. kc rounded up to 4) = W[r][k0 .. k0 + kc), zero-padded. */
 static void tile_row(const wsrc *s, int64_t r, int64_t k0, int64_t kc, float *t) {
@@ -154,6 +264,8 @@ static void tile_row(const wsrc *s, int64_t r, int64_t k0, int64_t kc, float *t)
         const float *p = (const float *)s->w + r * s->cols + k0;
         for (int64_t i = 0; i < full; i += 4) vst1q_f32(t + i, vld1q_f32(p + i));
         if (tail) vst1q_f32(t + full, load_tail(p + full, tail));
+    } else if (s->kind == SRC_LX) {
+        lx_tile_row(s, r, k0, kc, t);
     } else {
         const uint8_t *p = (const uint8_t *)s->w + r * (s->cols / 2) + k0 / 2;
         const uint8_t *sc = s->scale + r * (s->cols / 32) + k0 / 32;
@@ -246,7 +358,7 @@ static void bf16(const uint16_t *w, int64_t rows, int64_t cols, const float *x, 
         bf16_vec(w, cols, x, y, r0, r1);
         return;
     }
-    wsrc s = {SRC_BF16, w, NULL, cols};
+    wsrc s = {SRC_BF16, w, NULL, cols, NULL, NULL, NULL};
     matmul_tiles(&s, rows, x, n, y, r0, r1);
 }
 
@@ -256,7 +368,7 @@ static void f32(const float *w, int64_t rows, int64_t cols, const float *x, int 
         f32_vec(w, cols, x, y, r0, r1);
         return;
     }
-    wsrc s = {SRC_F32, w, NULL, cols};
+    wsrc s = {SRC_F32, w, NULL, cols, NULL, NULL, NULL};
     matmul_tiles(&s, rows, x, n, y, r0, r1);
 }
 
@@ -266,8 +378,18 @@ static void mxfp4(const uint8_t *packed, const uint8_t *scale, int64_t rows, int
         mxfp4_vec(packed, scale, cols, x, y, r0, r1);
         return;
     }
-    wsrc s = {SRC_MXFP4, packed, scale, cols};
+    wsrc s = {SRC_MXFP4, packed, scale, cols, NULL, NULL, NULL};
     matmul_tiles(&s, rows, x, n, y, r0, r1);
+}
+
+static void bf16lx(const k3_mat *m, const float *x, int n, float *y, int64_t r0, int64_t r1) {
+    if (n == 1) {
+        lx_vec(m, x, y, r0, r1);
+        return;
+    }
+    uint32_t cur[RG], curend[RG];
+    wsrc s = {SRC_LX, NULL, NULL, m->cols, m, cur, curend};
+    matmul_tiles(&s, m->rows, x, n, y, r0, r1);
 }
 
 static float dot(const float *a, const float *b, int64_t n) {
@@ -328,6 +450,7 @@ const k3_kernels k3_kernels_neon = {
     .bf16 = bf16,
     .f32 = f32,
     .mxfp4 = mxfp4,
+    .bf16lx = bf16lx,
     .dot = dot,
     .axpy = axpy,
     .kda_delta = kda_delta,

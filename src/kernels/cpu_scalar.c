@@ -106,6 +106,7 @@ const k3_kernels k3_kernels_scalar = {
     .bf16 = bf16,
     .f32 = f32,
     .mxfp4 = mxfp4,
+    .bf16lx = k3_rows_bf16lx,
     .dot = dot,
     .axpy = axpy,
     .kda_delta = kda_delta,

@@ -24,6 +24,9 @@ struct k3_kernels {
     /* The same for an MXFP4 matrix (packed [rows, cols/2], scale [rows, cols/32]). */
     void (*mxfp4)(const uint8_t *packed, const uint8_t *scale, int64_t rows, int64_t cols,
                   const float *x, int n, float *y, int64_t r0, int64_t r1);
+    /* The same for a lossless BF16 matrix (K3_DT_BF16LX, kernels.h): bit-identical to .bf16 on
+     * the BF16 matrix it encodes. */
+    void (*bf16lx)(const k3_mat *w, const float *x, int n, float *y, int64_t r0, int64_t r1);
     float (*dot)(const float *a, const float *b, int64_t n);
     void (*axpy)(float a, const float *x, float *y, int64_t n);
     void (*kda_delta)(float *S, const float *q, const float *k, const float *v,
@@ -37,6 +40,16 @@ extern const k3_kernels k3_kernels_avx2, k3_kernels_avx512;
 #if defined(__aarch64__)
 extern const k3_kernels k3_kernels_neon;
 #endif
+
+/* Lossless BF16 helpers (lossless.c), shared by every path. Row r's escapes: [*e, *end) of
+ * the list, clamped to n_esc. */
+void k3_lx_row_escapes(const k3_mat *m, int64_t r, uint32_t *e, uint32_t *end);
+/* The 32 BF16 values of the group at g (columns c0 .. c0 + 31; those >= cols come out 0) into
+ * t in column order, escapes of the group applied (consumed from *e while < end). */
+void k3_lx_group_u16(const uint8_t *g, const uint8_t *xtab, const uint32_t *list, uint32_t *e,
+                     uint32_t end, int64_t c0, int64_t cols, uint16_t t[K3_LX_GROUP]);
+/* The scalar path's product (also its .bf16lx). */
+void k3_rows_bf16lx(const k3_mat *w, const float *x, int n, float *y, int64_t r0, int64_t r1);
 
 /* E2M1 codes 0..15 as f32 (spec §10.4): 0, ±0.5, ±1, ±1.5, ±2, ±3, ±4, ±6; code 8 is -0. */
 extern const float k3_e2m1[16];

@@ -25,6 +25,18 @@ float k3_mat_at(const k3_mat *m, int64_t i) {
     if (m->dtype == K3_DT_BF16) return k3_bf16_to_f32(((const uint16_t *)m->data)[i]);
     if (m->dtype == K3_DT_I8 || m->dtype == K3_DT_I8_Q8)
         return ((const int8_t *)m->data)[i] * m->scale[i / m->cols];
+    if (m->dtype == K3_DT_BF16LX) { /* one group decoded: for a few values, never a loop */
+        int64_t r = i / m->cols, c = i % m->cols, c0 = c / K3_LX_GROUP * K3_LX_GROUP;
+        uint16_t t[K3_LX_GROUP];
+        uint32_t e, end;
+        k3_lx_row_escapes(m, r, &e, &end);
+        const uint32_t *list = m->esc + m->rows + 1;
+        while (e < end && (int64_t)(list[e] >> 8) < c0) e++;
+        k3_lx_group_u16((const uint8_t *)m->data + (uint64_t)r * k3_lx_row_bytes(m->cols) +
+                            c0 / K3_LX_GROUP * K3_LX_GROUP_BYTES,
+                        m->xtab, list, &e, end, c0, m->cols, t);
+        return k3_bf16_to_f32(t[c - c0]);
+    }
     return ((const float *)m->data)[i];
 }
 
@@ -135,6 +147,9 @@ static void mat_rows(const k3_kernels *kr, const k3_mat *w, const float *x, int 
     switch (w->dtype) {
     case K3_DT_BF16:
         kr->bf16(w->data, w->rows, w->cols, x, n, y, r0, r1);
+        break;
+    case K3_DT_BF16LX: /* lossless: bit-identical to the BF16 case (src/kernels/lossless.c) */
+        kr->bf16lx(w, x, n, y, r0, r1);
         break;
     case K3_DT_I8: /* one vector at a time (src/kernels/int8.c); AVX2 on the x86 SIMD paths */
 #if defined(__x86_64__)

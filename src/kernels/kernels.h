@@ -29,6 +29,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "../util/bf16lx.h"
 #include "../util/err.h"
 
 /* One CPU path's kernels (src/kernels/dispatch.h); read-only, chosen once at engine load.
@@ -52,14 +53,20 @@ int k3_kernels_available(const k3_kernels **out, int cap);
  * default thread count. At least 1. */
 int k3_cpu_physical_cores(void);
 
-/* A dense weight matrix [rows, cols], row-major, BF16, F32 or I8 (enum k3_dtype). Vectors
- * (norm weights, biases) are matrices with rows = 1. I8 (the packed int8 spine, not exact)
- * carries one f32 scale per row: W[r][i] ≈ scale[r] · q[r][i]. */
+/* A dense weight matrix [rows, cols], row-major, BF16, F32, I8 or BF16LX (enum k3_dtype).
+ * Vectors (norm weights, biases) are matrices with rows = 1. I8 (the packed int8 spine, not
+ * exact) carries one f32 scale per row: W[r][i] ≈ scale[r] · q[r][i]. BF16LX (the lossless
+ * spine, exact) is the BF16 matrix re-encoded in 12 bits per weight plus escapes: data holds
+ * rows × k3_lx_row_bytes(cols) bytes of groups, esc the escape index and list, xtab the
+ * code table (layout below, "lossless BF16"). */
 typedef struct k3_mat {
     const void *data;
     int dtype;
     int64_t rows, cols;
-    const float *scale; /* [rows], K3_DT_I8 only; NULL otherwise */
+    const float *scale;  /* [rows], K3_DT_I8 only; NULL otherwise */
+    const uint32_t *esc; /* K3_DT_BF16LX: [rows + 1] row starts, then [n_esc] escapes */
+    uint32_t n_esc;      /* K3_DT_BF16LX: escapes in the list */
+    uint8_t xtab[16];    /* K3_DT_BF16LX: the high byte each 4-bit code stands for (15: escape) */
 } k3_mat;
 
 /* An MXFP4 matrix [rows, cols] (compressed-tensors mxfp4-pack-quantized, spec §10.4):
@@ -136,6 +143,31 @@ float k3_kda_gate(float f, float dt_bias, float a_log, float lower_bound);
 /* out[i] = SiTU(gate[i], up[i]) for i < n; out may alias gate. */
 void k3_situ_vec(const float *gate, const float *up, int n, float beta, float linear_beta,
                  float *out);
+
+/* ---- lossless BF16 (src/kernels/lossless.c; exact: k3 pack --lossless, issue 33) -------- *
+ *
+ * A BF16 weight is its high byte (sign, exponent bits 7..1) and its low byte (exponent bit 0,
+ * mantissa). The high byte takes few values in a trained matrix, so each matrix has a table of
+ * the 15 most frequent (xtab[0..14]) and stores per weight the low byte and a 4-bit code:
+ * xtab's index, or 15 (an escape) with the high byte in the escape list. Decoding gives the
+ * BF16 bits exactly, and every kernel path widens them as it widens BF16 and runs the BF16
+ * lane recipe unchanged, so every product is bit-identical to the BF16 matrix's on the same
+ * path (same thread count irrelevant, as above).
+ *
+ * Layout: each row is ceil(cols / 32) groups of K3_LX_GROUP_BYTES bytes (the last group of a
+ * row zero-padded past cols). In a group, weight k (column 32g + k) sits at position
+ * p = k3_lx_pos(k) = 16·((k >> 2) & 1) + 4·(k >> 3) + (k & 3); bytes 0..15 hold the codes
+ * (byte j: low nibble position j, high nibble position 16 + j), bytes 16..47 the low bytes by
+ * position. The position order puts, after one in-lane byte shuffle and two in-lane
+ * interleaves (AVX2 vpshufb / vpunpck; NEON tbl / zip), every 8 consecutive columns in one
+ * register in column order. esc[r] .. esc[r + 1] - 1 index row r's escapes in esc[rows + 1 +
+ * i], each (column << 8) | high byte, in ascending column. Kernels clamp the index to n_esc,
+ * so a corrupt payload gives wrong numbers (k3 pack --verify finds it) but never a read
+ * outside the matrix. The constants, the table rule and the encoder are src/util/bf16lx.h's
+ * (the packer in src/format lays files out with them). */
+/* Decodes row r of a K3_DT_BF16LX matrix into out[cols] (BF16 bits): the reference decoder
+ * (k3 pack's self-check, tests, k3_mat_at). */
+void k3_lx_decode_row(const k3_mat *m, int64_t r, uint16_t *out);
 
 /* ---- int8 spine (src/kernels/int8.c; NOT exact, opt-in via `k3 pack`) ----------------- */
 

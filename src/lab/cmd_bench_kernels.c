@@ -47,13 +47,16 @@ static const k3_cli_command kernels_cmd = {
         "\n"
         "Times every product kernel at K3's shapes (out <- in): BF16 7168->12288, 7168->33792,\n"
         "lm_head 7168->163840, F32 7168->12288, the int8 spine (alone and with --approx)\n"
-        "7168->12288, MXFP4 experts 3584->3072 and 3072->3584\n"
+        "7168->12288, the lossless spine (k3 pack --lossless: a trained-like matrix, normal\n"
+        "weights with 0.1%% outliers, encoded as k3 pack encodes it) 7168->12288 and\n"
+        "7168->33792, MXFP4 experts 3584->3072 and 3072->3584\n"
         "(cycling through enough experts to miss the caches), one small MXFP4 matrix read\n"
         "from cache (the decode's own speed), and the batched forms for 2, 4 and 32 vectors.\n"
         "Prints weight GB/s beside the bandwidth of a large memcpy measured in the\n"
         "same run (bytes read + bytes written per second, STREAM's convention), for one thread\n"
-        "and for all threads (--threads). Uses about 4 GB of memory. Every path this CPU runs\n"
-        "unless --kernels names one.\n",
+        "and for all threads (--threads), and matrix rows per second (the lossless rows against\n"
+        "BF16's: the same rows in 25% fewer bytes). Uses about 4.5 GB of memory. Every path this\n"
+        "CPU runs unless --kernels names one.\n",
     .rows = kernels_rows, .n_rows = sizeof kernels_rows / sizeof *kernels_rows,
     .groups = K3_OG_THREADS | K3_OG_KERNELS,
 };
@@ -104,6 +107,8 @@ static const kcase CASES[] = {
     {"F32 7168->12288", K3_DT_F32, 12288, 7168, 1, 1, 1},
     {"int8 spine 7168->12288", K3_DT_I8, 12288, 7168, 1, 1, 1},
     {"int8 spine --approx 7168->12288", K3_DT_I8_Q8, 12288, 7168, 1, 1, 1},
+    {"lossless spine 7168->12288", K3_DT_BF16LX, 12288, 7168, 1, 1, 1},
+    {"lossless spine 7168->33792", K3_DT_BF16LX, 33792, 7168, 1, 1, 1},
     {"MXFP4 expert 3584->3072", -1, 3072, 3584, 1, 48, 1},
     {"MXFP4 expert 3072->3584", -1, 3584, 3072, 1, 48, 1},
     {"MXFP4 16 experts 3584->3072, one call", -1, 3072, 3584, 1, 48, 16},
@@ -113,9 +118,11 @@ static const kcase CASES[] = {
     /* small batches: chunked prefill's per-expert token counts, speculative verification */
     {"BF16 7168->12288 x2", K3_DT_BF16, 12288, 7168, 2, 1, 1},
     {"BF16 7168->12288 x4", K3_DT_BF16, 12288, 7168, 4, 1, 1},
+    {"lossless spine 7168->12288 x4", K3_DT_BF16LX, 12288, 7168, 4, 1, 1},
     {"MXFP4 expert 3584->3072 x2", -1, 3072, 3584, 2, 48, 1},
     {"MXFP4 expert 3584->3072 x4", -1, 3072, 3584, 4, 48, 1},
     {"BF16 7168->12288 x32", K3_DT_BF16, 12288, 7168, 32, 1, 1},
+    {"lossless spine 7168->12288 x32", K3_DT_BF16LX, 12288, 7168, 32, 1, 1},
     {"MXFP4 expert 3584->3072 x32", -1, 3072, 3584, 32, 48, 1},
 };
 
@@ -125,7 +132,49 @@ typedef struct bufs {
     uint8_t *mx;      /* the MXFP4 experts (copies included), fill_mxfp4's bytes */
     size_t mx_bytes;
     float *x, *y;
+    k3_mat lx[2];     /* the lossless matrices: 12288 and 33792 rows (lx_build) */
 } bufs;
+
+/* A trained-like BF16 matrix [rows, 7168] encoded as k3 pack --lossless does: weights
+ * 0.02 x (sum of 4 uniforms - 2) (near normal), 0.1% of them times 2^4..2^11 (outliers that
+ * become escapes); NULL data when out of memory. */
+static k3_mat lx_build(int64_t rows, int64_t cols) {
+    k3_mat m = {.dtype = K3_DT_BF16LX, .rows = rows, .cols = cols};
+    uint16_t *w = malloc((size_t)(rows * cols) * 2);
+    uint8_t *data = malloc((size_t)rows * k3_lx_row_bytes(cols));
+    uint32_t *esc = malloc((size_t)(rows + 1 + rows * cols / 64) * 4);
+    uint64_t hist[256] = {0}, s = 0x2545f4914f6cdd1dull;
+    uint8_t code_of[256];
+    if (!w || !data || !esc) {
+        free(w), free(data), free(esc);
+        return m;
+    }
+    for (int64_t i = 0; i < rows * cols; i++) {
+        float u = 0;
+        for (int k = 0; k < 4; k++) s ^= s << 13, s ^= s >> 7, s ^= s << 17, u += (float)(s >> 40) / 16777216.0f;
+        float v = 0.02f * (u - 2.0f);
+        if (s % 1000 == 0) v *= (float)(16 << (s >> 20) % 8);
+        uint32_t bits;
+        memcpy(&bits, &v, 4);
+        w[i] = (uint16_t)(bits >> 16);
+        hist[w[i] >> 8]++;
+    }
+    k3_lx_table(hist, m.xtab, code_of);
+    uint32_t n = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        esc[r] = n;
+        if (n + (uint64_t)cols > (uint64_t)(rows * cols / 64)) break; /* never, at 0.1% */
+        n += (uint32_t)k3_lx_encode_row(w + r * cols, cols, code_of,
+                                        data + (uint64_t)r * k3_lx_row_bytes(cols),
+                                        esc + rows + 1 + n);
+    }
+    esc[rows] = n;
+    free(w);
+    m.data = data, m.esc = esc, m.n_esc = n;
+    return m;
+}
+
+static const k3_mat *lx_of(const bufs *b, int64_t rows) { return &b->lx[rows != 12288]; }
 
 /* Every byte 118..134: as E8M0 scales 2^-9..2^7 (a real expert's range; the BF16 pattern's
  * bytes would make scales down to 2^-127, whose subnormal products slow both old and new
@@ -135,7 +184,11 @@ static void fill_mxfp4(uint8_t *p, size_t bytes) {
     for (size_t i = 0; i < bytes; i++) p[i] = (uint8_t)(118 + (i * 2654435761u >> 7) % 17);
 }
 
-static size_t case_bytes(const kcase *c) {
+static size_t case_bytes(const kcase *c, const bufs *b) {
+    if (c->dtype == K3_DT_BF16LX) {
+        const k3_mat *m = lx_of(b, c->rows);
+        return (size_t)((uint64_t)c->rows * k3_lx_row_bytes(c->cols) + 4 * ((uint64_t)c->rows + 1 + m->n_esc));
+    }
     if (c->dtype < 0) return (size_t)(c->rows * c->cols / 2 + c->rows * c->cols / 32);
     if (c->dtype == K3_DT_I8 || c->dtype == K3_DT_I8_Q8) return (size_t)(c->rows * c->cols);
     return (size_t)(c->rows * c->cols) * (c->dtype == K3_DT_BF16 ? 2 : 4);
@@ -143,7 +196,7 @@ static size_t case_bytes(const kcase *c) {
 
 /* Seconds per call of case c on path k (after one warm-up call). */
 static double time_case(const k3_kernels *k, const kcase *c, const bufs *b, double seconds) {
-    size_t one = case_bytes(c);
+    size_t one = case_bytes(c, b);
     int reps = 0, which = 0, group = c->group > 1 ? c->group : 1;
     double t0 = 0, t = 0;
     k3_mxfp4 ws[16];
@@ -161,6 +214,8 @@ static double time_case(const k3_kernels *k, const kcase *c, const bufs *b, doub
             k3_matvec_mxfp4_many(k, group, ws, xs, ys);
         } else if (c->dtype < 0) {
             k3_matmul_mxfp4(k, &ws[0], b->x, c->n, b->y);
+        } else if (c->dtype == K3_DT_BF16LX) {
+            k3_matmul(k, lx_of(b, c->rows), b->x, c->n, b->y);
         } else {
             k3_mat w = {.data = ws[0].packed, .dtype = c->dtype, .rows = c->rows, .cols = c->cols,
                         .scale = b->x}; /* int8: any finite per-row scales do for timing */
@@ -193,7 +248,8 @@ static int bench_kernels(int argc, char **argv) {
     }
     bufs b = {0};
     for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
-        size_t s = case_bytes(&CASES[i]) * (size_t)CASES[i].copies;
+        if (CASES[i].dtype == K3_DT_BF16LX) continue; /* its own buffers (lx_build) */
+        size_t s = case_bytes(&CASES[i], &b) * (size_t)CASES[i].copies;
         size_t *need = CASES[i].dtype < 0 ? &b.mx_bytes : &b.w_bytes;
         if (s > *need) *need = s;
     }
@@ -211,6 +267,13 @@ static int bench_kernels(int argc, char **argv) {
     }
     fill(src, copy_bytes, 0), fill(dst, copy_bytes, 0), fill(b.w, b.w_bytes, 1);
     fill_mxfp4(b.mx, b.mx_bytes);
+    b.lx[0] = lx_build(12288, 7168), b.lx[1] = lx_build(33792, 7168);
+    if (!b.lx[0].data || !b.lx[1].data) {
+        fprintf(stderr, "k3-lab bench kernels: out of memory (the lossless matrices)\n");
+        return K3_ERR_GENERIC;
+    }
+    printf("lossless matrices: %.4f%% and %.4f%% of the weights escaped\n",
+           100.0 * b.lx[0].n_esc / (12288.0 * 7168), 100.0 * b.lx[1].n_esc / (33792.0 * 7168));
     for (int64_t i = 0; i < 32 * 163840; i++) b.x[i] = (float)((i * 7919) % 2001 - 1000) / 1000.0f;
 
     const int tcounts[2] = {1, threads};
@@ -221,22 +284,24 @@ static int bench_kernels(int argc, char **argv) {
     }
     printf("memory bandwidth (1 GiB memcpy, read + written bytes/s): %.1f GB/s with 1 thread, "
            "%.1f GB/s with %d threads\n\n", bw[0] / 1e9, bw[1] / 1e9, threads);
-    printf("| kernel | path | threads | ms/call | weight GB/s | %% of copy BW | GMAC/s |\n");
-    printf("|---|---|---|---|---|---|---|\n");
+    printf("| kernel | path | threads | ms/call | weight GB/s | %% of copy BW | GMAC/s | Mrows/s |\n");
+    printf("|---|---|---|---|---|---|---|---|\n");
     for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++)
         for (int p = 0; p < np && (!filter || strstr(CASES[i].name, filter)); p++)
             for (int t = 0; t < 2; t++) {
                 const kcase *c = &CASES[i];
                 omp_set_num_threads(tcounts[t]);
                 double s = time_case(paths[p], c, &b, seconds);
-                double bytes = (double)case_bytes(c) * (c->group > 1 ? c->group : 1);
-                printf("| %s | %s | %d | %.3f | %.2f | %.0f%% | %.2f |\n", c->name,
-                       k3_kernels_name(paths[p]), tcounts[t], s * 1e3, bytes / s / 1e9,
-                       100.0 * bytes / s / bw[t],
-                       bytes / (double)case_bytes(c) * (double)(c->rows * c->cols * c->n) / s / 1e9);
+                double one = (double)case_bytes(c, &b), g = c->group > 1 ? c->group : 1;
+                printf("| %s | %s | %d | %.3f | %.2f | %.0f%% | %.2f | %.1f |\n", c->name,
+                       k3_kernels_name(paths[p]), tcounts[t], s * 1e3, one * g / s / 1e9,
+                       100.0 * one * g / s / bw[t],
+                       g * (double)(c->rows * c->cols * c->n) / s / 1e9,
+                       g * (double)c->rows / s / 1e6);
                 fflush(stdout);
             }
     free(src), free(dst), free(b.w), free(b.mx), free(b.x), free(b.y);
+    for (int i = 0; i < 2; i++) free((void *)b.lx[i].data), free((void *)b.lx[i].esc);
     return 0;
 }
 
@@ -285,14 +350,16 @@ typedef struct decode_args {
 } decode_args;
 
 static const k3_opt_choice decode_spines[] = {
-    {"bf16", K3_SPINE_BF16}, {"int8", K3_SPINE_INT8}, {NULL, 0}};
+    {"bf16", K3_SPINE_BF16}, {"lossless", K3_SPINE_LOSSLESS}, {"int8", K3_SPINE_INT8},
+    {NULL, 0}};
 
 static const k3_opt decode_rows[] = {
     {.flag = "--tokens", K3_OPT_CMD(decode_args, tokens), .field = "tokens", .type = K3_OPT_INT,
      .lo = 1, .hi = 1 << 20, .def = "10", .meta = "N", .help = "decode steps"},
     {.flag = "--spine", K3_OPT_ENG(spine), .type = K3_OPT_CHOICE, .choices = decode_spines,
      .def = "bf16", .meta = "MODE",
-     .help = "bf16 or int8 (the packed spine, NOT exact; k3 pack)"},
+     .help = "bf16, lossless (k3 pack --lossless: exact) or int8 (the packed spine, NOT\n"
+             "exact; k3 pack)"},
 };
 
 static const k3_cli_command decode_cmd = {
@@ -379,11 +446,12 @@ static void spine_report(const k3_engine *e, const k3_spine_stats *st0, int toke
     double bytes = (double)(st.bytes_read - st0->bytes_read) / tokens;
     double wait = (st.wait_s - st0->wait_s) / tokens, read = (st.read_s - st0->read_s) / tokens;
     double bw1 = disk_read_bw(dir), bw = bw0 > 0 && bw1 > 0 ? (bw0 + bw1) / 2 : bw1;
-    char plan[K3_DESCRIBE_CAP];
+    char plan[K3_DESCRIBE_CAP], mode[K3_DESCRIBE_CAP];
     k3_engine_describe(e, K3_DESCRIBE_SPINE_PLAN, plan, sizeof plan);
+    k3_engine_describe(e, K3_DESCRIBE_SPINE, mode, sizeof mode);
     printf("\nspine (%s, %s): %d of %d layers streamed%s, %.3f GB read per token (%s), "
            "reading %.3f s/token, passes waited %.3f s/token; decode %.3f s/token\n",
-           k3_engine_spine_int8(e) ? "int8" : "bf16", plan,
+           k3_engine_spine_int8(e) ? "int8" : strstr(mode, "lossless") ? "lossless" : "bf16", plan,
            st.streamed_layers, st.n_layers, st.head_resident ? "" : " + lm_head", bytes / 1e9,
            st.direct ? "O_DIRECT" : "buffered", read, wait, s_per_token);
     if (bw > 0)

@@ -75,7 +75,7 @@ typedef struct k3_model {
     uint64_t spine_bytes, expert_bytes;
     const k3_kernels *kr;                 /* kernel path, chosen at engine load (kernels.h) */
     k3_store *store;                      /* routed experts; set by the engine after binding */
-    int n_packed;                         /* spine matrices bound to an int8 pack (issue 8) */
+    int n_packed;                         /* spine matrices bound to a pack (int8 or lossless) */
     struct k3_spine *spine;               /* the spine budget (spine.h), or NULL: all in place.
                                            * Passes get layers via k3_spine_layer, not layers[] */
     const k3_expert_ranks *ranks;         /* expert parallelism (pass.h), or NULL: this

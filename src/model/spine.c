@@ -115,6 +115,7 @@ static uint64_t align_up(uint64_t x) { return align_down(x + ALIGN - 1); }
 /* ---- where a unit's bytes live -------------------------------------------------------------- */
 
 static uint64_t mat_bytes(const k3_mat *w) {
+    if (w->dtype == K3_DT_BF16LX) return (uint64_t)w->rows * k3_lx_row_bytes(w->cols);
     size_t el = w->dtype == K3_DT_F32 ? 4 : w->dtype == K3_DT_BF16 ? 2 : 1;
     return (uint64_t)w->rows * (uint64_t)w->cols * el;
 }
@@ -143,6 +144,13 @@ static int add_mat(k3_spine *sp, const k3_mat *w, size_t at, item *list, int *n,
         if (!locate(sp, w->scale, (uint64_t)w->rows * 4, &sc))
             return k3_fail(err, K3_ERR_GENERIC, "spine: a scale lies outside every mapped file");
         list[(*n)++] = sc;
+    }
+    if (w->esc) { /* lossless pack: the escape index and list after it */
+        item ex = {.field = at + offsetof(k3_mat, esc)};
+        if (!locate(sp, w->esc, 4 * ((uint64_t)w->rows + 1 + w->n_esc), &ex))
+            return k3_fail(err, K3_ERR_GENERIC, "spine: an escape list lies outside every "
+                           "mapped file");
+        list[(*n)++] = ex;
     }
     return K3_OK;
 }
@@ -181,7 +189,7 @@ static uint64_t layout(item *it, int n, uint64_t gap, extent *ext, int *n_ext) {
 /* Items and extents of unit u (a layer, or the head: lm_head, with the final norm pinned). */
 static int build_unit(k3_spine *sp, int u, k3_err *err) {
     unit *U = &sp->units[u];
-    int cap = 2 * (int)(COUNT(MIXER) + COUNT(FFN) + COUNT(MIXER_PINNED) + COUNT(FFN_PINNED));
+    int cap = 3 * (int)(COUNT(MIXER) + COUNT(FFN) + COUNT(MIXER_PINNED) + COUNT(FFN_PINNED));
     U->items = calloc((size_t)cap, sizeof *U->items);
     U->pins = calloc((size_t)cap, sizeof *U->pins);
     U->ext = calloc((size_t)cap, sizeof *U->ext);

@@ -32,15 +32,25 @@ static const k3_tensor *get(binder *b, const char *suffix, int dtype, int ndim, 
     return t;
 }
 
-/* With a packed spine, a matrix the pack holds is bound to its int8 copy instead (the pack
- * was checked against this checkpoint at load, so shapes agree). */
+/* With a packed spine, a matrix the pack holds is bound to its packed copy instead (the pack
+ * was checked against this checkpoint at load, so shapes agree): int8 with its scales, or
+ * lossless with its escape index and table. The spine's bytes count the packed sizes. */
 static void use_packed(binder *b, const k3_tensor *t, k3_mat *m) {
     const k3_pack_entry *e = b->pack ? k3_pack_find(b->pack, t->name) : NULL;
     if (!e) return;
+    uint64_t q_bytes, second_bytes;
+    k3_pack_parts(b->pack->scheme, e, &q_bytes, &second_bytes);
     m->data = b->pack->map + e->q_offset;
-    m->dtype = b->i8_dtype;
-    m->scale = (const float *)(b->pack->map + e->scale_offset);
-    *b->bytes = *b->bytes - t->nbytes + (uint64_t)e->rows * (uint64_t)(e->cols + 4);
+    if (b->pack->scheme == K3_PACK_SCHEME_BF16LX) {
+        m->dtype = K3_DT_BF16LX;
+        m->esc = (const uint32_t *)(b->pack->map + e->scale_offset);
+        m->n_esc = e->n_esc;
+        memcpy(m->xtab, e->xtab, sizeof m->xtab);
+    } else {
+        m->dtype = b->i8_dtype;
+        m->scale = (const float *)(b->pack->map + e->scale_offset);
+    }
+    *b->bytes = *b->bytes - t->nbytes + q_bytes + second_bytes;
     (*b->n_packed)++;
 }
 
@@ -61,7 +71,7 @@ static k3_mat mat(binder *b, const char *suffix, int dtype, int64_t rows, int64_
 static k3_mat conv_taps(binder *b, const char *suffix, int64_t p, int64_t k) {
     k3_mat m = {0};
     const k3_tensor *t = get(b, suffix, K3_DT_F32, 3, p, 1, k);
-    if (t) m = (k3_mat){t->data, t->dtype, p, k, NULL};
+    if (t) m = (k3_mat){.data = t->data, .dtype = t->dtype, .rows = p, .cols = k};
     return m;
 }
 
