@@ -262,6 +262,37 @@ static void test_state_file_roundtrip_and_refusal(void) {
     CHECK(max_abs_diff(la, lb, vocab) == 0, "loaded state diverges by %g",
           max_abs_diff(la, lb, vocab));
 
+    /* The file holds the latent MLA rows (spec §7.5): the 88-byte header, the ids, the KDA
+     * state, per MLA layer 9 rows of kv_lora_rank + qk_rope_head_dim f32, the checksum. */
+    const k3_config *c = k3_engine_config(e);
+    int n_mla = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++) n_mla += c->layer_is_mla[l];
+    uint64_t P = (uint64_t)c->kda_num_heads * c->kda_head_dim;
+    uint64_t kda = (uint64_t)(c->num_hidden_layers - n_mla) *
+                   (P * c->kda_head_dim + 3 * P * (uint64_t)(c->kda_conv_size - 1));
+    uint64_t want = 88 + 9 * 4 + kda * 4 +
+                    (uint64_t)n_mla * 9 * (uint64_t)(c->kv_lora_rank + c->qk_rope_head_dim) * 4 + 8;
+    struct stat st;
+    CHECK(stat(path, &st) == 0 && (uint64_t)st.st_size == want, "%lld bytes, want %llu",
+          (long long)st.st_size, (unsigned long long)want);
+
+    /* A version-1 file (the expanded cache of an older k3): refused with what to do. */
+    char old[] = "/tmp/k3-test-state-v1-XXXXXX";
+    fd = mkstemp(old);
+    CHECK(fd >= 0);
+    close(fd);
+    char cmd[200];
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s'", path, old);
+    CHECK(system(cmd) == 0);
+    FILE *v1 = fopen(old, "r+b");
+    uint32_t one = 1;
+    CHECK(v1 && fseek(v1, 8, SEEK_SET) == 0 && fwrite(&one, 4, 1, v1) == 1 && fclose(v1) == 0);
+    CHECK(k3_session_load(t, old, &err) == K3_ERR_IO, "%s", err.msg);
+    CHECK(strstr(err.msg, "version 1") && strstr(err.msg, "expanded") &&
+          strstr(err.msg, "run the prompt again"), "%s", err.msg);
+    CHECK(k3_session_pos(t) == 12);
+    unlink(old);
+
     /* Another model (one weight byte differs): refused, the session untouched. */
     char dir[64];
     if (other_model(dir)) return;
@@ -277,7 +308,6 @@ static void test_state_file_roundtrip_and_refusal(void) {
     remove_dir(dir);
 
     /* A truncated file: refused before the session is touched. */
-    struct stat st;
     CHECK(stat(path, &st) == 0 && truncate(path, st.st_size - 5) == 0);
     CHECK(k3_session_load(t, path, &err) == K3_ERR_IO, "%s", err.msg);
     CHECK(strstr(err.msg, "truncated"), "%s", err.msg);

@@ -621,7 +621,7 @@ static void test_mla_attention(void) {
     float *dsc = poisoned(k3k_mla_scratch_floats(H, vd, T));
     for (int t = 0; t < T && !k3_test_stopped(); t++) {
         fill(KV, H * (nope + vd), 2.0f), fill(ckv, lora + rope, 2.0f), fill(Q, H * qk, 2.0f);
-        float *e = kv + (size_t)t * kvf; /* src/model/mla.c's layout, written out */
+        float *e = kv + (size_t)t * kvf; /* the device's expanded layout (kern.h), written out */
         for (int h = 0; h < H; h++)
             for (int d = 0; d < nope; d++) e[h * nope + d] = KV[h * (nope + vd) + d];
         for (int d = 0; d < rope; d++) e[H * nope + d] = ckv[lora + d];

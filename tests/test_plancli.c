@@ -109,7 +109,7 @@ static void test_figures_from_the_headers(void) {
     const cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "text_config");
     const cJSON *lac = cJSON_GetObjectItemCaseSensitive(tc, "linear_attn_config");
     int H = cfg_int(tc, "num_attention_heads"), nope = cfg_int(tc, "qk_nope_head_dim");
-    int v = cfg_int(tc, "v_head_dim"), rope = cfg_int(tc, "qk_rope_head_dim");
+    int lora = cfg_int(tc, "kv_lora_rank"), rope = cfg_int(tc, "qk_rope_head_dim");
     int n_mla = cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(lac, "full_attn_layers"));
     int moe = cfg_int(tc, "num_hidden_layers") - cfg_int(tc, "first_k_dense_replace");
     int experts = cfg_int(tc, "num_experts");
@@ -125,7 +125,7 @@ static void test_figures_from_the_headers(void) {
     snprintf(err, sizeof err, "%s", a.err ? a.err : "");
     k3t_cli_free(&a), k3t_cli_free(&b);
     CHECK(st == 0 && st2 == 0, "exit %d / %d: %s", st, st2, err);
-    CHECK(sums == 0 && spine > 0 && expert > 0 && H > 0 && n_mla > 0 && moe > 0);
+    CHECK(sums == 0 && spine > 0 && expert > 0 && H > 0 && nope > 0 && n_mla > 0 && moe > 0);
     CHECK(lim == 64000000000ll, "%lld", lim);
     CHECK(os == 6400000000ll, "10%% of 64 GB: %lld", os); /* max(10%, min(2 GB, 1/8)) */
     CHECK(sp == (long long)spine, "the spine in place is every non-expert tensor: %lld vs %llu",
@@ -134,9 +134,9 @@ static void test_figures_from_the_headers(void) {
     uint64_t slot = (expert + 4095) / 4096 * 4096 + 4096;
     CHECK(cache == (long long)((uint64_t)moe * (uint64_t)experts * slot), "%lld vs %d x %d x %llu",
           cache, moe, experts, (unsigned long long)slot);
-    /* 1000 more positions: each holds every MLA layer's K (nope + rope... per head nope, one
-     * shared rope) and V in f32, and one attention score per head */
-    long long per_pos = 4ll * (n_mla * ((long long)H * (nope + v) + rope) + H);
+    /* 1000 more positions: each holds every MLA layer's latent row, the normed c_kv
+     * (kv_lora_rank) and the shared k_pe (rope) in f32; nothing per head grows with them */
+    long long per_pos = 4ll * n_mla * (lora + rope);
     CHECK(s1064 - s64 == 1000 * per_pos, "%lld - %lld vs 1000 x %lld", s1064, s64, per_pos);
     CHECK(total == base + sp + cache + s64, "%lld", total);
 }

@@ -88,6 +88,11 @@ struct k3_gpu_session {
     int max_ctx;
     float *kda_S, *kda_conv, *kv, *scores; /* scores: attention scratch (k3k_mla_attend) */
     size_t S_floats, conv_floats, kv_floats; /* per layer (kv: per position) */
+    /* The MLA cache on the device stays EXPANDED (kv, what k3k_mla_attend reads); beside it
+     * the latent rows the host state keeps (lat [n_mla][max_ctx][lora + rope], state.h), so a
+     * state file moves between backends: a load rebuilds kv from them (rebuild_expanded). */
+    float *lat;
+    size_t lat_floats;
     void *mem;
     size_t kda_bytes;                        /* kda_S + kda_conv, zeroed on reset */
 };
@@ -291,8 +296,10 @@ static uint64_t state_bytes(const k3_model *m, int max_ctx) {
     uint64_t conv = 3 * P * (uint64_t)(c->kda_conv_size - 1);
     uint64_t kvf = (uint64_t)c->num_attention_heads * (c->qk_nope_head_dim + c->v_head_dim) +
                    (uint64_t)c->qk_rope_head_dim;
+    uint64_t latf = (uint64_t)c->kv_lora_rank + (uint64_t)c->qk_rope_head_dim;
     return align_up((uint64_t)m->n_kda * S * 4) + align_up((uint64_t)m->n_kda * conv * 4) +
            align_up((uint64_t)m->n_mla * (uint64_t)max_ctx * kvf * 4) +
+           align_up((uint64_t)m->n_mla * (uint64_t)max_ctx * latf * 4) +
            align_up(k3k_mla_scratch_floats(c->num_attention_heads, c->v_head_dim, max_ctx) * 4);
 }
 
@@ -599,6 +606,7 @@ int k3_gpu_session_new(k3_gpu *g, int max_ctx, k3_gpu_session **out, k3_err *err
     s->conv_floats = 3 * P * (size_t)(c->kda_conv_size - 1);
     s->kv_floats = (size_t)c->num_attention_heads * (c->qk_nope_head_dim + c->v_head_dim) +
                    (size_t)c->qk_rope_head_dim;
+    s->lat_floats = (size_t)c->kv_lora_rank + (size_t)c->qk_rope_head_dim;
     uint64_t total = state_bytes(m, max_ctx);
     cudaSetDevice(0);
     cudaError_t e = cudaMalloc(&s->mem, total);
@@ -614,6 +622,7 @@ int k3_gpu_session_new(k3_gpu *g, int max_ctx, k3_gpu_session **out, k3_err *err
     s->kda_conv = carve(&p, (uint64_t)m->n_kda * s->conv_floats, 4);
     s->kda_bytes = (size_t)(p - (char *)s->mem);
     s->kv = carve(&p, (uint64_t)m->n_mla * (uint64_t)max_ctx * s->kv_floats, 4);
+    s->lat = carve(&p, (uint64_t)m->n_mla * (uint64_t)max_ctx * s->lat_floats, 4);
     s->scores = carve(&p, k3k_mla_scratch_floats(c->num_attention_heads, c->v_head_dim, max_ctx), 4);
     if ((e = cudaMemset(s->mem, 0, total)) != cudaSuccess || (e = cudaDeviceSynchronize())) {
         k3_gpu_session_free(s);
@@ -636,25 +645,61 @@ void k3_gpu_session_reset(k3_gpu_session *s) {
     pthread_mutex_unlock(&s->g->mu);
 }
 
-int k3_gpu_sync_state(k3_gpu_session *s, k3_state *st, int to_host, k3_err *err) {
+static cudaError_t mv(const k3_gpu *g, const k3_mat *w, const float *x, float *y);
+
+/* The expanded rows of positions [0, pos) of every MLA layer from its latent rows: kv_b_proj
+ * and k3k_mla_append, what the steps that wrote those rows did (mla_forward), so attention
+ * after a state load equals attention after stepping. A streamed layer is uploaded into its
+ * staging slot first (no step runs: the caller holds g->mu). */
+static int rebuild_expanded(k3_gpu_session *s, int pos, k3_err *err) {
+    k3_gpu *g = s->g;
+    const k3_config *c = &g->m->cfg;
+    int H = c->num_attention_heads, nope = c->qk_nope_head_dim, rope = c->qk_rope_head_dim;
+    int vd = c->v_head_dim, lora = c->kv_lora_rank;
+    CK(cudaDeviceSynchronize());
+    for (int l = 0; l < c->num_hidden_layers && pos > 0; l++) {
+        const gpu_layer *gl = &g->layers[l];
+        if (!gl->w.is_mla) continue;
+        if (!gl->resident)
+            CK(cudaMemcpy(g->staging[gl->slot], gl->host, gl->bytes, cudaMemcpyHostToDevice));
+        size_t slot = (size_t)gl->w.state_slot;
+        float *layer_kv = s->kv + slot * s->max_ctx * s->kv_floats;
+        for (int j = 0; j < pos; j++) {
+            const float *row = s->lat + (slot * s->max_ctx + (size_t)j) * s->lat_floats;
+            CK(mv(g, &gl->w.mla.kv_b_proj, row, g->d.KV));
+            CK(k3k_mla_append(layer_kv, j, g->d.KV, row, H, nope, rope, vd, lora, g->cs));
+        }
+        CK(cudaStreamSynchronize(g->cs));
+    }
+    return K3_OK;
+}
+
+static int sync_locked(k3_gpu_session *s, k3_state *st, int to_host, k3_err *err) {
     const k3_model *m = s->g->m;
     enum cudaMemcpyKind dir = to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
     size_t nS = (size_t)m->n_kda * s->S_floats * 4, nC = (size_t)m->n_kda * s->conv_floats * 4;
     k3_state_buffers h;
     k3_state_buffers_of(st, &h);
-    if (h.max_ctx != s->max_ctx || h.kv_floats != s->kv_floats)
+    if (h.max_ctx != s->max_ctx || h.kv_floats != s->lat_floats)
         return k3_fail(err, K3_ERR_DEVICE, "host and device session states differ in shape");
     CK(to_host ? cudaMemcpy(h.kda_S, s->kda_S, nS, dir) : cudaMemcpy(s->kda_S, h.kda_S, nS, dir));
     CK(to_host ? cudaMemcpy(h.kda_conv, s->kda_conv, nC, dir)
                : cudaMemcpy(s->kda_conv, h.kda_conv, nC, dir));
-    size_t used = (size_t)h.pos * s->kv_floats * 4;
+    size_t used = (size_t)h.pos * s->lat_floats * 4;
     for (int i = 0; i < m->n_mla && used; i++) {
-        size_t off = (size_t)i * s->max_ctx * s->kv_floats;
-        CK(to_host ? cudaMemcpy(h.kv + off, s->kv + off, used, dir)
-                   : cudaMemcpy(s->kv + off, h.kv + off, used, dir));
+        size_t off = (size_t)i * s->max_ctx * s->lat_floats;
+        CK(to_host ? cudaMemcpy(h.kv + off, s->lat + off, used, dir)
+                   : cudaMemcpy(s->lat + off, h.kv + off, used, dir));
     }
     CK(cudaDeviceSynchronize()); /* see k3_gpu_open */
-    return K3_OK;
+    return to_host ? K3_OK : rebuild_expanded(s, h.pos, err);
+}
+
+int k3_gpu_sync_state(k3_gpu_session *s, k3_state *st, int to_host, k3_err *err) {
+    pthread_mutex_lock(&s->g->mu);
+    int rc = sync_locked(s, st, to_host, err);
+    pthread_mutex_unlock(&s->g->mu);
+    return rc;
 }
 
 /* ---- the forward pass --------------------------------------------------------------------- */
@@ -736,6 +781,9 @@ static int mla_forward(k3_gpu *g, k3_gpu_session *s, const k3_layer *L, int t, k
     CK(mv(g, &w->q_b_proj, d->cq, d->Q));
     CK(k3k_rmsnorm(d->ckv, w->kv_a_layernorm.data, w->kv_a_layernorm.dtype, lora, MLA_LORA_EPS,
                    d->ckv, g->cs)); /* the latent part only */
+    /* the latent row the host state keeps (state files), then the expanded row */
+    CK(cudaMemcpyAsync(s->lat + ((size_t)L->state_slot * s->max_ctx + (size_t)t) * s->lat_floats,
+                       d->ckv, s->lat_floats * 4, cudaMemcpyDeviceToDevice, g->cs));
     CK(mv(g, &w->kv_b_proj, d->ckv, d->KV));
     float *layer_kv = s->kv + (size_t)L->state_slot * s->max_ctx * s->kv_floats;
     CK(k3k_mla_append(layer_kv, t, d->KV, d->ckv, H, nope, rope, vd, lora, g->cs));

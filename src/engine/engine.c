@@ -114,6 +114,7 @@ static int open_store(k3_engine *e, const k3_store_settings *ss, k3_err *err) {
 }
 
 struct k3_store *k3_engine_store(const k3_engine *e) { return e->store; }
+struct k3_model *k3_engine_model(k3_engine *e) { return &e->model; }
 
 void k3_session_stats(const k3_session *s, k3_run_stats *out) {
     k3_store_stats ss;

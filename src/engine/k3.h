@@ -354,9 +354,10 @@ int k3_session_rewind(k3_session *s, int pos, k3_err *err);
 int k3_session_can_rewind(const k3_session *s);
 
 /* Writes the session's timeline to path: the ids, the KDA and conv state, the used part of
- * the MLA KV cache, a fingerprint of the model (config.json, every tensor's name, dtype and
+ * the latent MLA cache, a fingerprint of the model (config.json, every tensor's name, dtype and
  * shape, the first and last 4 KiB of every non-expert tensor, the spine mode) and a
- * checksum. Size at K3 widths: ~465 MB of KDA and conv state plus 2.37 MB per position.
+ * checksum. Size at K3 widths: ~465 MB of KDA and conv state plus 55 KB per position (the
+ * latent MLA rows, state.h).
  * Format: src/model/state_file.h.
  * Errors: K3_ERR_IO naming path. */
 int k3_session_save(const k3_session *s, const char *path, k3_err *err);

@@ -9,4 +9,8 @@
  * slot count. */
 struct k3_store *k3_engine_store(const k3_engine *e);
 
+/* The engine's bound model (src/model/model.h), e.g. to install the expanded MLA oracle
+ * (k3_model.mla_oracle) before any session runs. */
+struct k3_model *k3_engine_model(k3_engine *e);
+
 #endif

@@ -197,11 +197,11 @@ static int decode(const bench_opts *o, int slots, int pipe, k3_run_stats *st, k3
 
 static int parse_args(int argc, char **argv, bench_opts *o) {
     *o = (bench_opts){.threads = 4, .direct = 1, .seconds = 10, .fio = 1};
-    /* main.c sends kernels, decode, prefill and spec elsewhere: anything else but io is a
+    /* main.c sends kernels, decode, prefill, spec and mla elsewhere: anything else but io is a
      * usage error naming every benchmark */
     bool help = argc >= 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"));
     if (argc < 2 || strcmp(argv[1], "io")) {
-        fprintf(help ? stdout : stderr, "%s%s%s%s: kernels, decode, prefill, spec or io "
+        fprintf(help ? stdout : stderr, "%s%s%s%s: kernels, decode, prefill, spec, mla or io "
                 "(k3-lab bench NAME --help)\n", help ? "usage: k3-lab bench NAME; NAME is one of"
                 : "k3-lab bench: ", help || argc < 2 ? "" : "unknown benchmark '",
                 help || argc < 2 ? "" : argv[1], help ? "" : argc < 2 ? "name a benchmark"

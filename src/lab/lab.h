@@ -16,6 +16,8 @@
 int k3_cmd_bench_compute(int argc, char **argv);
 /* k3-lab bench prefill / spec (cmd_bench_batch.c); argv[0] is "prefill" or "spec". */
 int k3_cmd_bench_batch(int argc, char **argv);
+/* k3-lab bench mla (cmd_bench_mla.c): the latent MLA attention against the context length. */
+int k3_cmd_bench_mla(int argc, char **argv);
 /* k3-lab bench io, and `bench` without or with an unknown benchmark (cmd_bench.c); argv[0] is
  * "bench". */
 int k3_cmd_bench(int argc, char **argv);

@@ -10,6 +10,8 @@ static const k3_command commands[] = {
      "kernel GB/s vs memory bandwidth; s/token per layer", NULL, 1},
     {"bench", "prefill spec", k3_cmd_bench_batch, "bench prefill | spec [DIR]",
      "prefill tok/s by --chunk; --spec pass cost and gain", NULL, 1},
+    {"bench", "mla", k3_cmd_bench_mla, "bench mla [DIR]",
+     "MLA attention per token vs context, beside its floor", NULL, 1},
     {"bench", NULL, k3_cmd_bench, "bench io [MODEL_DIR]",
      "expert-read throughput vs fio (see --help)", NULL, 1},
     {"bench-batch", NULL, k3_cmd_bench_multi, "bench-batch [MODEL_DIR] [--sessions 1,2,4,8]",

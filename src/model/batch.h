@@ -31,9 +31,10 @@ typedef struct k3_batch {
     float *P, *x, *xn, *a, *f, *tmp, *blocks;
     /* KDA: [cap][P] (fa [cap][rank], beta [cap][heads]); o and g [cap][max(P, MLA heads·v)] */
     float *q, *k, *v, *kf, *fa, *beta, *o, *g;
-    /* MLA: cq [cap][q_lora], Q [cap][H·qk], ckv [cap][lora+rope], lat_in [cap][lora],
-     * KV [cap][H·(nope+v)] */
-    float *cq, *Q, *ckv, *lat_in, *KV;
+    /* MLA: cq [cap][q_lora], Q [cap][H·qk], ckv [cap][lora+rope]; the attention's scratch
+     * (layers.h: rows for min(cap, 1024 / heads) queries, never the context) */
+    float *cq, *Q, *ckv;
+    struct k3_mla_ws *mla_ws;
     /* FFN: gate, up [cap][max intermediate]; router, biased [cap][E]; lat, lat_acc
      * [cap][latent]; exp_outs [cap][K][latent]; topk / topk_w [cap][K] */
     float *gate, *up, *router, *biased, *lat, *lat_acc, *exp_outs, *topk_w;

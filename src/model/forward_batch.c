@@ -8,7 +8,8 @@
  *    for bit (kernels.h), so nothing here changes a result;
  *  - KDA keeps its recurrence: the conv windows advance token by token and each head runs the
  *    delta rule over the tokens in order (heads in parallel);
- *  - MLA appends all positions to the KV cache, then attends each query causally over 0..t;
+ *  - MLA appends all positions to the latent cache, then attends each session's queries
+ *    causally over 0..t in the absorbed form (mla.c: per query the same bits at any batch);
  *  - the MoE asks the store for the union of the pass's chosen experts, runs each expert once
  *    over the tokens that chose it, and sums each token's experts in its router order.
  * The result is therefore bit-identical to feeding the tokens one by one with k3_forward
@@ -38,7 +39,7 @@ static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
 void k3_batch_free(k3_batch *b) {
     if (!b) return;
     float *f[] = {b->P, b->x, b->xn, b->a, b->f, b->tmp, b->blocks, b->q, b->k, b->v, b->kf,
-                  b->fa, b->beta, b->o, b->g, b->cq, b->Q, b->ckv, b->lat_in, b->KV, b->gate,
+                  b->fa, b->beta, b->o, b->g, b->cq, b->Q, b->ckv, b->gate,
                   b->up, b->router, b->biased, b->lat, b->lat_acc, b->exp_outs, b->topk_w, b->z,
                   b->eg, b->eu, b->eo, b->rw.S, b->rw.conv, b->rw.k, b->rw.v, b->rw.alpha,
                   b->rw.beta, b->rw.raw};
@@ -46,6 +47,7 @@ void k3_batch_free(k3_batch *b) {
     int *ip[] = {b->topk, b->uni, b->own_uni, b->own_u, b->slot_of, b->first, b->fill,
                  b->member_tok, b->member_j, b->row_seg, b->row_pos, b->seg_first};
     for (size_t i = 0; i < sizeof ip / sizeof ip[0]; i++) free(ip[i]);
+    k3_mla_ws_free(b->mla_ws);
     free(b);
 }
 
@@ -79,8 +81,6 @@ static size_t batch_layout(const k3_model *m, int max_blocks, int cap, k3_batch 
     ALLOC(b->o, n * max_sz(P, mla_o)); ALLOC(b->g, n * max_sz(P, mla_o));
     ALLOC(b->cq, n * (size_t)c->q_lora_rank); ALLOC(b->Q, n * H * qk);
     ALLOC(b->ckv, n * (size_t)(c->kv_lora_rank + c->qk_rope_head_dim));
-    ALLOC(b->lat_in, n * (size_t)c->kv_lora_rank);
-    ALLOC(b->KV, n * H * (size_t)(c->qk_nope_head_dim + c->v_head_dim));
     ALLOC(b->gate, n * inter); ALLOC(b->up, n * inter);
     ALLOC(b->router, n * E); ALLOC(b->biased, n * E);
     ALLOC(b->lat, n * lat); ALLOC(b->lat_acc, n * lat); ALLOC(b->exp_outs, n * K * lat);
@@ -92,6 +92,9 @@ static size_t batch_layout(const k3_model *m, int max_blocks, int cap, k3_batch 
     ALLOC(b->z, n * lat); ALLOC(b->eg, n * (size_t)c->moe_intermediate_size);
     ALLOC(b->eu, n * (size_t)c->moe_intermediate_size); ALLOC(b->eo, n * lat);
 #undef ALLOC
+    int ws_rows = k3_mla_ws_rows(c, cap);
+    bytes += k3_mla_ws_bytes(c, ws_rows);
+    if (!dry) *ok &= (b->mla_ws = k3_mla_ws_new(c, ws_rows)) != NULL;
     return bytes;
 }
 
@@ -239,8 +242,8 @@ static void kda_batch(const pass *p, const k3_layer *L, float *out) {
     k3_matmul(m->kr, &w->o_proj, b->o, n, out);
 }
 
-/* Gated NoPE MLA over the pass (spec §7): every row's position enters its session's cache,
- * then each query attends causally to its session's positions 0..its own. */
+/* Gated NoPE MLA over the pass (spec §7): every row's position enters its session's latent
+ * cache, then each segment's queries attend causally to its session's positions 0..their own. */
 static void mla_batch(const pass *p, const k3_layer *L, float *out) {
     const k3_model *m = p->m;
     const k3_config *c = &m->cfg;
@@ -248,26 +251,23 @@ static void mla_batch(const pass *p, const k3_layer *L, float *out) {
     k3_batch *b = p->b;
     int H = c->num_attention_heads, vd = c->v_head_dim, lora = c->kv_lora_rank, n = p->n;
     int qr = c->q_lora_rank, ckv_w = lora + c->qk_rope_head_dim;
-    size_t qk = (size_t)(c->qk_nope_head_dim + c->qk_rope_head_dim);
-    size_t kv_w = (size_t)H * (c->qk_nope_head_dim + vd), mla_o = (size_t)H * vd;
+    size_t qk = (size_t)(c->qk_nope_head_dim + c->qk_rope_head_dim), mla_o = (size_t)H * vd;
     const float *x = b->xn;
     k3_matmul(m->kr, &w->q_a_proj, x, n, b->cq);
     for (int t = 0; t < n; t++)
         k3_rmsnorm(b->cq + t * qr, &w->q_a_layernorm, qr, K3_MLA_LORA_EPS, b->cq + t * qr);
     k3_matmul(m->kr, &w->q_b_proj, b->cq, n, b->Q);
     k3_matmul(m->kr, &w->kv_a_proj, x, n, b->ckv);
-    for (int t = 0; t < n; t++) { /* latent part only; kv_b_proj reads it as a dense row */
+    for (int t = 0; t < n; t++) { /* latent part only; the row enters the cache as it is */
         float *ckv = b->ckv + (size_t)t * ckv_w;
         k3_rmsnorm(ckv, &w->kv_a_layernorm, lora, K3_MLA_LORA_EPS, ckv);
-        memcpy(b->lat_in + (size_t)t * lora, ckv, (size_t)lora * sizeof(float));
+        k3_mla_append(m, L, p->segs[b->row_seg[t]].s, b->row_pos[t], ckv);
     }
-    k3_matmul(m->kr, &w->kv_b_proj, b->lat_in, n, b->KV);
-    for (int t = 0; t < n; t++)
-        k3_mla_append(m, L, p->segs[b->row_seg[t]].s, b->row_pos[t], b->KV + t * kv_w,
-                      b->ckv + (size_t)t * ckv_w);
-    for (int t = 0; t < n; t++)
-        k3_mla_attend(m, L, p->segs[b->row_seg[t]].s, b->row_pos[t], b->Q + t * H * qk,
-                      b->o + t * mla_o);
+    for (int i = 0; i < p->nseg; i++) {
+        int a = b->seg_first[i], z = b->seg_first[i + 1];
+        k3_mla_attend(m, L, p->segs[i].s, b->row_pos[a], z - a, b->Q + (size_t)a * H * qk,
+                      b->mla_ws, b->o + (size_t)a * mla_o);
+    }
     /* Output gate on the normed layer input, then o_proj (spec §7.4). */
     k3_matmul(m->kr, &w->g_proj, x, n, b->g);
     for (size_t i = 0; i < (size_t)n * mla_o; i++) b->o[i] = b->o[i] * k3_sigmoid(b->g[i]);
@@ -641,7 +641,7 @@ int k3_state_rewind(const k3_model *m, k3_state *s, int pos, k3_err *err) {
     size_t P = (size_t)H * D, rcap = (size_t)r->cap;
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const k3_layer *L = &m->layers[l];
-        if (L->is_mla) continue; /* the KV cache: positions >= pos are simply not read again */
+        if (L->is_mla) continue; /* the latent rows >= pos are simply not read again */
         size_t slot = (size_t)L->state_slot;
         float *S0 = s->kda_S + s->kda_S_floats * slot;
         memcpy(S0, r->S + slot * s->kda_S_floats, s->kda_S_floats * sizeof(float));

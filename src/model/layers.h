@@ -26,17 +26,29 @@ void k3_kda_head(const k3_model *m, const k3_layer *L, float *S, int h, float *q
                  const float *v, const float *f, float beta_raw, const float *g, float *o,
                  float *alpha, float *beta_out);
 
-/* Gated NoPE MLA (spec §7), one token at position s->pos, appending to the KV cache. */
+/* Gated NoPE MLA (spec §7), one token at position s->pos, appending to the latent cache. */
 void k3_mla_forward(const k3_model *m, const k3_layer *L, k3_state *s, const float *x,
                     float *out);
-/* Its pieces (spec §7.3-7.5): k3_mla_append writes position t of the layer's KV cache from
- * kv_b_proj's output KV [H][nope + v] and the normed kv_a output ckv [lora + rope];
- * k3_mla_attend attends query Q [H][qk] at position t over cache positions 0..t (causal) into
- * o [H][v], using s->scores. */
-void k3_mla_append(const k3_model *m, const k3_layer *L, k3_state *s, int t, const float *KV,
-                   const float *ckv);
-void k3_mla_attend(const k3_model *m, const k3_layer *L, k3_state *s, int t, const float *Q,
-                   float *o);
+/* Its pieces (spec §7.3-7.5), over the LATENT cache (state.h) in the absorbed form (mla.c).
+ * k3_mla_append writes position t of the layer's cache: ckv [lora + rope], the kv_a output
+ * with its latent part normed (c_kv, then k_pe). k3_mla_attend attends n queries of one
+ * session, Q [n][H][nope + rope] at positions pos0 .. pos0 + n - 1, each causally over cache
+ * positions 0..its own (all must be in the cache), into o [n][H][v]; ws is scratch (any row
+ * count: results do not depend on it). Each query's result depends only on its Q row, its
+ * position and the cache rows up to it: bit-identical across chunking and batching. */
+void k3_mla_append(const k3_model *m, const k3_layer *L, k3_state *s, int t, const float *ckv);
+void k3_mla_attend(const k3_model *m, const k3_layer *L, const k3_state *s, int pos0, int n,
+                   const float *Q, k3_mla_ws *ws, float *o);
+/* Largest kv_lora_rank the attention takes (one widened W_uk row lives on the stack);
+ * k3_state_new refuses a larger one. */
+#define K3_MLA_MAX_LORA 4096
+/* Attention scratch of `rows` (query, head) rows: k3_mla_ws_rows gives the rows a pass of up
+ * to `queries` queries uses (all heads of one query at least, at most max(heads, 1024)).
+ * k3_mla_ws_new returns NULL when out of memory; k3_mla_ws_bytes counts for the plan. */
+int k3_mla_ws_rows(const k3_config *c, int queries);
+k3_mla_ws *k3_mla_ws_new(const k3_config *c, int rows);
+size_t k3_mla_ws_bytes(const k3_config *c, int rows);
+void k3_mla_ws_free(k3_mla_ws *ws);
 /* The MLA LoRA norms' eps (KimiRMSNorm's 1e-6, spec §4). */
 #define K3_MLA_LORA_EPS 1e-6f
 

@@ -1,52 +1,261 @@
-/* mla.c — gated multi-head latent attention without positional encoding (spec §7). */
+/* mla.c — gated multi-head latent attention without positional encoding (spec §7), over the
+ * LATENT KV cache in the absorbed form (spec §7.5).
+ *
+ * The cache keeps, per MLA layer and position j, c_j = kv_a_layernorm(c_kv) [lora] and the
+ * shared k_pe_j [rope] (state.h). Since k_nope_j = W_uk c_j and v_j = W_uv c_j (the two halves
+ * of kv_b_proj per head), each head's
+ *     score_j = q_nope·(W_uk c_j) + q_pe·k_pe_j = (W_ukᵀ q_nope)·c_j + q_pe·k_pe_j
+ *     o       = Σ_j p_j W_uv c_j                = W_uv (Σ_j p_j c_j)
+ * so every head of every query reads the same latent rows: a (query, head) row's absorbed
+ * query q' ++ q_pe [lora + rope] meets a tile of cache rows in one batched product, and the
+ * probabilities meet the tile (transposed) in a second. The sums run in another order than the
+ * expanded reference (spec §7.5): results agree within float32 rounding, not bit for bit
+ * (tests/test_latent.c measures it against the expanded oracle).
+ *
+ * Determinism: a (query, head) row's result depends only on its query, its position t and the
+ * cache rows 0..t: tiles start at absolute multiples of K3_MLA_TILE, a product row is
+ * independent of the other rows beside it (kernels.h), the online softmax walks the tiles in
+ * order, and the absorb and the final W_uv product are per row. So chunking, batch
+ * composition, block size and thread count change no bit.
+ */
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
+#include "batch.h"
 #include "layers.h"
 
 /* The MLA LoRA norms are built without eps in the official code: KimiRMSNorm's 1e-6 (§4). */
 #define MLA_LORA_EPS K3_MLA_LORA_EPS
 
-void k3_mla_append(const k3_model *m, const k3_layer *L, k3_state *s, int t, const float *KV,
-                   const float *ckv) {
-    const k3_config *c = &m->cfg;
-    int H = c->num_attention_heads, nope = c->qk_nope_head_dim, rope = c->qk_rope_head_dim;
-    int vd = c->v_head_dim, lora = c->kv_lora_rank;
-    /* k_nope [H][nope], k_pe [rope] (shared, unrotated), v [H][vd]. */
-    float *e = s->kv + ((size_t)L->state_slot * s->max_ctx + (size_t)t) * s->kv_floats;
-    for (int h = 0; h < H; h++)
-        for (int d = 0; d < nope; d++) e[h * nope + d] = KV[h * (nope + vd) + d];
-    float *kpe = e + (size_t)H * nope, *vals = kpe + rope;
-    for (int d = 0; d < rope; d++) kpe[d] = ckv[lora + d];
-    for (int h = 0; h < H; h++)
-        for (int d = 0; d < vd; d++) vals[h * vd + d] = KV[h * (nope + vd) + nope + d];
+/* (query, head) rows a block takes at most, beyond one query's heads: bounds the scratch. */
+#define BLOCK_ROWS 1024
+
+struct k3_mla_ws {
+    int rows;            /* (query, head) rows per block */
+    float *qa;           /* [rows][lora + rope]: absorbed query q' = W_ukᵀ q_nope, then q_pe */
+    float *s;            /* [rows][<= TILE]: one tile's raw scores */
+    float *p;            /* [rows][TILE]: one tile's e^(score - running max), 0 past t */
+    float *y;            /* [rows][lora]: one tile's Σ_j p_j c_j */
+    float *acc;          /* [rows][lora]: the running Σ_j p_j c_j, then divided by the sum */
+    float *m, *l, *corr; /* [rows]: running max, running Σ p, this tile's rescale of acc */
+    float *ct;           /* [lora][TILE]: one tile's c rows, transposed (zeros past the tile) */
+    float *ov;           /* [rows][v]: the W_uv products before they are scattered to o */
+};
+
+int k3_mla_ws_rows(const k3_config *c, int queries) {
+    int64_t H = c->num_attention_heads, want = H * (queries > 0 ? queries : 1);
+    int64_t cap = H > BLOCK_ROWS ? H : BLOCK_ROWS;
+    return (int)(want < cap ? want : cap);
 }
 
-void k3_mla_attend(const k3_model *m, const k3_layer *L, k3_state *s, int t, const float *Q,
-                   float *out_o) {
+/* Lays out (ws non-NULL: allocates) a workspace of `rows` rows; returns its bytes. */
+static size_t ws_layout(const k3_config *c, int rows, k3_mla_ws *ws, int *ok) {
+    size_t R = (size_t)rows, lora = (size_t)c->kv_lora_rank, T = K3_MLA_TILE, bytes = 0;
+    size_t kvf = lora + (size_t)c->qk_rope_head_dim;
+#define ALLOC(f, count)                                                                       \
+    do {                                                                                      \
+        bytes += ((size_t)(count) + 1) * sizeof(float);                                       \
+        if (ws) *ok &= (ws->f = calloc((size_t)(count) + 1, sizeof(float))) != NULL;          \
+    } while (0)
+    ALLOC(qa, R * kvf); ALLOC(s, R * T); ALLOC(p, R * T); ALLOC(y, R * lora);
+    ALLOC(acc, R * lora); ALLOC(m, R); ALLOC(l, R); ALLOC(corr, R); ALLOC(ct, lora * T);
+    ALLOC(ov, R * (size_t)c->v_head_dim);
+#undef ALLOC
+    return bytes + sizeof(k3_mla_ws);
+}
+
+size_t k3_mla_ws_bytes(const k3_config *c, int rows) { return ws_layout(c, rows, NULL, NULL); }
+
+k3_mla_ws *k3_mla_ws_new(const k3_config *c, int rows) {
+    k3_mla_ws *ws = calloc(1, sizeof *ws);
+    int ok = 1;
+    if (!ws) return NULL;
+    ws->rows = rows;
+    ws_layout(c, rows, ws, &ok);
+    if (!ok) {
+        k3_mla_ws_free(ws);
+        return NULL;
+    }
+    return ws;
+}
+
+void k3_mla_ws_free(k3_mla_ws *ws) {
+    if (!ws) return;
+    float *f[] = {ws->qa, ws->s, ws->p, ws->y, ws->acc, ws->m, ws->l, ws->corr, ws->ct, ws->ov};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) free(f[i]);
+    free(ws);
+}
+
+void k3_mla_append(const k3_model *m, const k3_layer *L, k3_state *s, int t, const float *ckv) {
+    (void)m;
+    memcpy(k3_mla_row(s, L->state_slot, t), ckv, s->kv_floats * sizeof(float));
+}
+
+/* Row r of w [rows][cols] as f32 into out [cols]: BF16 widened exactly, F32 copied, int8 times
+ * its row scale (the int8 spine is not exact anyway, kernels.h). */
+static void widen_row(const k3_mat *w, int64_t r, float *out) {
+    int64_t n = w->cols;
+    if (w->dtype == K3_DT_BF16) {
+        const uint16_t *p = (const uint16_t *)w->data + r * n;
+        for (int64_t i = 0; i < n; i++) out[i] = k3_bf16_to_f32(p[i]);
+    } else if (w->dtype == K3_DT_I8 || w->dtype == K3_DT_I8_Q8) {
+        const int8_t *p = (const int8_t *)w->data + r * n;
+        for (int64_t i = 0; i < n; i++) out[i] = (float)p[i] * w->scale[r];
+    } else {
+        memcpy(out, (const float *)w->data + r * n, (size_t)n * sizeof(float));
+    }
+}
+
+/* The block's absorbed queries (rows r0..r1-1 of the head-major (head, query) order, row
+ * r = h·n + q): qa[r - r0] = W_ukᵀ q_nope ++ q_pe. W_uk of head h is kv_b_proj's rows
+ * h·(nope + v) .. + nope; q' accumulates row by row (d ascending) with k3_axpy, exact on every
+ * kernel path and independent of the other rows. */
+static void absorb(const k3_model *m, const k3_mla_weights *w, const float *Q, int n, int r0,
+                   int r1, k3_mla_ws *ws) {
     const k3_config *c = &m->cfg;
     int H = c->num_attention_heads, nope = c->qk_nope_head_dim, rope = c->qk_rope_head_dim;
-    int vd = c->v_head_dim, qk = nope + rope;
-    const float *layer_kv = s->kv + (size_t)L->state_slot * s->max_ctx * s->kv_floats;
-    const float scale = (float)(1.0 / sqrt((double)qk));
-#pragma omp parallel for schedule(static) if ((int64_t)H * (t + 1) * qk >= 65536)
-    for (int h = 0; h < H; h++) {
-        const float *q = Q + (size_t)h * qk;
-        float mx = -INFINITY, sum = 0;
-        float *sc = s->scores + (size_t)h * (size_t)s->max_ctx;
-        for (int j = 0; j <= t; j++) {
-            const float *ej = layer_kv + (size_t)j * s->kv_floats;
-            const float *kn = ej + (size_t)h * nope, *kp = ej + (size_t)H * nope;
-            float dot = k3_dot(m->kr, q, kn, nope) + k3_dot(m->kr, q + nope, kp, rope);
-            sc[j] = dot * scale;
-            mx = sc[j] > mx ? sc[j] : mx;
+    int vd = c->v_head_dim, lora = c->kv_lora_rank, qk = nope + rope, kvf = lora + rope;
+    int h0 = r0 / n, h1 = (r1 - 1) / n;
+#pragma omp parallel for schedule(static) if ((int64_t)(r1 - r0) * nope * lora >= 65536)
+    for (int h = h0; h <= h1; h++) {
+        float wrow[K3_MLA_MAX_LORA];
+        int a = h * n > r0 ? h * n : r0, z = (h + 1) * n < r1 ? (h + 1) * n : r1;
+        for (int r = a; r < z; r++) {
+            float *qa = ws->qa + (size_t)(r - r0) * kvf;
+            memset(qa, 0, (size_t)lora * sizeof(float));
+            memcpy(qa + lora, Q + ((size_t)(r % n) * H + h) * qk + nope, (size_t)rope * sizeof(float));
         }
-        for (int j = 0; j <= t; j++) sum += (sc[j] = expf(sc[j] - mx));
-        for (int j = 0; j <= t; j++) sc[j] = sc[j] / sum;
-        float *o = out_o + (size_t)h * vd;
-        for (int d = 0; d < vd; d++) o[d] = 0;
-        for (int j = 0; j <= t; j++) /* o += p_j · v_j, exact on every path */
-            k3_axpy(m->kr, sc[j], layer_kv + (size_t)j * s->kv_floats + (size_t)H * nope + rope +
-                    h * vd, o, vd);
+        for (int d = 0; d < nope; d++) {
+            widen_row(&w->kv_b_proj, (int64_t)h * (nope + vd) + d, wrow);
+            for (int r = a; r < z; r++)
+                k3_axpy(m->kr, Q[((size_t)(r % n) * H + h) * qk + d], wrow,
+                        ws->qa + (size_t)(r - r0) * kvf, lora);
+        }
+    }
+}
+
+/* Rows i0..i0+ni-1 of ct [lora][TILE]: c rows j0..j0+cnt-1 of the layer's cache, transposed;
+ * zeros after cnt. In blocks of 8 positions, so that each row of ct is written 8 floats at a
+ * time rather than one float per cache line. */
+static void transpose_tile(const float *cache, int kvf, int i0, int ni, int j0, int cnt,
+                           float *ct) {
+    const int T = K3_MLA_TILE;
+    for (int i = i0; i < i0 + ni; i++)
+        memset(ct + (size_t)i * T + cnt, 0, (size_t)(T - cnt) * sizeof(float));
+    for (int jb = 0; jb < cnt; jb += 8) {
+        int nj = cnt - jb < 8 ? cnt - jb : 8;
+        const float *rows = cache + (size_t)(j0 + jb) * kvf;
+        for (int i = i0; i < i0 + ni; i++) {
+            float *dst = ct + (size_t)i * T + jb;
+            for (int j = 0; j < nj; j++) dst[j] = rows[(size_t)j * kvf + i];
+        }
+    }
+}
+
+/* One row's online-softmax step over a tile: raw scores s [cnt] of positions j0.., of which
+ * the first `valid` are at or before the row's position. Writes p [TILE] (zeros past valid),
+ * updates the running max and sum, and leaves acc's rescale in *corr. */
+static void softmax_step(const float *s, int valid, float scale, float *p, float *mx, float *l,
+                         float *corr) {
+    float mt = -INFINITY;
+    for (int j = 0; j < valid; j++) {
+        p[j] = s[j] * scale;
+        mt = p[j] > mt ? p[j] : mt;
+    }
+    float mn = mt > *mx ? mt : *mx, sum = 0;
+    *corr = *mx == -INFINITY ? 0.0f : expf(*mx - mn);
+    for (int j = 0; j < valid; j++) sum += (p[j] = expf(p[j] - mn));
+    for (int j = valid; j < K3_MLA_TILE; j++) p[j] = 0;
+    *l = *l * *corr + sum;
+    *mx = mn;
+}
+
+/* Attention of the block's rows over their causal prefixes of the layer cache, tile by tile
+ * (flash style): leaves each row's Σ_j softmax_j · c_j in ws->acc. Query q sits at pos0 + q. */
+static void attend_block(const k3_model *m, const float *cache, int pos0, int n, int r0, int r1,
+                         k3_mla_ws *ws) {
+    const k3_config *c = &m->cfg;
+    int lora = c->kv_lora_rank, kvf = lora + c->qk_rope_head_dim, R = r1 - r0;
+    const float scale = (float)(1.0 / sqrt((double)(c->qk_nope_head_dim + c->qk_rope_head_dim)));
+    int last_q = r1 - r0 >= n || r0 / n != (r1 - 1) / n ? n - 1 : (r1 - 1) % n;
+    int maxpos = pos0 + last_q;
+    for (int r = 0; r < R; r++) ws->m[r] = -INFINITY, ws->l[r] = 0;
+    memset(ws->acc, 0, (size_t)R * lora * sizeof(float));
+    for (int j0 = 0; j0 <= maxpos; j0 += K3_MLA_TILE) {
+        int cnt = maxpos + 1 - j0 < K3_MLA_TILE ? maxpos + 1 - j0 : K3_MLA_TILE;
+        k3_mat C = {.data = cache + (size_t)j0 * kvf, .dtype = K3_DT_F32, .rows = cnt, .cols = kvf};
+        k3_matmul(m->kr, &C, ws->qa, R, ws->s); /* s[r][j] = (q' ++ q_pe)·(c_j ++ k_pe_j) */
+#pragma omp parallel if ((int64_t)R * cnt >= 16384)
+        { /* one region for both: each fork is a wait on a shared machine */
+#pragma omp for schedule(static) nowait
+            for (int r = 0; r < R; r++) {
+                int t = pos0 + (r0 + r) % n, valid = t - j0 + 1 < cnt ? t - j0 + 1 : cnt;
+                if (valid > 0)
+                    softmax_step(ws->s + (size_t)r * cnt, valid, scale,
+                                 ws->p + (size_t)r * K3_MLA_TILE, &ws->m[r], &ws->l[r],
+                                 &ws->corr[r]);
+                else /* the tile lies past this row: it takes nothing from it */
+                    memset(ws->p + (size_t)r * K3_MLA_TILE, 0, K3_MLA_TILE * sizeof(float));
+            }
+#pragma omp for schedule(static)
+            for (int i = 0; i < lora; i += 64)
+                transpose_tile(cache, kvf, i, lora - i < 64 ? lora - i : 64, j0, cnt, ws->ct);
+        }
+        k3_mat Ct = {.data = ws->ct, .dtype = K3_DT_F32, .rows = lora, .cols = K3_MLA_TILE};
+        k3_matmul(m->kr, &Ct, ws->p, R, ws->y); /* y[r] = Σ_j p[r][j] c_j */
+#pragma omp parallel for schedule(static) if ((int64_t)R * lora >= 16384)
+        for (int r = 0; r < R; r++) {
+            if (pos0 + (r0 + r) % n < j0) continue;
+            float *acc = ws->acc + (size_t)r * lora, cr = ws->corr[r];
+            const float *y = ws->y + (size_t)r * lora;
+            for (int i = 0; i < lora; i++) acc[i] = acc[i] * cr + y[i];
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        float *acc = ws->acc + (size_t)r * lora, l = ws->l[r];
+        for (int i = 0; i < lora; i++) acc[i] = acc[i] / l;
+    }
+}
+
+/* o[q][h] = W_uv · acc for the block's rows: per head one product over its rows (W_uv of head
+ * h is kv_b_proj's rows h·(nope + v) + nope .. + v), scattered to o [n][H][v]. */
+static void up_project(const k3_model *m, const k3_mla_weights *w, int n, int r0, int r1,
+                       k3_mla_ws *ws, float *o) {
+    const k3_config *c = &m->cfg;
+    int H = c->num_attention_heads, nope = c->qk_nope_head_dim, vd = c->v_head_dim;
+    int lora = c->kv_lora_rank;
+    const k3_mat *kvb = &w->kv_b_proj;
+    /* one region over the heads (each product then runs on its thread): one fork, not H */
+#pragma omp parallel for schedule(static) if ((int64_t)(r1 - r0) * vd * lora >= 65536)
+    for (int h = r0 / n; h <= (r1 - 1) / n; h++) {
+        int a = h * n > r0 ? h * n : r0, z = (h + 1) * n < r1 ? (h + 1) * n : r1;
+        int64_t row0 = (int64_t)h * (nope + vd) + nope;
+        size_t esize = kvb->dtype == K3_DT_BF16 ? 2 : kvb->dtype == K3_DT_F32 ? 4 : 1;
+        k3_mat wuv = {.data = (const char *)kvb->data + (size_t)row0 * kvb->cols * esize,
+                      .dtype = kvb->dtype, .rows = vd, .cols = lora,
+                      .scale = kvb->scale ? kvb->scale + row0 : NULL};
+        float *ov = ws->ov + (size_t)(a - r0) * vd; /* this head's rows of ov */
+        k3_matmul(m->kr, &wuv, ws->acc + (size_t)(a - r0) * lora, z - a, ov);
+        for (int r = a; r < z; r++)
+            memcpy(o + ((size_t)(r % n) * H + h) * vd, ov + (size_t)(r - a) * vd,
+                   (size_t)vd * sizeof(float));
+    }
+}
+
+void k3_mla_attend(const k3_model *m, const k3_layer *L, const k3_state *s, int pos0, int n,
+                   const float *Q, k3_mla_ws *ws, float *o) {
+    int rows = m->cfg.num_attention_heads * n;
+    const float *cache = k3_mla_row(s, L->state_slot, 0);
+    if (m->mla_oracle) { /* tests only (model.h) */
+        m->mla_oracle(m->mla_oracle_user, m, L, cache, pos0, n, Q, o);
+        return;
+    }
+    for (int r0 = 0; r0 < rows; r0 += ws->rows) {
+        int r1 = rows - r0 < ws->rows ? rows : r0 + ws->rows;
+        absorb(m, &L->mla, Q, n, r0, r1, ws);
+        attend_block(m, cache, pos0, n, r0, r1, ws);
+        up_project(m, &L->mla, n, r0, r1, ws, o);
     }
 }
 
@@ -61,11 +270,15 @@ void k3_mla_forward(const k3_model *m, const k3_layer *L, k3_state *s, const flo
     k3_matvec(m->kr, &w->q_b_proj, s->cq, s->Q);
     k3_matvec(m->kr, &w->kv_a_proj, x, s->ckv);
     k3_rmsnorm(s->ckv, &w->kv_a_layernorm, lora, MLA_LORA_EPS, s->ckv); /* latent part only */
-    k3_matvec(m->kr, &w->kv_b_proj, s->ckv, s->KV);
-    k3_mla_append(m, L, s, t, s->KV, s->ckv); /* this position, then attend over 0..t */
-    k3_mla_attend(m, L, s, t, s->Q, s->o);
+    k3_mla_append(m, L, s, t, s->ckv); /* this position, then attend over 0..t */
+    k3_mla_attend(m, L, s, t, 1, s->Q, s->mla_ws, s->o);
     /* Output gate on the normed layer input, then o_proj (spec §7.4). */
     k3_matvec(m->kr, &w->g_proj, x, s->g);
     for (int i = 0; i < H * vd; i++) s->o[i] = s->o[i] * k3_sigmoid(s->g[i]);
     k3_matvec(m->kr, &w->o_proj, s->o, out);
+}
+
+void k3_mla_attend_rows(const k3_model *m, int layer, k3_state *s, k3_batch *b, int pos0, int n,
+                        const float *Q, float *o) {
+    k3_mla_attend(m, &m->layers[layer], s, pos0, n, Q, b ? b->mla_ws : s->mla_ws, o);
 }

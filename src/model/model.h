@@ -80,6 +80,13 @@ typedef struct k3_model {
                                            * Passes get layers via k3_spine_layer, not layers[] */
     const k3_expert_ranks *ranks;         /* expert parallelism (pass.h), or NULL: this
                                            * process computes every routed expert */
+    /* Tests only (tests/test_latent.c), NULL in the product: the MLA attention through this
+     * instead of the latent absorbed form, so the expanded oracle runs the same passes. It
+     * gets the layer's latent cache rows [pos0 + n][lora + rope] and writes o [n][H][v] for
+     * Q [n][H][nope + rope] at positions pos0.. (the contract of k3_mla_attend, layers.h). */
+    void (*mla_oracle)(void *user, const struct k3_model *m, const k3_layer *L,
+                       const float *cache, int pos0, int n, const float *Q, float *o);
+    void *mla_oracle_user;
 } k3_model;
 
 /* Binds every tensor the forward pass needs, checking dtype and shape against cfg.
@@ -122,7 +129,8 @@ void k3_state_advance(k3_state *s, const k3_phase_times *t);
 
 /* The host copies of the recurrent state, laid out as the CPU pass keeps them: per KDA layer
  * S [heads][d][d] (kda_S_floats) and conv windows [3][P][conv-1] (kda_conv_floats); per MLA
- * layer the expanded KV cache [max_ctx][kv_floats], of which positions [0, pos) are used. */
+ * layer the LATENT cache [max_ctx][kv_floats] (normed c_kv ++ k_pe, state.h), of which
+ * positions [0, pos) are used. */
 typedef struct k3_state_buffers {
     float *kda_S, *kda_conv, *kv;
     size_t kda_S_floats, kda_conv_floats, kv_floats; /* per layer; kv per position */
@@ -166,6 +174,18 @@ void k3_batch_free(k3_batch *b);
 /* Routed experts the passes on b asked the store for: the union of each MoE layer's rows,
  * summed over layers and passes. */
 uint64_t k3_batch_experts(const k3_batch *b);
+
+/* Positions per tile of the latent MLA attention (mla.c): tiles start at multiples of it, so
+ * it fixes the online softmax's order (changing it changes results within rounding). */
+#define K3_MLA_TILE 512
+
+/* Benchmarks only (k3-lab bench mla): the attention of MLA layer `layer` (an index of
+ * m->layers, in place: no spine budget) for n queries Q [n][H][nope + rope] at positions
+ * pos0.. over s's latent cache, whose rows 0..pos0+n-1 the caller filled (k3_state_buffers_of),
+ * into o [n][H][v] (spec §7.5, absorbed form, as the passes run it). b (cap >= n) gives the
+ * scratch of a pass of n rows; NULL takes the session's one-token scratch. */
+void k3_mla_attend_rows(const k3_model *m, int layer, k3_state *s, k3_batch *b, int pos0, int n,
+                        const float *Q, float *o);
 
 /* One session's rows of a k3_forward_multi pass: tokens[0, n) at positions k3_state_pos(s)..;
  * flags K3_BATCH_ALL_LOGITS (logits after every row), K3_BATCH_NO_LOGITS (none), else 0 (after

@@ -1,6 +1,7 @@
 /* state.c — allocation of the per-sequence state (see state.h for the layout). */
 #include "state.h"
 #include "batch.h"
+#include "layers.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -30,8 +31,6 @@ static int alloc_all(k3_state *s, const k3_model *m) {
     ALLOC(s->o, P > mla_o ? P : mla_o);
     ALLOC(s->cq, (size_t)c->q_lora_rank); ALLOC(s->Q, H * qk);
     ALLOC(s->ckv, (size_t)(c->kv_lora_rank + c->qk_rope_head_dim));
-    ALLOC(s->KV, H * (size_t)(c->qk_nope_head_dim + c->v_head_dim));
-    ALLOC(s->scores, H * (size_t)s->max_ctx); /* one row per head */
     ALLOC(s->gate, inter); ALLOC(s->up, inter);
     ALLOC(s->router, (size_t)c->num_experts); ALLOC(s->biased, (size_t)c->num_experts);
     ALLOC(s->ffn_tmp, hd);
@@ -55,6 +54,7 @@ static int alloc_all(k3_state *s, const k3_model *m) {
     ALLOC(s->topk, (size_t)c->num_experts_per_token);
     ALLOC(s->topk_w, (size_t)c->num_experts_per_token);
 #undef ALLOC
+    ok &= (s->mla_ws = k3_mla_ws_new(c, k3_mla_ws_rows(c, 1))) != NULL;
     return ok;
 }
 
@@ -64,6 +64,9 @@ int k3_state_new(const k3_model *m, int max_ctx, k3_state **out, k3_err *err) {
     if (max_ctx > c->max_position_embeddings)
         return k3_fail(err, K3_ERR_INPUT, "context %d exceeds max_position_embeddings %d",
                        max_ctx, c->max_position_embeddings);
+    if (m->n_mla && (c->kv_lora_rank < 1 || c->kv_lora_rank > K3_MLA_MAX_LORA))
+        return k3_fail(err, K3_ERR_CONFIG, "kv_lora_rank %d is outside 1..%d, the latent MLA "
+                       "cache's range", c->kv_lora_rank, K3_MLA_MAX_LORA);
     k3_state *s = calloc(1, sizeof *s);
     if (!s) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
     s->max_ctx = max_ctx;
@@ -71,8 +74,7 @@ int k3_state_new(const k3_model *m, int max_ctx, k3_state **out, k3_err *err) {
     size_t P = (size_t)c->kda_num_heads * c->kda_head_dim;
     s->kda_S_floats = (size_t)c->kda_num_heads * c->kda_head_dim * c->kda_head_dim;
     s->kda_conv_floats = 3 * P * (size_t)(c->kda_conv_size - 1);
-    s->kv_floats = (size_t)c->num_attention_heads * (c->qk_nope_head_dim + c->v_head_dim) +
-                   (size_t)c->qk_rope_head_dim;
+    s->kv_floats = (size_t)c->kv_lora_rank + (size_t)c->qk_rope_head_dim; /* latent row */
     s->max_blocks = (c->num_hidden_layers + c->attn_res_block_size - 1) / c->attn_res_block_size + 1;
     s->kv_bytes = s->kv_floats * sizeof(float) * (size_t)max_ctx * (size_t)m->n_mla;
     if (s->kv_bytes) {
@@ -108,7 +110,7 @@ void k3_state_free(k3_state *s) {
     if (s->kv) munmap(s->kv, s->kv_bytes);
     float *bufs[] = {s->kda_S, s->kda_conv, s->blocks, s->partial, s->x, s->xn, s->mix,
                      s->ffn_out, s->logit_in, s->biased, s->ffn_tmp, s->q, s->k, s->v, s->g, s->f, s->fa, s->beta,
-                     s->o, s->cq, s->Q, s->ckv, s->KV, s->scores, s->gate, s->up, s->router,
+                     s->o, s->cq, s->Q, s->ckv, s->gate, s->up, s->router,
                      s->lat, s->lat_acc, s->exp_out, s->topk_w, s->exp_outs, s->la_router,
                      s->la_biased, s->la_topk_w, s->exp_gate, s->exp_up};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
@@ -125,6 +127,7 @@ void k3_state_free(k3_state *s) {
     free(s->layer_eload_s);
     free(s->layer_expert_s);
     k3_store_client_free(s->store);
+    k3_mla_ws_free(s->mla_ws);
     k3_batch_free(s->batch);
     free(s);
 }
@@ -136,16 +139,14 @@ size_t k3_state_plan_bytes(const k3_model *m, int max_ctx) {
     size_t kda = (size_t)m->n_kda * ((size_t)c->kda_num_heads * c->kda_head_dim * c->kda_head_dim +
                                      3 * P * (size_t)(c->kda_conv_size - 1));
     size_t kv = (size_t)m->n_mla * (size_t)max_ctx *
-                ((size_t)c->num_attention_heads * (c->qk_nope_head_dim + c->v_head_dim) +
-                 (size_t)c->qk_rope_head_dim);
-    size_t scores = (size_t)c->num_attention_heads * (size_t)max_ctx;
+                ((size_t)c->kv_lora_rank + (size_t)c->qk_rope_head_dim); /* latent rows */
     size_t scratch = 32 * (size_t)c->hidden_size + 16 * P + 4 * (size_t)c->num_experts +
                      2 * (size_t)c->intermediate_size +
                      (size_t)c->routed_expert_hidden_size * (c->num_experts_per_token + 3) +
                      2 * (size_t)c->moe_intermediate_size * c->num_experts_per_token;
     int max_blocks = (c->num_hidden_layers + c->attn_res_block_size - 1) / c->attn_res_block_size + 1;
     /* + the batched pass's scratch at the default prefill chunk (forward_batch.c) */
-    return (kda + kv + scores + scratch) * sizeof(float) +
+    return (kda + kv + scratch) * sizeof(float) + k3_mla_ws_bytes(c, k3_mla_ws_rows(c, 1)) +
            k3_batch_plan_bytes(m, max_blocks, K3_DEFAULT_CHUNK);
 }
 

@@ -141,6 +141,11 @@ static int check_header(const k3_state_file_header *got, const k3_state_file_hea
                         const k3_state *s, uint64_t file_bytes, const char *path, k3_err *err) {
     if (memcmp(got->magic, K3_STATE_MAGIC, 8) != 0)
         return k3_fail(err, K3_ERR_IO, "%s: not a k3 state file (made by --save-state)", path);
+    if (got->version == 1) /* the expanded MLA cache: its rows cannot become latent ones */
+        return k3_fail(err, K3_ERR_IO, "%s: state file version 1 holds the expanded MLA cache of "
+                       "an older k3; this k3 keeps the latent cache (version %d) and cannot "
+                       "convert it: run the prompt again and save a new state", path,
+                       K3_STATE_VERSION);
     if (got->version != K3_STATE_VERSION || got->header_bytes != sizeof *got)
         return k3_fail(err, K3_ERR_IO, "%s: state file version %u; this k3 reads version %d",
                        path, got->version, K3_STATE_VERSION);

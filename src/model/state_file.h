@@ -2,11 +2,12 @@
  * prompt is processed once and continued later. Reached through k3_session_save/load.
  *
  * Layout (little-endian hosts only; every integer native = little-endian):
- *   header, 88 bytes (struct k3_state_file_header below): magic "K3STATE1", version 1,
+ *   header, 88 bytes (struct k3_state_file_header below): magic "K3STATE1", version 2,
  *     fingerprint of the model, pos, layer counts and per-layer sizes, payload size
  *   payload: int32 tokens[pos]; f32 KDA state [n_kda][heads][d][d]; f32 conv windows
- *     [n_kda][3][P][conv-1]; f32 MLA KV cache, per MLA layer the first pos rows
- *     [pos][kv_floats] (expanded form, state.h)
+ *     [n_kda][3][P][conv-1]; f32 MLA cache, per MLA layer the first pos rows
+ *     [pos][kv_floats] (latent form, state.h: normed c_kv ++ k_pe). Version 1 held the
+ *     expanded form; it is refused with a message saying so (no conversion exists).
  *   uint64 XXH3-64 of every byte before it.
  *
  * Invariants:
@@ -25,7 +26,7 @@
 #include "state.h"
 
 #define K3_STATE_MAGIC "K3STATE1"
-#define K3_STATE_VERSION 1
+#define K3_STATE_VERSION 2
 
 typedef struct k3_state_file_header {
     char magic[8];
