@@ -368,6 +368,13 @@ int k3_session_save(const k3_session *s, const char *path, k3_err *err);
  * more positions than this session's context); the session is unchanged for these. */
 int k3_session_load(k3_session *s, const char *path, k3_err *err);
 
+/* k3_session_load for a cache of states (serve's --state-dir): loads only a file that holds
+ * exactly ids[0, n) and was written by this k3 build; K3_ERR_INPUT otherwise (another
+ * process's file under the same name, another conversation), the session unchanged. The file
+ * is never followed through a link nor waited on (a FIFO): K3_ERR_IO. */
+int k3_session_load_prefix(k3_session *s, const char *path, const int32_t *ids, int n,
+                           k3_err *err);
+
 /* ---- several sessions in one pass (issue 18: batched decoding across requests) ------------
  * A multistep pass carries rows of DIFFERENT sessions through the model together: every row
  * keeps its own session's KDA and conv state, MLA cache and position, while each spine matrix

@@ -7,11 +7,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
 #include "../util/fileio.h"
+#include "../util/version.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "state files are little-endian; this host is not"
@@ -59,6 +61,11 @@ int k3_model_fingerprint(const k3_checkpoint *ck, int spine_int8, uint8_t out[16
     return K3_OK;
 }
 
+uint64_t k3_state_engine_stamp(void) {
+    static const char id[] = "k3-engine " K3_VERSION;
+    return XXH3_64bits(id, sizeof id - 1);
+}
+
 static void hex16(const uint8_t *b, char out[33]) {
     for (int i = 0; i < 16; i++) snprintf(out + 2 * i, 3, "%02x", b[i]);
 }
@@ -78,6 +85,7 @@ static int make_header(const k3_state *s, const k3_model *m, const k3_checkpoint
     h->kda_S_floats = s->kda_S_floats;
     h->kda_conv_floats = s->kda_conv_floats;
     h->kv_floats = s->kv_floats;
+    h->engine = k3_state_engine_stamp();
     h->payload_bytes = (uint64_t)pos * sizeof(int32_t) +
                        (h->kda_S_floats + h->kda_conv_floats) * h->n_kda * sizeof(float) +
                        (uint64_t)pos * h->kv_floats * h->n_mla * sizeof(float);
@@ -103,13 +111,16 @@ int k3_state_file_save(const k3_state *s, const k3_model *m, const k3_checkpoint
     k3_state_file_header h;
     int rc = make_header(s, m, ck, spine_int8, s->pos, &h, err);
     if (rc) return rc;
+    /* a new file of a random name (never an existing one, nor a link's target), renamed
+     * into place: a link planted at a guessable name cannot redirect the write (D14) */
     char tmp[PATH_MAX];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
-        return k3_fail(err, K3_ERR_IO, "%s: path too long", path);
-    writer w = {fopen(tmp, "wb"), XXH3_createState(), 0};
+    int fd = k3_create_temp(path, tmp, sizeof tmp, err);
+    if (fd < 0) return K3_ERR_IO;
+    writer w = {fdopen(fd, "wb"), XXH3_createState(), 0};
     if (!w.f || !w.h) {
-        /* name the user's path: the temporary file beside it is ours */
-        rc = k3_fail(err, K3_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
+        if (!w.f) close(fd);
+        unlink(tmp);
+        rc = k3_fail(err, K3_ERR_IO, "%s: cannot create: out of memory", path);
         goto done;
     }
     XXH3_64bits_reset(w.h);
@@ -126,10 +137,13 @@ int k3_state_file_save(const k3_state *s, const k3_model *m, const k3_checkpoint
     w.f = NULL;
     if (w.failed || rename(tmp, path) != 0) {
         rc = k3_fail(err, K3_ERR_IO, "%s: write failed: %s", path, strerror(errno));
-        remove(tmp);
+        unlink(tmp);
     }
 done:
-    if (w.f) fclose(w.f);
+    if (w.f) {
+        fclose(w.f);
+        unlink(tmp);
+    }
     if (w.h) XXH3_freeState(w.h);
     return rc;
 }
@@ -180,28 +194,64 @@ static int get(FILE *f, XXH3_state_t *h, void *p, size_t n) {
     return 0;
 }
 
+/* The ids the file holds (read first, into a buffer of their own: a file that claims another
+ * prefix than the one asked for is refused before the session is touched). */
+static int read_tokens(FILE *f, XXH3_state_t *h, int pos, const k3_state_want *want,
+                       const char *path, int32_t **out, k3_err *err) {
+    int32_t *ids = malloc(((size_t)pos + 1) * sizeof *ids);
+    if (!ids) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
+    if (get(f, h, ids, (size_t)pos * sizeof *ids)) {
+        free(ids);
+        return k3_fail(err, K3_ERR_IO, "%s: read error: the file is truncated", path);
+    }
+    if (want && (pos != want->n || memcmp(ids, want->tokens, (size_t)pos * sizeof *ids))) {
+        free(ids);
+        return k3_fail(err, K3_ERR_INPUT, "%s holds another token prefix (%d ids) than the "
+                       "%d it was written for: not this conversation's state", path, pos,
+                       want->n);
+    }
+    *out = ids;
+    return K3_OK;
+}
+
 int k3_state_file_load(k3_state *s, const k3_model *m, const k3_checkpoint *ck, int spine_int8,
-                       int32_t *tokens, const char *path, k3_err *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return k3_fail(err, K3_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+                       int32_t *tokens, const char *path, const k3_state_want *want,
+                       k3_err *err) {
+    int fd = k3_open_regular(path, err); /* never blocks on a FIFO, never follows a link */
+    if (fd < 0) return K3_ERR_IO;
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        close(fd);
+        return k3_fail(err, K3_ERR_GENERIC, "%s: out of memory", path);
+    }
     struct stat st;
-    k3_state_file_header got, want;
-    int rc = fstat(fileno(f), &st) != 0 || fread(&got, sizeof got, 1, f) != 1
+    k3_state_file_header got, want_h;
+    int rc = fstat(fd, &st) != 0 || fread(&got, sizeof got, 1, f) != 1
                  ? k3_fail(err, K3_ERR_IO, "%s: not a k3 state file (too short)", path)
                  : K3_OK;
-    if (!rc) rc = make_header(s, m, ck, spine_int8, got.pos, &want, err);
-    if (!rc) rc = check_header(&got, &want, s, (uint64_t)st.st_size, path, err);
+    if (!rc) rc = make_header(s, m, ck, spine_int8, got.pos, &want_h, err);
+    if (!rc) rc = check_header(&got, &want_h, s, (uint64_t)st.st_size, path, err);
+    if (!rc && want && got.engine != want_h.engine)
+        rc = k3_fail(err, K3_ERR_INPUT, "%s was written by another k3 build (engine stamp "
+                     "%016llx, this one %016llx): a cache holds only this build's states", path,
+                     (unsigned long long)got.engine, (unsigned long long)want_h.engine);
     XXH3_state_t *h = rc ? NULL : XXH3_createState();
     if (!rc && !h) rc = k3_fail(err, K3_ERR_GENERIC, "out of memory");
+    int32_t *ids = NULL;
+    if (!rc) {
+        XXH3_64bits_reset(h);
+        XXH3_64bits_update(h, &got, sizeof got);
+        rc = read_tokens(f, h, got.pos, want, path, &ids, err);
+    }
     if (rc) {
+        if (h) XXH3_freeState(h);
         fclose(f);
         return rc;
     }
-    XXH3_64bits_reset(h);
-    XXH3_64bits_update(h, &got, sizeof got);
     k3_state_reset(s);
-    int bad = get(f, h, tokens, (size_t)got.pos * sizeof *tokens);
-    bad |= get(f, h, s->kda_S, s->kda_S_floats * (size_t)s->n_kda * sizeof(float));
+    memcpy(tokens, ids, (size_t)got.pos * sizeof *tokens);
+    free(ids);
+    int bad = get(f, h, s->kda_S, s->kda_S_floats * (size_t)s->n_kda * sizeof(float));
     bad |= get(f, h, s->kda_conv, s->kda_conv_floats * (size_t)s->n_kda * sizeof(float));
     for (uint32_t l = 0; l < got.n_mla && !bad; l++)
         bad |= get(f, h, s->kv + (size_t)l * s->max_ctx * s->kv_floats,

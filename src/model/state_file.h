@@ -17,7 +17,15 @@
  *    expert bytes are not read (the metadata still covers their names and shapes).
  *  - Load checks magic, version, fingerprint, sizes and the file length before it touches
  *    the session; a checksum mismatch (found while reading) resets the session.
- *  - Save writes PATH.tmp and renames it over PATH, so PATH is never half-written.
+ *  - Save writes a new file of a random name beside PATH (O_CREAT | O_EXCL: never an
+ *    existing file, never through a symbolic link) and renames it over PATH, so PATH is never
+ *    half-written and a link planted at a guessable name redirects nothing (issue 32, D14).
+ *  - Load opens with O_NOFOLLOW | O_NONBLOCK and reads only a regular file: a FIFO or a link
+ *    at PATH is refused at once, never waited on (D13).
+ *  - A cache's load (k3_state_want: serve's --state-dir) also checks that the file holds
+ *    exactly the ids it was written for and this build's engine stamp, before the session is
+ *    touched: a file another process wrote under the same name is refused, never continued
+ *    from (D12).
  */
 #ifndef K3_STATE_FILE_H
 #define K3_STATE_FILE_H
@@ -36,8 +44,20 @@ typedef struct k3_state_file_header {
     uint32_t n_kda, n_mla, spine_int8;
     uint64_t kda_S_floats, kda_conv_floats, kv_floats; /* per layer (per position for kv) */
     uint64_t payload_bytes;
-    uint64_t reserved;
+    uint64_t engine; /* k3_state_engine_stamp() of the build that wrote it (0 before 0.1.0's
+                        issue 32; checked only for a cache's files: k3_state_want) */
 } k3_state_file_header;
+
+/* What a cache expects of the file it wrote: exactly these n ids (the prefix it restores)
+ * and this build's engine stamp. */
+typedef struct k3_state_want {
+    const int32_t *tokens;
+    int n;
+} k3_state_want;
+
+/* XXH3-64 of "k3-engine " K3_VERSION: states written by another build may continue
+ * differently (kernels change between versions), so a cache uses only its own build's. */
+uint64_t k3_state_engine_stamp(void);
 
 /* The model fingerprint described above. spine_int8: 1 when the spine is the int8 pack.
  * Errors: K3_ERR_IO (config.json unreadable), K3_ERR_GENERIC. */
@@ -47,8 +67,11 @@ int k3_model_fingerprint(const k3_checkpoint *ck, int spine_int8, uint8_t out[16
 int k3_state_file_save(const k3_state *s, const k3_model *m, const k3_checkpoint *ck,
                        int spine_int8, const int32_t *tokens, const char *path, k3_err *err);
 
-/* Replaces s and tokens[0, pos) with the file's. Errors: see k3_session_load (k3.h). */
+/* Replaces s and tokens[0, pos) with the file's. want: NULL (any prefix: --load-state), or the
+ * prefix the file must hold (K3_ERR_INPUT otherwise, s unchanged). Errors: see
+ * k3_session_load (k3.h). */
 int k3_state_file_load(k3_state *s, const k3_model *m, const k3_checkpoint *ck, int spine_int8,
-                       int32_t *tokens, const char *path, k3_err *err);
+                       int32_t *tokens, const char *path, const k3_state_want *want,
+                       k3_err *err);
 
 #endif
