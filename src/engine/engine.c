@@ -608,6 +608,15 @@ int k3_session_load_prefix(k3_session *s, const char *path, const int32_t *ids, 
     return session_load(s, path, &want, err);
 }
 
+int k3_engine_state_fingerprint(const k3_engine *e, uint8_t out[16], k3_err *err) {
+    return k3_model_fingerprint(e->ck, SPINE_INT8(e), out, err);
+}
+
+int k3_state_peek(const uint8_t fingerprint[16], const char *path, int *pos, uint64_t *bytes,
+                  k3_err *err) {
+    return k3_state_file_peek(path, fingerprint, pos, bytes, err);
+}
+
 /* ---- device (backend.h) --------------------------------------------------------------------- */
 
 int k3_engine_layer_profile(const k3_engine *e, double *ms, uint64_t *bytes) {

@@ -133,6 +133,8 @@ int k3_state_file_save(const k3_state *s, const k3_model *m, const k3_checkpoint
             (size_t)s->pos * s->kv_floats * sizeof(float));
     uint64_t sum = XXH3_64bits_digest(w.h);
     if (!w.failed && fwrite(&sum, sizeof sum, 1, w.f) != 1) w.failed = 1;
+    /* on disk before the rename: a crash leaves the old file or the whole new one */
+    if (!w.failed && (fflush(w.f) != 0 || fsync(fileno(w.f)) != 0)) w.failed = 1;
     if (fclose(w.f) != 0) w.failed = 1;
     w.f = NULL;
     if (w.failed || rename(tmp, path) != 0) {
@@ -267,5 +269,29 @@ int k3_state_file_load(k3_state *s, const k3_model *m, const k3_checkpoint *ck, 
     }
     XXH3_freeState(h);
     fclose(f);
+    return rc;
+}
+
+int k3_state_file_peek(const char *path, const uint8_t fingerprint[16], int *pos,
+                       uint64_t *bytes, k3_err *err) {
+    int fd = k3_open_regular(path, err);
+    if (fd < 0) return K3_ERR_IO;
+    k3_state_file_header h;
+    struct stat st;
+    int rc = K3_OK;
+    if (fstat(fd, &st) != 0 || read(fd, &h, sizeof h) != (ssize_t)sizeof h ||
+        memcmp(h.magic, K3_STATE_MAGIC, 8) != 0 || h.version != K3_STATE_VERSION ||
+        h.header_bytes != sizeof h || h.pos < 0)
+        rc = k3_fail(err, K3_ERR_IO, "%s: not a k3 state file of version %d", path,
+                     K3_STATE_VERSION);
+    else if (memcmp(h.fingerprint, fingerprint, 16) != 0 || h.engine != k3_state_engine_stamp())
+        rc = k3_fail(err, K3_ERR_INPUT, "%s: written for another model, spine mode or k3 build",
+                     path);
+    else if ((uint64_t)st.st_size != sizeof h + h.payload_bytes + sizeof(uint64_t))
+        rc = k3_fail(err, K3_ERR_IO, "%s: %llu bytes, its header says %llu: truncated or "
+                     "damaged", path, (unsigned long long)st.st_size,
+                     (unsigned long long)(sizeof h + h.payload_bytes + sizeof(uint64_t)));
+    close(fd);
+    if (!rc) *pos = h.pos, *bytes = (uint64_t)st.st_size;
     return rc;
 }

@@ -1,0 +1,314 @@
+/* pcache.c — the prompt cache's folder, keys, lookup, writes and budget (pcache.h). */
+#include "pcache.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#define BLOCK 64             /* ids per link of the hash chain */
+#define PREFIX "k3pc-"
+#define SUFFIX ".state"
+#define NAME_LEN (5 + 32 + 6) /* k3pc- + hex + .state */
+#define STALE_TEMP_S 3600    /* a temp file this old was left by a writer that died */
+
+enum { OWN, FOREIGN, BAD }; /* this model's snapshot; another model's or build's; refused */
+
+typedef struct entry {
+    char name[NAME_LEN + 1];
+    ino_t ino;
+    off_t size;
+    struct timespec mtime;
+    int kind, pos;
+    bool seen;
+} entry;
+
+struct k3_pcache {
+    char *dir;
+    uint8_t fp[16];
+    uint64_t budget;
+    entry *e;
+    size_t n, cap;
+};
+
+/* ---- keys ---------------------------------------------------------------------------------- */
+
+/* The chain h_0 .. h_{n/64} of ids[0, n) (pcache.h); malloc'd, NULL when out of memory. */
+static uint64_t *chain(const k3_pcache *pc, const int32_t *ids, size_t n) {
+    uint64_t *h = malloc((n / BLOCK + 1) * sizeof *h);
+    if (!h) return NULL;
+    h[0] = XXH3_64bits(pc->fp, sizeof pc->fp);
+    for (size_t b = 0; b < n / BLOCK; b++)
+        h[b + 1] = XXH3_64bits_withSeed(ids + b * BLOCK, BLOCK * sizeof *ids, h[b]);
+    return h;
+}
+
+/* The file name of ids[0, L) given its chain h. */
+static void key_name(const uint64_t *h, const int32_t *ids, size_t L, char out[NAME_LEN + 1]) {
+    size_t b = L / BLOCK;
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, XXH3_128bits_withSeed(ids + b * BLOCK,
+                                                       (L - b * BLOCK) * sizeof *ids, h[b]));
+    char *p = out + sprintf(out, PREFIX);
+    for (int i = 0; i < 16; i++) p += sprintf(p, "%02x", c.digest[i]);
+    strcpy(p, SUFFIX);
+}
+
+static bool is_name(const char *s) {
+    if (strlen(s) != NAME_LEN || strncmp(s, PREFIX, 5) || strcmp(s + 37, SUFFIX)) return false;
+    for (int i = 5; i < 37; i++)
+        if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f'))) return false;
+    return true;
+}
+
+/* ---- the index: the folder, re-read ------------------------------------------------------- */
+
+static void path_of(const k3_pcache *pc, const char *name, char out[PATH_MAX]) {
+    snprintf(out, PATH_MAX, "%s/%s", pc->dir, name);
+}
+
+static entry *find(k3_pcache *pc, const char *name) {
+    for (size_t i = 0; i < pc->n; i++)
+        if (!strcmp(pc->e[i].name, name)) return &pc->e[i];
+    return NULL;
+}
+
+/* Looks at a file new to the index (or changed): this model's snapshot, or one log line. */
+static void classify(k3_pcache *pc, entry *e, const struct stat *st) {
+    char path[PATH_MAX];
+    path_of(pc, e->name, path);
+    e->ino = st->st_ino, e->size = st->st_size, e->mtime = st->st_mtim;
+    k3_err err = {0};
+    uint64_t bytes = 0;
+    if (!S_ISREG(st->st_mode)) {
+        e->kind = BAD;
+        fprintf(stderr, "k3 serve: prompt cache: %s skipped: not a regular file (a link, FIFO "
+                "or folder)\n", path);
+        return;
+    }
+    int rc = k3_state_peek(pc->fp, path, &e->pos, &bytes, &err);
+    e->kind = !rc ? OWN : rc == K3_ERR_INPUT ? FOREIGN : BAD;
+    if (rc) fprintf(stderr, "k3 serve: prompt cache: skipped: %s\n", err.msg);
+}
+
+static void drop_stale_temp(const k3_pcache *pc, const char *name, const struct stat *st) {
+    char path[PATH_MAX];
+    if (strncmp(name, PREFIX, 5) || !strstr(name, SUFFIX ".tmp-") || !S_ISREG(st->st_mode) ||
+        time(NULL) - st->st_mtime < STALE_TEMP_S)
+        return;
+    path_of(pc, name, path);
+    unlink(path);
+}
+
+/* Re-reads the folder: new files classified, changed ones again, vanished ones dropped. */
+static void rescan(k3_pcache *pc) {
+    DIR *d = opendir(pc->dir);
+    if (!d) {
+        fprintf(stderr, "k3 serve: prompt cache: %s: %s\n", pc->dir, strerror(errno));
+        return;
+    }
+    for (size_t i = 0; i < pc->n; i++) pc->e[i].seen = false;
+    for (struct dirent *de; (de = readdir(d));) {
+        struct stat st;
+        if (fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW)) continue;
+        if (!is_name(de->d_name)) {
+            drop_stale_temp(pc, de->d_name, &st);
+            continue;
+        }
+        entry *e = find(pc, de->d_name);
+        if (!e) {
+            if (pc->n == pc->cap) {
+                size_t cap = pc->cap ? 2 * pc->cap : 64;
+                entry *ne = realloc(pc->e, cap * sizeof *ne);
+                if (!ne) break;
+                pc->e = ne, pc->cap = cap;
+            }
+            e = &pc->e[pc->n++];
+            *e = (entry){0};
+            strcpy(e->name, de->d_name);
+            classify(pc, e, &st);
+        } else if (e->ino != st.st_ino || e->size != st.st_size ||
+                   e->mtime.tv_sec != st.st_mtim.tv_sec || e->mtime.tv_nsec != st.st_mtim.tv_nsec) {
+            if (e->kind == OWN && e->ino == st.st_ino && e->size == st.st_size)
+                e->mtime = st.st_mtim; /* a hit elsewhere refreshed it: still the same file */
+            else
+                classify(pc, e, &st);
+        }
+        e->seen = true;
+    }
+    closedir(d);
+    size_t k = 0;
+    for (size_t i = 0; i < pc->n; i++)
+        if (pc->e[i].seen) pc->e[k++] = pc->e[i];
+    pc->n = k;
+}
+
+/* ---- budget -------------------------------------------------------------------------------- */
+
+static bool older(const entry *a, const entry *b) {
+    return a->mtime.tv_sec != b->mtime.tv_sec ? a->mtime.tv_sec < b->mtime.tv_sec
+                                              : a->mtime.tv_nsec < b->mtime.tv_nsec;
+}
+
+/* Removes this model's least recently used file other than `keep`; false when none is left. */
+static bool evict_one(k3_pcache *pc, const char *keep, k3_pcache_stats *st) {
+    entry *victim = NULL;
+    for (size_t i = 0; i < pc->n; i++) {
+        entry *e = &pc->e[i];
+        if (e->kind == OWN && (!keep || strcmp(e->name, keep)) && (!victim || older(e, victim)))
+            victim = e;
+    }
+    if (!victim) return false;
+    char path[PATH_MAX];
+    path_of(pc, victim->name, path);
+    unlink(path); /* gone already (another server evicted it) is as good */
+    st->evicted++;
+    *victim = pc->e[--pc->n];
+    return true;
+}
+
+static uint64_t own_bytes(const k3_pcache *pc) {
+    uint64_t b = 0;
+    for (size_t i = 0; i < pc->n; i++)
+        if (pc->e[i].kind == OWN) b += (uint64_t)pc->e[i].size;
+    return b;
+}
+
+/* ---- the API ------------------------------------------------------------------------------- */
+
+int k3_pcache_open(const k3_engine *e, const char *dir, double gb, k3_pcache **out,
+                   k3_err *err) {
+    struct stat st;
+    if (stat(dir, &st) || !S_ISDIR(st.st_mode) || access(dir, W_OK | X_OK))
+        return k3_fail(err, K3_ERR_USAGE, "--prompt-cache %s: not a folder this process can "
+                       "write (create it first: mkdir -p %s)", dir, dir);
+    k3_pcache *pc = calloc(1, sizeof *pc);
+    if (!pc || !(pc->dir = strdup(dir))) {
+        free(pc);
+        return k3_fail(err, K3_ERR_GENERIC, "out of memory");
+    }
+    pc->budget = (uint64_t)(gb * 1e9);
+    int rc = k3_engine_state_fingerprint(e, pc->fp, err);
+    if (rc) {
+        k3_pcache_close(pc);
+        return rc;
+    }
+    rescan(pc);
+    *out = pc;
+    return 0;
+}
+
+void k3_pcache_close(k3_pcache *pc) {
+    if (!pc) return;
+    free(pc->dir);
+    free(pc->e);
+    free(pc);
+}
+
+size_t k3_pcache_restore(k3_pcache *pc, k3_session *sess, const int32_t *ids, size_t n,
+                         size_t more_than, size_t max, k3_pcache_stats *st) {
+    if (max > n) max = n;
+    if (max <= more_than) return 0;
+    uint64_t *h = chain(pc, ids, max);
+    if (!h) return 0;
+    rescan(pc);
+    for (;;) { /* the longest candidate first; one that fails its checks is marked BAD */
+        entry *best = NULL;
+        char want[NAME_LEN + 1];
+        for (size_t i = 0; i < pc->n; i++) {
+            entry *e = &pc->e[i];
+            if (e->kind != OWN || (size_t)e->pos <= more_than || (size_t)e->pos > max ||
+                (best && e->pos <= best->pos))
+                continue;
+            key_name(h, ids, (size_t)e->pos, want);
+            if (!strcmp(want, e->name)) best = e;
+        }
+        if (!best) break;
+        char path[PATH_MAX];
+        path_of(pc, best->name, path);
+        k3_err err = {0};
+        int before = k3_session_pos(sess);
+        if (k3_session_load_prefix(sess, path, ids, best->pos, &err)) {
+            fprintf(stderr, "k3 serve: prompt cache: skipped: %s\n", err.msg);
+            best->kind = BAD;
+            st->skipped++;
+            if (k3_session_pos(sess) == before) continue; /* refused before it was touched */
+            break; /* the session was reset: the caller prefills from empty */
+        }
+        /* a hit makes it the most recently used (of every server sharing the folder) */
+        utimensat(AT_FDCWD, path, NULL, AT_SYMLINK_NOFOLLOW);
+        clock_gettime(CLOCK_REALTIME, &best->mtime);
+        st->hits++;
+        st->tokens_restored += (unsigned long long)best->pos;
+        st->bytes_read += (unsigned long long)best->size;
+        free(h);
+        return (size_t)best->pos;
+    }
+    free(h);
+    return 0;
+}
+
+void k3_pcache_save(k3_pcache *pc, const k3_session *sess, k3_pcache_stats *st) {
+    size_t L = (size_t)k3_session_pos(sess);
+    const int32_t *ids = k3_session_tokens(sess);
+    uint64_t *h = L ? chain(pc, ids, L) : NULL;
+    if (!h) return;
+    char name[NAME_LEN + 1], path[PATH_MAX];
+    key_name(h, ids, L, name);
+    free(h);
+    rescan(pc);
+    entry *have = find(pc, name);
+    if (have && have->kind == OWN) return; /* stored already (by us or another server) */
+    path_of(pc, name, path);
+    k3_err err = {0};
+    int rc = k3_session_save(sess, path, &err);
+    if (rc && evict_one(pc, NULL, st)) /* a full disk: make room once */
+        rc = k3_session_save(sess, path, &err);
+    if (rc) {
+        fprintf(stderr, "k3 serve: prompt cache: a snapshot of %zu ids was not stored: %s\n",
+                L, err.msg);
+        return;
+    }
+    rescan(pc);
+    have = find(pc, name);
+    if (!have || have->kind != OWN) return;
+    st->saves++;
+    st->bytes_written += (unsigned long long)have->size;
+    if ((uint64_t)have->size > pc->budget) { /* larger than the whole budget: not kept */
+        fprintf(stderr, "k3 serve: prompt cache: a snapshot of %zu ids (%lld bytes) exceeds "
+                "--prompt-cache-gb; not kept\n", L, (long long)have->size);
+        unlink(path);
+        *have = pc->e[--pc->n];
+        return;
+    }
+    while (own_bytes(pc) > pc->budget && evict_one(pc, name, st)) {
+    }
+}
+
+size_t k3_pcache_marks(const int32_t *ids, size_t n, size_t from, int32_t eom, size_t *out,
+                       size_t cap) {
+    size_t k = 0, prev = 0, last_eom = 0;
+    bool first = true;
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] == eom) last_eom = i + 1;
+    for (size_t p = 1; p < n && k < cap; p++) {
+        bool end = ids[p - 1] == eom;
+        bool take = p % K3_PCACHE_EVERY == 0 ||
+                    (end && (first || p == last_eom || p - prev >= K3_PCACHE_EVERY / 8));
+        first = first && !end;
+        if (!take) continue;
+        prev = p;
+        if (p > from) out[k++] = p;
+    }
+    return k;
+}
