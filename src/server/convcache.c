@@ -112,6 +112,8 @@ void k3_pcache_count(k3_server *s, const k3_pcache_stats *st) {
     m->pcache_bytes_written += st->bytes_written;
     m->pcache_evicted += st->evicted;
     m->pcache_skipped += st->skipped;
+    m->pcache_read_s += st->read_s;
+    m->pcache_write_s += st->write_s;
     pthread_mutex_unlock(&s->mu);
 }
 

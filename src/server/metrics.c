@@ -122,6 +122,11 @@ void k3_metrics_text(const k3_metrics *m, const k3_metrics_gauges *g, k3_sbuf *b
             m->pcache_bytes_written);
     counter(b, "k3_prompt_cache_evicted_total", "snapshot files removed to stay within "
             "--prompt-cache-gb", m->pcache_evicted);
+    head(b, "k3_prompt_cache_read_seconds_total", "counter",
+         "seconds spent finding and restoring snapshots");
+    k3_sbuf_printf(b, "k3_prompt_cache_read_seconds_total %.6f\n", m->pcache_read_s);
+    head(b, "k3_prompt_cache_write_seconds_total", "counter", "seconds spent writing snapshots");
+    k3_sbuf_printf(b, "k3_prompt_cache_write_seconds_total %.6f\n", m->pcache_write_s);
     counter(b, "k3_prompt_cache_skipped_total", "snapshot files refused at load (damaged, "
             "another prefix); the prompt was prefilled instead", m->pcache_skipped);
     gauge(b, "k3_state_cache_entries", "conversation states kept", g->states_kept);

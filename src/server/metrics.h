@@ -40,6 +40,7 @@ typedef struct k3_metrics {
      * snapshots written and their bytes; files removed for the budget; files refused */
     unsigned long long pcache_hits, pcache_tokens, pcache_bytes_read;
     unsigned long long pcache_saves, pcache_bytes_written, pcache_evicted, pcache_skipped;
+    double pcache_read_s, pcache_write_s; /* seconds restoring and writing snapshots */
     double expert_wait_s;                 /* seconds passes waited for expert reads (summed
                                              over the generations' steps) */
     /* engine-wide, copied in by the worker (see above) */

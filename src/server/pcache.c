@@ -1,5 +1,6 @@
 /* pcache.c — the prompt cache's folder, keys, lookup, writes and budget (pcache.h). */
 #include "pcache.h"
+#include "../util/clock.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -219,6 +220,7 @@ size_t k3_pcache_restore(k3_pcache *pc, k3_session *sess, const int32_t *ids, si
                          size_t more_than, size_t max, k3_pcache_stats *st) {
     if (max > n) max = n;
     if (max <= more_than) return 0;
+    double t0 = k3_now_s();
     uint64_t *h = chain(pc, ids, max);
     if (!h) return 0;
     rescan(pc);
@@ -251,10 +253,12 @@ size_t k3_pcache_restore(k3_pcache *pc, k3_session *sess, const int32_t *ids, si
         st->hits++;
         st->tokens_restored += (unsigned long long)best->pos;
         st->bytes_read += (unsigned long long)best->size;
+        st->read_s += k3_now_s() - t0;
         free(h);
         return (size_t)best->pos;
     }
     free(h);
+    st->read_s += k3_now_s() - t0;
     return 0;
 }
 
@@ -271,9 +275,11 @@ void k3_pcache_save(k3_pcache *pc, const k3_session *sess, k3_pcache_stats *st) 
     if (have && have->kind == OWN) return; /* stored already (by us or another server) */
     path_of(pc, name, path);
     k3_err err = {0};
+    double t0 = k3_now_s();
     int rc = k3_session_save(sess, path, &err);
     if (rc && evict_one(pc, NULL, st)) /* a full disk: make room once */
         rc = k3_session_save(sess, path, &err);
+    st->write_s += k3_now_s() - t0;
     if (rc) {
         fprintf(stderr, "k3 serve: prompt cache: a snapshot of %zu ids was not stored: %s\n",
                 L, err.msg);

@@ -48,6 +48,7 @@ typedef struct k3_pcache_stats {
     unsigned long long hits, tokens_restored, bytes_read; /* snapshots restored */
     unsigned long long saves, bytes_written, evicted;     /* snapshots written, files removed */
     unsigned long long skipped;                           /* files refused (logged) */
+    double read_s, write_s; /* seconds restoring (folder scan included) and writing */
 } k3_pcache_stats;
 
 /* Opens the cache in folder dir (which must exist and be writable) for engine e's model,

@@ -1,0 +1,153 @@
+/* test_pcache.c — the prompt cache's core (src/server/pcache.h) on k3-nano: where snapshots
+ * are taken (positions worked out by hand), that a restored prefix continues bit for bit as a
+ * fresh prefill does, that a second cache on the same folder (another process, a restart)
+ * finds the longest stored prefix, that a file holding other ids under a prefix's name is
+ * refused, and the budget. */
+#include "test.h"
+#include "../src/engine/k3.h"
+#include "../src/server/pcache.h"
+
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define NANO "tests/fixtures/k3-nano"
+
+static void test_marks(void) {
+    /* eom = 9: message ends after positions 3, 5, 300, 310, 700; n = 4200 */
+    size_t n = 4200;
+    int32_t *ids = calloc(n, sizeof *ids);
+    size_t out[16];
+    if (!ids) return;
+    ids[2] = ids[4] = ids[299] = ids[309] = ids[699] = 9;
+    size_t k = k3_pcache_marks(ids, n, 0, 9, out, 16);
+    /* 3: the first message end; 5: 2 after it, skipped; 300: 297 >= 256 after 3; 310: 10
+     * after 300, skipped; 700: the last message end; 2048 and 4096: every K3_PCACHE_EVERY */
+    size_t want[] = {3, 300, 700, 2048, 4096};
+    CHECK(k == 5, "%zu marks", k);
+    for (size_t i = 0; i < k && i < 5; i++) CHECK(out[i] == want[i], "mark %zu: %zu", i, out[i]);
+    /* past a reused prefix only the later ones; the prompt's end itself is never a mark */
+    k = k3_pcache_marks(ids, n, 300, 9, out, 16);
+    CHECK(k == 3 && out[0] == 700, "%zu marks from 300, first %zu", k, out[0]);
+    CHECK(k3_pcache_marks(ids, 700, 0, 9, out, 16) == 2, "a mark at n is not taken");
+    free(ids);
+}
+
+static int files_in(const char *dir, off_t *bytes) {
+    DIR *d = opendir(dir);
+    int n = 0;
+    *bytes = 0;
+    for (struct dirent *de; d && (de = readdir(d));) {
+        if (strncmp(de->d_name, "k3pc-", 5)) continue;
+        char p[512];
+        struct stat st;
+        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+        if (!stat(p, &st)) *bytes += st.st_size;
+        n++;
+    }
+    if (d) closedir(d);
+    return n;
+}
+
+static void test_restore_continues_exactly(void) {
+    k3_engine *e = NULL;
+    k3_session *a = NULL, *b = NULL;
+    k3_pcache *pc = NULL, *pc2 = NULL;
+    k3_err err = {0};
+    CHECK(k3_engine_load(NANO, NULL, &e, &err) == K3_OK, "%s", err.msg);
+    if (k3_test_stopped()) return;
+    CHECK(k3_session_new(e, 256, &a, &err) == K3_OK && k3_session_new(e, 256, &b, &err) == K3_OK);
+    char dir[] = "/tmp/k3-test-pcache-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    CHECK(k3_pcache_open(e, dir, 1.0, &pc, &err) == K3_OK, "%s", err.msg);
+    if (k3_test_stopped()) return;
+    int vocab = k3_engine_config(e)->vocab_size;
+    float *la = malloc(vocab * sizeof *la), *lb = malloc(vocab * sizeof *lb);
+    int32_t ids[100];
+    for (int i = 0; i < 100; i++) ids[i] = 500 + (i * 37) % 900;
+    k3_pcache_stats st = {0};
+    /* snapshots after 40 and 70 ids of one prompt (70 crosses a 64-id block of the chain) */
+    CHECK(k3_session_prefill(a, ids, 40, NULL, NULL, &err) == K3_OK);
+    k3_pcache_save(pc, a, &st);
+    CHECK(k3_session_prefill(a, ids, 70, NULL, NULL, &err) == K3_OK);
+    k3_pcache_save(pc, a, &st);
+    k3_pcache_save(pc, a, &st); /* stored already: not written again */
+    CHECK(st.saves == 2, "%llu saves", st.saves);
+    off_t bytes;
+    CHECK(files_in(dir, &bytes) == 2 && (unsigned long long)bytes == st.bytes_written);
+    /* the reference: the whole prompt prefilled from empty */
+    CHECK(k3_session_prefill(a, ids, 100, la, NULL, &err) == K3_OK);
+
+    /* a second cache on the folder (a restart): the longest stored prefix, then bit-exact */
+    CHECK(k3_pcache_open(e, dir, 1.0, &pc2, &err) == K3_OK, "%s", err.msg);
+    k3_pcache_stats s2 = {0};
+    CHECK(k3_pcache_restore(pc2, b, ids, 100, 0, 99, &s2) == 70);
+    CHECK(s2.hits == 1 && s2.tokens_restored == 70 && s2.bytes_read > 0);
+    int reused = 0;
+    CHECK(k3_session_prefill(b, ids, 100, lb, &reused, &err) == K3_OK && reused == 70);
+    CHECK(!memcmp(la, lb, vocab * sizeof *la), "restored state diverges");
+    /* at most 69: the 40 one; more than 40 asked: none */
+    k3_session_reset(b);
+    CHECK(k3_pcache_restore(pc2, b, ids, 100, 0, 69, &s2) == 40);
+    k3_session_reset(b);
+    CHECK(k3_pcache_restore(pc2, b, ids, 100, 40, 69, &s2) == 0 && k3_session_pos(b) == 0);
+    /* a prompt that differs at id 50: only the 40 prefix matches */
+    int32_t other[100];
+    memcpy(other, ids, sizeof other);
+    other[50] = 7;
+    CHECK(k3_pcache_restore(pc2, b, other, 100, 0, 99, &s2) == 40);
+
+    /* a file holding other ids (70 of `other`) under the 70 prefix's name: refused when
+     * its ids are compared, the session untouched, the 40 one used instead */
+    char p70[600] = "";
+    off_t biggest = 0;
+    DIR *d = opendir(dir);
+    for (struct dirent *de; d && (de = readdir(d));) {
+        char p[600];
+        struct stat fst;
+        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+        if (!strncmp(de->d_name, "k3pc-", 5) && !stat(p, &fst) && fst.st_size > biggest)
+            biggest = fst.st_size, strcpy(p70, p);
+    }
+    if (d) closedir(d);
+    CHECK(p70[0]);
+    k3_session_reset(b);
+    CHECK(k3_session_prefill(b, other, 70, NULL, NULL, &err) == K3_OK);
+    CHECK(k3_session_save(b, p70, &err) == K3_OK, "%s", err.msg);
+    k3_pcache_stats s3 = {0};
+    k3_session_reset(b);
+    CHECK(k3_pcache_restore(pc2, b, ids, 100, 0, 99, &s3) == 40 && s3.skipped == 1,
+          "skipped %llu", s3.skipped);
+    CHECK(!memcmp(k3_session_tokens(b), ids, 40 * sizeof *ids));
+    char cmd[1400];
+
+    /* the budget: a third prefix over a budget of ~1.5 files evicts the least recently used */
+    k3_pcache_close(pc);
+    CHECK(k3_pcache_open(e, dir, (double)bytes / 2 * 1.5 / 1e9, &pc, &err) == K3_OK);
+    k3_pcache_stats s4 = {0};
+    CHECK(k3_session_prefill(a, other, 60, NULL, NULL, &err) == K3_OK);
+    k3_pcache_save(pc, a, &s4);
+    off_t after;
+    files_in(dir, &after);
+    CHECK(s4.saves == 1 && s4.evicted >= 1 && (double)after <= (double)bytes / 2 * 1.5 + 1,
+          "%llu evicted, %lld bytes", s4.evicted, (long long)after);
+
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    CHECK(system(cmd) == 0);
+    free(la);
+    free(lb);
+    k3_pcache_close(pc);
+    k3_pcache_close(pc2);
+    k3_session_free(a);
+    k3_session_free(b);
+    k3_engine_free(e);
+}
+
+const k3_test k3_suite_pcache[] = {
+    {"marks", test_marks},
+    {"restore_continues_exactly", test_restore_continues_exactly},
+    {NULL, NULL},
+};
