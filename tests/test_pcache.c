@@ -17,21 +17,23 @@
 #define NANO "tests/fixtures/k3-nano"
 
 static void test_marks(void) {
-    /* eom = 9: message ends after positions 3, 5, 300, 310, 700; n = 4200 */
+    /* eom = 9: message ends after positions 3, 5, 300, 310, 700, 4000; n = 4200 */
     size_t n = 4200;
     int32_t *ids = calloc(n, sizeof *ids);
     size_t out[16];
     if (!ids) return;
-    ids[2] = ids[4] = ids[299] = ids[309] = ids[699] = 9;
+    ids[2] = ids[4] = ids[299] = ids[309] = ids[699] = ids[3999] = 9;
     size_t k = k3_pcache_marks(ids, n, 0, 9, out, 16);
     /* 3: the first message end; 5: 2 after it, skipped; 300: 297 >= 256 after 3; 310: 10
-     * after 300, skipped; 700: the last message end; 2048 and 4096: every K3_PCACHE_EVERY */
-    size_t want[] = {3, 300, 700, 2048, 4096};
+     * after 300, skipped; 700: 400 after 300; 2048: every K3_PCACHE_EVERY; 4000: the last
+     * message end; 4096: 96 after it, skipped */
+    size_t want[] = {3, 300, 700, 2048, 4000};
     CHECK(k == 5, "%zu marks", k);
     for (size_t i = 0; i < k && i < 5; i++) CHECK(out[i] == want[i], "mark %zu: %zu", i, out[i]);
     /* past a reused prefix only the later ones; the prompt's end itself is never a mark */
     k = k3_pcache_marks(ids, n, 300, 9, out, 16);
     CHECK(k == 3 && out[0] == 700, "%zu marks from 300, first %zu", k, out[0]);
+    /* cut at 700: 700 is the prompt's end, never a mark (its logits come from the prefill) */
     CHECK(k3_pcache_marks(ids, 700, 0, 9, out, 16) == 2, "a mark at n is not taken");
     free(ids);
 }

@@ -309,8 +309,9 @@ size_t k3_pcache_marks(const int32_t *ids, size_t n, size_t from, int32_t eom, s
         if (ids[i] == eom) last_eom = i + 1;
     for (size_t p = 1; p < n && k < cap; p++) {
         bool end = ids[p - 1] == eom;
-        bool take = p % K3_PCACHE_EVERY == 0 ||
-                    (end && (first || p == last_eom || p - prev >= K3_PCACHE_EVERY / 8));
+        bool spaced = p - prev >= K3_PCACHE_EVERY / 8;
+        bool take = (p % K3_PCACHE_EVERY == 0 && spaced) ||
+                    (end && (first || p == last_eom || spaced));
         first = first && !end;
         if (!take) continue;
         prev = p;

@@ -68,10 +68,10 @@ size_t k3_pcache_restore(k3_pcache *pc, k3_session *sess, const int32_t *ids, si
 void k3_pcache_save(k3_pcache *pc, const k3_session *sess, k3_pcache_stats *st);
 
 /* The positions inside prompt ids[0, n) where snapshots are taken, ascending, each in
- * (from, n): after each end-of-message id `eom` (the system and tools block, each message;
- * message ends closer than K3_PCACHE_EVERY / 8 to the previous mark are skipped but for the
- * last one before the generation) and at each multiple of K3_PCACHE_EVERY. Writes at most cap
- * to out; returns how many. */
+ * (from, n): after each end-of-message id `eom` (the system and tools block, each message)
+ * and at each multiple of K3_PCACHE_EVERY; a position closer than K3_PCACHE_EVERY / 8 to the
+ * previous mark is skipped, but for the first and the last message end (each costs a file
+ * and a shorter pass). Writes at most cap to out; returns how many. */
 size_t k3_pcache_marks(const int32_t *ids, size_t n, size_t from, int32_t eom, size_t *out,
                        size_t cap);
 
