@@ -4,6 +4,7 @@
  * finds the longest stored prefix, that a file holding other ids under a prefix's name is
  * refused, and the budget. */
 #include "test.h"
+#include "cli_run.h"
 #include "../src/engine/k3.h"
 #include "../src/server/pcache.h"
 
@@ -148,7 +149,34 @@ static void test_restore_continues_exactly(void) {
     k3_engine_free(e);
 }
 
+/* k3 run --prompt-cache: a second run with the same system prompt and another question resumes
+ * from the first run's snapshot and prints what a run without the cache prints. */
+static void test_run_resumes_from_another_run(void) {
+    char *dir = k3t_tmpdir();
+    if (!dir) return;
+    char args[3][1024];
+    const char *common = "tests/fixtures/k3-tiny-kjv --chat --no-think --max-new 8 --ids "
+                         "--system \"$(head -c 1500 tests/fixtures/kjv-heldout-philippians.txt)\"";
+    snprintf(args[0], sizeof args[0], "run %s --prompt 'Who wrote this?' --prompt-cache %s",
+             common, dir);
+    snprintf(args[1], sizeof args[1], "run %s --prompt 'To whom?' --prompt-cache %s", common, dir);
+    snprintf(args[2], sizeof args[2], "run %s --prompt 'To whom?'", common);
+    k3t_cli r[3] = {0};
+    for (int i = 0; i < 3; i++) CHECK(k3t_cli_run(args[i], &r[i]) == 0 && r[i].status == 0,
+                                      "run %d: %s", i, r[i].err ? r[i].err : "");
+    if (!k3_test_stopped()) {
+        CHECK(strstr(r[0].err, "snapshots written") && !strstr(r[0].err, "from the state"),
+              "%s", r[0].err);
+        CHECK(strstr(r[1].err, "prompt tokens restored") && strstr(r[1].err, "from the state"),
+              "%s", r[1].err);
+        CHECK(!strcmp(r[1].out, r[2].out), "with the cache: %s\nwithout: %s", r[1].out, r[2].out);
+    }
+    for (int i = 0; i < 3; i++) k3t_cli_free(&r[i]);
+    k3t_rm_dir(dir);
+}
+
 const k3_test k3_suite_pcache[] = {
+    {"run_resumes_from_another_run", test_run_resumes_from_another_run},
     {"marks", test_marks},
     {"restore_continues_exactly", test_restore_continues_exactly},
     {NULL, NULL},

@@ -93,13 +93,13 @@ static void classify(k3_pcache *pc, entry *e, const struct stat *st) {
     uint64_t bytes = 0;
     if (!S_ISREG(st->st_mode)) {
         e->kind = BAD;
-        fprintf(stderr, "k3 serve: prompt cache: %s skipped: not a regular file (a link, FIFO "
+        fprintf(stderr, "k3: prompt cache: %s skipped: not a regular file (a link, FIFO "
                 "or folder)\n", path);
         return;
     }
     int rc = k3_state_peek(pc->fp, path, &e->pos, &bytes, &err);
     e->kind = !rc ? OWN : rc == K3_ERR_INPUT ? FOREIGN : BAD;
-    if (rc) fprintf(stderr, "k3 serve: prompt cache: skipped: %s\n", err.msg);
+    if (rc) fprintf(stderr, "k3: prompt cache: skipped: %s\n", err.msg);
 }
 
 static void drop_stale_temp(const k3_pcache *pc, const char *name, const struct stat *st) {
@@ -115,7 +115,7 @@ static void drop_stale_temp(const k3_pcache *pc, const char *name, const struct 
 static void rescan(k3_pcache *pc) {
     DIR *d = opendir(pc->dir);
     if (!d) {
-        fprintf(stderr, "k3 serve: prompt cache: %s: %s\n", pc->dir, strerror(errno));
+        fprintf(stderr, "k3: prompt cache: %s: %s\n", pc->dir, strerror(errno));
         return;
     }
     for (size_t i = 0; i < pc->n; i++) pc->e[i].seen = false;
@@ -241,7 +241,7 @@ size_t k3_pcache_restore(k3_pcache *pc, k3_session *sess, const int32_t *ids, si
         k3_err err = {0};
         int before = k3_session_pos(sess);
         if (k3_session_load_prefix(sess, path, ids, best->pos, &err)) {
-            fprintf(stderr, "k3 serve: prompt cache: skipped: %s\n", err.msg);
+            fprintf(stderr, "k3: prompt cache: skipped: %s\n", err.msg);
             best->kind = BAD;
             st->skipped++;
             if (k3_session_pos(sess) == before) continue; /* refused before it was touched */
@@ -281,7 +281,7 @@ void k3_pcache_save(k3_pcache *pc, const k3_session *sess, k3_pcache_stats *st) 
         rc = k3_session_save(sess, path, &err);
     st->write_s += k3_now_s() - t0;
     if (rc) {
-        fprintf(stderr, "k3 serve: prompt cache: a snapshot of %zu ids was not stored: %s\n",
+        fprintf(stderr, "k3: prompt cache: a snapshot of %zu ids was not stored: %s\n",
                 L, err.msg);
         return;
     }
@@ -291,7 +291,7 @@ void k3_pcache_save(k3_pcache *pc, const k3_session *sess, k3_pcache_stats *st) 
     st->saves++;
     st->bytes_written += (unsigned long long)have->size;
     if ((uint64_t)have->size > pc->budget) { /* larger than the whole budget: not kept */
-        fprintf(stderr, "k3 serve: prompt cache: a snapshot of %zu ids (%lld bytes) exceeds "
+        fprintf(stderr, "k3: prompt cache: a snapshot of %zu ids (%lld bytes) exceeds "
                 "--prompt-cache-gb; not kept\n", L, (long long)have->size);
         unlink(path);
         *have = pc->e[--pc->n];
