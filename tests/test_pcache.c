@@ -9,6 +9,7 @@
 #include "../src/server/pcache.h"
 
 #include <dirent.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -175,7 +176,45 @@ static void test_run_resumes_from_another_run(void) {
     k3t_rm_dir(dir);
 }
 
+/* k3 chat --prompt-cache: a new chat with the same system prompt resumes from an earlier chat's
+ * snapshot and prints what a chat without the cache prints. */
+static void test_chat_resumes_from_another_chat(void) {
+    char *dir = k3t_tmpdir();
+    if (!dir) return;
+    /* stdin from a file: through a script run by sh (k3t_cli_run gives /dev/null) */
+    char in[600], sh[600], args[3][1200], bin[4096];
+    snprintf(in, sizeof in, "%s/in", dir);
+    snprintf(sh, sizeof sh, "%s/chat.sh", dir);
+    FILE *f = fopen(in, "w");
+    CHECK(f && fputs("Who wrote this?\n", f) >= 0 && fclose(f) == 0);
+    CHECK(realpath(k3t_bin(), bin) != NULL, "%s", k3t_bin());
+    f = fopen(sh, "w");
+    int wrote = f ? fprintf(f, "exec '%s' chat tests/fixtures/k3-tiny-kjv --no-think --max-new 8 "
+                            "--system \"$(head -c 1500 tests/fixtures/kjv-heldout-philippians.txt)"
+                            "\" \"$@\" < '%s'\n", bin, in) : -1;
+    CHECK(wrote > 0 && fclose(f) == 0);
+    snprintf(args[0], sizeof args[0], "%s --prompt-cache %s", sh, dir);
+    snprintf(args[1], sizeof args[1], "%s --prompt-cache %s", sh, dir);
+    snprintf(args[2], sizeof args[2], "%s", sh);
+    k3t_cli r[3] = {0};
+    for (int i = 0; i < 3; i++)
+        CHECK(k3t_cli_run_in(NULL, "/bin/sh", args[i], &r[i]) == 0 && r[i].status == 0,
+              "chat %d: %s", i, r[i].err ? r[i].err : "");
+    if (!k3_test_stopped()) {
+        CHECK(strstr(r[0].err, "snapshots written"), "%s", r[0].err);
+        CHECK(strstr(r[1].err, "prompt tokens restored"), "%s", r[1].err);
+        /* the reply is the line after the prompt; the summaries' times differ */
+        const char *a = strstr(r[1].out, ">>> "), *b = strstr(r[2].out, ">>> ");
+        const char *ea = a ? strstr(a, "\n[") : NULL, *eb = b ? strstr(b, "\n[") : NULL;
+        CHECK(ea && eb && ea - a == eb - b && !memcmp(a, b, (size_t)(ea - a)),
+              "with the cache: %s\nwithout: %s", r[1].out, r[2].out);
+    }
+    for (int i = 0; i < 3; i++) k3t_cli_free(&r[i]);
+    k3t_rm_dir(dir);
+}
+
 const k3_test k3_suite_pcache[] = {
+    {"chat_resumes_from_another_chat", test_chat_resumes_from_another_chat},
     {"run_resumes_from_another_run", test_run_resumes_from_another_run},
     {"marks", test_marks},
     {"restore_continues_exactly", test_restore_continues_exactly},

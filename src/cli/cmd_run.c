@@ -18,7 +18,6 @@
 #include "idlist.h"
 #include "load.h"
 #include "opts.h"
-#include "../server/pcache.h"
 #include "../util/clock.h"
 #include "../util/fileio.h"
 
@@ -290,35 +289,6 @@ static void summary(const run_ctx *r, size_t n_prompt, size_t reused, size_t fed
             end_note ? end_note : k3_gen_end_name(g->end));
 }
 
-/* --prompt-cache: the longest stored prefix of the prompt (beyond a loaded state) is restored,
- * then the prompt is prefilled up to each snapshot position and stored there; the caller
- * prefills the rest. *held: the positions the session held before any prefill (restored
- * ones included). Errors: those of k3_session_prefill (Ctrl-C included). */
-static int pcache_prefill(run_ctx *r, const int32_t *prompt, size_t n, size_t *held,
-                          k3_err *err) {
-    k3_pcache_stats st = {0};
-    size_t pos = (size_t)k3_session_pos(r->s);
-    if (pos > n || memcmp(k3_session_tokens(r->s), prompt, pos * sizeof *prompt)) pos = 0;
-    size_t got = k3_pcache_restore(r->pc, r->s, prompt, n, pos, n - 1, &st);
-    if (!got && (size_t)k3_session_pos(r->s) != pos) k3_session_reset(r->s); /* a bad file */
-    *held = got ? got : pos;
-    size_t marks[64], k = k3_pcache_marks(prompt, n, *held,
-                                           k3_tokenizer_special_id(r->tok, "<|end_of_msg|>"),
-                                           marks, 64);
-    int rc = 0;
-    for (size_t i = 0; i < k && !rc; i++) {
-        rc = k3_session_prefill(r->s, prompt, marks[i], NULL, NULL, err);
-        if (!rc) k3_pcache_save(r->pc, r->s, &st);
-    }
-    if (r->o->verbose && st.hits)
-        fprintf(stderr, "k3: prompt cache: %zu prompt tokens restored (%llu bytes read in "
-                "%.3f s)\n", got, st.bytes_read, st.read_s);
-    if (r->o->verbose && st.saves)
-        fprintf(stderr, "k3: prompt cache: %llu snapshots written (%llu bytes in %.3f s)\n",
-                st.saves, st.bytes_written, st.write_s);
-    return rc;
-}
-
 static int generate(run_ctx *r, const int32_t *prompt, size_t n_prompt, k3_err *err) {
     const run_opts *o = r->o;
     k3_sampler sm;
@@ -334,7 +304,9 @@ static int generate(run_ctx *r, const int32_t *prompt, size_t n_prompt, k3_err *
     /* Ctrl-C stops the prefill between passes (K3_ERR_INTERRUPTED) */
     k3_prefill_hook dump = {.user = r, .on_pass = dump_pass, .all_logits = 1};
     size_t held = 0;
-    if (r->pc && n_prompt > 1) rc = pcache_prefill(r, prompt, n_prompt, &held, err);
+    if (r->pc && n_prompt > 1)
+        rc = k3_cli_pcache_prefill(r->pc, r->s, r->tok, prompt, n_prompt, o->verbose, &held,
+                                   err);
     if (!rc)
         rc = k3_session_prefill_with(r->s, prompt, n_prompt, r->logits, &kept,
                                      r->dump ? &dump : NULL, err);
