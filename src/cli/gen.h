@@ -76,7 +76,7 @@ void k3_cli_pick_seed(k3_cli_chat_opts *o);
 
 /* --prompt-cache for k3 run and k3 chat (src/server/pcache.h, the server's folder and files):
  * restores the longest stored prefix of prompt[0, n) beyond what s holds of it, then prefills
- * up to each snapshot position (k3_pcache_marks, at most 64) and stores the state there; the
+ * up to each snapshot position (k3_pcache_marks) and stores the state there; the
  * caller prefills the rest. *held: the prompt positions s held before any prefill (restored
  * ones included). verbose: one line each for what was restored and written. Errors: those of
  * k3_session_prefill (Ctrl-C included); the cache's own failures are logged, never returned. */

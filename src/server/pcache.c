@@ -38,6 +38,7 @@ struct k3_pcache {
     char *dir;
     uint8_t fp[16];
     uint64_t budget;
+    bool no_load;  /* this engine cannot load states (an MPI run): restore finds nothing */
     entry *e;
     size_t n, cap;
 };
@@ -219,7 +220,7 @@ void k3_pcache_close(k3_pcache *pc) {
 size_t k3_pcache_restore(k3_pcache *pc, k3_session *sess, const int32_t *ids, size_t n,
                          size_t more_than, size_t max, k3_pcache_stats *st) {
     if (max > n) max = n;
-    if (max <= more_than) return 0;
+    if (max <= more_than || pc->no_load) return 0;
     double t0 = k3_now_s();
     uint64_t *h = chain(pc, ids, max);
     if (!h) return 0;
@@ -240,7 +241,13 @@ size_t k3_pcache_restore(k3_pcache *pc, k3_session *sess, const int32_t *ids, si
         path_of(pc, best->name, path);
         k3_err err = {0};
         int before = k3_session_pos(sess);
-        if (k3_session_load_prefix(sess, path, ids, best->pos, &err)) {
+        int rc = k3_session_load_prefix(sess, path, ids, best->pos, &err);
+        if (rc == K3_ERR_USAGE) { /* the engine's refusal, not the file's: say so once */
+            fprintf(stderr, "k3: prompt cache: snapshots are written, not read: %s\n", err.msg);
+            pc->no_load = true;
+            break;
+        }
+        if (rc) {
             fprintf(stderr, "k3: prompt cache: skipped: %s\n", err.msg);
             best->kind = BAD;
             st->skipped++;

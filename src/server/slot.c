@@ -210,7 +210,7 @@ void k3_slot_failed(k3_slot *w) {
 static void plan_marks(k3_server *s, k3_slot *w, const k3_job *j) {
     w->n_marks = w->next_mark = 0;
     if (!s->ws->pc || w->echo || s->o.no_reuse) return;
-    size_t cap = j->n_prompt / K3_PCACHE_EVERY + 64; /* multiples + spaced message ends */
+    size_t cap = j->n_prompt / (K3_PCACHE_EVERY / 8) + 4; /* marks are >= 256 apart but 2 */
     if (cap > w->marks_cap) {
         size_t *m = realloc(w->marks, cap * sizeof *m);
         if (!m) return;
