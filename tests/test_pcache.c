@@ -66,7 +66,7 @@ static void test_restore_continues_exactly(void) {
     CHECK(k3_session_new(e, 256, &a, &err) == K3_OK && k3_session_new(e, 256, &b, &err) == K3_OK);
     char dir[] = "/tmp/k3-test-pcache-XXXXXX";
     CHECK(mkdtemp(dir) != NULL);
-    CHECK(k3_pcache_open(e, dir, 1.0, &pc, &err) == K3_OK, "%s", err.msg);
+    CHECK(k3_pcache_open(e, dir, 1.0, 0, &pc, &err) == K3_OK, "%s", err.msg);
     if (k3_test_stopped()) return;
     int vocab = k3_engine_config(e)->vocab_size;
     float *la = malloc(vocab * sizeof *la), *lb = malloc(vocab * sizeof *lb);
@@ -86,13 +86,34 @@ static void test_restore_continues_exactly(void) {
     CHECK(k3_session_prefill(a, ids, 100, la, NULL, &err) == K3_OK);
 
     /* a second cache on the folder (a restart): the longest stored prefix, then bit-exact */
-    CHECK(k3_pcache_open(e, dir, 1.0, &pc2, &err) == K3_OK, "%s", err.msg);
+    CHECK(k3_pcache_open(e, dir, 1.0, 1, &pc2, &err) == K3_OK, "%s", err.msg);
     k3_pcache_stats s2 = {0};
     CHECK(k3_pcache_restore(pc2, b, ids, 100, 0, 99, &s2) == 70);
     CHECK(s2.hits == 1 && s2.tokens_restored == 70 && s2.bytes_read > 0);
     int reused = 0;
     CHECK(k3_session_prefill(b, ids, 100, lb, &reused, &err) == K3_OK && reused == 70);
     CHECK(!memcmp(la, lb, vocab * sizeof *la), "restored state diverges");
+    /* the RAM tier (1 snapshot) kept the 70 one: restored again with its file gone */
+    char gone[600] = "";
+    off_t big = 0;
+    DIR *gd = opendir(dir);
+    for (struct dirent *de; gd && (de = readdir(gd));) {
+        char p[600];
+        struct stat fst;
+        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+        if (!strncmp(de->d_name, "k3pc-", 5) && !stat(p, &fst) && fst.st_size > big)
+            big = fst.st_size, strcpy(gone, p);
+    }
+    if (gd) closedir(gd);
+    char keep[640];
+    snprintf(keep, sizeof keep, "%s.away", gone);
+    CHECK(gone[0] && rename(gone, keep) == 0);
+    k3_session_reset(b);
+    CHECK(k3_pcache_restore(pc2, b, ids, 100, 0, 99, &s2) == 70 && s2.ram_hits == 1,
+          "%llu RAM hits", s2.ram_hits);
+    CHECK(k3_session_prefill(b, ids, 100, lb, &reused, &err) == K3_OK && reused == 70);
+    CHECK(!memcmp(la, lb, vocab * sizeof *la), "the state restored from RAM diverges");
+    CHECK(rename(keep, gone) == 0);
     /* at most 69: the 40 one; more than 40 asked: none */
     k3_session_reset(b);
     CHECK(k3_pcache_restore(pc2, b, ids, 100, 0, 69, &s2) == 40);
@@ -123,14 +144,17 @@ static void test_restore_continues_exactly(void) {
     CHECK(k3_session_save(b, p70, &err) == K3_OK, "%s", err.msg);
     k3_pcache_stats s3 = {0};
     k3_session_reset(b);
-    CHECK(k3_pcache_restore(pc2, b, ids, 100, 0, 99, &s3) == 40 && s3.skipped == 1,
+    k3_pcache *pc3 = NULL; /* no RAM tier: pc2's RAM copies are not files */
+    CHECK(k3_pcache_open(e, dir, 1.0, 0, &pc3, &err) == K3_OK, "%s", err.msg);
+    CHECK(pc3 && k3_pcache_restore(pc3, b, ids, 100, 0, 99, &s3) == 40 && s3.skipped == 1,
           "skipped %llu", s3.skipped);
+    k3_pcache_close(pc3);
     CHECK(!memcmp(k3_session_tokens(b), ids, 40 * sizeof *ids));
     char cmd[1400];
 
     /* the budget: a third prefix over a budget of ~1.5 files evicts the least recently used */
     k3_pcache_close(pc);
-    CHECK(k3_pcache_open(e, dir, (double)bytes / 2 * 1.5 / 1e9, &pc, &err) == K3_OK);
+    CHECK(k3_pcache_open(e, dir, (double)bytes / 2 * 1.5 / 1e9, 0, &pc, &err) == K3_OK);
     k3_pcache_stats s4 = {0};
     CHECK(k3_session_prefill(a, other, 60, NULL, NULL, &err) == K3_OK);
     k3_pcache_save(pc, a, &s4);

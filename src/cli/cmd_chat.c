@@ -514,7 +514,7 @@ static int chat_main(const chat_opts *o, k3_err *err) {
         rc = k3_fail(err, K3_ERR_GENERIC, "out of memory");
     if (!rc && o->tools_file) rc = load_tools(&c.conv, o->tools_file, err);
     if (!rc && o->prompt_cache)
-        rc = k3_pcache_open(e, o->prompt_cache, o->prompt_cache_gb, &c.pc, err);
+        rc = k3_pcache_open(e, o->prompt_cache, o->prompt_cache_gb, 0, &c.pc, err);
     if (!rc) {
         k3_conv_set_thinking(&c.conv, !o->co.no_think);
         rc = k3_conv_set_effort(&c.conv, o->co.effort ? o->co.effort : "max", err);

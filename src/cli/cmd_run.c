@@ -372,7 +372,7 @@ static int run(const run_opts *o, k3_err *err) {
         goto done;
     }
     if (o->prompt_cache &&
-        (rc = k3_pcache_open(e, o->prompt_cache, o->prompt_cache_gb, &r.pc, err)))
+        (rc = k3_pcache_open(e, o->prompt_cache, o->prompt_cache_gb, 0, &r.pc, err)))
         goto done;
     if ((rc = build_prompt(&r, &prompt, &n_prompt, err))) goto done;
     if ((size_t)k3_session_max_ctx(s) < n_prompt + (size_t)o->max_new) {

@@ -72,6 +72,10 @@ static const k3_opt serve_rows[] = {
      .hi = 1e6, .def = "32", .meta = "G",
      .help = "disk budget of --prompt-cache for this model's files, least recently used\n"
              "removed first (at K3 widths a snapshot is ~465 MB + 55 KB per token)"},
+    {.flag = "--prompt-cache-ram", SRV(prompt_cache_ram), .type = K3_OPT_INT, .lo = 0,
+     .hi = 64, .def = "1", .meta = "N",
+     .help = "with --prompt-cache: keep the last N snapshots read back in RAM too (each\n"
+             "counted by the memory plan as one more session)"},
     {.flag = "--state-dir", K3_OPT_CMD(serve_args, state_dir), .field = "state_dir",
      .type = K3_OPT_STR, .flags = K3_OPTF_NONEMPTY, .meta = "DIR",
      .help = "the old name of --prompt-cache DIR (its files are now kept at exit)"},
@@ -171,8 +175,11 @@ static int parse_args(int argc, char **argv, serve_args *a) {
         a->so.prompt_cache = a->state_dir;
     }
     a->so.chunk = a->co.chunk;
-    /* every kept conversation is a session: the memory plan counts them */
+    /* every kept conversation is a session: the memory plan counts them, and each snapshot
+     * the prompt cache keeps in RAM (at most a session's state and its ids) */
     a->eo.sessions = a->so.state_cache > a->so.parallel ? a->so.state_cache : a->so.parallel;
+    if (!a->so.prompt_cache) a->so.prompt_cache_ram = 0;
+    a->eo.sessions += a->so.prompt_cache_ram;
     if (a->eo.sessions < 1) a->eo.sessions = 1;
     return test_hooks();
 }

@@ -375,6 +375,11 @@ int k3_session_load(k3_session *s, const char *path, k3_err *err);
 int k3_session_load_prefix(k3_session *s, const char *path, const int32_t *ids, int n,
                            k3_err *err);
 
+/* k3_session_load_prefix from a state file's `bytes` bytes held in memory at buf (a cache's
+ * copy in RAM; name: what messages call it). Errors: those of k3_session_load_prefix. */
+int k3_session_load_prefix_mem(k3_session *s, const void *buf, size_t bytes, const char *name,
+                               const int32_t *ids, int n, k3_err *err);
+
 /* The fingerprint a state file of this engine carries (the model's: see k3_session_save), for
  * a cache's keys: 16 bytes to out. Errors: K3_ERR_IO (config.json unreadable). */
 int k3_engine_state_fingerprint(const k3_engine *e, uint8_t out[16], k3_err *err);

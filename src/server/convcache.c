@@ -106,6 +106,7 @@ void k3_pcache_count(k3_server *s, const k3_pcache_stats *st) {
     pthread_mutex_lock(&s->mu);
     k3_metrics *m = &s->metrics;
     m->pcache_hits += st->hits;
+    m->pcache_ram_hits += st->ram_hits;
     m->pcache_tokens += st->tokens_restored;
     m->pcache_bytes_read += st->bytes_read;
     m->pcache_saves += st->saves;

@@ -658,8 +658,9 @@ void k3_server_describe_policy(const k3_server *s, char *buf, size_t cap) {
     else snprintf(at_once, sizeof at_once, "one generation at a time");
     char pc[PATH_MAX + 96];
     if (s->o.prompt_cache)
-        snprintf(pc, sizeof pc, "prompt cache %s within %g GB", s->o.prompt_cache,
-                 s->o.prompt_cache_gb > 0 ? s->o.prompt_cache_gb : K3_PCACHE_DEFAULT_GB);
+        snprintf(pc, sizeof pc, "prompt cache %s within %g GB, %d in RAM", s->o.prompt_cache,
+                 s->o.prompt_cache_gb > 0 ? s->o.prompt_cache_gb : K3_PCACHE_DEFAULT_GB,
+                 s->o.prompt_cache_ram);
     else
         snprintf(pc, sizeof pc, "prompt cache off (--prompt-cache DIR)");
     snprintf(buf, cap, "%s (%s); completion tokens per request: %s; context %d tokens; "

@@ -113,6 +113,8 @@ void k3_metrics_text(const k3_metrics *m, const k3_metrics_gauges *g, k3_sbuf *b
             m->state_misses);
     counter(b, "k3_prompt_cache_hits_total", "prompts that resumed from a stored prefix "
             "snapshot (--prompt-cache)", m->pcache_hits);
+    counter(b, "k3_prompt_cache_ram_hits_total", "of them, snapshots restored from the RAM "
+            "tier (--prompt-cache-ram)", m->pcache_ram_hits);
     counter(b, "k3_prompt_cache_tokens_restored_total", "prompt tokens restored from snapshots",
             m->pcache_tokens);
     counter(b, "k3_prompt_cache_read_bytes_total", "bytes of snapshots read back",

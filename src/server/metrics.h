@@ -38,7 +38,7 @@ typedef struct k3_metrics {
                                              requests count as misses) */
     /* --prompt-cache (pcache.h): snapshots restored, their prompt ids and file bytes;
      * snapshots written and their bytes; files removed for the budget; files refused */
-    unsigned long long pcache_hits, pcache_tokens, pcache_bytes_read;
+    unsigned long long pcache_hits, pcache_ram_hits, pcache_tokens, pcache_bytes_read;
     unsigned long long pcache_saves, pcache_bytes_written, pcache_evicted, pcache_skipped;
     double pcache_read_s, pcache_write_s; /* seconds restoring and writing snapshots */
     double expert_wait_s;                 /* seconds passes waited for expert reads (summed

@@ -1,6 +1,7 @@
 /* pcache.c — the prompt cache's folder, keys, lookup, writes and budget (pcache.h). */
 #include "pcache.h"
 #include "../util/clock.h"
+#include "../util/fileio.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -34,6 +35,15 @@ typedef struct entry {
     bool seen;
 } entry;
 
+/* A snapshot file's bytes kept in RAM (the RAM tier), by name. */
+typedef struct ram_entry {
+    char name[NAME_LEN + 1];
+    int pos;
+    void *data;
+    size_t size;
+    unsigned long long used;
+} ram_entry;
+
 struct k3_pcache {
     char *dir;
     uint8_t fp[16];
@@ -41,7 +51,65 @@ struct k3_pcache {
     bool no_load;  /* this engine cannot load states (an MPI run): restore finds nothing */
     entry *e;
     size_t n, cap;
+    ram_entry *ram; /* the RAM tier: ram_cap snapshots at most, the least recently used out */
+    int ram_n, ram_cap;
+    unsigned long long clock;
 };
+
+/* ---- the RAM tier -------------------------------------------------------------------------- */
+
+static void ram_drop(k3_pcache *pc, ram_entry *r) {
+    free(r->data);
+    *r = pc->ram[--pc->ram_n];
+}
+
+/* Keeps data (size bytes of the snapshot `name` of pos ids; taken over) in RAM. */
+static void ram_put(k3_pcache *pc, const char *name, int pos, void *data, size_t size) {
+    ram_entry *r = NULL;
+    for (int i = 0; i < pc->ram_n && !r; i++)
+        if (!strcmp(pc->ram[i].name, name)) r = &pc->ram[i];
+    if (r) { /* the same name holds the same bytes: keep the one we have */
+        free(data);
+        r->used = ++pc->clock;
+        return;
+    }
+    if (!pc->ram_cap) {
+        free(data);
+        return;
+    }
+    if (pc->ram_n == pc->ram_cap) {
+        ram_entry *old = &pc->ram[0];
+        for (int i = 1; i < pc->ram_n; i++)
+            if (pc->ram[i].used < old->used) old = &pc->ram[i];
+        ram_drop(pc, old);
+    }
+    r = &pc->ram[pc->ram_n++];
+    *r = (ram_entry){.pos = pos, .data = data, .size = size, .used = ++pc->clock};
+    snprintf(r->name, sizeof r->name, "%s", name);
+}
+
+/* The whole regular file at path in a malloc'd buffer (*n bytes), or NULL with err. */
+static void *read_all(const char *path, size_t *n, k3_err *err) {
+    int fd = k3_open_regular(path, err);
+    if (fd < 0) return NULL;
+    struct stat st;
+    char *buf = fstat(fd, &st) == 0 && st.st_size > 0 ? malloc((size_t)st.st_size) : NULL;
+    size_t got = 0;
+    while (buf && got < (size_t)st.st_size) {
+        ssize_t r = read(fd, buf + got, (size_t)st.st_size - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        got += (size_t)r;
+    }
+    close(fd);
+    if (!buf || got != (size_t)st.st_size) {
+        free(buf);
+        k3_fail(err, K3_ERR_IO, "%s: cannot read it whole (out of memory, or it changed)", path);
+        return NULL;
+    }
+    *n = got;
+    return buf;
+}
 
 /* ---- keys ---------------------------------------------------------------------------------- */
 
@@ -188,7 +256,7 @@ static uint64_t own_bytes(const k3_pcache *pc) {
 
 /* ---- the API ------------------------------------------------------------------------------- */
 
-int k3_pcache_open(const k3_engine *e, const char *dir, double gb, k3_pcache **out,
+int k3_pcache_open(const k3_engine *e, const char *dir, double gb, int ram, k3_pcache **out,
                    k3_err *err) {
     struct stat st;
     if (stat(dir, &st) || !S_ISDIR(st.st_mode) || access(dir, W_OK | X_OK))
@@ -200,6 +268,11 @@ int k3_pcache_open(const k3_engine *e, const char *dir, double gb, k3_pcache **o
         return k3_fail(err, K3_ERR_GENERIC, "out of memory");
     }
     pc->budget = (uint64_t)(gb * 1e9);
+    pc->ram_cap = ram > 0 ? ram : 0;
+    if (pc->ram_cap && !(pc->ram = calloc((size_t)pc->ram_cap, sizeof *pc->ram))) {
+        k3_pcache_close(pc);
+        return k3_fail(err, K3_ERR_GENERIC, "out of memory");
+    }
     int rc = k3_engine_state_fingerprint(e, pc->fp, err);
     if (rc) {
         k3_pcache_close(pc);
@@ -212,9 +285,84 @@ int k3_pcache_open(const k3_engine *e, const char *dir, double gb, k3_pcache **o
 
 void k3_pcache_close(k3_pcache *pc) {
     if (!pc) return;
+    while (pc->ram_n) ram_drop(pc, &pc->ram[0]);
+    free(pc->ram);
     free(pc->dir);
     free(pc->e);
     free(pc);
+}
+
+/* The longest candidate of the RAM tier and of the folder: pos in (more_than, max] and the
+ * name the request's ids give at that length (h: their chain). */
+static ram_entry *best_ram(k3_pcache *pc, const uint64_t *h, const int32_t *ids,
+                           size_t more_than, size_t max) {
+    ram_entry *best = NULL;
+    char want[NAME_LEN + 1];
+    for (int i = 0; i < pc->ram_n; i++) {
+        ram_entry *r = &pc->ram[i];
+        if ((size_t)r->pos <= more_than || (size_t)r->pos > max || (best && r->pos <= best->pos))
+            continue;
+        key_name(h, ids, (size_t)r->pos, want);
+        if (!strcmp(want, r->name)) best = r;
+    }
+    return best;
+}
+
+static entry *best_disk(k3_pcache *pc, const uint64_t *h, const int32_t *ids, size_t more_than,
+                        size_t max) {
+    entry *best = NULL;
+    char want[NAME_LEN + 1];
+    for (size_t i = 0; i < pc->n; i++) {
+        entry *e = &pc->e[i];
+        if (e->kind != OWN || (size_t)e->pos <= more_than || (size_t)e->pos > max ||
+            (best && e->pos <= best->pos))
+            continue;
+        key_name(h, ids, (size_t)e->pos, want);
+        if (!strcmp(want, e->name)) best = e;
+    }
+    return best;
+}
+
+/* Loads candidate r (RAM) or e (its file; with a RAM tier read whole and then kept there) into
+ * sess. Returns 0, or the load's error (logged; the candidate is dropped or marked BAD). */
+static int load_one(k3_pcache *pc, k3_session *sess, const int32_t *ids, ram_entry *r,
+                    entry *e, k3_pcache_stats *st) {
+    char path[PATH_MAX];
+    path_of(pc, r ? r->name : e->name, path);
+    k3_err err = {0};
+    int rc, pos = r ? r->pos : e->pos;
+    size_t bytes = 0;
+    void *buf = NULL;
+    if (r) {
+        rc = k3_session_load_prefix_mem(sess, r->data, r->size, path, ids, pos, &err);
+        bytes = r->size;
+    } else if (pc->ram_cap && (buf = read_all(path, &bytes, &err))) {
+        rc = k3_session_load_prefix_mem(sess, buf, bytes, path, ids, pos, &err);
+    } else {
+        rc = pc->ram_cap ? K3_ERR_IO : k3_session_load_prefix(sess, path, ids, pos, &err);
+        bytes = (size_t)e->size;
+    }
+    if (rc == K3_ERR_USAGE) { /* the engine's refusal, not the file's: say so once */
+        fprintf(stderr, "k3: prompt cache: snapshots are written, not read: %s\n", err.msg);
+        pc->no_load = true;
+    } else if (rc) {
+        fprintf(stderr, "k3: prompt cache: skipped: %s\n", err.msg);
+        st->skipped++;
+        if (r) ram_drop(pc, r);
+        else e->kind = BAD;
+    } else {
+        st->hits++;
+        st->ram_hits += r != NULL;
+        st->tokens_restored += (unsigned long long)pos;
+        st->bytes_read += (unsigned long long)bytes;
+        /* a hit makes it the most recently used (of every server sharing the folder) */
+        utimensat(AT_FDCWD, path, NULL, AT_SYMLINK_NOFOLLOW);
+        if (e) clock_gettime(CLOCK_REALTIME, &e->mtime);
+        if (r) r->used = ++pc->clock;
+        if (buf) ram_put(pc, e->name, pos, buf, bytes), buf = NULL;
+    }
+    free(buf);
+    return rc;
 }
 
 size_t k3_pcache_restore(k3_pcache *pc, k3_session *sess, const int32_t *ids, size_t n,
@@ -225,48 +373,22 @@ size_t k3_pcache_restore(k3_pcache *pc, k3_session *sess, const int32_t *ids, si
     uint64_t *h = chain(pc, ids, max);
     if (!h) return 0;
     rescan(pc);
-    for (;;) { /* the longest candidate first; one that fails its checks is marked BAD */
-        entry *best = NULL;
-        char want[NAME_LEN + 1];
-        for (size_t i = 0; i < pc->n; i++) {
-            entry *e = &pc->e[i];
-            if (e->kind != OWN || (size_t)e->pos <= more_than || (size_t)e->pos > max ||
-                (best && e->pos <= best->pos))
-                continue;
-            key_name(h, ids, (size_t)e->pos, want);
-            if (!strcmp(want, e->name)) best = e;
-        }
-        if (!best) break;
-        char path[PATH_MAX];
-        path_of(pc, best->name, path);
-        k3_err err = {0};
-        int before = k3_session_pos(sess);
-        int rc = k3_session_load_prefix(sess, path, ids, best->pos, &err);
-        if (rc == K3_ERR_USAGE) { /* the engine's refusal, not the file's: say so once */
-            fprintf(stderr, "k3: prompt cache: snapshots are written, not read: %s\n", err.msg);
-            pc->no_load = true;
-            break;
-        }
-        if (rc) {
-            fprintf(stderr, "k3: prompt cache: skipped: %s\n", err.msg);
-            best->kind = BAD;
-            st->skipped++;
-            if (k3_session_pos(sess) == before) continue; /* refused before it was touched */
-            break; /* the session was reset: the caller prefills from empty */
-        }
-        /* a hit makes it the most recently used (of every server sharing the folder) */
-        utimensat(AT_FDCWD, path, NULL, AT_SYMLINK_NOFOLLOW);
-        clock_gettime(CLOCK_REALTIME, &best->mtime);
-        st->hits++;
-        st->tokens_restored += (unsigned long long)best->pos;
-        st->bytes_read += (unsigned long long)best->size;
-        st->read_s += k3_now_s() - t0;
-        free(h);
-        return (size_t)best->pos;
+    size_t got = 0;
+    for (;;) { /* the longest candidate first, RAM before the folder at equal length */
+        ram_entry *r = best_ram(pc, h, ids, more_than, max);
+        entry *e = best_disk(pc, h, ids, more_than, max);
+        if (!r && !e) break;
+        if (r && e && e->pos > r->pos) r = NULL;
+        if (r) e = NULL;
+        int before = k3_session_pos(sess), pos = r ? r->pos : e->pos;
+        int rc = load_one(pc, sess, ids, r, e, st);
+        if (!rc) got = (size_t)pos;
+        if (!rc || pc->no_load || k3_session_pos(sess) != before)
+            break; /* a hit, or the session was reset: the caller prefills from empty */
     }
     free(h);
     st->read_s += k3_now_s() - t0;
-    return 0;
+    return got;
 }
 
 void k3_pcache_save(k3_pcache *pc, const k3_session *sess, k3_pcache_stats *st) {

@@ -23,6 +23,11 @@
  *    Files of other models in DIR are left alone (their own server bounds them).
  *  - The index is the folder itself, re-read before each lookup and write (a readdir and an
  *    88-byte header per new file): files another server wrote are found, removed ones dropped.
+ *  - The RAM tier keeps the bytes of the last `ram` snapshots read from the folder (a hit from
+ *    disk is kept; the least recently used goes), so the next conversation with the same
+ *    prefix restores at memory speed; the caller counts them in the memory plan as `ram`
+ *    sessions (a snapshot is a session's state plus its ids). A RAM copy is checked like a
+ *    file (ids, checksum) each time it is used.
  *  - The worker thread is the only user of a k3_pcache (no lock). */
 #ifndef K3_SRV_PCACHE_H
 #define K3_SRV_PCACHE_H
@@ -38,22 +43,26 @@
  * < 1% of the prefill it saves, a restart loses at most 2048 ids of work, and a 34k-token
  * agent prompt leaves ~17 files. */
 #define K3_PCACHE_EVERY 2048
-/* Default disk budget (GB) when --prompt-cache-gb is not given. */
+/* Default disk budget (GB) when --prompt-cache-gb is not given, and snapshots kept in RAM
+ * (--prompt-cache-ram; each counted by the memory plan as a session). */
 #define K3_PCACHE_DEFAULT_GB 32.0
+#define K3_PCACHE_DEFAULT_RAM 1
 
 typedef struct k3_pcache k3_pcache;
 
 /* What the cache did (added to by restore and save; the caller sums them into /metrics). */
 typedef struct k3_pcache_stats {
     unsigned long long hits, tokens_restored, bytes_read; /* snapshots restored */
+    unsigned long long ram_hits;                          /* ... of them from the RAM tier */
     unsigned long long saves, bytes_written, evicted;     /* snapshots written, files removed */
     unsigned long long skipped;                           /* files refused (logged) */
     double read_s, write_s; /* seconds restoring (folder scan included) and writing */
 } k3_pcache_stats;
 
 /* Opens the cache in folder dir (which must exist and be writable) for engine e's model,
- * with a budget of gb GB for this model's files (> 0). Errors: K3_ERR_USAGE (dir), K3_ERR_IO. */
-int k3_pcache_open(const k3_engine *e, const char *dir, double gb, k3_pcache **out,
+ * with a budget of gb GB for this model's files (> 0) and `ram` snapshots in RAM (>= 0).
+ * Errors: K3_ERR_USAGE (dir), K3_ERR_IO, K3_ERR_GENERIC (out of memory). */
+int k3_pcache_open(const k3_engine *e, const char *dir, double gb, int ram, k3_pcache **out,
                    k3_err *err);
 void k3_pcache_close(k3_pcache *pc);
 

@@ -78,6 +78,8 @@ typedef struct k3_server_opts {
                                every prompt, shared by every conversation and process, kept
                                across restarts; NULL = off */
     double prompt_cache_gb; /* its disk budget for this model's files; 0 = K3_PCACHE_DEFAULT_GB */
+    int prompt_cache_ram;   /* snapshots it keeps in RAM (each counted by the plan as a
+                               session: k3_engine_opts.sessions); 0 = none */
     double temperature;     /* requests without "temperature" sample at this (0 = greedy; the
                                CLI's default is 1, OpenAI's) */
     const char *effort;     /* chat requests without reasoning_effort / thinking_effort think

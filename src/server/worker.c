@@ -118,7 +118,8 @@ int k3_worker_start(k3_server *s, k3_err *err) {
     if ((rc = k3_multistep_new(s->eng, w->max_rows, &w->ms, err))) return rc;
     if (s->o.prompt_cache &&
         (rc = k3_pcache_open(s->eng, s->o.prompt_cache, s->o.prompt_cache_gb > 0
-                             ? s->o.prompt_cache_gb : K3_PCACHE_DEFAULT_GB, &w->pc, err)))
+                             ? s->o.prompt_cache_gb : K3_PCACHE_DEFAULT_GB,
+                             s->o.prompt_cache_ram, &w->pc, err)))
         return rc;
     w->eom = k3_tokenizer_special_id(tok, K3_TOK_END_OF_MSG);
     k3_stops_init(&w->stops, tok, c->eos_token_id);

@@ -78,13 +78,14 @@ test('after a restart a new conversation resumes from the shared system prompt, 
   const dir = tmp();
   await seed(dir);
   const s = await server(['--prompt-cache', dir]);
-  assert.match(s.banner(), new RegExp(`prompt cache ${dir} within 32 GB`));
+  assert.match(s.banner(), new RegExp(`prompt cache ${dir} within 32 GB, 1 in RAM`));
   const b = await ask(client(s), conv('Boris'));
   const common = shared(ids(conv('Anna')), ids(conv('Boris')));
   const cached = b.usage.prompt_tokens_details.cached_tokens;
   assert.ok(common > 100, `shared prefix ${common}`);
   assert.ok(cached >= 0.8 * common && cached <= common, `cached ${cached} of the shared ${common}`);
   assert.equal(await metric(s, 'k3_prompt_cache_hits_total'), 1);
+  assert.equal(await metric(s, 'k3_prompt_cache_ram_hits_total'), 0, 'read from the folder');
   assert.equal(await metric(s, 'k3_prompt_cache_tokens_restored_total'), cached);
   assert.ok(await metric(s, 'k3_prompt_cache_read_bytes_total') > 0);
   const ref = await plain();
@@ -95,6 +96,13 @@ test('after a restart a new conversation resumes from the shared system prompt, 
     body: JSON.stringify({ model: MODEL_ID, max_tokens: 4, system: SYSTEM, messages: [{ role: 'user', content: 'Chen: and last?' }] }) });
   assert.equal(m.status, 200);
   assert.ok((await m.json()).usage.cache_read_input_tokens > 0);
+  // the snapshot read from disk for Boris is in the RAM tier (--prompt-cache-ram 1): Dana's
+  // conversation restores it from there, with its file gone
+  const ram = await metric(s, 'k3_prompt_cache_ram_hits_total'); // Chen's above, from RAM too
+  for (const f of files(dir)) fs.renameSync(path.join(dir, f), path.join(dir, `${f}.away`));
+  const d = await ask(client(s), conv('Dana'));
+  assert.equal(d.usage.prompt_tokens_details.cached_tokens, cached);
+  assert.equal(await metric(s, 'k3_prompt_cache_ram_hits_total'), ram + 1);
 });
 
 test('every file truncated to half, corrupted, a link or a FIFO: skipped, 200, the same reply', async () => {
