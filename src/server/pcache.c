@@ -32,7 +32,7 @@ typedef struct entry {
     off_t size;
     struct timespec mtime;
     int kind, pos;
-    bool seen;
+    bool seen, gone;
 } entry;
 
 /* A snapshot file's bytes kept in RAM (the RAM tier), by name. */
@@ -49,7 +49,7 @@ struct k3_pcache {
     uint8_t fp[16];
     uint64_t budget;
     bool no_load;  /* this engine cannot load states (an MPI run): restore finds nothing */
-    entry *e;
+    entry *e;       /* sorted by name (find: a binary search) */
     size_t n, cap;
     ram_entry *ram; /* the RAM tier: ram_cap snapshots at most, the least recently used out */
     int ram_n, ram_cap;
@@ -147,10 +147,27 @@ static void path_of(const k3_pcache *pc, const char *name, char out[PATH_MAX]) {
     snprintf(out, PATH_MAX, "%s/%s", pc->dir, name);
 }
 
-static entry *find(k3_pcache *pc, const char *name) {
+static int by_name(const void *a, const void *b) {
+    return strcmp(((const entry *)a)->name, ((const entry *)b)->name);
+}
+
+/* The entry of that name among the first n (sorted by name), or NULL. */
+static entry *find_in(k3_pcache *pc, size_t n, const char *name) {
+    entry key;
+    snprintf(key.name, sizeof key.name, "%s", name);
+    return n ? bsearch(&key, pc->e, n, sizeof *pc->e, by_name) : NULL;
+}
+
+static entry *find(k3_pcache *pc, const char *name) { return find_in(pc, pc->n, name); }
+
+/* Drops the entries marked gone (or not seen by a rescan, when `unseen`), then sorts by name:
+ * O(n log n), so that a folder of many small snapshots costs no quadratic scan. */
+static void compact(k3_pcache *pc, bool unseen) {
+    size_t k = 0;
     for (size_t i = 0; i < pc->n; i++)
-        if (!strcmp(pc->e[i].name, name)) return &pc->e[i];
-    return NULL;
+        if (!pc->e[i].gone && (!unseen || pc->e[i].seen)) pc->e[k++] = pc->e[i];
+    pc->n = k;
+    qsort(pc->e, pc->n, sizeof *pc->e, by_name);
 }
 
 /* Looks at a file new to the index (or changed): this model's snapshot, or one log line. */
@@ -187,6 +204,7 @@ static void rescan(k3_pcache *pc) {
         fprintf(stderr, "k3: prompt cache: %s: %s\n", pc->dir, strerror(errno));
         return;
     }
+    size_t known = pc->n; /* sorted; new names are appended after them */
     for (size_t i = 0; i < pc->n; i++) pc->e[i].seen = false;
     for (struct dirent *de; (de = readdir(d));) {
         struct stat st;
@@ -195,7 +213,7 @@ static void rescan(k3_pcache *pc) {
             drop_stale_temp(pc, de->d_name, &st);
             continue;
         }
-        entry *e = find(pc, de->d_name);
+        entry *e = find_in(pc, known, de->d_name);
         if (!e) {
             if (pc->n == pc->cap) {
                 size_t cap = pc->cap ? 2 * pc->cap : 64;
@@ -217,10 +235,7 @@ static void rescan(k3_pcache *pc) {
         e->seen = true;
     }
     closedir(d);
-    size_t k = 0;
-    for (size_t i = 0; i < pc->n; i++)
-        if (pc->e[i].seen) pc->e[k++] = pc->e[i];
-    pc->n = k;
+    compact(pc, true);
 }
 
 /* ---- budget -------------------------------------------------------------------------------- */
@@ -243,15 +258,42 @@ static bool evict_one(k3_pcache *pc, const char *keep, k3_pcache_stats *st) {
     path_of(pc, victim->name, path);
     unlink(path); /* gone already (another server evicted it) is as good */
     st->evicted++;
-    *victim = pc->e[--pc->n];
+    victim->gone = true;
+    compact(pc, false);
     return true;
 }
 
-static uint64_t own_bytes(const k3_pcache *pc) {
-    uint64_t b = 0;
-    for (size_t i = 0; i < pc->n; i++)
-        if (pc->e[i].kind == OWN) b += (uint64_t)pc->e[i].size;
-    return b;
+static int by_age(const void *a, const void *b) {
+    const entry *x = *(entry *const *)a, *y = *(entry *const *)b;
+    return older(x, y) ? -1 : older(y, x) ? 1 : 0;
+}
+
+/* Removes this model's least recently used files but `keep` until they fit the budget, in
+ * one sort (O(n log n), however many go). */
+static void fit_budget(k3_pcache *pc, const char *keep, k3_pcache_stats *st) {
+    uint64_t total = 0;
+    size_t k = 0;
+    entry **own = malloc((pc->n + 1) * sizeof *own);
+    for (size_t i = 0; i < pc->n; i++) {
+        if (pc->e[i].kind != OWN) continue;
+        total += (uint64_t)pc->e[i].size;
+        if (own && strcmp(pc->e[i].name, keep)) own[k++] = &pc->e[i];
+    }
+    if (!own || total <= pc->budget) {
+        free(own);
+        return;
+    }
+    qsort(own, k, sizeof *own, by_age);
+    char path[PATH_MAX];
+    for (size_t i = 0; i < k && total > pc->budget; i++) {
+        path_of(pc, own[i]->name, path);
+        unlink(path); /* gone already (another server evicted it) is as good */
+        st->evicted++;
+        total -= (uint64_t)own[i]->size;
+        own[i]->gone = true;
+    }
+    free(own);
+    compact(pc, false);
 }
 
 /* ---- the API ------------------------------------------------------------------------------- */
@@ -423,11 +465,11 @@ void k3_pcache_save(k3_pcache *pc, const k3_session *sess, k3_pcache_stats *st) 
         fprintf(stderr, "k3: prompt cache: a snapshot of %zu ids (%lld bytes) exceeds "
                 "--prompt-cache-gb; not kept\n", L, (long long)have->size);
         unlink(path);
-        *have = pc->e[--pc->n];
+        have->gone = true;
+        compact(pc, false);
         return;
     }
-    while (own_bytes(pc) > pc->budget && evict_one(pc, name, st)) {
-    }
+    fit_budget(pc, name, st);
 }
 
 size_t k3_pcache_marks(const int32_t *ids, size_t n, size_t from, int32_t eom, size_t *out,
