@@ -3,14 +3,15 @@
 // the first one stopped, resumes from the stored prefix (>= 80% of the shared prefix reported
 // as cached) and its reply is the one a server without the cache gives, bit for bit (greedy,
 // logprobs). Damaged, truncated, foreign, linked or FIFO files are skipped (200, same reply);
-// the disk budget holds; two servers share one folder.
+// the disk budget holds; a full disk (a small tmpfs) evicts and fails no request; two servers
+// share one folder.
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { execFileSync } from 'node:child_process';
+import { execFileSync, spawn } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { startServer, client, raw, MODEL_ID, K3, ROOT } from './harness.mjs';
+import { startServer, client, raw, MODEL_ID, K3, ROOT, MODEL } from './harness.mjs';
 
 const KJV = path.join(ROOT, 'tests', 'fixtures', 'k3-tiny-kjv');
 const servers = [];
@@ -174,6 +175,52 @@ test('the disk budget: the least recently used files go, the folder stays within
   assert.ok(total <= budget, `${total} bytes in the folder, budget ${budget}`);
   assert.ok(await metric(s, 'k3_prompt_cache_evicted_total') > 0);
   assert.ok(files(dir).length > 0);
+});
+
+// unshare -rm: a user and mount namespace, where a small tmpfs stands for a full disk.
+function canMount() {
+  try {
+    execFileSync('unshare', ['-rm', 'sh', '-c', 'mount -t tmpfs -o size=64k tmpfs /mnt'], { stdio: 'ignore' });
+    return true;
+  } catch { return false; }
+}
+
+test('a full disk evicts and never fails a request', async (t) => {
+  if (!canMount()) return t.skip('unshare -rm / mount tmpfs is not allowed here');
+  const seeded = tmp();
+  await seed(seeded);
+  const one = Math.max(...files(seeded).map((f) => fs.statSync(path.join(seeded, f)).size));
+  const dir = tmp();
+  const size = Math.ceil((2.5 * one) / 4096) * 4096; // room for two snapshots and a half
+  const proc = spawn('unshare', ['-rm', 'sh', '-c',
+    `mount -t tmpfs -o size=${size} tmpfs '${dir}' && exec '${K3}' serve '${MODEL}' --port 0 ` +
+    `--prompt-cache '${dir}' --prompt-cache-gb 1000`], { cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'] });
+  let out = '', err = '';
+  proc.stderr.on('data', (d) => { err += d; });
+  const exited = new Promise((r) => proc.on('exit', r));
+  try {
+    const url = await new Promise((resolve, reject) => {
+      proc.stdout.on('data', (d) => {
+        out += d;
+        const m = out.match(/listening on (http:\/\/\S+)\/v1 /);
+        if (m) resolve(m[1]);
+      });
+      proc.on('exit', (c) => reject(new Error(`k3 serve exited ${c}: ${err}`)));
+    });
+    const api = client({ base: `${url}/v1` });
+    const plainApi = client(await server([]));
+    for (const who of ['Boris', 'Chen', 'Dana', 'Emil']) {
+      const messages = [{ role: 'system', content: `${who}'s garden. ${SYSTEM}` }, { role: 'user', content: 'Hello?' }];
+      const r = await ask(api, messages);
+      assert.deepEqual(r.choices[0], (await ask(plainApi, messages)).choices[0], who);
+    }
+    assert.ok(await metric({ url }, 'k3_prompt_cache_evicted_total') > 0, `the full disk was met: ${err}`);
+    const again = [{ role: 'system', content: `Emil's garden. ${SYSTEM}` }, { role: 'user', content: 'Hello?' }];
+    assert.ok((await ask(api, again)).usage.prompt_tokens_details.cached_tokens > 0, 'the last one was stored');
+  } finally {
+    proc.kill('SIGTERM');
+    await exited;
+  }
 });
 
 test('two servers share one folder: one reads what the other wrote, same reply', async () => {
