@@ -11,7 +11,8 @@
  *
  * The worker thread is the only one that touches the sessions (whose token histories,
  * k3_session_tokens, are what "kept" means), the logits buffers and the multistep.
- * Arrows: worker.c -> sched.c -> slot.c -> convcache.c -> clients.c; queue.c beside them.
+ * Arrows: worker.c -> sched.c -> slot.c -> convcache.c -> clients.c; queue.c beside them;
+ * sched.c, slot.c and convcache.c -> pcache.c, which knows the engine and its folder only.
  */
 #ifndef K3_SRV_WORKER_H
 #define K3_SRV_WORKER_H
