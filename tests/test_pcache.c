@@ -237,7 +237,53 @@ static void test_chat_resumes_from_another_chat(void) {
     k3t_rm_dir(dir);
 }
 
+/* A snapshot inside a message (at 2048) is dropped once the same prompt's next one (the message
+ * end at 3000) is written; a later prompt sharing 3,500 ids resumes at 3000 and prints what a
+ * run without the cache prints. */
+static void test_inner_snapshot_superseded(void) {
+    char *dir = k3t_tmpdir();
+    if (!dir) return;
+    k3t_cli eom = {0};
+    CHECK(k3t_cli_run("tokenize tests/fixtures/k3-nano --special '<|end_of_msg|>'", &eom) == 0);
+    int e = eom.out ? atoi(eom.out) : 0;
+    k3t_cli_free(&eom);
+    CHECK(e > 0);
+    char *ids = malloc(4000 * 8), *ids2 = malloc(4000 * 8);
+    size_t len = 0, len2 = 0;
+    for (int i = 0; ids && ids2 && i < 4000; i++) {
+        int v = i == 2999 ? e : 500 + (i * 37) % 900;
+        len += (size_t)sprintf(ids + len, "%s%d", i ? "," : "", v);
+        if (i < 3500) len2 += (size_t)sprintf(ids2 + len2, "%s%d", i ? "," : "", v);
+    }
+    if (ids2) strcat(ids2, ",7,8,9");
+    char *args = malloc(64000);
+    k3t_cli r[3] = {0};
+    if (args && ids && ids2 && !k3_test_stopped()) {
+        snprintf(args, 64000, "run tests/fixtures/k3-nano --max-new 2 --ids --prompt-ids %s "
+                 "--prompt-cache %s", ids, dir);
+        CHECK(k3t_cli_run(args, &r[0]) == 0 && r[0].status == 0, "%s", r[0].err);
+        CHECK(strstr(r[0].err, "2 snapshots written"), "%s", r[0].err);
+        off_t bytes;
+        CHECK(files_in(dir, &bytes) == 1, "the 2048 snapshot was not dropped");
+        snprintf(args, 64000, "run tests/fixtures/k3-nano --max-new 2 --ids --prompt-ids %s "
+                 "--prompt-cache %s", ids2, dir);
+        CHECK(k3t_cli_run(args, &r[1]) == 0 && r[1].status == 0, "%s", r[1].err);
+        CHECK(strstr(r[1].err, "3000 prompt tokens restored"), "%s", r[1].err);
+        snprintf(args, 64000, "run tests/fixtures/k3-nano --max-new 2 --ids --prompt-ids %s",
+                 ids2);
+        CHECK(k3t_cli_run(args, &r[2]) == 0 && r[2].status == 0, "%s", r[2].err);
+        CHECK(r[1].out && r[2].out && !strcmp(r[1].out, r[2].out), "%s vs %s", r[1].out,
+              r[2].out);
+    }
+    for (int i = 0; i < 3; i++) k3t_cli_free(&r[i]);
+    free(args);
+    free(ids);
+    free(ids2);
+    k3t_rm_dir(dir);
+}
+
 const k3_test k3_suite_pcache[] = {
+    {"inner_snapshot_superseded", test_inner_snapshot_superseded},
     {"chat_resumes_from_another_chat", test_chat_resumes_from_another_chat},
     {"run_resumes_from_another_run", test_run_resumes_from_another_run},
     {"marks", test_marks},

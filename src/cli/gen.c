@@ -157,9 +157,13 @@ int k3_cli_pcache_prefill(k3_pcache *pc, k3_session *s, const k3_tokenizer *tok,
         k = k3_pcache_marks(prompt, n, *held, k3_tokenizer_special_id(tok, "<|end_of_msg|>"),
                             marks, cap);
     int rc = 0;
+    int32_t eom = k3_tokenizer_special_id(tok, "<|end_of_msg|>");
+    size_t inner = 0; /* the last snapshot written inside a message, dropped when superseded */
     for (size_t i = 0; i < k && !rc; i++) {
         rc = k3_session_prefill(s, prompt, marks[i], NULL, NULL, err);
-        if (!rc) k3_pcache_save(pc, s, &st);
+        if (rc || !k3_pcache_save(pc, s, &st)) continue;
+        if (inner) k3_pcache_drop(pc, prompt, inner, &st);
+        inner = prompt[marks[i] - 1] != eom ? marks[i] : 0;
     }
     free(marks);
     if (verbose && st.hits)

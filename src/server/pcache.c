@@ -433,17 +433,17 @@ size_t k3_pcache_restore(k3_pcache *pc, k3_session *sess, const int32_t *ids, si
     return got;
 }
 
-void k3_pcache_save(k3_pcache *pc, const k3_session *sess, k3_pcache_stats *st) {
+bool k3_pcache_save(k3_pcache *pc, const k3_session *sess, k3_pcache_stats *st) {
     size_t L = (size_t)k3_session_pos(sess);
     const int32_t *ids = k3_session_tokens(sess);
     uint64_t *h = L ? chain(pc, ids, L) : NULL;
-    if (!h) return;
+    if (!h) return false;
     char name[NAME_LEN + 1], path[PATH_MAX];
     key_name(h, ids, L, name);
     free(h);
     rescan(pc);
     entry *have = find(pc, name);
-    if (have && have->kind == OWN) return; /* stored already (by us or another server) */
+    if (have && have->kind == OWN) return false; /* stored already (by us or another server) */
     path_of(pc, name, path);
     k3_err err = {0};
     double t0 = k3_now_s();
@@ -454,11 +454,11 @@ void k3_pcache_save(k3_pcache *pc, const k3_session *sess, k3_pcache_stats *st) 
     if (rc) {
         fprintf(stderr, "k3: prompt cache: a snapshot of %zu ids was not stored: %s\n",
                 L, err.msg);
-        return;
+        return false;
     }
     rescan(pc);
     have = find(pc, name);
-    if (!have || have->kind != OWN) return;
+    if (!have || have->kind != OWN) return false;
     st->saves++;
     st->bytes_written += (unsigned long long)have->size;
     if ((uint64_t)have->size > pc->budget) { /* larger than the whole budget: not kept */
@@ -467,10 +467,27 @@ void k3_pcache_save(k3_pcache *pc, const k3_session *sess, k3_pcache_stats *st) 
         unlink(path);
         have->gone = true;
         compact(pc, false);
-        return;
+        return false;
     }
     fit_budget(pc, name, st);
+    return true;
 }
+
+void k3_pcache_drop(k3_pcache *pc, const int32_t *ids, size_t L, k3_pcache_stats *st) {
+    uint64_t *h = L ? chain(pc, ids, L) : NULL;
+    if (!h) return;
+    char name[NAME_LEN + 1], path[PATH_MAX];
+    key_name(h, ids, L, name);
+    free(h);
+    entry *e = find(pc, name);
+    if (!e || e->kind != OWN) return;
+    path_of(pc, name, path);
+    unlink(path);
+    st->evicted++;
+    e->gone = true;
+    compact(pc, false);
+}
+
 
 size_t k3_pcache_marks(const int32_t *ids, size_t n, size_t from, int32_t eom, size_t *out,
                        size_t cap) {

@@ -32,6 +32,7 @@
 #ifndef K3_SRV_PCACHE_H
 #define K3_SRV_PCACHE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -40,8 +41,9 @@
 /* Every N prompt ids a snapshot is taken inside a long prompt (besides message ends). At K3
  * widths a snapshot at position p is ~465 MB + 55 KB * p, written in well under a second on
  * an NVMe, while 2048 prompt ids take minutes to prefill on a 128 GB machine: the write costs
- * < 1% of the prefill it saves, a restart loses at most 2048 ids of work, and a 34k-token
- * agent prompt leaves ~17 files. */
+ * < 1% of the prefill it saves and a restart loses at most 2048 ids of work. The inner ones
+ * are dropped as the prompt goes on (k3_pcache_drop): a prompt keeps its message ends and
+ * its last inner snapshot, not ~17 files (~25 GB at K3) for a 34k-token prompt. */
 #define K3_PCACHE_EVERY 2048
 /* Default disk budget (GB) when --prompt-cache-gb is not given, and snapshots kept in RAM
  * (--prompt-cache-ram; each counted by the memory plan as a session). */
@@ -73,8 +75,14 @@ size_t k3_pcache_restore(k3_pcache *pc, k3_session *sess, const int32_t *ids, si
                          size_t more_than, size_t max, k3_pcache_stats *st);
 
 /* Stores sess's state (all the ids it holds) unless that prefix is stored already; failures
- * are logged, never returned. */
-void k3_pcache_save(k3_pcache *pc, const k3_session *sess, k3_pcache_stats *st);
+ * are logged, never returned. True when it wrote a new file. */
+bool k3_pcache_save(k3_pcache *pc, const k3_session *sess, k3_pcache_stats *st);
+
+/* Removes the file of prefix ids[0, L) (this model's), as evicted. A prompt's snapshot inside
+ * a message (a K3_PCACHE_EVERY multiple) is dropped once the same prompt's next snapshot is
+ * written: it only bounds the work a restart loses, and at K3 widths every such file is
+ * ~0.5-2 GB (a 34k-token prompt would otherwise leave ~25 GB). */
+void k3_pcache_drop(k3_pcache *pc, const int32_t *ids, size_t L, k3_pcache_stats *st);
 
 /* The positions inside prompt ids[0, n) where snapshots are taken, ascending, each in
  * (from, n): after each end-of-message id `eom` (the system and tools block, each message)

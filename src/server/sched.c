@@ -102,12 +102,8 @@ static void take_result(k3_server *s, k3_slot *w, k3_multistep_seg *g) {
     size_t at = w->pf.at;
     k3_prefill_fed(&w->pf, w->fed_n);
     if (w->echo) k3_slot_echo_rows(s, w, at, w->fed_n, rows);
-    if (w->next_mark < w->n_marks && w->pf.at == w->marks[w->next_mark]) {
-        k3_pcache_stats st = {0}; /* --prompt-cache: the state at a boundary, as a file */
-        k3_pcache_save(ws->pc, w->c->sess, &st);
-        k3_pcache_count(s, &st);
-        w->next_mark++;
-    }
+    if (w->next_mark < w->n_marks && w->pf.at == w->marks[w->next_mark])
+        k3_slot_snapshot(s, w); /* --prompt-cache: the state at a boundary, as a file */
     if (w->pf.at < w->pf.n) return;
     memcpy(w->c->logits, rows + (size_t)(w->echo ? w->fed_n - 1 : 0) * V, V * sizeof *rows);
     k3_slot_start_decode(s, w);

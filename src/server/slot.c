@@ -208,7 +208,7 @@ void k3_slot_failed(k3_slot *w) {
 /* --prompt-cache: where this prompt's prefill stops for a snapshot (k3_pcache_marks), past
  * the reused prefix. Without room for them, none (the prompt is prefilled all the same). */
 static void plan_marks(k3_server *s, k3_slot *w, const k3_job *j) {
-    w->n_marks = w->next_mark = 0;
+    w->n_marks = w->next_mark = w->inner = 0;
     if (!s->ws->pc || w->echo || s->o.no_reuse) return;
     size_t cap = j->n_prompt / (K3_PCACHE_EVERY / 8) + 4; /* marks are >= 256 apart but 2 */
     if (cap > w->marks_cap) {
@@ -218,6 +218,18 @@ static void plan_marks(k3_server *s, k3_slot *w, const k3_job *j) {
     }
     w->n_marks = k3_pcache_marks(j->prompt, j->n_prompt, w->pf.at, s->ws->eom, w->marks,
                                  w->marks_cap);
+}
+
+void k3_slot_snapshot(k3_server *s, k3_slot *w) {
+    k3_worker_state *ws = s->ws;
+    k3_pcache_stats st = {0};
+    size_t at = w->pf.at;
+    if (k3_pcache_save(ws->pc, w->c->sess, &st)) {
+        if (w->inner) k3_pcache_drop(ws->pc, w->j->prompt, w->inner, &st); /* superseded */
+        w->inner = w->j->prompt[at - 1] != ws->eom ? at : 0;
+    }
+    k3_pcache_count(s, &st);
+    w->next_mark++;
 }
 
 /* Starts job j in slot w (reserved for it at admission): its conversation from the state

@@ -66,6 +66,8 @@ typedef struct k3_slot {
     size_t *marks;        /* --prompt-cache: prompt positions to snapshot at (k3_pcache_marks),
                              ascending; chunks end there */
     size_t n_marks, next_mark, marks_cap;
+    size_t inner;         /* the last snapshot this prompt wrote inside a message (0: none),
+                             dropped when the next one is written (k3_pcache_drop) */
     bool echo;            /* prefill with the logits of every prompt position (echo) */
     int fed_n;            /* the ids of its segment in this round's pass */
     int32_t next;         /* decode: the id k3_gen_next chose, fed in the next pass */
@@ -146,6 +148,8 @@ void k3_clients_wait_locked(k3_server *s);
 void k3_slot_begin(k3_server *s, k3_slot *w, k3_job *j);
 void k3_slot_start_decode(k3_server *s, k3_slot *w);
 void k3_slot_failed(k3_slot *w);
+/* --prompt-cache: the prefill reached the slot's next mark; stores the state there. */
+void k3_slot_snapshot(k3_server *s, k3_slot *w);
 /* Echo: the logprobs of prompt ids at + 1 .. at + n from the rows [n][vocab] after ids
  * at .. at + n - 1. */
 void k3_slot_echo_rows(k3_server *s, k3_slot *w, size_t at, int n, const float *rows);
