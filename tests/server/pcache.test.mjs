@@ -16,10 +16,29 @@ import { startServer, client, raw, MODEL_ID, K3, ROOT, MODEL } from './harness.m
 const KJV = path.join(ROOT, 'tests', 'fixtures', 'k3-tiny-kjv');
 const servers = [];
 after(async () => { await Promise.all(servers.map((s) => s.stop())); });
-async function server(args, model) {
-  const s = await startServer(args, {}, model);
+// A server on k3-nano (startServer), or on another model / under a wrapper command (spawned
+// here: startServer's model is the harness's).
+async function server(args, model, wrap = []) {
+  const s = model || wrap.length ? await spawnServer(model || MODEL, args, wrap) : await startServer(args);
   servers.push(s);
   return s;
+}
+async function spawnServer(model, args, wrap) {
+  const argv = [...wrap, K3, 'serve', model, '--port', '0', ...args];
+  const proc = spawn(argv[0], argv.slice(1), { cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'] });
+  let out = '', err = '';
+  proc.stderr.on('data', (d) => { err += d; });
+  const exited = new Promise((r) => proc.on('exit', r));
+  const url = await new Promise((resolve, reject) => {
+    proc.stdout.on('data', (d) => {
+      out += d;
+      const m = out.match(/listening on (http:\/\/\S+)\/v1 /);
+      if (m) resolve(m[1]);
+    });
+    proc.on('exit', (c) => reject(new Error(`k3 serve exited ${c}: ${err}`)));
+  });
+  return { url, base: `${url}/v1`, banner: () => out, log: () => err,
+    stop: async () => { if (proc.exitCode === null && proc.signalCode === null) proc.kill('SIGTERM'); await exited; } };
 }
 const dirs = [];
 after(() => { for (const d of dirs) fs.rmSync(d, { recursive: true, force: true }); });
@@ -192,35 +211,18 @@ test('a full disk evicts and never fails a request', async (t) => {
   const one = Math.max(...files(seeded).map((f) => fs.statSync(path.join(seeded, f)).size));
   const dir = tmp();
   const size = Math.ceil((2.5 * one) / 4096) * 4096; // room for two snapshots and a half
-  const proc = spawn('unshare', ['-rm', 'sh', '-c',
-    `mount -t tmpfs -o size=${size} tmpfs '${dir}' && exec '${K3}' serve '${MODEL}' --port 0 ` +
-    `--prompt-cache '${dir}' --prompt-cache-gb 1000`], { cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'] });
-  let out = '', err = '';
-  proc.stderr.on('data', (d) => { err += d; });
-  const exited = new Promise((r) => proc.on('exit', r));
-  try {
-    const url = await new Promise((resolve, reject) => {
-      proc.stdout.on('data', (d) => {
-        out += d;
-        const m = out.match(/listening on (http:\/\/\S+)\/v1 /);
-        if (m) resolve(m[1]);
-      });
-      proc.on('exit', (c) => reject(new Error(`k3 serve exited ${c}: ${err}`)));
-    });
-    const api = client({ base: `${url}/v1` });
-    const plainApi = client(await server([]));
-    for (const who of ['Boris', 'Chen', 'Dana', 'Emil']) {
-      const messages = [{ role: 'system', content: `${who}'s garden. ${SYSTEM}` }, { role: 'user', content: 'Hello?' }];
-      const r = await ask(api, messages);
-      assert.deepEqual(r.choices[0], (await ask(plainApi, messages)).choices[0], who);
-    }
-    assert.ok(await metric({ url }, 'k3_prompt_cache_evicted_total') > 0, `the full disk was met: ${err}`);
-    const again = [{ role: 'system', content: `Emil's garden. ${SYSTEM}` }, { role: 'user', content: 'Hello?' }];
-    assert.ok((await ask(api, again)).usage.prompt_tokens_details.cached_tokens > 0, 'the last one was stored');
-  } finally {
-    proc.kill('SIGTERM');
-    await exited;
+  const srv = await server(['--prompt-cache', dir, '--prompt-cache-gb', '1000'], MODEL,
+    ['unshare', '-rm', 'sh', '-c', `mount -t tmpfs -o size=${size} tmpfs '${dir}' && exec "$0" "$@"`]);
+  const api = client(srv);
+  const plainApi = client(await server([]));
+  for (const who of ['Boris', 'Chen', 'Dana', 'Emil']) {
+    const messages = [{ role: 'system', content: `${who}'s garden. ${SYSTEM}` }, { role: 'user', content: 'Hello?' }];
+    const r = await ask(api, messages);
+    assert.deepEqual(r.choices[0], (await ask(plainApi, messages)).choices[0], who);
   }
+  assert.ok(await metric(srv, 'k3_prompt_cache_evicted_total') > 0, `the full disk was met: ${srv.log()}`);
+  const again = [{ role: 'system', content: `Emil's garden. ${SYSTEM}` }, { role: 'user', content: 'Hello?' }];
+  assert.ok((await ask(api, again)).usage.prompt_tokens_details.cached_tokens > 0, 'the last one was stored');
 });
 
 test('two servers share one folder: one reads what the other wrote, same reply', async () => {

@@ -19,9 +19,9 @@ process.on('exit', () => { for (const p of running) p.kill('SIGKILL'); });
 
 // Starts a server; resolves to {url, base, proc, banner(), log(), exited, stop()} once it
 // prints its URL. `env` adds variables (K3_TEST_TOKEN_DELAY_MS: the test-only pause after
-// each token, server.h). `model`: another model folder (tests/fixtures/k3-tiny-kjv).
-export async function startServer(args = [], env = {}, model = MODEL) {
-  const proc = spawn(K3, ['serve', model, '--port', '0', ...args], {
+// each token, server.h).
+export async function startServer(args = [], env = {}) {
+  const proc = spawn(K3, ['serve', MODEL, '--port', '0', ...args], {
     cwd: ROOT, env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'],
   });
   running.add(proc);
