@@ -153,13 +153,11 @@ test('every file truncated to half, corrupted, a link or a FIFO: skipped, 200, t
     assert.deepEqual(b.choices[0], (await plain()).choices[0], `${damage}: the reply without the cache`);
     assert.match(s.log(), /prompt cache: .*skipped/, damage);
     await s.stop();
-    if (damage !== 'link-fifo') // the prefill wrote good snapshots over the damaged ones
-      for (const f of files(dir)) {
-        const s2 = await server(['--prompt-cache', dir]);
-        assert.ok((await ask(client(s2), conv('Boris'))).usage.prompt_tokens_details.cached_tokens > 0, f);
-        await s2.stop();
-        break;
-      }
+    if (damage !== 'link-fifo') { // the prefill wrote good snapshots over the damaged ones
+      const s2 = await server(['--prompt-cache', dir]);
+      assert.ok((await ask(client(s2), conv('Boris'))).usage.prompt_tokens_details.cached_tokens > 0, damage);
+      await s2.stop();
+    }
   }
 });
 
