@@ -30,6 +30,8 @@ typedef struct chat_opts {
     k3_cli_chat_opts co;
     k3_engine_opts eo;    /* engine options (opts.h) */
     k3_cli_common cc;     /* --ctx, --load-state, --save-state, --profile, ... */
+    const char *prompt_cache; /* --prompt-cache DIR (src/server/pcache.h) */
+    double prompt_cache_gb;
 } chat_opts;
 
 /* The slash commands: in --help, and all that /help prints. */
@@ -55,6 +57,14 @@ static const k3_opt chat_rows[] = {
     {.flag = "--tools", K3_OPT_CMD(chat_opts, tools_file), .field = "tools", .type = K3_OPT_STR,
      .meta = "FILE", .help = "declare tools (an OpenAI \"tools\" JSON array) to the model; its\n"
                              "tool calls are shown with their arguments"},
+    {.flag = "--prompt-cache", K3_OPT_CMD(chat_opts, prompt_cache), .field = "prompt_cache",
+     .type = K3_OPT_STR, .flags = K3_OPTF_NONEMPTY, .meta = "DIR",
+     .help = "resume each turn from the longest prefix stored in DIR (by any earlier chat,\n"
+             "run or server: the same system prompt and tools are not prefilled again) and\n"
+             "store snapshots at message ends and every 2048 tokens"},
+    {.flag = "--prompt-cache-gb", K3_OPT_CMD(chat_opts, prompt_cache_gb),
+     .field = "prompt_cache_gb", .type = K3_OPT_DOUBLE, .lo = 1e-6, .hi = 1e6, .def = "32",
+     .meta = "G", .help = "disk budget of --prompt-cache for this model's files"},
 };
 
 static const k3_cli_command chat_cmd = {
@@ -110,6 +120,7 @@ typedef struct chat {
     k3_sampler sm;     /* one PRNG stream for the whole conversation */
     k3_spec spec;      /* --spec: speculative decoding, statistics over the conversation */
     float *logits;
+    k3_pcache *pc;     /* --prompt-cache, or NULL */
     bool color;
     /* /stats */
     int turns;
@@ -254,7 +265,11 @@ static int turn(chat *c, const char *role, const char *text, k3_err *err) {
     }
     int reused = 0;
     double t0 = k3_now_s();
-    rc = k3_session_prefill(c->s, c->conv.prompt.v, n, c->logits, &reused, err);
+    size_t held = 0;
+    if (c->pc) rc = k3_cli_pcache_prefill(c->pc, c->s, c->tok, c->conv.prompt.v, n,
+                                          c->o->verbose, &held, err);
+    if (!rc) rc = k3_session_prefill(c->s, c->conv.prompt.v, n, c->logits, &reused, err);
+    if (c->pc) reused = (int)held;
     double prefill_s = k3_now_s() - t0;
     int n_new = k3_session_pos(c->s) - reused;
     c->prefilled += n_new;
@@ -498,6 +513,8 @@ static int chat_main(const chat_opts *o, k3_err *err) {
     if (!rc && !(c.logits = malloc((size_t)k3_engine_config(e)->vocab_size * sizeof(float))))
         rc = k3_fail(err, K3_ERR_GENERIC, "out of memory");
     if (!rc && o->tools_file) rc = load_tools(&c.conv, o->tools_file, err);
+    if (!rc && o->prompt_cache)
+        rc = k3_pcache_open(e, o->prompt_cache, o->prompt_cache_gb, 0, &c.pc, err);
     if (!rc) {
         k3_conv_set_thinking(&c.conv, !o->co.no_think);
         rc = k3_conv_set_effort(&c.conv, o->co.effort ? o->co.effort : "max", err);
@@ -509,6 +526,7 @@ static int chat_main(const chat_opts *o, k3_err *err) {
         if (!rc && o->cc.save_state) rc = save_state(&c, err);
     }
     k3_cli_store_finish(&sr, o->verbose && !rc);
+    k3_pcache_close(c.pc);
     free(c.logits);
     k3_spec_free(&c.spec);
     k3_sampler_free(&c.sm);

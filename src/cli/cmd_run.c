@@ -30,6 +30,8 @@ typedef struct run_opts {
     k3_cli_chat_opts co;             /* sampling and chat options (gen.h) */
     k3_engine_opts eo;               /* engine options (opts.h) */
     k3_cli_common cc;                /* --ctx, --save-state, --load-state, --profile, ... */
+    const char *prompt_cache;        /* --prompt-cache DIR (src/server/pcache.h) */
+    double prompt_cache_gb;
 } run_opts;
 
 #define RUN(f) K3_OPT_CMD(run_opts, f), .field = #f
@@ -55,6 +57,14 @@ static const k3_opt run_rows[] = {
      .help = "write float32 little-endian logits, row-major [rows, vocab]: row i = the\n"
              "logits after position i, for every prompt position and every generated\n"
              "token fed back (shape printed to stderr)"},
+    {.flag = "--prompt-cache", RUN(prompt_cache), .type = K3_OPT_STR, .flags = K3_OPTF_NONEMPTY,
+     .meta = "DIR",
+     .help = "resume from the longest prefix of the prompt stored in DIR (by any earlier\n"
+             "run, chat or server) and store snapshots at its message ends and every 2048\n"
+             "tokens (as k3 serve --prompt-cache; not with --dump-logits)"},
+    {.flag = "--prompt-cache-gb", RUN(prompt_cache_gb), .type = K3_OPT_DOUBLE, .lo = 1e-6,
+     .hi = 1e6, .def = "32", .meta = "G",
+     .help = "disk budget of --prompt-cache for this model's files"},
 };
 
 static const k3_cli_command run_cmd = {
@@ -171,6 +181,7 @@ typedef struct run_ctx {
     int vocab;
     k3_conv conv;      /* --chat */
     bool has_conv;
+    k3_pcache *pc;     /* --prompt-cache, or NULL */
 } run_ctx;
 
 static int dump_row(void *user, const float *logits, k3_err *err) {
@@ -292,9 +303,14 @@ static int generate(run_ctx *r, const int32_t *prompt, size_t n_prompt, k3_err *
     double t0 = k3_now_s();
     /* Ctrl-C stops the prefill between passes (K3_ERR_INTERRUPTED) */
     k3_prefill_hook dump = {.user = r, .on_pass = dump_pass, .all_logits = 1};
-    rc = k3_session_prefill_with(r->s, prompt, n_prompt, r->logits, &kept,
-                                 r->dump ? &dump : NULL, err);
-    size_t reused = (size_t)kept;
+    size_t held = 0;
+    if (r->pc && n_prompt > 1)
+        rc = k3_cli_pcache_prefill(r->pc, r->s, r->tok, prompt, n_prompt, o->verbose, &held,
+                                   err);
+    if (!rc)
+        rc = k3_session_prefill_with(r->s, prompt, n_prompt, r->logits, &kept,
+                                     r->dump ? &dump : NULL, err);
+    size_t reused = r->pc ? held : (size_t)kept;
     double prefill_s = k3_now_s() - t0;
     size_t fed = (size_t)k3_session_pos(r->s) - reused;
     const char *end_note = rc == K3_ERR_INTERRUPTED ? "interrupted (Ctrl-C) in the prompt" : NULL;
@@ -350,6 +366,14 @@ static int run(const run_opts *o, k3_err *err) {
     if ((rc = k3_cli_store_attach(&sr, s, &o->cc, err))) goto done;
     sr.dist = m.dist;
     if (o->cc.load_state && (rc = k3_session_load(s, o->cc.load_state, err))) goto done;
+    if (o->prompt_cache && o->dump_logits) {
+        rc = k3_fail(err, K3_ERR_USAGE, "--prompt-cache skips the prompt positions it restores, "
+                     "--dump-logits needs each one's logits: give one of them");
+        goto done;
+    }
+    if (o->prompt_cache &&
+        (rc = k3_pcache_open(e, o->prompt_cache, o->prompt_cache_gb, 0, &r.pc, err)))
+        goto done;
     if ((rc = build_prompt(&r, &prompt, &n_prompt, err))) goto done;
     if ((size_t)k3_session_max_ctx(s) < n_prompt + (size_t)o->max_new) {
         int model_max = k3_engine_config(e)->max_position_embeddings;
@@ -381,6 +405,7 @@ static int run(const run_opts *o, k3_err *err) {
 done:
     k3_cli_store_finish(&sr, o->verbose && (!rc || rc == K3_ERR_INTERRUPTED));
     if (r.has_conv) k3_conv_free(&r.conv);
+    k3_pcache_close(r.pc);
     free(r.logits);
     free(prompt);
     k3_session_free(s);

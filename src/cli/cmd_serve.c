@@ -24,6 +24,8 @@ typedef struct serve_args {
     k3_engine_opts eo;
     k3_cli_chat_opts co; /* --chunk, --spec */
     k3_cli_common cc;
+    const char *state_dir; /* --state-dir: the old name of --prompt-cache */
+    int state_files;       /* --state-files: gone (refused with a message) */
 } serve_args;
 
 static const k3_opt_choice efforts[] = {{"low", 0}, {"high", 0}, {"max", 0}, {NULL, 0}};
@@ -61,14 +63,26 @@ static const k3_opt serve_rows[] = {
      .help = "keep the states of the last K conversations (one session each, counted by\n"
              "the memory plan): a request extending any of them prefills only what is new\n"
              "(at least --parallel are kept)"},
-    {.flag = "--state-dir", SRV(state_dir), .type = K3_OPT_STR, .flags = K3_OPTF_NONEMPTY,
-     .meta = "DIR",
-     .help = "write the states the cache drops to DIR as state files and read one back\n"
-             "when its conversation returns (removed at exit; default: dropped)"},
-    {.flag = "--state-files", SRV(state_files), .type = K3_OPT_INT, .lo = 1, .hi = 4096,
-     .def = "8", .meta = "N",
-     .help = "with --state-dir: at most N state files, the least recently used replaced\n"
-             "(each holds a conversation's state: at K3 widths ~465 MB + 2.4 MB per token)"},
+    {.flag = "--prompt-cache", SRV(prompt_cache), .type = K3_OPT_STR,
+     .flags = K3_OPTF_NONEMPTY, .meta = "DIR",
+     .help = "keep snapshots of every prompt's state (at message ends and every 2048\n"
+             "tokens) as files in DIR: any later prompt, from any conversation, client,\n"
+             "server sharing DIR or restart, prefills only what follows its longest stored\n"
+             "prefix (default: off; DIR must exist)"},
+    {.flag = "--prompt-cache-gb", SRV(prompt_cache_gb), .type = K3_OPT_DOUBLE, .lo = 1e-6,
+     .hi = 1e6, .def = "32", .meta = "G",
+     .help = "disk budget of --prompt-cache for this model's files, least recently used\n"
+             "removed first (at K3 widths a snapshot is ~465 MB + 55 KB per token)"},
+    {.flag = "--prompt-cache-ram", SRV(prompt_cache_ram), .type = K3_OPT_INT, .lo = 0,
+     .hi = 64, .def = "1", .meta = "N",
+     .help = "with --prompt-cache: keep the last N snapshots read back in RAM too (each\n"
+             "counted by the memory plan as one more session)"},
+    {.flag = "--state-dir", K3_OPT_CMD(serve_args, state_dir), .field = "state_dir",
+     .type = K3_OPT_STR, .flags = K3_OPTF_NONEMPTY, .meta = "DIR",
+     .help = "the old name of --prompt-cache DIR (its files are now kept at exit)"},
+    {.flag = "--state-files", K3_OPT_CMD(serve_args, state_files), .field = "state_files",
+     .type = K3_OPT_INT, .lo = 1, .hi = 4096, .meta = "N",
+     .help = "removed: the prompt cache is bounded by --prompt-cache-gb"},
     {.flag = "--allow-host", SRV(allow_host), .type = K3_OPT_STR, .flags = K3_OPTF_NONEMPTY,
      .meta = "NAMES",
      .help = "host names (comma-separated) a request's Host header may give besides\n"
@@ -173,9 +187,26 @@ static int parse_args(int argc, char **argv, serve_args *a) {
     a->so.ctx = a->cc.ctx;
     a->eo.ctx = a->cc.ctx; /* the plan counts each session at its context */
     a->so.spec = a->co.spec;
+    if (a->state_files) {
+        return k3_opts_usage_error(&serve_cmd, "--state-files is gone: the prompt cache "
+                                   "(--prompt-cache DIR) keeps files within --prompt-cache-gb G "
+                                   "instead");
+    }
+    if (a->state_dir) { /* one mechanism: the spill folder became the prompt cache */
+        if (a->so.prompt_cache) {
+            return k3_opts_usage_error(&serve_cmd, "--state-dir is the old name of "
+                                       "--prompt-cache: give one");
+        }
+        fprintf(stderr, "k3 serve: --state-dir is now --prompt-cache %s (snapshots shared by "
+                "every conversation, kept across restarts)\n", a->state_dir);
+        a->so.prompt_cache = a->state_dir;
+    }
     a->so.chunk = a->co.chunk;
-    /* every kept conversation is a session: the memory plan counts them */
+    /* every kept conversation is a session: the memory plan counts them, and each snapshot
+     * the prompt cache keeps in RAM (at most a session's state and its ids) */
     a->eo.sessions = a->so.state_cache > a->so.parallel ? a->so.state_cache : a->so.parallel;
+    if (!a->so.prompt_cache) a->so.prompt_cache_ram = 0;
+    a->eo.sessions += a->so.prompt_cache_ram;
     if (a->eo.sessions < 1) a->eo.sessions = 1;
     return test_hooks();
 }
@@ -217,7 +248,7 @@ static int serve(const serve_args *a, k3_err *err) {
     }
     k3_cli_catch_signals(K3_CLI_SIG_TERM);
     signal(SIGPIPE, SIG_IGN);
-    char policy[512];
+    char policy[512 + 4096 + 96];
     k3_server_describe_policy(srv, policy, sizeof policy);
     /* Always printed (also with -q): tests and scripts read the URL from this line. */
     printf("k3 serve: listening on %s/v1 (model \"%s\" from %s)\n", k3_server_url(srv),

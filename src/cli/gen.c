@@ -141,3 +141,36 @@ int k3_cli_generate(k3_session *s, k3_sampler *sm, const k3_stops *stops, float 
     free(g.text);
     return rc;
 }
+
+int k3_cli_pcache_prefill(k3_pcache *pc, k3_session *s, const k3_tokenizer *tok,
+                          const int32_t *prompt, size_t n, bool verbose, size_t *held,
+                          k3_err *err) {
+    k3_pcache_stats st = {0};
+    size_t pos = (size_t)k3_session_pos(s);
+    if (pos > n || memcmp(k3_session_tokens(s), prompt, pos * sizeof *prompt)) pos = 0;
+    size_t got = n > 1 ? k3_pcache_restore(pc, s, prompt, n, pos, n - 1, &st) : 0;
+    if (!got && (size_t)k3_session_pos(s) != pos && pos) k3_session_reset(s); /* a bad file */
+    *held = got ? got : pos;
+    size_t cap = n / (K3_PCACHE_EVERY / 8) + 4, k = 0; /* marks are >= 256 apart but 2 */
+    size_t *marks = malloc(cap * sizeof *marks);
+    if (marks) /* without room for them, no snapshots: the prompt is prefilled all the same */
+        k = k3_pcache_marks(prompt, n, *held, k3_tokenizer_special_id(tok, "<|end_of_msg|>"),
+                            marks, cap);
+    int rc = 0;
+    int32_t eom = k3_tokenizer_special_id(tok, "<|end_of_msg|>");
+    size_t inner = 0; /* the last snapshot written inside a message, dropped when superseded */
+    for (size_t i = 0; i < k && !rc; i++) {
+        rc = k3_session_prefill(s, prompt, marks[i], NULL, NULL, err);
+        if (rc || !k3_pcache_save(pc, s, &st)) continue;
+        if (inner) k3_pcache_drop(pc, prompt, inner, &st);
+        inner = prompt[marks[i] - 1] != eom ? marks[i] : 0;
+    }
+    free(marks);
+    if (verbose && st.hits)
+        fprintf(stderr, "k3: prompt cache: %zu prompt tokens restored (%llu bytes read in "
+                "%.3f s)\n", got, st.bytes_read, st.read_s);
+    if (verbose && st.saves)
+        fprintf(stderr, "k3: prompt cache: %llu snapshots written (%llu bytes in %.3f s)\n",
+                st.saves, st.bytes_written, st.write_s);
+    return rc;
+}

@@ -19,6 +19,7 @@
 #include "../engine/k3.h"
 #include "../engine/sampler.h"
 #include "../engine/spec.h"
+#include "../server/pcache.h"
 #include "interrupt.h"
 
 typedef struct k3_gen_opts {
@@ -72,6 +73,16 @@ typedef struct k3_cli_chat_opts {
 
 /* Fills the seed from the clock unless --seed was given (sampling only). */
 void k3_cli_pick_seed(k3_cli_chat_opts *o);
+
+/* --prompt-cache for k3 run and k3 chat (src/server/pcache.h, the server's folder and files):
+ * restores the longest stored prefix of prompt[0, n) beyond what s holds of it, then prefills
+ * up to each snapshot position (k3_pcache_marks) and stores the state there; the
+ * caller prefills the rest. *held: the prompt positions s held before any prefill (restored
+ * ones included). verbose: one line each for what was restored and written. Errors: those of
+ * k3_session_prefill (Ctrl-C included); the cache's own failures are logged, never returned. */
+int k3_cli_pcache_prefill(k3_pcache *pc, k3_session *s, const k3_tokenizer *tok,
+                          const int32_t *prompt, size_t n, bool verbose, size_t *held,
+                          k3_err *err);
 
 /* "end of message", "--max-new reached", ... for summary lines. */
 const char *k3_gen_end_name(enum k3_gen_end end);

@@ -650,26 +650,44 @@ int k3_session_save(const k3_session *s, const char *path, k3_err *err) {
                               path, err);
 }
 
-static int session_load(k3_session *s, const char *path, const k3_state_want *want,
-                        k3_err *err) {
+/* From the file at path, or (buf non-NULL) from its n bytes in memory named path. */
+static int session_load(k3_session *s, const char *path, const void *buf, size_t n,
+                        const k3_state_want *want, k3_err *err) {
     if (s->e->rank_ops)
         return k3_fail(err, K3_ERR_USAGE, "%s: state files cannot be loaded in an MPI run (the "
                        "other ranks would not follow); run it in one process", path);
-    int rc = k3_state_file_load(s->state, &s->e->model, s->e->ck, SPINE_INT8(s->e), s->tokens,
-                                path, want, err);
+    int rc = buf ? k3_state_file_load_mem(s->state, &s->e->model, s->e->ck, SPINE_INT8(s->e),
+                                          s->tokens, buf, n, path, want, err)
+                 : k3_state_file_load(s->state, &s->e->model, s->e->ck, SPINE_INT8(s->e),
+                                      s->tokens, path, want, err);
     if (rc && k3_state_pos(s->state) == 0) /* the host state was reset: so is the device's */
         k3_backend_session_reset(s->e->backend, s->dev);
     return rc ? rc : k3_backend_sync(s->e->backend, s->dev, s->state, 0, err);
 }
 
 int k3_session_load(k3_session *s, const char *path, k3_err *err) {
-    return session_load(s, path, NULL, err);
+    return session_load(s, path, NULL, 0, NULL, err);
 }
 
 int k3_session_load_prefix(k3_session *s, const char *path, const int32_t *ids, int n,
                            k3_err *err) {
     k3_state_want want = {ids, n};
-    return session_load(s, path, &want, err);
+    return session_load(s, path, NULL, 0, &want, err);
+}
+
+int k3_session_load_prefix_mem(k3_session *s, const void *buf, size_t bytes, const char *name,
+                               const int32_t *ids, int n, k3_err *err) {
+    k3_state_want want = {ids, n};
+    return session_load(s, name, buf, bytes, &want, err);
+}
+
+int k3_engine_state_fingerprint(const k3_engine *e, uint8_t out[16], k3_err *err) {
+    return k3_model_fingerprint(e->ck, SPINE_INT8(e), out, err);
+}
+
+int k3_state_peek(const uint8_t fingerprint[16], const char *path, int *pos, uint64_t *bytes,
+                  k3_err *err) {
+    return k3_state_file_peek(path, fingerprint, pos, bytes, err);
 }
 
 /* ---- device (backend.h) --------------------------------------------------------------------- */

@@ -379,6 +379,24 @@ int k3_session_load(k3_session *s, const char *path, k3_err *err);
 int k3_session_load_prefix(k3_session *s, const char *path, const int32_t *ids, int n,
                            k3_err *err);
 
+/* k3_session_load_prefix from a state file's `bytes` bytes held in memory at buf (a cache's
+ * copy in RAM; name: what messages call it). Errors: those of k3_session_load_prefix. */
+int k3_session_load_prefix_mem(k3_session *s, const void *buf, size_t bytes, const char *name,
+                               const int32_t *ids, int n, k3_err *err);
+
+/* The fingerprint a state file of this engine carries (the model's: see k3_session_save), for
+ * a cache's keys: 16 bytes to out. Errors: K3_ERR_IO (config.json unreadable). */
+int k3_engine_state_fingerprint(const k3_engine *e, uint8_t out[16], k3_err *err);
+
+/* A cache's look at a state file without loading it: *pos and the file's *bytes when path is a
+ * regular file (never a link or FIFO) whose header carries fingerprint (from
+ * k3_engine_state_fingerprint, computed once: it reads the weights' samples) and this build, and
+ * whose length is the one its header announces; the payload and checksum are checked only by
+ * k3_session_load_prefix. Errors: K3_ERR_IO (unreadable, not a state file, truncated),
+ * K3_ERR_INPUT (another model, spine mode or k3 build). */
+int k3_state_peek(const uint8_t fingerprint[16], const char *path, int *pos, uint64_t *bytes,
+                  k3_err *err);
+
 /* ---- several sessions in one pass (issue 18: batched decoding across requests) ------------
  * A multistep pass carries rows of DIFFERENT sessions through the model together: every row
  * keeps its own session's KDA and conv state, MLA cache and position, while each spine matrix

@@ -133,6 +133,8 @@ int k3_state_file_save(const k3_state *s, const k3_model *m, const k3_checkpoint
             (size_t)s->pos * s->kv_floats * sizeof(float));
     uint64_t sum = XXH3_64bits_digest(w.h);
     if (!w.failed && fwrite(&sum, sizeof sum, 1, w.f) != 1) w.failed = 1;
+    /* on disk before the rename: a crash leaves the old file or the whole new one */
+    if (!w.failed && (fflush(w.f) != 0 || fsync(fileno(w.f)) != 0)) w.failed = 1;
     if (fclose(w.f) != 0) w.failed = 1;
     w.f = NULL;
     if (w.failed || rename(tmp, path) != 0) {
@@ -214,23 +216,16 @@ static int read_tokens(FILE *f, XXH3_state_t *h, int pos, const k3_state_want *w
     return K3_OK;
 }
 
-int k3_state_file_load(k3_state *s, const k3_model *m, const k3_checkpoint *ck, int spine_int8,
-                       int32_t *tokens, const char *path, const k3_state_want *want,
-                       k3_err *err) {
-    int fd = k3_open_regular(path, err); /* never blocks on a FIFO, never follows a link */
-    if (fd < 0) return K3_ERR_IO;
-    FILE *f = fdopen(fd, "rb");
-    if (!f) {
-        close(fd);
-        return k3_fail(err, K3_ERR_GENERIC, "%s: out of memory", path);
-    }
-    struct stat st;
+/* The load from stream f of `size` bytes (a file or a buffer), named path in messages. */
+static int load_stream(k3_state *s, const k3_model *m, const k3_checkpoint *ck, int spine_int8,
+                       int32_t *tokens, FILE *f, uint64_t size, const char *path,
+                       const k3_state_want *want, k3_err *err) {
     k3_state_file_header got, want_h;
-    int rc = fstat(fd, &st) != 0 || fread(&got, sizeof got, 1, f) != 1
+    int rc = fread(&got, sizeof got, 1, f) != 1
                  ? k3_fail(err, K3_ERR_IO, "%s: not a k3 state file (too short)", path)
                  : K3_OK;
     if (!rc) rc = make_header(s, m, ck, spine_int8, got.pos, &want_h, err);
-    if (!rc) rc = check_header(&got, &want_h, s, (uint64_t)st.st_size, path, err);
+    if (!rc) rc = check_header(&got, &want_h, s, size, path, err);
     if (!rc && want && got.engine != want_h.engine)
         rc = k3_fail(err, K3_ERR_INPUT, "%s was written by another k3 build (engine stamp "
                      "%016llx, this one %016llx): a cache holds only this build's states", path,
@@ -245,7 +240,6 @@ int k3_state_file_load(k3_state *s, const k3_model *m, const k3_checkpoint *ck, 
     }
     if (rc) {
         if (h) XXH3_freeState(h);
-        fclose(f);
         return rc;
     }
     k3_state_reset(s);
@@ -266,6 +260,55 @@ int k3_state_file_load(k3_state *s, const k3_model *m, const k3_checkpoint *ck, 
         s->pos = got.pos;
     }
     XXH3_freeState(h);
+    return rc;
+}
+
+int k3_state_file_load(k3_state *s, const k3_model *m, const k3_checkpoint *ck, int spine_int8,
+                       int32_t *tokens, const char *path, const k3_state_want *want,
+                       k3_err *err) {
+    int fd = k3_open_regular(path, err); /* never blocks on a FIFO, never follows a link */
+    if (fd < 0) return K3_ERR_IO;
+    struct stat st;
+    FILE *f = fstat(fd, &st) == 0 ? fdopen(fd, "rb") : NULL;
+    if (!f) {
+        close(fd);
+        return k3_fail(err, K3_ERR_GENERIC, "%s: out of memory", path);
+    }
+    int rc = load_stream(s, m, ck, spine_int8, tokens, f, (uint64_t)st.st_size, path, want, err);
     fclose(f);
+    return rc;
+}
+
+int k3_state_file_load_mem(k3_state *s, const k3_model *m, const k3_checkpoint *ck,
+                           int spine_int8, int32_t *tokens, const void *buf, size_t n,
+                           const char *name, const k3_state_want *want, k3_err *err) {
+    FILE *f = n ? fmemopen((void *)buf, n, "rb") : NULL;
+    if (!f) return k3_fail(err, K3_ERR_IO, "%s: not a k3 state file (empty)", name);
+    int rc = load_stream(s, m, ck, spine_int8, tokens, f, n, name, want, err);
+    fclose(f);
+    return rc;
+}
+
+int k3_state_file_peek(const char *path, const uint8_t fingerprint[16], int *pos,
+                       uint64_t *bytes, k3_err *err) {
+    int fd = k3_open_regular(path, err);
+    if (fd < 0) return K3_ERR_IO;
+    k3_state_file_header h;
+    struct stat st;
+    int rc = K3_OK;
+    if (fstat(fd, &st) != 0 || read(fd, &h, sizeof h) != (ssize_t)sizeof h ||
+        memcmp(h.magic, K3_STATE_MAGIC, 8) != 0 || h.version != K3_STATE_VERSION ||
+        h.header_bytes != sizeof h || h.pos < 0)
+        rc = k3_fail(err, K3_ERR_IO, "%s: not a k3 state file of version %d", path,
+                     K3_STATE_VERSION);
+    else if (memcmp(h.fingerprint, fingerprint, 16) != 0 || h.engine != k3_state_engine_stamp())
+        rc = k3_fail(err, K3_ERR_INPUT, "%s: written for another model, spine mode or k3 build",
+                     path);
+    else if ((uint64_t)st.st_size != sizeof h + h.payload_bytes + sizeof(uint64_t))
+        rc = k3_fail(err, K3_ERR_IO, "%s: %llu bytes, its header says %llu: truncated or "
+                     "damaged", path, (unsigned long long)st.st_size,
+                     (unsigned long long)(sizeof h + h.payload_bytes + sizeof(uint64_t)));
+    close(fd);
+    if (!rc) *pos = h.pos, *bytes = (uint64_t)st.st_size;
     return rc;
 }

@@ -74,4 +74,19 @@ int k3_state_file_load(k3_state *s, const k3_model *m, const k3_checkpoint *ck, 
                        int32_t *tokens, const char *path, const k3_state_want *want,
                        k3_err *err);
 
+/* k3_state_file_load from the n bytes of a state file in memory (buf, named `name` in
+ * messages): a cache's copy in RAM. Errors: those of k3_state_file_load. */
+int k3_state_file_load_mem(k3_state *s, const k3_model *m, const k3_checkpoint *ck,
+                           int spine_int8, int32_t *tokens, const void *buf, size_t n,
+                           const char *name, const k3_state_want *want, k3_err *err);
+
+/* A state file's header alone, for a cache's index: *pos and the file's *bytes when path is a
+ * regular file (k3_open_regular) holding a version-2 header of this fingerprint (the model's,
+ * k3_model_fingerprint) and this build's engine stamp, and exactly the length the header
+ * announces. The payload and checksum are not read (k3_state_file_load checks them).
+ * Errors: K3_ERR_IO (unreadable, not a state file, truncated), K3_ERR_INPUT (another model,
+ * spine mode or build). */
+int k3_state_file_peek(const char *path, const uint8_t fingerprint[16], int *pos,
+                       uint64_t *bytes, k3_err *err);
+
 #endif

@@ -1,12 +1,11 @@
 /* convcache.c — the state cache of kept conversations (worker.h; server.h "--state-cache"): a
  * session per conversation, the logits after its last fed token, what its state means as a
- * chat (a request continuing the last reply is spliced onto it), and with --state-dir the
- * conversations the cache drops spilled to state files and read back when they return. */
+ * chat (a request continuing the last reply is spliced onto it); with --prompt-cache
+ * (pcache.h) the conversations it drops are stored there and any longer stored prefix of a
+ * prompt is restored into the conversation chosen for it. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "../util/fileio.h"
 #include "worker.h"
@@ -29,8 +28,8 @@ int k3_kept_feed_failed(k3_conv *c, int rc) {
 /* Prompt tokens whose state can be reused: the kept tokens must be a prefix of the prompt.
  * When they are the whole prompt, the saved logits of its last token are needed too. */
 static size_t reusable(const k3_conv *c, const int32_t *prompt, size_t n) {
-    size_t kept = c->sess ? (size_t)k3_session_pos(c->sess) : c->n_ids;
-    const int32_t *ids = c->sess ? k3_session_tokens(c->sess) : c->ids;
+    size_t kept = (size_t)k3_session_pos(c->sess);
+    const int32_t *ids = k3_session_tokens(c->sess);
     if (kept == 0 || kept > n) return 0;
     if (memcmp(ids, prompt, kept * sizeof *prompt)) return 0;
     if (kept == n && !c->logits_valid) return 0;
@@ -100,83 +99,47 @@ void k3_kept_free(k3_conv *c) {
     k3_last_chat_clear(&c->last_chat);
     free(c->logits);
     free(c->virt);
-    if (c->file) unlink(c->file); /* a spilled state is a cache: it goes with the server */
-    free(c->file);
-    free(c->ids);
     *c = (k3_conv){0};
 }
 
-/* --state-dir: writes conversation c (in memory, holding ids) to a spill entry (an empty one,
- * else the least recently used; never `keep`) as a state file with its ids, logits and chat
- * meaning, so that a later request can still resume it. A failure (disk full) is logged and
- * the state is just dropped, as without --state-dir. */
-static void spill_out(k3_server *s, k3_conv *c, const k3_conv *keep) {
-    k3_worker_state *w = s->ws;
-    size_t n = (size_t)k3_session_pos(c->sess);
-    k3_conv *sp = NULL;
-    for (int i = 0; i < w->n_spill; i++) {
-        k3_conv *e = &w->spill[i];
-        if (e != keep && (!sp || (sp->n_ids && (!e->n_ids || e->used < sp->used)))) sp = e;
-    }
-    if (!n || !sp) return;
-    k3_err err = {0};
-    sp->n_ids = 0; /* the entry's old state is overwritten */
-    k3_last_chat_clear(&sp->last_chat);
-    if (!sp->ids) sp->ids = malloc(c->virt_cap * sizeof *sp->ids);
-    if (!sp->virt) sp->virt = malloc(c->virt_cap * sizeof *sp->virt);
-    if (!sp->logits) sp->logits = malloc((size_t)w->vocab * sizeof *sp->logits);
-    if (!sp->ids || !sp->virt || !sp->logits) {
-        fprintf(stderr, "k3 serve: out of memory spilling a conversation state\n");
-        return;
-    }
-    if (k3_session_save(c->sess, sp->file, &err)) {
-        fprintf(stderr, "k3 serve: a conversation state was dropped: %s\n", err.msg);
-        return;
-    }
-    memcpy(sp->ids, k3_session_tokens(c->sess), n * sizeof *sp->ids);
-    sp->n_ids = n;
-    memcpy(sp->logits, c->logits, (size_t)w->vocab * sizeof *sp->logits);
-    sp->logits_valid = c->logits_valid;
-    memcpy(sp->virt, c->virt, c->n_virt * sizeof *sp->virt);
-    sp->n_virt = c->n_virt;
-    sp->virt_cap = c->virt_cap;
-    sp->virt_msgs = c->virt_msgs;
-    sp->last_chat = c->last_chat; /* moved */
-    c->last_chat = (k3_last_chat){0};
-    c->virt_msgs = 0;
-    sp->used = c->used;
+/* --prompt-cache: what the cache did, into /metrics. */
+void k3_pcache_count(k3_server *s, const k3_pcache_stats *st) {
     pthread_mutex_lock(&s->mu);
-    s->metrics.state_spills++;
+    k3_metrics *m = &s->metrics;
+    m->pcache_hits += st->hits;
+    m->pcache_ram_hits += st->ram_hits;
+    m->pcache_tokens += st->tokens_restored;
+    m->pcache_bytes_read += st->bytes_read;
+    m->pcache_saves += st->saves;
+    m->pcache_bytes_written += st->bytes_written;
+    m->pcache_evicted += st->evicted;
+    m->pcache_skipped += st->skipped;
+    m->pcache_read_s += st->read_s;
+    m->pcache_write_s += st->write_s;
     pthread_mutex_unlock(&s->mu);
 }
 
-/* Loads spill entry sp into conversation c (whose own state was spilled or is empty); the
- * entry is then empty. Returns 0, or an error (the file could not be read back, or holds
- * other ids than the entry's, e.g. another server's sharing the folder: c is empty). */
-static int spill_in(k3_server *s, k3_conv *sp, k3_conv *c, k3_err *err) {
-    k3_worker_state *w = s->ws;
-    int n = (int)sp->n_ids;
-    sp->n_ids = 0; /* its state moves into c (or is lost with an unreadable file) */
-    int rc = k3_session_load_prefix(c->sess, sp->file, sp->ids, n, err);
-    if (rc) {
+/* --prompt-cache: after the pick, a stored prefix of the prompt longer than the kept one (at
+ * most all ids but the last: the logits after it come from the prefill) is restored into
+ * c's session. Returns the prompt ids now reused. */
+static size_t from_pcache(k3_server *s, k3_conv *c, const k3_job *j, size_t kept) {
+    k3_pcache_stats st = {0};
+    size_t r = k3_pcache_restore(s->ws->pc, c->sess, j->prompt, j->n_prompt, kept,
+                                 j->n_prompt - 1, &st);
+    k3_pcache_count(s, &st);
+    if (r) {
+        c->logits_valid = false;
+        c->virt_msgs = 0;
+        return r;
+    }
+    if ((size_t)k3_session_pos(c->sess) != kept) { /* a file failed after the session was
+                                                       touched: it was reset */
         k3_session_reset(c->sess);
         c->logits_valid = false;
         c->virt_msgs = 0;
-        k3_last_chat_clear(&sp->last_chat);
-        return rc;
+        return 0;
     }
-    memcpy(c->logits, sp->logits, (size_t)w->vocab * sizeof *c->logits);
-    c->logits_valid = sp->logits_valid;
-    memcpy(c->virt, sp->virt, sp->n_virt * sizeof *c->virt);
-    c->n_virt = sp->n_virt;
-    c->virt_msgs = sp->virt_msgs;
-    k3_last_chat_clear(&c->last_chat);
-    c->last_chat = sp->last_chat; /* moved */
-    sp->last_chat = (k3_last_chat){0};
-    pthread_mutex_lock(&s->mu);
-    s->metrics.state_loads++;
-    pthread_mutex_unlock(&s->mu);
-    return 0;
+    return kept;
 }
 
 /* Makes c a new, empty conversation of the state cache. */
@@ -199,13 +162,13 @@ int k3_kept_new(k3_server *s, k3_conv *c, k3_err *err) {
 /* The state cache's choice for job j: the kept conversation that covers the longest prefix
  * of its prompt (a conversation's kept tokens must be a prefix of the prompt: the KDA
  * recurrence cannot be rewound), else a new one while the cache has room, else the least
- * recently used (its state is dropped, or with --state-dir spilled to a state file, and a
- * spilled conversation that covers a longer prefix is loaded back). A chat that continues a
- * kept reply has its prompt
- * spliced onto that conversation (spliced), also with --no-reuse (which then drops the
- * state: same prompts, same output). Conversations in use by other slots are not looked at.
- * Sets j->slot->c (marked busy) and returns the prompt ids reused, or -1 with err (no
- * session could be made). */
+ * recently used (its state is dropped; with --prompt-cache it is stored there first, so a
+ * request continuing it later finds it by prefix). With --prompt-cache a stored snapshot
+ * covering a longer prefix (from any conversation or process) is then restored into the
+ * chosen conversation. A chat that continues a kept reply has its prompt spliced onto that
+ * conversation (spliced), also with --no-reuse (which then drops the state: same prompts, same
+ * output). Conversations in use by other slots are not looked at. Sets j->slot->c (marked
+ * busy) and returns the prompt ids reused, or -1 with err (no session could be made). */
 long k3_kept_pick(k3_server *s, k3_job *j, k3_err *err) {
     k3_worker_state *w = s->ws;
     k3_conv *best = NULL;
@@ -225,21 +188,6 @@ long k3_kept_pick(k3_server *s, k3_job *j, k3_err *err) {
             free(np);
         }
     }
-    k3_conv *from_disk = NULL; /* a spilled conversation that covers more */
-    for (int i = 0; i < w->n_spill && !j->p.echo && !s->o.no_reuse; i++) {
-        k3_conv *c = &w->spill[i];
-        if (!c->n_ids) continue;
-        size_t r = reusable(c, j->prompt, j->n_prompt), len = 0;
-        int32_t *np = NULL;
-        if (!r && j->p.kind == K3_SRV_CHAT && (np = spliced(s, c, j, &len)))
-            r = reusable(c, np, len);
-        if (r > best_n) {
-            free(best_prompt);
-            from_disk = c, best = NULL, best_n = r, best_prompt = np, best_len = len;
-        } else {
-            free(np);
-        }
-    }
     if (best_prompt) {
         free(j->prompt);
         j->prompt = best_prompt;
@@ -254,20 +202,18 @@ long k3_kept_pick(k3_server *s, k3_job *j, k3_err *err) {
     for (int i = 0; !fresh && i < w->n_convs; i++) /* the least recently used not in use */
         if (!w->convs[i].busy && (!best || w->convs[i].used < best->used)) best = &w->convs[i];
     if (!best) return k3_fail(err, K3_ERR_GENERIC, "no free conversation state"), -1;
-    if (!best_n || from_disk) {
-        if (w->n_spill && !s->o.no_reuse) spill_out(s, best, from_disk);
+    if (!best_n) {
+        if (w->pc && !s->o.no_reuse && k3_session_pos(best->sess) > 0) { /* kept on disk */
+            k3_pcache_stats st = {0};
+            k3_pcache_save(w->pc, best->sess, &st);
+            k3_pcache_count(s, &st);
+        }
         k3_session_reset(best->sess);
         best->logits_valid = false;
         best->virt_msgs = 0;
     }
-    if (from_disk) {
-        k3_err lerr = {0};
-        if (spill_in(s, from_disk, best, &lerr)) {
-            fprintf(stderr, "k3 serve: a spilled conversation state could not be read back "
-                    "(prefilled instead): %s\n", lerr.msg);
-            best_n = 0;
-        }
-    }
+    if (w->pc && !j->p.echo && !s->o.no_reuse && j->n_prompt > 1)
+        best_n = from_pcache(s, best, j, best_n);
     j->slot->c = best;
     best->busy = true;
     best->used = ++w->clock;
@@ -303,27 +249,4 @@ void k3_kept_remember_reply(k3_server *s, k3_job *j) {
         w->c->virt_msgs = (size_t)cJSON_GetArraySize(j->req.messages);
     }
     free(closing);
-}
-
-/* --state-dir: the spill entries and their file names: random, so that servers sharing the
- * folder (two containers whose k3 are both pid 1) never write each other's files (D12). */
-int k3_spill_open(k3_server *s, k3_err *err) {
-    k3_worker_state *w = s->ws;
-    struct stat st;
-    if (stat(s->o.state_dir, &st) || !S_ISDIR(st.st_mode) || access(s->o.state_dir, W_OK))
-        return k3_fail(err, K3_ERR_USAGE, "state_dir %s: not a folder this process can write "
-                       "(create it first)", s->o.state_dir);
-    int n = s->o.state_files > 0 ? s->o.state_files : 8;
-    if (!(w->spill = calloc((size_t)n, sizeof *w->spill)))
-        return k3_fail(err, K3_ERR_GENERIC, "out of memory");
-    w->n_spill = n;
-    char tag[33];
-    int rc = k3_random_hex(tag, 16, err);
-    if (rc) return rc;
-    for (int i = 0; i < n; i++) {
-        size_t len = strlen(s->o.state_dir) + 64;
-        if (!(w->spill[i].file = malloc(len))) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
-        snprintf(w->spill[i].file, len, "%s/k3-serve-%s-%d.state", s->o.state_dir, tag, i);
-    }
-    return 0;
 }

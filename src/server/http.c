@@ -11,6 +11,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <limits.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -806,7 +807,14 @@ void k3_server_describe_policy(const k3_server *s, char *buf, size_t cap) {
     if (s->slots > 1) snprintf(at_once, sizeof at_once, "up to %d generations at once, in "
                                "shared passes", s->slots);
     else snprintf(at_once, sizeof at_once, "one generation at a time");
+    char pc[PATH_MAX + 96];
+    if (s->o.prompt_cache)
+        snprintf(pc, sizeof pc, "prompt cache %s within %g GB, %d in RAM", s->o.prompt_cache,
+                 s->o.prompt_cache_gb > 0 ? s->o.prompt_cache_gb : K3_PCACHE_DEFAULT_GB,
+                 s->o.prompt_cache_ram);
+    else
+        snprintf(pc, sizeof pc, "prompt cache off (--prompt-cache DIR)");
     snprintf(buf, cap, "%s (%s); completion tokens per request: %s; context %d tokens; "
-             "conversation states kept: %d; API key %s", at_once, queue, ceiling, s->ctx,
-             s->states_cap, s->o.api_key && s->o.api_key[0] ? "required" : "not required");
+             "conversation states kept: %d; %s; API key %s", at_once, queue, ceiling, s->ctx,
+             s->states_cap, pc, s->o.api_key && s->o.api_key[0] ? "required" : "not required");
 }

@@ -112,10 +112,26 @@ void k3_metrics_text(const k3_metrics *m, const k3_metrics_gauges *g, k3_sbuf *b
             "state", m->state_hits);
     counter(b, "k3_state_cache_misses_total", "generations prefilled from an empty state",
             m->state_misses);
-    counter(b, "k3_state_cache_spills_total", "conversation states the cache dropped that were "
-            "written to state files (--state-dir)", m->state_spills);
-    counter(b, "k3_state_cache_loads_total", "conversation states read back from state files",
-            m->state_loads);
+    counter(b, "k3_prompt_cache_hits_total", "prompts that resumed from a stored prefix "
+            "snapshot (--prompt-cache)", m->pcache_hits);
+    counter(b, "k3_prompt_cache_ram_hits_total", "of them, snapshots restored from the RAM "
+            "tier (--prompt-cache-ram)", m->pcache_ram_hits);
+    counter(b, "k3_prompt_cache_tokens_restored_total", "prompt tokens restored from snapshots",
+            m->pcache_tokens);
+    counter(b, "k3_prompt_cache_read_bytes_total", "bytes of snapshots read back",
+            m->pcache_bytes_read);
+    counter(b, "k3_prompt_cache_snapshots_total", "prefix snapshots written", m->pcache_saves);
+    counter(b, "k3_prompt_cache_written_bytes_total", "bytes of snapshots written",
+            m->pcache_bytes_written);
+    counter(b, "k3_prompt_cache_evicted_total", "snapshot files removed to stay within "
+            "--prompt-cache-gb", m->pcache_evicted);
+    head(b, "k3_prompt_cache_read_seconds_total", "counter",
+         "seconds spent finding and restoring snapshots");
+    k3_sbuf_printf(b, "k3_prompt_cache_read_seconds_total %.6f\n", m->pcache_read_s);
+    head(b, "k3_prompt_cache_write_seconds_total", "counter", "seconds spent writing snapshots");
+    k3_sbuf_printf(b, "k3_prompt_cache_write_seconds_total %.6f\n", m->pcache_write_s);
+    counter(b, "k3_prompt_cache_skipped_total", "snapshot files refused at load (damaged, "
+            "another prefix); the prompt was prefilled instead", m->pcache_skipped);
     gauge(b, "k3_state_cache_entries", "conversation states kept", g->states_kept);
     gauge(b, "k3_state_cache_capacity", "conversation states the cache may keep (--state-cache)",
           g->states_cap);

@@ -37,8 +37,11 @@ typedef struct k3_metrics {
     unsigned long long state_hits, state_misses; /* generations that did / did not reuse a
                                              kept conversation state (echo and --no-reuse
                                              requests count as misses) */
-    unsigned long long state_spills, state_loads; /* --state-dir: states written to / read
-                                             back from state files */
+    /* --prompt-cache (pcache.h): snapshots restored, their prompt ids and file bytes;
+     * snapshots written and their bytes; files removed for the budget; files refused */
+    unsigned long long pcache_hits, pcache_ram_hits, pcache_tokens, pcache_bytes_read;
+    unsigned long long pcache_saves, pcache_bytes_written, pcache_evicted, pcache_skipped;
+    double pcache_read_s, pcache_write_s; /* seconds restoring and writing snapshots */
     double expert_wait_s;                 /* seconds passes waited for expert reads (summed
                                              over the generations' steps) */
     /* engine-wide, copied in by the worker (see above) */

@@ -69,8 +69,10 @@ static int prefill_rows(k3_server *s, int *n, int rows, unsigned long long round
             continue;
         }
         const int32_t *ids;
-        int room = ws->max_rows - rows - added;
-        int k = k3_prefill_next(&w->pf, budget < room ? budget : room, &ids);
+        int room = ws->max_rows - rows - added, max = budget < room ? budget : room;
+        if (w->next_mark < w->n_marks && w->marks[w->next_mark] - w->pf.at < (size_t)max)
+            max = (int)(w->marks[w->next_mark] - w->pf.at); /* the chunk ends at a snapshot */
+        int k = k3_prefill_next(&w->pf, max, &ids);
         bool last = w->pf.at + (size_t)k == w->pf.n;
         add_seg(ws, n, w, ids, k, w->echo ? K3_MS_ALL_LOGITS
                                   : last ? K3_MS_LAST_LOGITS : K3_MS_NO_LOGITS);
@@ -100,6 +102,8 @@ static void take_result(k3_server *s, k3_slot *w, k3_multistep_seg *g) {
     size_t at = w->pf.at;
     k3_prefill_fed(&w->pf, w->fed_n);
     if (w->echo) k3_slot_echo_rows(s, w, at, w->fed_n, rows);
+    if (w->next_mark < w->n_marks && w->pf.at == w->marks[w->next_mark])
+        k3_slot_snapshot(s, w); /* --prompt-cache: the state at a boundary, as a file */
     if (w->pf.at < w->pf.n) return;
     memcpy(w->c->logits, rows + (size_t)(w->echo ? w->fed_n - 1 : 0) * V, V * sizeof *rows);
     k3_slot_start_decode(s, w);

@@ -42,6 +42,11 @@
  *    cannot be rewound, so a prompt that diverges inside a kept conversation cannot use it.
  *    The one covering the longest prefix is taken; with none, a new session while the cache
  *    has room, else the least recently used one's state is dropped.
+ *  - With opts.prompt_cache (src/server/pcache.h) the state at message ends and every 2048 ids
+ *    of each prompt is stored as a file, and any later prompt resumes from the longest stored
+ *    prefix (from any conversation, client, process or earlier run) when it covers more than a
+ *    kept conversation; dropped conversations are stored there too. A file that fails any
+ *    check is skipped with a log line: the reply is then exactly as without the cache.
  *    usage.prompt_tokens_details.cached_tokens says how many prompt tokens were reused.
  *  - Every request ends in an HTTP response (OpenAI-shaped {"error":{...}} for 4xx/5xx) or a
  *    closed connection; a field k3 cannot honour is a 400 naming it, never silently dropped.
@@ -93,10 +98,12 @@ typedef struct k3_server_opts {
     int state_cache;        /* conversation states kept (the state cache; each one session,
                                so the engine's plan should count them: k3_engine_opts.sessions);
                                at least `parallel` are kept (one per slot) */
-    const char *state_dir;  /* a folder to spill dropped conversation states to as state
-                               files (k3_session_save), read back when a request resumes one;
-                               NULL = dropped. The files are removed when the server stops. */
-    int state_files;        /* with state_dir: state files kept at most; 0 = 8 */
+    const char *prompt_cache; /* the prompt cache's folder (pcache.h): prefix snapshots of
+                               every prompt, shared by every conversation and process, kept
+                               across restarts; NULL = off */
+    double prompt_cache_gb; /* its disk budget for this model's files; 0 = K3_PCACHE_DEFAULT_GB */
+    int prompt_cache_ram;   /* snapshots it keeps in RAM (each counted by the plan as a
+                               session: k3_engine_opts.sessions); 0 = none */
     double temperature;     /* requests without "temperature" sample at this (0 = greedy; the
                                CLI's default is 1, OpenAI's) */
     const char *effort;     /* chat requests without reasoning_effort / thinking_effort think

@@ -205,6 +205,33 @@ void k3_slot_failed(k3_slot *w) {
     w->done = true;
 }
 
+/* --prompt-cache: where this prompt's prefill stops for a snapshot (k3_pcache_marks), past
+ * the reused prefix. Without room for them, none (the prompt is prefilled all the same). */
+static void plan_marks(k3_server *s, k3_slot *w, const k3_job *j) {
+    w->n_marks = w->next_mark = w->inner = 0;
+    if (!s->ws->pc || w->echo || s->o.no_reuse) return;
+    size_t cap = j->n_prompt / (K3_PCACHE_EVERY / 8) + 4; /* marks are >= 256 apart but 2 */
+    if (cap > w->marks_cap) {
+        size_t *m = realloc(w->marks, cap * sizeof *m);
+        if (!m) return;
+        w->marks = m, w->marks_cap = cap;
+    }
+    w->n_marks = k3_pcache_marks(j->prompt, j->n_prompt, w->pf.at, s->ws->eom, w->marks,
+                                 w->marks_cap);
+}
+
+void k3_slot_snapshot(k3_server *s, k3_slot *w) {
+    k3_worker_state *ws = s->ws;
+    k3_pcache_stats st = {0};
+    size_t at = w->pf.at;
+    if (k3_pcache_save(ws->pc, w->c->sess, &st)) {
+        if (w->inner) k3_pcache_drop(ws->pc, w->j->prompt, w->inner, &st); /* superseded */
+        w->inner = w->j->prompt[at - 1] != ws->eom ? at : 0;
+    }
+    k3_pcache_count(s, &st);
+    w->next_mark++;
+}
+
 /* Starts job j in slot w (reserved for it at admission): its conversation from the state
  * cache, the reused prefix, sampler, parsers and emitter. The slot then prefills, decodes
  * at once (the kept state is the whole prompt), or is done (failed, cancelled). */
@@ -234,6 +261,7 @@ void k3_slot_begin(k3_server *s, k3_slot *w, k3_job *j) {
     /* the one prefill path (k3.h): the kept prefix stays, the rest goes in the rounds */
     if (k3_prefill_begin(&w->pf, w->c->sess, j->prompt, j->n_prompt, NULL, &w->err))
         return k3_slot_failed(w);
+    plan_marks(s, w, j);
 }
 
 /* Ends the slot's job: finish reason, final chunks, the conversation's meaning (chat), the
@@ -285,5 +313,6 @@ void k3_slot_free(k3_slot *w) {
     k3_reply_parser_free(&w->parser);
     k3_toolcall_parser_free(&w->tc);
     free(w->text);
+    free(w->marks);
     k3_emitter_free(w->em);
 }

@@ -3,9 +3,10 @@
  *
  *   http.c     libmicrohttpd glue: routing, auth, body limit, JSON replies, the SSE reader
  *   request.c  request JSON -> k3_srv_params (+ the prompt), or an OpenAI-shaped error
- *   queue.c, clients.c, convcache.c, slot.c, sched.c, worker.c: the worker (worker.h):
- *              admission (busy / FIFO), client polling, the state cache, one generation,
- *              the scheduler's passes, the worker thread
+ *   queue.c, clients.c, convcache.c, pcache.c, slot.c, sched.c, worker.c: the worker
+ *              (worker.h): admission (busy / FIFO), client polling, the state cache, the
+ *              prompt cache (pcache.h), one generation, the scheduler's passes, the worker
+ *              thread
  *   emit.c     what one generated piece of text becomes: stop strings, SSE chunks, JSON
  *   anthropic.c / responses.c  the Messages and Responses APIs as chat bodies, and their replies
  *

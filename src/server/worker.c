@@ -68,8 +68,7 @@ static void *worker_main(void *arg) {
 
 static void worker_state_free(k3_worker_state *w) {
     if (!w) return;
-    for (int i = 0; i < w->n_spill; i++) k3_kept_free(&w->spill[i]);
-    free(w->spill);
+    k3_pcache_close(w->pc);
     for (int i = 0; i < w->n_slots; i++) k3_slot_free(&w->slots[i]);
     free(w->slots);
     for (int i = 0; i < w->n_convs; i++) k3_kept_free(&w->convs[i]);
@@ -117,7 +116,12 @@ int k3_worker_start(k3_server *s, k3_err *err) {
     if (rc) return rc;
     w->n_convs = 1;
     if ((rc = k3_multistep_new(s->eng, w->max_rows, &w->ms, err))) return rc;
-    if (s->o.state_dir && (rc = k3_spill_open(s, err))) return rc;
+    if (s->o.prompt_cache &&
+        (rc = k3_pcache_open(s->eng, s->o.prompt_cache, s->o.prompt_cache_gb > 0
+                             ? s->o.prompt_cache_gb : K3_PCACHE_DEFAULT_GB,
+                             s->o.prompt_cache_ram, &w->pc, err)))
+        return rc;
+    w->eom = k3_tokenizer_special_id(tok, K3_TOK_END_OF_MSG);
     k3_stops_init(&w->stops, tok, c->eos_token_id);
     s->ctx = k3_session_max_ctx(w->convs[0].sess);
     s->slots = n;

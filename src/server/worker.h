@@ -3,7 +3,7 @@
  *
  *   queue.c      admission: N slots + a bounded FIFO of jobs (connection threads)
  *   clients.c    client polling: a hung-up client, a slow streaming client's backlog
- *   convcache.c  the state cache of kept conversations, spilled to state files (--state-dir)
+ *   convcache.c  the state cache of kept conversations; the prompt cache (pcache.c) under it
  *   slot.c       one generation in a slot: its start, the generation loop's hooks, its end
  *   sched.c      the scheduler: each round's rows in one engine pass
  *   worker.c     the worker thread that owns every session, its start and stop
@@ -11,7 +11,8 @@
  *
  * The worker thread is the only one that touches the sessions (whose token histories,
  * k3_session_tokens, are what "kept" means), the logits buffers and the multistep.
- * Arrows: worker.c -> sched.c -> slot.c -> convcache.c -> clients.c; queue.c beside them.
+ * Arrows: worker.c -> sched.c -> slot.c -> convcache.c -> clients.c; queue.c beside them;
+ * sched.c, slot.c and convcache.c -> pcache.c, which knows the engine and its folder only.
  */
 #ifndef K3_SRV_WORKER_H
 #define K3_SRV_WORKER_H
@@ -21,6 +22,7 @@
 #include "../engine/generate.h"
 #include "../engine/sampler.h"
 #include "../engine/spec.h"
+#include "pcache.h"
 #include "srv.h"
 
 /* The last chat reply, kept so that a request continuing it can reuse the state. */
@@ -44,11 +46,6 @@ typedef struct k3_conv {
     k3_last_chat last_chat;
     unsigned long long used; /* when a job last ran on it (k3_worker_state.clock); 0 never */
     bool busy;               /* a slot runs a job on it */
-    /* A conversation spilled to disk (--state-dir; sess is NULL): its state file and the ids
-     * it holds (n_ids = 0: an empty spill entry). */
-    char *file;
-    int32_t *ids;
-    size_t n_ids;
 } k3_conv;
 
 /* The job and its server, for the generation loop's hooks (the job's slot: j->slot). */
@@ -66,6 +63,11 @@ typedef struct k3_slot {
     unsigned long long admitted; /* admission order: prefill chunks go to the oldest first */
     unsigned long long round;    /* the last round that gave it a prefill chunk */
     k3_prefill pf;        /* prefill: the prompt through the one prefill path (k3.h) */
+    size_t *marks;        /* --prompt-cache: prompt positions to snapshot at (k3_pcache_marks),
+                             ascending; chunks end there */
+    size_t n_marks, next_mark, marks_cap;
+    size_t inner;         /* the last snapshot this prompt wrote inside a message (0: none),
+                             dropped when the next one is written (k3_pcache_drop) */
     bool echo;            /* prefill with the logits of every prompt position (echo) */
     int fed_n;            /* the ids of its segment in this round's pass */
     int32_t next;         /* decode: the id k3_gen_next chose, fed in the next pass */
@@ -95,10 +97,9 @@ typedef struct k3_worker_state {
      * finds one not in use), created as needed (n_convs so far). */
     k3_conv *convs;
     int n_convs, cap_convs;
-    /* --state-dir: conversations the cache dropped, spilled as state files (k3_session_save),
-     * n_spill entries at most (--state-files), the least recently used overwritten. */
-    k3_conv *spill;
-    int n_spill;
+    /* --prompt-cache: snapshots by prefix (pcache.h); NULL = off. eom: <|end_of_msg|>. */
+    k3_pcache *pc;
+    int32_t eom;
     unsigned long long clock;
     k3_slot *slots;
     int n_slots;
@@ -128,8 +129,8 @@ int k3_kept_feed_failed(k3_conv *c, int rc);
 /* Makes c a new, empty conversation of the state cache. */
 int k3_kept_new(k3_server *s, k3_conv *c, k3_err *err);
 void k3_kept_free(k3_conv *c);
-/* --state-dir: the spill entries and their file names. Errors: K3_ERR_USAGE, K3_ERR_GENERIC. */
-int k3_spill_open(k3_server *s, k3_err *err);
+/* --prompt-cache: adds what the cache did to /metrics. */
+void k3_pcache_count(k3_server *s, const k3_pcache_stats *st);
 /* The state cache's choice for job j (sets j->slot->c); the prompt ids reused, or -1. */
 long k3_kept_pick(k3_server *s, k3_job *j, k3_err *err);
 /* After a chat reply: what the state means as a conversation, for a continuing request. */
@@ -148,6 +149,8 @@ void k3_clients_wait_locked(k3_server *s);
 void k3_slot_begin(k3_server *s, k3_slot *w, k3_job *j);
 void k3_slot_start_decode(k3_server *s, k3_slot *w);
 void k3_slot_failed(k3_slot *w);
+/* --prompt-cache: the prefill reached the slot's next mark; stores the state there. */
+void k3_slot_snapshot(k3_server *s, k3_slot *w);
 /* Echo: the logprobs of prompt ids at + 1 .. at + n from the rows [n][vocab] after ids
  * at .. at + n - 1. */
 void k3_slot_echo_rows(k3_server *s, k3_slot *w, size_t at, int n, const float *rows);

@@ -5,9 +5,6 @@
 // text, same token count, same logprobs), or, for raw completions, with no reuse at all.
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
-import fs from 'node:fs';
-import os from 'node:os';
-import path from 'node:path';
 import { serverPool, startServer, client, raw, MODEL_ID } from './harness.mjs';
 
 const server = serverPool();
@@ -99,34 +96,3 @@ test('with the default (one kept conversation) a conversation coming back after 
   assert.equal(a2.usage.prompt_tokens_details.cached_tokens, 0);
 });
 
-test('--state-dir: a conversation the cache dropped is read back from its state file', async () => {
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'k3-state-'));
-  try {
-    const srv = await server(['--state-cache', '1', '--state-dir', dir, '--state-files', '2']);
-    const api = client(srv);
-    const a1 = await ask(api, first('Anna'));
-    await ask(api, first('Boris'));        // Anna's state goes to a file
-    await ask(api, first('Chen'));         // Boris's too (2 files)
-    assert.equal(fs.readdirSync(dir).length, 2);
-    const a2 = await ask(api, second('Anna', a1), { logprobs: true });
-    assert.ok(a2.usage.prompt_tokens_details.cached_tokens >= a1.usage.prompt_tokens,
-      `cached ${a2.usage.prompt_tokens_details.cached_tokens}`);
-    assert.equal(await metric(srv, 'k3_state_cache_loads_total'), 1);
-    assert.equal(await metric(srv, 'k3_state_cache_spills_total'), 3, 'Anna, Boris, then Chen for Anna');
-    // identical to the same two turns on a fresh server with nothing between
-    const fresh = await server([]);
-    const fapi = client(fresh);
-    const f1 = await ask(fapi, first('Anna'));
-    const f2 = await ask(fapi, second('Anna', f1), { logprobs: true });
-    assert.equal(f2.usage.prompt_tokens_details.cached_tokens, a2.usage.prompt_tokens_details.cached_tokens);
-    assert.deepEqual(f2.choices[0], a2.choices[0]);
-    await srv.stop();
-    assert.deepEqual(fs.readdirSync(dir), [], 'the state files are removed at exit');
-  } finally {
-    fs.rmSync(dir, { recursive: true, force: true });
-  }
-});
-
-test('--state-dir must be a writable folder', async () => {
-  await assert.rejects(startServer(['--state-dir', '/nonexistent/k3-states']), /state_dir \/nonexistent\/k3-states: not a folder/);
-});
