@@ -97,6 +97,8 @@ static int parse_pack(int argc, char **argv, pack_args *a) {
         fprintf(stderr, "k3 pack: give MODEL_DIR (see k3 pack --help)\n");
         return K3_ERR_USAGE;
     }
+    int rc_dir = k3_model_arg("pack", a->model_dir, &a->model_dir);
+    if (rc_dir) return rc_dir;
     if (strcmp(a->spine, "int8") != 0) {
         fprintf(stderr, "k3 pack: --spine %s: only int8 is supported\n", a->spine);
         return K3_ERR_USAGE;

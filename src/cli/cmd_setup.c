@@ -13,10 +13,13 @@
 
 static void setup_usage(FILE *f) {
     fprintf(f,
-        "usage: k3 setup DEST [--full | --stream | --finish | --check] [options]\n"
+        "usage: k3 setup [DEST] [--full | --stream | --finish | --check] [options]\n"
         "\n"
         "Installs a Kimi K3 snapshot into the folder DEST from any server laid out like the\n"
-        "Hugging Face hub: {endpoint}/{repo}/resolve/{revision}/{file}. It first fetches\n"
+        "Hugging Face hub: {endpoint}/{repo}/resolve/{revision}/{file}.\n"
+        "DEST defaults to MODELS/REPO (REPO: --repo), where MODELS is $K3_MODELS, else\n"
+        "$XDG_DATA_HOME/k3/models, else ~/.local/share/k3/models; there, the commands that\n"
+        "take a model find it by name (k3 run " K3_HF_REPO "). It first fetches\n"
         "config.json, the index, the tokenizer files and every shard's header, then checks free\n"
         "space (refusing with the exact number of bytes to free) before writing anything.\n"
         "Every file is checked (length; sha256 when the server gives one) before it gets its\n"
@@ -44,7 +47,8 @@ static void setup_usage(FILE *f) {
         "  -h, --help         this help\n"
         "\n"
         "environment: HF_TOKEN (bearer token, sent only to the endpoint's host, never stored),\n"
-        "HF_ENDPOINT, K3_SETUP_FREE_BYTES (assume this many free bytes; for tests).\n"
+        "HF_ENDPOINT, K3_MODELS, XDG_DATA_HOME and HOME (the default DEST),\n"
+        "K3_SETUP_FREE_BYTES (assume this many free bytes; for tests).\n"
         "Redirects are followed only to https: or to the endpoint's own host.\n"
         "exit status: 0 ok, 2 usage, 3 I/O, 5 a bad header or --check found a problem,\n"
         "10 network (after the retries), 11 not enough disk space, 130 interrupted.\n");
@@ -96,9 +100,18 @@ static int parse_args(int argc, char **argv, k3_setup_opts *o) {
         }
         if (rc) return rc;
     }
-    if (!o->dest) {
-        fprintf(stderr, "k3 setup: give the folder to install into (see k3 setup --help)\n");
-        return K3_ERR_USAGE;
+    if (!o->dest) { /* MODELS/REPO, where commands find it by name (model_dir.h) */
+        static char dest[4096 + 256];
+        const char *repo = o->repo ? o->repo : K3_HF_REPO;
+        char models[4096];
+        if (!k3_repo_id_valid(repo) || !k3_cli_models_dir(models, sizeof models)[0]) {
+            fprintf(stderr, "k3 setup: give the folder to install into: %s (see k3 setup "
+                    "--help)\n", models[0] ? "--repo is no OWNER/NAME" : "HOME is not set");
+            return K3_ERR_USAGE;
+        }
+        snprintf(dest, sizeof dest, "%s/%s", models, repo);
+        o->dest = dest;
+        fprintf(stderr, "k3 setup: installing into %s\n", dest);
     }
     if (modes > 1) {
         fprintf(stderr, "k3 setup: give at most one of --full, --stream, --finish, --check\n");

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "../setup/setup.h"
 #include "../tok/tokenizer.h"
 #include "../util/fileio.h"
 #include "cli.h"
@@ -97,6 +98,10 @@ static int parse_args(int argc, char **argv, bool with_options, tok_args *a) {
     }
     int first = 0;
     if (n_pos > 0 && is_tokenizer_dir(pos[0])) a->dir = pos[first++];
+    else if (n_pos > (a->file ? 0 : 1) && k3_repo_id_valid(pos[0])) { /* a model's name */
+        int rc = k3_model_arg(cmd, pos[first++], &a->dir);
+        if (rc) return rc;
+    }
     const char *problem = arity_problem(a->file != NULL, n_pos - first, with_options);
     if (problem) return usage_error(cmd, problem, NULL);
     if (!a->file) a->arg = pos[first];
