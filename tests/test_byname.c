@@ -222,6 +222,68 @@ out:
     k3t_rm_dir(tmp);
 }
 
+/* k3 serve by name serves the name (not its snapshot's revision); by path, the folder's name
+ * as before. The server is stopped with SIGINT once it printed where it listens. */
+static void test_serve_model_id(void) {
+    char *tmp = k3t_tmpdir(), bin[PATH_MAX], args[3 * PATH_MAX + 512];
+    k3t_cli r = {0};
+    if (!tmp || add_snapshot(tmp, "c0ffee", NULL)) goto out;
+    if (!realpath(k3t_bin(), bin)) {
+        k3_test_fail(__FILE__, __LINE__, "%s: %s", k3t_bin(), strerror(errno));
+        goto out;
+    }
+    static const char *models[] = {REPO, "%s/" REPO_DIR "/snapshots/c0ffee"};
+    static const char *ids[] = {"(model \"" REPO "\" from %s/" REPO_DIR "/snapshots/c0ffee)",
+                                "(model \"c0ffee\" from %s/" REPO_DIR "/snapshots/c0ffee)"};
+    for (int i = 0; i < 2; i++) {
+        char model[PATH_MAX + 64], want[PATH_MAX + 128];
+        snprintf(model, sizeof model, models[i], tmp);
+        snprintf(want, sizeof want, ids[i], tmp);
+        snprintf(args, sizeof args, "-c 'HF_HUB_CACHE=%s/hub \"%s\" serve %s --port 0 -q & p=$!; "
+                 "for i in $(seq 1 600); do grep -q listening %s/serve.out 2>/dev/null && break; "
+                 "sleep 0.1; done; kill -INT $p; wait $p' >%s/serve.out 2>&1; cat %s/serve.out",
+                 tmp, bin, model, tmp, tmp, tmp);
+        if (k3t_cli_run_in(NULL, "/bin/sh", args, &r)) goto out;
+        if (!strstr(r.out, want)) {
+            k3_test_fail(__FILE__, __LINE__, "want '%s' in: %s%s", want, r.out, r.err);
+            goto out;
+        }
+        k3t_cli_free(&r);
+    }
+out:
+    k3t_cli_free(&r);
+    k3t_rm_dir(tmp);
+}
+
+/* k3 setup without DEST installs into K3_MODELS/REPO, where a name finds it, and its help
+ * says so. (The install itself is tests/setup/run.sh's; here the server does not answer.) */
+static void test_setup_default_dest(void) {
+    char *tmp = k3t_tmpdir(), bin[PATH_MAX], args[2 * PATH_MAX + 256];
+    k3t_cli r = {0};
+    if (!tmp) return;
+    if (!realpath(k3t_bin(), bin)) {
+        k3_test_fail(__FILE__, __LINE__, "%s: %s", k3t_bin(), strerror(errno));
+        goto out;
+    }
+    snprintf(args, sizeof args, "K3_MODELS=%s/models '%s' setup --endpoint http://127.0.0.1:9 "
+             "--repo owner/name --retries 0 --timeout 2", tmp, bin);
+    if (k3t_cli_run_in(NULL, "/usr/bin/env", args, &r)) goto out;
+    char want[PATH_MAX + 64];
+    snprintf(want, sizeof want, "installing into %s/models/owner/name\n", tmp);
+    if (r.status != K3_ERR_NETWORK || !strstr(r.err, want)) {
+        k3_test_fail(__FILE__, __LINE__, "exit %d: %s", r.status, r.err);
+        goto out;
+    }
+    k3t_cli_free(&r);
+    if (k3t_cli_run("setup --help", &r)) goto out;
+    if (r.status || !strstr(r.out, "DEST defaults to MODELS/REPO") ||
+        !strstr(r.out, "$K3_MODELS, else\n$XDG_DATA_HOME/k3/models, else ~/.local/share/k3/models"))
+        k3_test_fail(__FILE__, __LINE__, "k3 setup --help: %s", r.out);
+out:
+    k3t_cli_free(&r);
+    k3t_rm_dir(tmp);
+}
+
 const k3_test k3_suite_byname[] = {
     {"repo_id_form", test_repo_id_form},
     {"cache_roots", test_cache_roots},
@@ -229,5 +291,7 @@ const k3_test k3_suite_byname[] = {
     {"newest_by_time", test_newest_by_time},
     {"setup_folder_and_paths", test_setup_folder_and_paths},
     {"cli_by_name", test_cli_by_name},
+    {"serve_model_id", test_serve_model_id},
+    {"setup_default_dest", test_setup_default_dest},
     {0},
 };

@@ -134,7 +134,7 @@ static int parse_args(int argc, char **argv, serve_args *a) {
     if (rc) return rc;
     if ((rc = k3_model_arg("serve", p.n_positional ? p.positional[0] : NULL, &a->model_dir)))
         return rc;
-    if (p.n_positional && !a->so.model_id && a->model_dir != p.positional[0])
+    if (p.n_positional && !a->so.model_id && strcmp(a->model_dir, p.positional[0]))
         a->so.model_id = p.positional[0]; /* a name, not its snapshot's revision */
     a->eo.verbose = !a->cc.quiet;
     a->so.log_requests = !a->cc.quiet;
