@@ -271,19 +271,20 @@ INSTALL_LAB ?= 0
 MODEL_FILES := $(wildcard tests/fixtures/k3-tiny-kjv/*.*)
 .PHONY: man install uninstall test-install test-deb test-container
 
-man: $(BUILD)/man/k3.1 $(if $(filter 1,$(INSTALL_LAB)),$(BUILD)/man/k3-lab.1)
+man: $(BUILD)/man/k3.1 $(if $(filter 1,$(INSTALL_LAB)),$(BUILD)/man-lab/k3-lab.1)
 
 $(BUILD)/man/k3.1: $(BUILD)/k3 scripts/gen-man.sh
 	sh scripts/gen-man.sh $(BUILD)/k3 $(BUILD)/man
 
-$(BUILD)/man/k3-lab.1: $(BUILD)/k3-lab scripts/gen-man.sh
-	sh scripts/gen-man.sh $(BUILD)/k3-lab $(BUILD)/man-lab && cp $(BUILD)/man-lab/*.1 $(BUILD)/man/
+$(BUILD)/man-lab/k3-lab.1: $(BUILD)/k3-lab scripts/gen-man.sh
+	sh scripts/gen-man.sh $(BUILD)/k3-lab $(BUILD)/man-lab
 
 install: $(BUILD)/k3 man $(if $(filter 1,$(INSTALL_LAB)),$(BUILD)/k3-lab)
 	$(INSTALL) -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(DATADIR)/k3/k3-tiny-kjv
 	$(INSTALL) -m 755 $(BUILD)/k3 $(DESTDIR)$(BINDIR)/k3
 	$(if $(filter 1,$(INSTALL_LAB)),$(INSTALL) -m 755 $(BUILD)/k3-lab $(DESTDIR)$(BINDIR)/k3-lab)
 	$(INSTALL) -m 644 $(BUILD)/man/*.1 $(DESTDIR)$(MANDIR)/man1/
+	$(if $(filter 1,$(INSTALL_LAB)),$(INSTALL) -m 644 $(BUILD)/man-lab/*.1 $(DESTDIR)$(MANDIR)/man1/)
 	$(INSTALL) -m 644 $(MODEL_FILES) $(DESTDIR)$(DATADIR)/k3/k3-tiny-kjv/
 
 # k3-*.1 and not k3*.1: other programs' pages (k3b.1) share the prefix

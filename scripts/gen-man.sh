@@ -33,18 +33,19 @@ page() {
 }
 
 help=$("$bin" --help)
+rname=$(printf '%s' "$name" | roff_text)
 title=$(printf '%s\n' "$help" | sed -n '1s/^[^ ]* — //p')
 # "  run [MODEL_DIR] --prompt TEXT   generate text ...": the command's name and its line
 cmds=$(printf '%s\n' "$help" | sed -n '/^commands:/,/^$/s/^  \([a-z][a-z-]*\)[ ,].*/\1/p' |
        sort -u)
 see=""
-for c in $cmds; do see="$see${see:+, }\\fB$name\\-$c\\fR(1)"; done
+for c in $cmds; do see="$see${see:+, }\\fB$rname\\-$(printf '%s' "$c" | roff_text)\\fR(1)"; done
 printf '%s\n' "$help" | page "$out/$name.1" "$(echo "$name" | tr a-z A-Z)" \
-    "$name \\- $(printf '%s' "$title" | roff_text)" "$see"
+    "$rname \\- $(printf '%s' "$title" | roff_text)" "$see"
 for c in $cmds; do
     # the command's line in the list: its synopsis, then (after 2+ spaces) what it does
     what=$(printf '%s\n' "$help" |
            sed -n "/^commands:/,/^\$/s/^  $c[ ,].*[^ ]  \\+\\([^ ].*\\)\$/\\1/p" | head -1)
     "$bin" "$c" --help | page "$out/$name-$c.1" "$(echo "$name-$c" | tr a-z A-Z)" \
-        "$name\\-$c \\- $(printf '%s' "${what:-$name $c}" | roff_text)" "\\fB$name\\fR(1)"
+        "$rname\\-$(printf '%s' "$c" | roff_text) \\- $(printf '%s' "${what:-$name $c}" | roff_text)" "\\fB$rname\\fR(1)"
 done
