@@ -183,6 +183,28 @@ out:
     k3t_rm_dir(tmp);
 }
 
+/* A snapshot whose index is no JSON with a weight_map of plain file names is an error naming
+ * the index, not a snapshot that merely lacks files. */
+static void test_bad_index(void) {
+    static const char *bodies[] = {"{", "{\"weight_map\": {\"a.weight\": \"../x.safetensors\"}}"};
+    static const char *says[] = {"no \"weight_map\" object", "tensor a.weight: shard name is "
+                                 "not a plain file name"};
+    for (int i = 0; i < 2; i++) {
+        char *tmp = k3t_tmpdir(), out[PATH_MAX], note[1024], cmd[512];
+        k3_err err = {0};
+        snprintf(cmd, sizeof cmd, "d=" REPO_DIR "/snapshots/bad && rm $d/model.safetensors.index.json"
+                 " && printf '%%s' '%s' > $d/model.safetensors.index.json", bodies[i]);
+        if (!tmp || add_snapshot(tmp, "bad", NULL) || sh_in(tmp, cmd)) {
+            k3t_rm_dir(tmp);
+            return;
+        }
+        int rc = resolve(tmp, REPO, out, note, &err);
+        k3t_rm_dir(tmp);
+        CHECK(rc == K3_ERR_CHECKPOINT && strstr(err.msg, "snapshots/bad/model.safetensors.index"
+              ".json: ") && strstr(err.msg, says[i]), "rc %d: %s", rc, err.msg);
+    }
+}
+
 /* The edge: k3 finds the cache through HF_HUB_CACHE, HF_HOME and HOME, loads the snapshot by
  * name (the load line names its folder) and prints what the same folder given as a path
  * prints; k3 setup's default folder is found through K3_MODELS. */
@@ -290,6 +312,7 @@ const k3_test k3_suite_byname[] = {
     {"newest_complete_snapshot", test_newest_complete_snapshot},
     {"newest_by_time", test_newest_by_time},
     {"setup_folder_and_paths", test_setup_folder_and_paths},
+    {"bad_index", test_bad_index},
     {"cli_by_name", test_cli_by_name},
     {"serve_model_id", test_serve_model_id},
     {"setup_default_dest", test_setup_default_dest},

@@ -91,35 +91,13 @@ static int cmp_str(const void *a, const void *b) {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-/* Fills *l with what dir lacks of a complete snapshot: config.json, the tokenizer files, the
- * index and every shard its weight_map names (or model.safetensors without an index).
- * Returns 0, or an error for an index that cannot be read or parsed. */
-static int snapshot_lacks(const char *dir, lack *l, k3_err *err) {
-    memset(l, 0, sizeof *l);
-    need(l, dir, "config.json");
-    need(l, dir, "tiktoken.model");
-    need(l, dir, "tokenizer_config.json");
-    if (!present(dir, "model.safetensors.index.json")) {
-        if (!present(dir, "model.safetensors")) need(l, dir, "model.safetensors.index.json");
-        return K3_OK;
-    }
-    char path[PATH_MAX], *json = NULL;
-    if (snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir) >= (int)sizeof path)
-        return k3_fail(err, K3_ERR_IO, "%s: path too long", dir);
-    int rc = k3_read_file(path, INDEX_MAX_BYTES, &json, NULL, err);
-    if (rc) return rc;
-    cJSON *root = cJSON_Parse(json);
-    free(json);
-    const cJSON *wm = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
-    if (!cJSON_IsObject(wm)) {
-        cJSON_Delete(root);
-        return k3_fail(err, K3_ERR_CHECKPOINT, "%s: malformed JSON or no \"weight_map\" object",
-                       path);
-    }
-    /* Each shard once: the few distinct names, checked against the last one first (the
-     * index lists a shard's tensors in runs). */
+/* The distinct shard names of an index's weight_map, sorted, into *out (malloc'd; the
+ * strings are wm's). Each name is checked against the last one first: an index lists a
+ * shard's tensors in runs, and K3's lists ~500k tensors in a few dozen shards. */
+static int index_shards(const char *path, const cJSON *wm, const char ***out, int *n,
+                        k3_err *err) {
     const char **uniq = NULL, *last = NULL;
-    int n_uniq = 0, cap = 0;
+    int n_uniq = 0, cap = 0, rc = K3_OK;
     for (const cJSON *e = wm->child; e && !rc; e = e->next) {
         const char *s = cJSON_IsString(e) ? e->valuestring : "";
         if (last && !strcmp(last, s)) continue;
@@ -142,9 +120,44 @@ static int snapshot_lacks(const char *dir, lack *l, k3_err *err) {
         }
         uniq[n_uniq++] = s;
     }
-    if (!rc && n_uniq) qsort(uniq, (size_t)n_uniq, sizeof *uniq, cmp_str);
-    for (int i = 0; i < n_uniq && !rc; i++) need(l, dir, uniq[i]);
-    free(uniq);
+    if (rc) {
+        free(uniq);
+        return rc;
+    }
+    if (n_uniq) qsort(uniq, (size_t)n_uniq, sizeof *uniq, cmp_str);
+    *out = uniq;
+    *n = n_uniq;
+    return K3_OK;
+}
+
+/* Fills *l with what dir lacks of a complete snapshot: config.json, the tokenizer files, the
+ * index and every shard its weight_map names (or model.safetensors without an index).
+ * Returns 0, or an error for an index that cannot be read or parsed. */
+static int snapshot_lacks(const char *dir, lack *l, k3_err *err) {
+    memset(l, 0, sizeof *l);
+    need(l, dir, "config.json");
+    need(l, dir, "tiktoken.model");
+    need(l, dir, "tokenizer_config.json");
+    if (!present(dir, "model.safetensors.index.json")) {
+        if (!present(dir, "model.safetensors")) need(l, dir, "model.safetensors.index.json");
+        return K3_OK;
+    }
+    char path[PATH_MAX], *json = NULL;
+    if (snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir) >= (int)sizeof path)
+        return k3_fail(err, K3_ERR_IO, "%s: path too long", dir);
+    int rc = k3_read_file(path, INDEX_MAX_BYTES, &json, NULL, err);
+    if (rc) return rc;
+    cJSON *root = cJSON_Parse(json);
+    free(json);
+    const cJSON *wm = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
+    const char **shards = NULL;
+    int n = 0;
+    if (!cJSON_IsObject(wm))
+        rc = k3_fail(err, K3_ERR_CHECKPOINT, "%s: malformed JSON or no \"weight_map\" object",
+                     path);
+    else if (!(rc = index_shards(path, wm, &shards, &n, err)))
+        for (int i = 0; i < n; i++) need(l, dir, shards[i]);
+    free(shards);
     cJSON_Delete(root);
     return rc;
 }
