@@ -100,19 +100,8 @@ static int parse_args(int argc, char **argv, k3_setup_opts *o) {
         }
         if (rc) return rc;
     }
-    if (!o->dest) { /* MODELS/REPO, where commands find it by name (model_dir.h) */
-        static char dest[4096 + 256];
-        const char *repo = o->repo ? o->repo : K3_HF_REPO;
-        char models[4096];
-        if (!k3_repo_id_valid(repo) || !k3_cli_models_dir(models, sizeof models)[0]) {
-            fprintf(stderr, "k3 setup: give the folder to install into: %s (see k3 setup "
-                    "--help)\n", models[0] ? "--repo is no OWNER/NAME" : "HOME is not set");
-            return K3_ERR_USAGE;
-        }
-        snprintf(dest, sizeof dest, "%s/%s", models, repo);
-        o->dest = dest;
-        fprintf(stderr, "k3 setup: installing into %s\n", dest);
-    }
+    if (!o->dest && k3_setup_default_dest(o->repo ? o->repo : K3_HF_REPO, &o->dest))
+        return K3_ERR_USAGE; /* MODELS/REPO, where commands find it by name (model_dir.h) */
     if (modes > 1) {
         fprintf(stderr, "k3 setup: give at most one of --full, --stream, --finish, --check\n");
         return K3_ERR_USAGE;

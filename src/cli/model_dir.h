@@ -1,6 +1,8 @@
 /* model_dir.h — the model folder a command works on: the bundled fixture model when given
  * none (k3 and k3-lab both use it), a folder as given, or a Hugging Face repository id looked
- * up in the hub cache and in k3 setup's default folder (src/setup/setup.h, part 4). */
+ * up in the hub cache and in k3 setup's default folder (src/setup/setup.h, part 4). The
+ * variables that locate models (HF_HUB_CACHE, HF_HOME, XDG_CACHE_HOME, HOME, K3_MODELS,
+ * XDG_DATA_HOME) are read in model_dir.c and nowhere else. */
 #ifndef K3_CLI_MODEL_DIR_H
 #define K3_CLI_MODEL_DIR_H
 
@@ -33,5 +35,10 @@ int k3_model_arg(const char *cmd, const char *arg, const char **dir);
 /* Where k3 setup installs by default, K3_MODELS, else XDG_DATA_HOME/k3/models, else
  * ~/.local/share/k3/models; "" when none is known. Returns buf. */
 char *k3_cli_models_dir(char *buf, size_t cap);
+
+/* k3 setup's DEST when none is given: k3_cli_models_dir()/repo, where k3_model_arg finds it by
+ * name; says so on stderr. Returns 0 with *dest set (static storage), or 2 after printing why
+ * there is none (repo is no OWNER/NAME, or HOME is unset). */
+int k3_setup_default_dest(const char *repo, const char **dest);
 
 #endif

@@ -191,20 +191,6 @@ static const k3_opt table[] = {
      .help = "k3 setup: the Hugging Face endpoint (default https://huggingface.co)"},
     {.env = "K3_SETUP_FREE_BYTES", .field = "free_bytes", .type = K3_OPT_STR,
      .flags = K3_OPTF_LAB, .help = "tests: the free disk space k3 setup assumes"},
-    /* where a model given by name is looked for (model_dir.c, setup.h part 4) */
-    {.env = "HF_HUB_CACHE", .field = "hub_cache", .type = K3_OPT_STR,
-     .help = "the Hugging Face hub cache a model name is looked up in"},
-    {.env = "HF_HOME", .field = "hf_home", .type = K3_OPT_STR,
-     .help = "without HF_HUB_CACHE: the hub cache is HF_HOME/hub"},
-    {.env = "XDG_CACHE_HOME", .field = "xdg_cache_home", .type = K3_OPT_STR,
-     .help = "without HF_HOME: the hub cache is XDG_CACHE_HOME/huggingface/hub"},
-    {.env = "K3_MODELS", .field = "models_dir", .type = K3_OPT_STR,
-     .help = "where k3 setup installs by default (K3_MODELS/OWNER/NAME), and a name is\n"
-             "looked up after the hub cache"},
-    {.env = "XDG_DATA_HOME", .field = "xdg_data_home", .type = K3_OPT_STR,
-     .help = "without K3_MODELS: XDG_DATA_HOME/k3/models"},
-    {.env = "HOME", .field = "home", .type = K3_OPT_STR,
-     .help = "the defaults: ~/.cache/huggingface/hub and ~/.local/share/k3/models"},
     /* ---- output */
     {.flag = "--quiet", .alias = "-q", .field = "quiet", K3_OPT_COM(quiet),
      .type = K3_OPT_SWITCH, .value = 1, .group = K3_OG_QUIET,
