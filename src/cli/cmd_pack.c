@@ -97,8 +97,6 @@ static int parse_pack(int argc, char **argv, pack_args *a) {
         fprintf(stderr, "k3 pack: give MODEL_DIR (see k3 pack --help)\n");
         return K3_ERR_USAGE;
     }
-    int rc_dir = k3_model_arg("pack", a->model_dir, &a->model_dir);
-    if (rc_dir) return rc_dir;
     if (strcmp(a->spine, "int8") != 0) {
         fprintf(stderr, "k3 pack: --spine %s: only int8 is supported\n", a->spine);
         return K3_ERR_USAGE;
@@ -377,6 +375,8 @@ int k3_cmd_pack(int argc, char **argv) {
     pack_args a;
     int rc = parse_pack(argc, argv, &a);
     if (rc) return rc < 0 ? 0 : rc;
+    if ((rc = k3_model_arg("pack", a.model_dir, &a.model_dir))) return rc; /* a name: its folder */
+    if (!a.out_given) a.out_dir = a.model_dir;
     k3_err err = {0};
     rc = pack(&a, &err);
     if (rc) fprintf(stderr, "k3 pack: %s\n", err.msg);
