@@ -9,8 +9,9 @@
 #  - every library the built k3 links (readelf NEEDED, found with ldd, owned per dpkg -S) is
 #    from a package the runtime stage installs (or from libc6, in the base image);
 #  - ENTRYPOINT is the entry point script, VOLUME /models, EXPOSE 8000, a USER not root;
-#  - the entry point refuses to start without K3_API_KEY, and with it runs the installed
-#    k3 serve on 0.0.0.0: /health answers, /v1/models needs the key.
+#  - the entry point refuses to start without K3_API_KEY, serves /models when given only
+#    flags, and runs the installed k3 serve on 0.0.0.0: /health answers, /v1/models needs
+#    the key.
 set -eu
 BUILD=${BUILD:-build}
 cf=Containerfile
@@ -77,7 +78,14 @@ make --no-print-directory -s install BUILD="$BUILD" DESTDIR="$tmp/root" PREFIX=/
 export PATH="$tmp/root/usr/local/bin:$PATH"
 if (unset K3_API_KEY; sh $ep >"$tmp/out" 2>&1); then fail "the entry point started without K3_API_KEY"; fi
 grep -q "set K3_API_KEY" "$tmp/out" || fail "no hint without K3_API_KEY: $(cat "$tmp/out")"
-K3_API_KEY=sekrit K3_PORT=0 sh $ep -q >"$tmp/serve.log" 2>&1 &
+mkdir -p "$tmp/fake" && printf '#!/bin/sh\necho "$@"\n' >"$tmp/fake/k3" && chmod +x "$tmp/fake/k3"
+a=$(PATH="$tmp/fake:$PATH" K3_API_KEY=x K3_PORT= sh $ep --parallel 2)
+[ "$a" = "serve /models --parallel 2 --host 0.0.0.0 --port 8000" ] ||
+    fail "flags only: the entry point ran k3 $a"
+a=$(PATH="$tmp/fake:$PATH" K3_API_KEY=x K3_PORT=9 sh $ep owner/name)
+[ "$a" = "serve owner/name --host 0.0.0.0 --port 9" ] || fail "a name: the entry point ran k3 $a"
+K3_API_KEY=sekrit K3_PORT=0 sh $ep "$tmp/root/usr/local/share/k3/k3-tiny-kjv" -q \
+    >"$tmp/serve.log" 2>&1 &
 pid=$!
 port=""
 for _ in $(seq 1 100); do
