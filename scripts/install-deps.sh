@@ -19,6 +19,11 @@ if [ "${1:-}" = "--with-wide" ] || [ "${1:-}" = "--with-web" ]; then PKGS="$PKGS
 # ... and fuzzes the parsers with libFuzzer (make fuzz-smoke): Debian's clang brings
 # libclang-rt-14-dev, which holds libFuzzer and the sanitizer runtimes.
 if [ "${1:-}" = "--with-wide" ]; then PKGS="$PKGS clang libclang-rt-14-dev"; fi
+# The Debian package (debian/, make test-deb): dpkg-buildpackage with debhelper, checked by
+# lintian; --with-wide (CI) or --with-deb installs them.
+if [ "${1:-}" = "--with-wide" ] || [ "${1:-}" = "--with-deb" ]; then
+    PKGS="$PKGS debhelper lintian"
+fi
 SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq

@@ -120,7 +120,9 @@ int k3_cmd_plan(int argc, char **argv) {
     k3_opt_targets t = {.eo = &eo, .cc = &cc, .cmd = &po};
     int rc = k3_opts_parse(&plan_cmd, argc, argv, &t, &parsed);
     if (rc) return rc < 0 ? 0 : rc;
-    const char *dir = parsed.n_positional ? parsed.positional[0] : k3_default_model_dir();
+    const char *dir;
+    if ((rc = k3_model_arg("plan", parsed.n_positional ? parsed.positional[0] : NULL, &dir)))
+        return rc;
     /* a streaming install (k3 setup --stream) keeps its incomplete shards, headers whole, in
      * DIR/.k3/partial: plan from them as k3 run loads them (load.c) */
     char dirs[8192], partial[4200];

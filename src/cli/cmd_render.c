@@ -121,7 +121,8 @@ int k3_cmd_render(int argc, char **argv) {
     if (!rc && (rc = k3_chat_render_json(body, len, &segs, &err)))
         k3_err_prefix(&err, "%s", request);
     if (!rc && ids) {
-        rc = print_ids(dir ? dir : k3_default_model_dir(), &segs, &err);
+        if (!(rc = k3_model_arg("render", dir, &dir))) rc = print_ids(dir, &segs, &err);
+        else err.msg[0] = 0; /* reported */
     } else if (!rc && segments) {
         rc = print_segments(&segs, &err);
     } else if (!rc) {
@@ -131,7 +132,7 @@ int k3_cmd_render(int argc, char **argv) {
         else fwrite(text, 1, n, stdout);
         free(text);
     }
-    if (rc) {
+    if (rc && err.msg[0]) {
         fflush(stdout);
         fprintf(stderr, "k3 render: %s\n", err.msg);
     }

@@ -59,10 +59,13 @@ static const k3_opt setup_rows[] = {
 static const k3_cli_command setup_cmd = {
     .name = "setup",
     .usage =
-        "usage: k3 setup DEST [--full | --stream | --finish | --check] [options]\n"
+        "usage: k3 setup [DEST] [--full | --stream | --finish | --check] [options]\n"
         "\n"
         "Installs a Kimi K3 snapshot into the folder DEST from any server laid out like the\n"
-        "Hugging Face hub: {endpoint}/{repo}/resolve/{revision}/{file}. It first fetches\n"
+        "Hugging Face hub: {endpoint}/{repo}/resolve/{revision}/{file}.\n"
+        "DEST defaults to MODELS/REPO (REPO: --repo), where MODELS is $K3_MODELS, else\n"
+        "$XDG_DATA_HOME/k3/models, else ~/.local/share/k3/models; there, the commands that\n"
+        "take a model find it by name (k3 run " K3_HF_REPO "). It first fetches\n"
         "config.json, the index, the tokenizer files and every shard's header, then checks free\n"
         "space (refusing with the exact number of bytes to free) before writing anything.\n"
         "Every file is checked (length; sha256 when the server gives one) before it gets its\n"
@@ -73,6 +76,7 @@ static const k3_cli_command setup_cmd = {
     .rows = setup_rows, .n_rows = sizeof setup_rows / sizeof *setup_rows,
     .groups = K3_OG_NET, /* HF_TOKEN */
     .epilog = "HF_TOKEN is sent only to the endpoint's host as a bearer token, never stored.\n"
+              "K3_MODELS, XDG_DATA_HOME and HOME give the default DEST.\n"
               "Redirects are followed only to https: or to the endpoint's own host.\n"
               "exit status: 0 ok, 2 usage, 3 I/O, 5 a bad header or --check found a problem,\n"
               "10 network (after the retries), 11 not enough disk space, 130 interrupted.\n",
@@ -86,8 +90,6 @@ static int parse_args(int argc, char **argv, k3_setup_opts *o) {
     k3_opt_targets t = {.cc = &cc, .cmd = &a};
     int rc = k3_opts_parse(&setup_cmd, argc, argv, &t, &parsed);
     if (rc) return rc;
-    if (!parsed.n_positional)
-        return k3_opts_usage_error(&setup_cmd, "give the folder to install into");
     int modes = k3_opts_given(&setup_cmd, &parsed, "--full") +
                 k3_opts_given(&setup_cmd, &parsed, "--stream") +
                 k3_opts_given(&setup_cmd, &parsed, "--finish") +
@@ -95,9 +97,11 @@ static int parse_args(int argc, char **argv, k3_setup_opts *o) {
     if (modes > 1)
         return k3_opts_usage_error(&setup_cmd, "give at most one of --full, --stream, --finish, "
                                    "--check");
-    o->dest = parsed.positional[0];
     o->mode = (enum k3_setup_mode)a.mode;
     o->endpoint = a.endpoint, o->repo = a.repo, o->revision = a.revision;
+    o->dest = parsed.n_positional ? parsed.positional[0] : NULL;
+    if (!o->dest && k3_setup_default_dest(o->repo ? o->repo : K3_HF_REPO, &o->dest))
+        return K3_ERR_USAGE; /* MODELS/REPO, where commands find it by name (model_dir.h) */
     o->token = cc.hf_token && cc.hf_token[0] ? cc.hf_token : NULL;
     o->connections = a.connections;
     /* k3_http_opts: 0 is the default (or the manifest's), -1 none */

@@ -21,7 +21,7 @@ static const k3_command commands[] = {
      "print the text of token ids (or --file PATH)", NULL, 0},
     {"serve", NULL, k3_cmd_serve, "serve [MODEL_DIR] [--port N]",
      "OpenAI-compatible HTTP server (k3 serve --help)", NULL, 1},
-    {"setup", NULL, k3_cmd_setup, "setup DEST [--full|--stream]",
+    {"setup", NULL, k3_cmd_setup, "setup [DEST] [--full|--stream]",
      "install a snapshot over HTTP (see k3 setup --help)", NULL, 0},
     {"quality", NULL, k3_cmd_quality, "quality [DIR] --text FILE",
      "NLL/perplexity and distance from the exact path", NULL, 1},
@@ -43,8 +43,12 @@ static const k3_command commands[] = {
 
 static const k3_program k3_prog = {
     "k3", "k3 — exact Kimi K3 inference on one machine",
-    "MODEL_DIR is an unmodified Hugging Face snapshot of moonshotai/Kimi-K3; without\n"
-    "it, k3 uses the small fixture model bundled in " K3_BUNDLED_MODEL ".\n"
+    "MODEL_DIR is an unmodified Hugging Face snapshot of moonshotai/Kimi-K3, or its\n"
+    "name (OWNER/NAME): the newest complete snapshot in the Hugging Face cache\n"
+    "($HF_HUB_CACHE, $HF_HOME/hub or ~/.cache/huggingface/hub), else the folder k3 setup\n"
+    "installs into ($K3_MODELS/OWNER/NAME; k3 setup --help). Without it, k3 uses the\n"
+    "small fixture model bundled in " K3_BUNDLED_MODEL "\n"
+    "(installed: PREFIX/share/k3/k3-tiny-kjv).\n"
     "Benchmarks and test-data tools are in the developer binary " LAB " (" LAB " --help).\n"
     "Exit status: 0 ok, 2 usage, 3 I/O, 4 config, 5 checkpoint, 6 tokenizer,\n"
     "7 bad input, 8 packed spine corrupt or from another model, 9 a routed expert\n"

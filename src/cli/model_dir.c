@@ -3,9 +3,12 @@
 
 #include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include "../setup/setup.h"
 
 static int is_model_dir(const char *dir) {
     char p[PATH_MAX + 32];
@@ -29,13 +32,65 @@ const char *k3_default_model_dir(void) {
             if (snprintf(buf, sizeof buf, "%s/../" K3_BUNDLED_MODEL, exe) < (int)sizeof buf &&
                 is_model_dir(buf)) /* build/k3 */
                 return buf;
+            if (snprintf(buf, sizeof buf, "%s/" K3_INSTALLED_MODEL, exe) < (int)sizeof buf &&
+                is_model_dir(buf)) /* PREFIX/bin/k3 */
+                return buf;
         }
     }
     if (!is_model_dir(K3_BUNDLED_MODEL))
         fprintf(stderr, "k3: no MODEL_DIR given, and the bundled fixture model (%s) is neither "
-                "beside this k3 (%s) nor under the current folder: give a model folder (a "
-                "Hugging Face snapshot of moonshotai/Kimi-K3) as the first argument, e.g. "
-                "k3 run /path/to/Kimi-K3 --prompt TEXT\n", K3_BUNDLED_MODEL,
+                "beside this k3 (%s), nor installed beside it (" K3_INSTALLED_MODEL "), nor "
+                "under the current folder: give a model folder (a Hugging Face snapshot of "
+                "moonshotai/Kimi-K3) or its name as the first argument, e.g. k3 run "
+                "/path/to/Kimi-K3 --prompt TEXT\n", K3_BUNDLED_MODEL,
                 n > 0 ? exe : "its folder is unknown");
     return K3_BUNDLED_MODEL;
+}
+
+/* The variables that say where models are: the platform's (HOME, XDG_*) and the Hugging Face
+ * tools' (HF_HUB_CACHE, HF_HOME), shared with other programs like OMP_NUM_THREADS, and
+ * K3_MODELS. No flag sets them, so they are no rows of the option table: this is their one
+ * reader (model_dir.h lists them; k3 --help and k3 setup --help name them). */
+static const char *env(const char *name) {
+    const char *v = getenv(name);
+    return v && v[0] ? v : NULL;
+}
+
+char *k3_cli_models_dir(char *buf, size_t cap) {
+    return k3_models_dir(buf, cap, env("K3_MODELS"), env("XDG_DATA_HOME"), env("HOME"));
+}
+
+int k3_model_arg(const char *cmd, const char *arg, const char **dir) {
+    static char out[PATH_MAX]; /* CLI-only; main thread */
+    if (!arg) {
+        *dir = k3_default_model_dir();
+        return 0;
+    }
+    char hub[PATH_MAX], models[PATH_MAX], note[1024];
+    k3_hub_cache_dir(hub, sizeof hub, env("HF_HUB_CACHE"), env("HF_HOME"),
+                     env("XDG_CACHE_HOME"), env("HOME"));
+    k3_cli_models_dir(models, sizeof models);
+    k3_err err = {0};
+    int rc = k3_model_resolve(arg, hub, models, out, sizeof out, note, sizeof note, &err);
+    if (rc) {
+        fprintf(stderr, "k3 %s: %s\n", cmd, err.msg);
+        return rc;
+    }
+    if (note[0]) fprintf(stderr, "k3 %s: %s\n", cmd, note);
+    *dir = out;
+    return 0;
+}
+
+int k3_setup_default_dest(const char *repo, const char **dest) {
+    static char out[PATH_MAX + 256]; /* CLI-only; main thread */
+    char models[PATH_MAX];
+    if (!k3_repo_id_valid(repo) || !k3_cli_models_dir(models, sizeof models)[0]) {
+        fprintf(stderr, "k3 setup: give the folder to install into: %s (see k3 setup --help)\n",
+                k3_repo_id_valid(repo) ? "HOME is not set" : "--repo is no OWNER/NAME");
+        return 2;
+    }
+    snprintf(out, sizeof out, "%s/%s", models, repo);
+    fprintf(stderr, "k3 setup: installing into %s\n", out);
+    *dest = out;
+    return 0;
 }

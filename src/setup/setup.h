@@ -287,4 +287,55 @@ uint64_t k3_stream_requests(const k3_stream *s);
 const k3_expert_span *k3_stream_spans(const k3_stream *s, int *n);
 const char *k3_stream_shard_name(const k3_stream *s, int shard);
 
+/* ==== 4. Models by name (byname.c) ======================================================== *
+ *
+ * `k3 run moonshotai/Kimi-K3`: a repository id names a snapshot that the Hugging Face tools
+ * downloaded into their hub cache,
+ *     {hub_cache}/models--OWNER--NAME/snapshots/REVISION/FILE  (a symlink into ../../blobs/)
+ *     {hub_cache}/models--OWNER--NAME/refs/main                (the revision main was)
+ * or, failing that, the folder `k3 setup` installs into by default: {models_dir}/OWNER/NAME.
+ * The caller (the edge) finds hub_cache and models_dir from the environment with
+ * k3_hub_cache_dir and k3_models_dir; nothing here reads the environment.
+ *
+ * Invariants (tests/test_byname.c):
+ *  - An existing path is never reinterpreted, and a string that is not a repository id
+ *    (OWNER/NAME, one slash, [A-Za-z0-9._-], no leading '.' or '-', no ".." or "--") is
+ *    returned unchanged: folders keep working exactly as before.
+ *  - Only a complete snapshot is used: config.json, tiktoken.model, tokenizer_config.json,
+ *    the index and every shard its weight_map names (model.safetensors without an index),
+ *    symlinks followed; a link whose blob is gone is missing. The hub's tools create a
+ *    snapshot's link only once its blob is complete, so a download in progress is missing.
+ *  - Newest: refs/main's snapshot first when complete, then the others by modification time
+ *    (newest first; ties by name, so the choice is deterministic).
+ *  - Several snapshots, none complete: an error naming what the newest lacks (its first 8
+ *    files, and how many) and the fix (finish the download, or k3 setup).
+ */
+
+/* Whether s has the form of a Hugging Face repository id (above). */
+bool k3_repo_id_valid(const char *s);
+
+/* The hub cache folder as huggingface_hub finds it: hf_hub_cache (HF_HUB_CACHE), else
+ * hf_home/hub (HF_HOME), else xdg_cache_home/huggingface/hub (XDG_CACHE_HOME), else
+ * home/.cache/huggingface/hub. Each argument may be NULL or "" (unset); a relative value
+ * counts as unset. Returns buf: "" when none is known or it does not fit in cap. */
+char *k3_hub_cache_dir(char *buf, size_t cap, const char *hf_hub_cache, const char *hf_home,
+                       const char *xdg_cache_home, const char *home);
+
+/* Where `k3 setup` installs by default: k3_models (K3_MODELS), else
+ * xdg_data_home/k3/models, else home/.local/share/k3/models; a repository OWNER/NAME then
+ * goes into {that}/OWNER/NAME. Same conventions as k3_hub_cache_dir. */
+char *k3_models_dir(char *buf, size_t cap, const char *k3_models, const char *xdg_data_home,
+                    const char *home);
+
+/* The folder arg names: arg itself when it exists or is no repository id; else the newest
+ * complete snapshot of that repository in hub_cache; else models_dir/arg when it holds a
+ * config.json (a full or streaming install). hub_cache and models_dir may be NULL or "".
+ * On success out (cap bytes) holds the folder, and note (if non-NULL) a line to show the
+ * user when a newer but incomplete snapshot was passed over ("" otherwise).
+ * Errors: K3_ERR_IO when nothing is found (the message names every place looked at and the
+ * fix) or no snapshot is complete (what the newest lacks); K3_ERR_CHECKPOINT for an index
+ * that is not JSON with a weight_map of plain file names. */
+int k3_model_resolve(const char *arg, const char *hub_cache, const char *models_dir, char *out,
+                     size_t cap, char *note, size_t note_cap, k3_err *err);
+
 #endif
