@@ -198,8 +198,8 @@ $(BUILD)/bench_render: scripts/bench_render.c $(BUILD)/libk3.a
 # `k3 setup` against nginx on loopback with a fault-injecting proxy (tests/setup/run.sh, ~40 s);
 # prints SKIPPED with the reason when nginx or python3 is missing. K3_BIN picks the binary.
 K3_BIN ?= ./k3
-test-setup: k3
-	K3_BIN=$(K3_BIN) tests/setup/run.sh
+test-setup: k3 $(BUILD)/k3-test
+	K3_BIN=$(K3_BIN) K3_TEST_BIN=$(BUILD)/k3-test tests/setup/run.sh
 
 # On-demand expert fetch over loopback vs curl of the same ranges (tests/setup/bench.sh).
 bench-setup: k3 k3-lab $(BUILD)/bench_fetch

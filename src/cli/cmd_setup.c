@@ -52,8 +52,11 @@ static const k3_opt setup_rows[] = {
     {.flag = "--chunk-mb", SETUP(chunk_mb), .type = K3_OPT_DOUBLE, .lo = 1.0 / 1024,
      .hi = 1 << 20, .meta = "N",
      .help = "largest single range request, MiB (default 64; fractions ok)"},
+#ifdef K3_TEST_CONTROLS /* the test build only (build/k3-test; tests/setup/run.sh) */
     {.env = "K3_SETUP_FREE_BYTES", SETUP(free_bytes), .type = K3_OPT_DOUBLE, .lo = 0, .hi = 9e18,
-     .help = "tests: assume this many free bytes instead of asking the file system"},
+     .flags = K3_OPTF_LAB, .help = "tests: assume this many free bytes instead of asking the "
+                                   "file system"},
+#endif
 };
 
 static const k3_cli_command setup_cmd = {

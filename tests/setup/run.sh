@@ -9,6 +9,9 @@ set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
 K3=$(readlink -f "${K3_BIN:-./k3}")
+# the test build (make build/k3-test: -DK3_TEST_CONTROLS) for the checks that fake the free
+# disk space (K3_SETUP_FREE_BYTES); the shipped k3 reads no test variable
+K3T=$(readlink -f "${K3_TEST_BIN:-./build/k3-test}")
 FIX=$ROOT/tests/fixtures/k3-nano
 HERE=$ROOT/tests/setup
 NGINX=$(command -v nginx || true)
@@ -55,6 +58,7 @@ start_proxy() {
 rules() { printf '%s\n' "$@" > "$T/rules"; sleep 0.01; } # new mtime: the proxy re-reads
 nginx_lines() { wc -l < "$T/ng/access.log"; }
 setup() { "$K3" setup "$@" --backoff 0.05 --timeout 5; }
+setup_t() { "$K3T" setup "$@" --backoff 0.05 --timeout 5; } # the test build
 setup_bg() { ( exec "$K3" setup "$@" --backoff 0.05 --timeout 5 ) & } # $! is k3 itself
 
 # ---- groups ----------------------------------------------------------------------------
@@ -227,18 +231,20 @@ group_budget() {
 
 group_auto() {
     local rc need_stream need_full
+    check "the shipped k3 does not know K3_SETUP_FREE_BYTES" bash -c "! strings '$K3' | grep -q K3_SETUP_FREE_BYTES"
+    check "the test build does" bash -c "strings '$K3T' | grep -q K3_SETUP_FREE_BYTES"
     read need_stream need_full < <(python3 "$HERE/verify.py" need "$FIX")
-    K3_SETUP_FREE_BYTES=$need_full setup "$T/a1" --endpoint "$EP" 2>"$T/a1.err"
+    K3_SETUP_FREE_BYTES=$need_full setup_t "$T/a1" --endpoint "$EP" 2>"$T/a1.err"
     check "auto: room for everything -> full" same_as_source "$T/a1"
-    K3_SETUP_FREE_BYTES=$need_stream setup "$T/a2" --endpoint "$EP" 2>"$T/a2.err"; rc=$?
+    K3_SETUP_FREE_BYTES=$need_stream setup_t "$T/a2" --endpoint "$EP" 2>"$T/a2.err"; rc=$?
     check "auto: room for the spine only -> stream (exit 0)" [ $rc = 0 ]
     check "auto: stream chosen" grep -q '"mode":[[:space:]]*"stream"' "$T/a2/.k3/setup.json"
     check "auto: says how much a full install needs" grep -qF "not enough room for a full install ($((need_full - need_stream)) more bytes" "$T/a2.err"
-    K3_SETUP_FREE_BYTES=$((need_stream - 1)) setup "$T/a3" --endpoint "$EP" 2>"$T/a3.err"; rc=$?
+    K3_SETUP_FREE_BYTES=$((need_stream - 1)) setup_t "$T/a3" --endpoint "$EP" 2>"$T/a3.err"; rc=$?
     check "auto: too little room -> exit 11" [ $rc = 11 ]
     check "auto: refuses with the exact amount to free (1 byte)" grep -q "needs $need_stream bytes .* free at least 1 bytes" "$T/a3.err"
     check "auto: nothing written before the refusal" bash -c "! ls '$T/a3' | grep -q safetensors"
-    K3_SETUP_FREE_BYTES=1000 setup "$T/a4" --full --endpoint "$EP" 2>"$T/a4.err"; rc=$?
+    K3_SETUP_FREE_BYTES=1000 setup_t "$T/a4" --full --endpoint "$EP" 2>"$T/a4.err"; rc=$?
     check "--full without room -> exit 11 naming $((need_full - 1000)) bytes" bash -c "[ $rc = 11 ] && grep -q 'free at least $((need_full - 1000)) bytes' '$T/a4.err'"
 }
 
