@@ -51,11 +51,12 @@ static int ends_with(const char *s, const char *suffix) {
     return n >= m && strcmp(s + n - m, suffix) == 0;
 }
 
-int k3_pack_selects(const k3_tensor *t) {
+int k3_pack_selects(const k3_tensor *t, uint32_t scheme) {
     return t->dtype == K3_DT_BF16 && t->ndim == 2 && t->shape[0] > 1 &&
            strncmp(t->name, "language_model.", 15) == 0 && !strstr(t->name, "embed_tokens") &&
            !ends_with(t->name, "_res_proj.weight") &&
-           !ends_with(t->name, "block_sparse_moe.gate.weight");
+           !ends_with(t->name, "block_sparse_moe.gate.weight") &&
+           !(scheme == K3_PACK_SCHEME_BF16LX && ends_with(t->name, "kv_b_proj.weight"));
 }
 
 /* Checkpoint data order: by shard, then by offset (sequential reads while packing). */
@@ -141,7 +142,7 @@ static int plan(const k3_checkpoint *ck, uint32_t scheme, int do_survey, k3_pack
     if (!sel) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
     uint32_t n = 0;
     for (size_t i = 0; i < ck->n_tensors; i++)
-        if (k3_pack_selects(&ck->tensors[i])) sel[n++] = &ck->tensors[i];
+        if (k3_pack_selects(&ck->tensors[i], scheme)) sel[n++] = &ck->tensors[i];
     qsort(sel, n, sizeof *sel, cmp_data_order);
     int rc = K3_OK;
     if (n == 0)

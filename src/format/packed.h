@@ -8,7 +8,10 @@
  *  - Which tensors are packed is decided by k3_pack_selects() alone (writer and reader agree):
  *    BF16, 2-D, more than one row, under language_model., except the embedding (read one row
  *    per token, so int8 saves no per-token bytes), the AttnRes projections ([1, hidden]) and
- *    the MoE router gate.weight (expert selection is discrete; 1% of the spine).
+ *    the MoE router gate.weight (expert selection is discrete; 1% of the spine). The lossless
+ *    scheme also leaves kv_b_proj: the latent MLA reads it as per-head blocks of rows (W_uk,
+ *    W_uv), and a BF16LX matrix's escape list is indexed from the whole matrix's rows, so no
+ *    row block of it is a matrix of its own (at K3 widths 25 MB per MLA layer, 2% of the spine).
  *  - The layout is canonical: given the selected tensors (in checkpoint data order) every
  *    offset follows from the shapes (and, for scheme 2, each tensor's escape count), so the
  *    same snapshot always packs to the same bytes and a reader rejects any table that deviates
@@ -62,8 +65,9 @@ typedef struct k3_pack {
     const uint8_t *map;            /* whole file, read-only; NULL unless from k3_pack_open */
 } k3_pack;
 
-/* Whether the packer converts tensor t (the rule in the header comment). */
-int k3_pack_selects(const k3_tensor *t);
+/* Whether the packer converts tensor t in a pack of scheme (K3_PACK_SCHEME_*; the rule in
+ * the header comment). */
+int k3_pack_selects(const k3_tensor *t, uint32_t scheme);
 
 /* The canonical pack of checkpoint ck in scheme (K3_PACK_SCHEME_*): entries (done = 0,
  * checksum 0), offsets, file size and fingerprint; complete = 0, map = NULL, path = NULL.
