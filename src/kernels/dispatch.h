@@ -24,6 +24,9 @@ struct k3_kernels {
     /* The same for an MXFP4 matrix (packed [rows, cols/2], scale [rows, cols/32]). */
     void (*mxfp4)(const uint8_t *packed, const uint8_t *scale, int64_t rows, int64_t cols,
                   const float *x, int n, float *y, int64_t r0, int64_t r1);
+    /* Runs instruction mix `which` (enum k3_mix) reps times on one thread from L1 and returns
+     * the multiply-adds it did, or 0 where this path has no such loop. */
+    int64_t (*mix)(int which, int64_t reps);
     float (*dot)(const float *a, const float *b, int64_t n);
     void (*axpy)(float a, const float *x, float *y, int64_t n);
     void (*kda_delta)(float *S, const float *q, const float *k, const float *v,

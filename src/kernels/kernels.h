@@ -108,6 +108,17 @@ void k3_matmul_mxfp4(const k3_kernels *kr, const k3_mxfp4 *w, const float *x, in
 void k3_matvec_mxfp4_many(const k3_kernels *kr, int count, const k3_mxfp4 *w,
                           const float *const *x, float *const *y);
 
+/* The instruction mixes of the batched products' micro-kernels, for `k3-lab bench kernels`:
+ * each runs from registers and L1 only, so its rate is the peak the product's inner loop can
+ * reach on this core. K3_MIX_FMA: independent FMA chains (the core's multiply-add peak);
+ * K3_MIX_GEMM_BF16: the BF16 / F32 batched product's micro-kernel (simd_gemm.h);
+ * K3_MIX_GEMM_MXFP4: the MXFP4 batched product's. */
+enum k3_mix { K3_MIX_FMA, K3_MIX_GEMM_BF16, K3_MIX_GEMM_MXFP4 };
+/* Runs mix `which` of path kr `reps` times on the calling thread; returns the f32
+ * multiply-adds it did (a product's MACs, not counting a per-block scale FMA), or 0 when the
+ * path has no such loop (scalar). reps >= 1. */
+int64_t k3_kernels_mix(const k3_kernels *kr, int which, int64_t reps);
+
 /* Σ_i a[i]·b[i] for i < n (one thread; SIMD paths reorder the sum as described above). */
 float k3_dot(const k3_kernels *kr, const float *a, const float *b, int64_t n);
 /* y[i] = y[i] + a·x[i] for i < n (exact: the same result on every path). */

@@ -6,14 +6,14 @@
  * The includer defines, before including: W (f32 lanes), VF (the vector type), VZERO, VLOADU,
  * VLOADA, VSTOREU, VSTOREA, VFMA, VADD, VMUL, VSET1, VBF16 (W BF16 values widened), the
  * functions hsum (the fixed lane sum) and load_tail (a masked load of fewer than W floats), the
- * tile sizes KC and RG, the unroll pragmas UNROLL and UNROLL_V, and the register-blocking
- * choices TILE_V, SMALL_ACC, SMALL_R4 and SMALL_R5.
+ * unroll pragmas UNROLL and UNROLL_V, the register-blocking choices SMALL_ACC, SMALL_R4 and
+ * SMALL_R5, and simd_gemm.h's GEMM_R, GEMM_V, GEMM_RB and GEMM_KC.
  *
  * Exactness: the macros stand for the one intrinsic each ISA has for the operation, so each
  * path runs the same sequence of f32 operations it ran when the two files were written out
  * separately (the lane recipe of cpu_avx2.c's comment: one accumulator per (row, vector), lane
  * l takes columns l, l+W, ..., a zero-padded last step, then hsum); the bits are unchanged.
- * The register blocking (TILE_V, SMALL_R*) only groups independent (row, vector) sums, so it
+ * The register blocking (GEMM_*, SMALL_R*) only groups independent (row, vector) sums, so it
  * changes no result either. The MXFP4 loops differ in their decode and stay in each file. */
 
 /* p[0..n) for 0 < n < W as BF16 widened to f32, zeros above; never reads past p + n. */
@@ -117,78 +117,7 @@ static void tile_row(const wsrc *s, int64_t r, int64_t k0, int64_t kc, float *t)
 }
 
 
-/* acc[r][v] += tile rows r < R times vectors v < V over one tile (full steps, then the
- * masked tail step). R and V are constants at each call, so the loops unroll. */
-static inline __attribute__((always_inline)) void micro(const float *t, int R, const float *x,
-                                                        int64_t ldx, int V, int64_t full,
-                                                        int64_t tail, VF *acc) {
-    VF a[4][TILE_V];
-    UNROLL
-    for (int r = 0; r < R; r++)
-        UNROLL
-        for (int v = 0; v < V; v++) a[r][v] = acc[r * K3_MAX_BATCH + v];
-    for (int64_t i = 0; i < full; i += W) {
-        VF w[4];
-        UNROLL
-        for (int r = 0; r < R; r++) w[r] = VLOADA(t + r * KC + i);
-        UNROLL
-        for (int v = 0; v < V; v++) {
-            VF xv = VLOADU(x + v * ldx + i);
-            UNROLL
-            for (int r = 0; r < R; r++) a[r][v] = VFMA(w[r], xv, a[r][v]);
-        }
-    }
-    if (tail)
-        UNROLL
-        for (int v = 0; v < V; v++) {
-            VF xv = load_tail(x + v * ldx + full, tail);
-            UNROLL
-            for (int r = 0; r < R; r++)
-                a[r][v] = VFMA(VLOADA(t + r * KC + full), xv, a[r][v]);
-        }
-    UNROLL
-    for (int r = 0; r < R; r++)
-        UNROLL
-        for (int v = 0; v < V; v++) acc[r * K3_MAX_BATCH + v] = a[r][v];
-}
-
-/* One tile's products for all n vectors: 4 rows × TILE_V vectors per micro call. */
-static void tile_products(const float *tile, int nr, const float *x, int64_t cols, int n,
-                          int64_t full, int64_t tail, VF (*acc)[K3_MAX_BATCH]) {
-    int b = 0;
-    for (; b + TILE_V <= n; b += TILE_V) {
-        int r = 0;
-        for (; r + 4 <= nr; r += 4)
-            micro(tile + r * KC, 4, x + b * cols, cols, TILE_V, full, tail, &acc[r][b]);
-        for (; r < nr; r++)
-            micro(tile + r * KC, 1, x + b * cols, cols, TILE_V, full, tail, &acc[r][b]);
-    }
-    for (; b < n; b++) {
-        int r = 0;
-        for (; r + 4 <= nr; r += 4)
-            micro(tile + r * KC, 4, x + b * cols, cols, 1, full, tail, &acc[r][b]);
-        for (; r < nr; r++) micro(tile + r * KC, 1, x + b * cols, cols, 1, full, tail, &acc[r][b]);
-    }
-}
-
-static void matmul_tiles(const wsrc *s, int64_t rows, const float *x, int n, float *y,
-                         int64_t r0, int64_t r1) {
-    _Alignas(sizeof(VF)) float tile[RG * KC];
-    VF acc[RG][K3_MAX_BATCH];
-    int64_t cols = s->cols;
-    for (int64_t rg = r0; rg < r1; rg += RG) {
-        int nr = r1 - rg < RG ? (int)(r1 - rg) : RG;
-        for (int r = 0; r < nr; r++)
-            for (int b = 0; b < n; b++) acc[r][b] = VZERO();
-        for (int64_t k0 = 0; k0 < cols; k0 += KC) {
-            int64_t kc = cols - k0 < KC ? cols - k0 : KC, full = kc & ~(int64_t)(W - 1);
-            for (int r = 0; r < nr; r++) tile_row(s, rg + r, k0, kc, tile + r * KC);
-            tile_products(tile, nr, x + k0, cols, n, full, kc - full, acc);
-        }
-        for (int r = 0; r < nr; r++)
-            for (int b = 0; b < n; b++) y[b * rows + rg + r] = hsum(acc[r][b]);
-    }
-}
+#include "simd_gemm.h" /* gemm_dense: the batched product (n > BF16_SMALL) */
 
 /* ---- BF16 small batches (2 <= n <= BF16_SMALL): straight from registers ---------------- */
 
@@ -261,7 +190,7 @@ static void bf16(const uint16_t *w, int64_t rows, int64_t cols, const float *x, 
         return;
     }
     wsrc s = {SRC_BF16, w, cols};
-    matmul_tiles(&s, rows, x, n, y, r0, r1);
+    gemm_dense(&s, rows, x, n, y, r0, r1);
 }
 
 static void f32(const float *w, int64_t rows, int64_t cols, const float *x, int n, float *y,
@@ -271,7 +200,7 @@ static void f32(const float *w, int64_t rows, int64_t cols, const float *x, int 
         return;
     }
     wsrc s = {SRC_F32, w, cols};
-    matmul_tiles(&s, rows, x, n, y, r0, r1);
+    gemm_dense(&s, rows, x, n, y, r0, r1);
 }
 
 static float dot(const float *a, const float *b, int64_t n) {

@@ -1,0 +1,152 @@
+/* simd_gemm.h — the register-blocked GEMM micro-kernel of the x86 SIMD paths' batched BF16 /
+ * F32 products (prompt rows × weights, n > BF16_SMALL vectors), written once over the lane
+ * macros of simd_dense.h and included after it by cpu_avx2.c (8 lanes) and cpu_avx512.c (16
+ * lanes). Internal to src/kernels.
+ *
+ * Summation order (the exactness contract, kernels.h): each output (row r, vector v) has ONE
+ * W-lane accumulator, zero at the start; step i (ascending, i = 0, W, 2W, ..) does
+ * acc = fma(W[r][i..i+W), x[v][i..i+W), acc) — one rounding per lane per step, FMA — a last
+ * partial step takes zero-padded weights and a masked x load, then hsum adds the lanes in its
+ * one fixed order. That is exactly the sequence of bf16_vec (n = 1), of bf16_rows (n <= 5) and
+ * of the old tiled loop (simd_dense.h), so every batch size and every path of one ISA gives a
+ * row the same bits; only which independent (row, vector) sums run side by side changes.
+ *
+ * Blocking (the idea of BLIS/GotoBLAS, with the accumulator's lanes running along k rather
+ * than along the output, because the order above fixes them there):
+ *  - the weights of GEMM_RB rows × GEMM_KC columns are widened once into an L1 tile (f32) and
+ *    used for every vector;
+ *  - the micro-kernel keeps GEMM_R rows × GEMM_V vectors of accumulators in registers across
+ *    the tile's columns: each step loads GEMM_R weight vectors and GEMM_V input vectors for
+ *    GEMM_R·GEMM_V FMAs (AVX2 3×4: 12 accumulators + 3 weights + 1 input = the 16 ymm
+ *    registers, 7 loads per 12 FMAs; AVX-512 4×6: 24 + 4 + 1 of the 32 zmm). Twelve or more
+ *    independent chains cover the FMA latency (4 cycles) on both FMA pipes;
+ *  - the GEMM_V inputs' GEMM_KC columns (4 KB on AVX2) stay in L1 while the tile's row groups
+ *    pass over them; the accumulators wait in `acc` between tiles (one load and one store per
+ *    accumulator per GEMM_KC columns).
+ * gemm_mix() runs the micro-kernel's instruction mix on L1-resident data for `k3-lab bench
+ * kernels` (the peak these loops can reach, measured in the same run).
+ *
+ * The includer defines GEMM_R, GEMM_V, GEMM_RB (a multiple of GEMM_R), GEMM_KC (a multiple of
+ * W) and UNROLL8 (covering GEMM_R and GEMM_V). */
+
+/* acc[r·K3_MAX_BATCH + v] += tile rows r < R · vectors v < V over `steps` steps of W columns;
+ * xp holds the vectors' columns interleaved by step (xp[(s·GEMM_V + v)·W + l]) and zero-padded,
+ * as the tile's rows are, so a last partial step is the masked tail step of the lane recipe.
+ * R and V are constants at each call (the loops unroll). */
+static inline __attribute__((always_inline)) void gemm_micro(const float *t, int R,
+                                                             const float *xp, int V,
+                                                             int64_t steps, VF *acc) {
+    VF a[GEMM_R][GEMM_V];
+    UNROLL8
+    for (int r = 0; r < R; r++)
+        UNROLL8
+        for (int v = 0; v < V; v++) a[r][v] = acc[r * K3_MAX_BATCH + v];
+    for (int64_t s = 0; s < steps; s++) {
+        VF w[GEMM_R];
+        UNROLL8
+        for (int r = 0; r < R; r++) w[r] = VLOADA(t + r * GEMM_KC + s * W);
+        UNROLL8
+        for (int v = 0; v < V; v++) {
+            VF xv = VLOADA(xp + (s * GEMM_V + v) * W);
+            UNROLL8
+            for (int r = 0; r < R; r++) a[r][v] = VFMA(w[r], xv, a[r][v]);
+        }
+    }
+    UNROLL8
+    for (int r = 0; r < R; r++)
+        UNROLL8
+        for (int v = 0; v < V; v++) acc[r * K3_MAX_BATCH + v] = a[r][v];
+}
+
+/* gemm_micro with R = GEMM_R (or 1, row by row, for a range's last rows) and V = 1..GEMM_V
+ * as constants. */
+#define GEMM_CALL(R_)                                                                        \
+    switch (V) {                                                                             \
+    case 1: gemm_micro(t, R_, xp, 1, steps, acc); break;                                     \
+    case 2: gemm_micro(t, R_, xp, 2, steps, acc); break;                                     \
+    case 3: gemm_micro(t, R_, xp, 3, steps, acc); break;                                     \
+    default: gemm_micro(t, R_, xp, GEMM_V, steps, acc); break;                               \
+    }
+static void gemm_group(const float *t, int R, const float *xp, int V, int64_t steps, VF *acc) {
+    if (R == GEMM_R) {
+        GEMM_CALL(GEMM_R)
+    } else {
+        for (int r = 0; r < R; r++, t += GEMM_KC, acc += K3_MAX_BATCH) GEMM_CALL(1)
+    }
+}
+#undef GEMM_CALL
+
+/* xp[(s·GEMM_V + v)·W + l] = x[v·ldx + s·W + l] for v < V and columns s·W + l < kc; zeros
+ * past kc (load_tail: never reads past the row). */
+static void gemm_pack_x(const float *x, int64_t ldx, int V, int64_t kc, float *xp) {
+    int64_t full = kc & ~(int64_t)(W - 1), tail = kc - full;
+    for (int v = 0; v < V; v++) {
+        const float *xv = x + v * ldx;
+        int64_t s = 0;
+        for (; s * W < full; s++) VSTOREA(xp + (s * GEMM_V + v) * W, VLOADU(xv + s * W));
+        if (tail) VSTOREA(xp + (s * GEMM_V + v) * W, load_tail(xv + full, tail));
+    }
+}
+
+/* Rows [r0, r1) of W (BF16 or F32, s) times n <= K3_MAX_BATCH vectors. */
+static void gemm_dense(const wsrc *s, int64_t rows, const float *x, int n, float *y, int64_t r0,
+                       int64_t r1) {
+    _Alignas(64) float tile[GEMM_RB * GEMM_KC], xp[GEMM_V * GEMM_KC];
+    VF acc[GEMM_RB * K3_MAX_BATCH];
+    int64_t cols = s->cols;
+    for (int64_t rg = r0; rg < r1; rg += GEMM_RB) {
+        int nr = r1 - rg < GEMM_RB ? (int)(r1 - rg) : GEMM_RB;
+        for (int k = 0; k < nr * K3_MAX_BATCH; k++) acc[k] = VZERO();
+        for (int64_t k0 = 0; k0 < cols; k0 += GEMM_KC) {
+            int64_t kc = cols - k0 < GEMM_KC ? cols - k0 : GEMM_KC, steps = (kc + W - 1) / W;
+            for (int r = 0; r < nr; r++) tile_row(s, rg + r, k0, kc, tile + r * GEMM_KC);
+            for (int b = 0; b < n; b += GEMM_V) {
+                int V = n - b < GEMM_V ? n - b : GEMM_V;
+                gemm_pack_x(x + (int64_t)b * cols + k0, cols, V, kc, xp);
+                for (int r = 0; r < nr; r += GEMM_R)
+                    gemm_group(tile + r * GEMM_KC, nr - r < GEMM_R ? nr - r : GEMM_R, xp, V,
+                               steps, acc + r * K3_MAX_BATCH + b);
+            }
+        }
+        for (int r = 0; r < nr; r++)
+            for (int b = 0; b < n; b++) y[(int64_t)b * rows + rg + r] = hsum(acc[r * K3_MAX_BATCH + b]);
+    }
+}
+
+/* ---- the instruction mixes, for `k3-lab bench kernels` ----------------------------------- */
+
+#define UNROLL_MIX _Pragma("GCC unroll 32")
+
+/* GEMM_R·GEMM_V independent FMA chains in registers, reps times 64 steps: the FMA peak. Returns
+ * the multiply-adds done (f32 lanes). The chains' inputs come from memory the compiler cannot
+ * see through (volatile), so nothing folds away. */
+static int64_t mix_fma(int64_t reps) {
+    static volatile float seed[2] = {0.999f, 1e-4f};
+    VF m = VSET1(seed[0]), c = VSET1(seed[1]), a[GEMM_R * GEMM_V];
+    UNROLL_MIX
+    for (int k = 0; k < GEMM_R * GEMM_V; k++) a[k] = VSET1((float)k);
+    for (int64_t i = 0; i < reps * 64; i++)
+        UNROLL_MIX
+        for (int k = 0; k < GEMM_R * GEMM_V; k++) a[k] = VFMA(a[k], m, c);
+    VF s = VZERO();
+    for (int k = 0; k < GEMM_R * GEMM_V; k++) s = VADD(s, a[k]);
+    seed[0] = hsum(s) * 0 + 0.999f;
+    return reps * 64 * GEMM_R * GEMM_V * W;
+}
+
+/* gemm_micro itself on one L1-resident tile and input panel, reps times (its loads, FMAs and
+ * accumulator traffic, without the widening, the packing or a cache miss): the peak of the
+ * dense GEMM's instruction mix. */
+static int64_t mix_gemm_dense(int64_t reps) {
+    static _Alignas(64) float t[GEMM_R * GEMM_KC], xp[GEMM_V * GEMM_KC];
+    VF acc[GEMM_R * K3_MAX_BATCH];
+    for (int k = 0; k < GEMM_R * GEMM_KC; k++) t[k] = 1e-3f * (float)(k % 7);
+    for (int k = 0; k < GEMM_V * GEMM_KC; k++) xp[k] = 1e-3f * (float)(k % 5);
+    for (int k = 0; k < GEMM_R * K3_MAX_BATCH; k++) acc[k] = VZERO();
+    for (int64_t i = 0; i < reps; i++) gemm_micro(t, GEMM_R, xp, GEMM_V, GEMM_KC / W, acc);
+    VF sum = VZERO(); /* every accumulator is used, so no FMA is dead code */
+    for (int r = 0; r < GEMM_R; r++)
+        for (int v = 0; v < GEMM_V; v++) sum = VADD(sum, acc[r * K3_MAX_BATCH + v]);
+    t[0] = hsum(sum) * 0;
+    return reps * GEMM_R * GEMM_V * GEMM_KC;
+}
