@@ -269,8 +269,8 @@ static void mxfp4_rows(const uint8_t *packed, const uint8_t *scale, int64_t rows
 #define VBF16(p) bf16_8(p)
 #define GEMM_R 3         /* simd_gemm.h's micro-kernel: 3 rows x 4 vectors: 12 accumulators of the 16 ymm */
 #define GEMM_V 4
-#define GEMM_RB 24
-#define GEMM_KC 256
+#define GEMM_RB 96
+#define GEMM_KC 512
 #define SMALL_ACC 12       /* accumulators of bf16_rows (R·V) */
 #define SMALL_R4 3         /* rows per bf16_rows call at n = 4 and at n = 5 */
 #define SMALL_R5 2

@@ -245,10 +245,10 @@ static void mxfp4_rows(const uint8_t *packed, const uint8_t *scale, int64_t rows
 #define VMUL(a, b) _mm512_mul_ps(a, b)
 #define VSET1(a) _mm512_set1_ps(a)
 #define VBF16(p) bf16_16(p)
-#define GEMM_R 6         /* simd_gemm.h's micro-kernel: 6 rows x 4 vectors: 24 accumulators of the 32 zmm */
-#define GEMM_V 4
-#define GEMM_RB 24        /* rows per widened tile (a multiple of GEMM_R) */
-#define GEMM_KC 256       /* columns per tile: 24 x 256 f32 = 24 KB */
+#define GEMM_R 4         /* simd_gemm.h's micro-kernel: 6 rows x 4 vectors: 24 accumulators of the 32 zmm */
+#define GEMM_V 6
+#define GEMM_RB 64
+#define GEMM_KC 512
 #define SMALL_ACC 20       /* accumulators of bf16_rows (R·V) */
 #define SMALL_R4 4         /* rows per bf16_rows call at n = 4 and at n = 5 */
 #define SMALL_R5 4
@@ -271,7 +271,7 @@ static void mxfp4_rows(const uint8_t *packed, const uint8_t *scale, int64_t rows
 #define MXG_MIN 8
 #define MXG_R 4
 #define MXG_V 3
-#define MXG_RB 24
+#define MXG_RB 96
 #define MXG_NB (GEMM_KC / 32)
 
 /* acc[i·K3_MAX_BATCH + v] += tile rows i < R · vectors v < V over nb blocks (tile t: per block
