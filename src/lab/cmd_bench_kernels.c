@@ -2,6 +2,7 @@
  * bytes per second beside the memory bandwidth of a large copy measured in the same run, one
  * thread and all threads, on every kernel path this CPU runs. `k3-lab bench decode`: seconds per
  * token per layer kind on a real-width checkpoint, extrapolated to K3's 93 layers. */
+#include <cblas.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -43,6 +44,9 @@ static void kernels_usage(FILE *f) {
         "Prints weight GB/s beside the bandwidth of a large memcpy measured in the\n"
         "same run (bytes read + bytes written per second, STREAM's convention), for one thread\n"
         "and for all threads. Uses about 4 GB of memory.\n"
+        "Then the batched products at 64 rows against the peak of their own instruction mix,\n"
+        "timed in registers and L1 in the same run (k3_kernels_mix), beside the FMA peak and\n"
+        "OpenBLAS's sgemm on the same shapes (f32 weights; the practical limit).\n"
         "\n"
         "  --kernels NAME   only this path (scalar, avx2, avx512, neon); default: every path\n"
         "                   this CPU runs\n"
@@ -111,7 +115,12 @@ static const kcase CASES[] = {
     {"MXFP4 expert 3584->3072 x4", -1, 3072, 3584, 4, 48, 1},
     {"BF16 7168->12288 x32", K3_DT_BF16, 12288, 7168, 32, 1, 1},
     {"MXFP4 expert 3584->3072 x32", -1, 3072, 3584, 32, 48, 1},
+    /* prompt rows at the GEMM micro-kernels' size (gemm_table compares them with their peak) */
+    {"BF16 7168->12288 x64", K3_DT_BF16, 12288, 7168, 64, 1, 1},
+    {"MXFP4 expert 3584->3072 x64", -1, 3072, 3584, 64, 48, 1},
 };
+#define CASE_BF16_X64 (sizeof CASES / sizeof CASES[0] - 2)
+#define CASE_MXFP4_X64 (sizeof CASES / sizeof CASES[0] - 1)
 
 typedef struct bufs {
     void *w;          /* largest BF16 / F32 / int8 weight matrix */
@@ -163,6 +172,93 @@ static double time_case(const k3_kernels *k, const kcase *c, const bufs *b, doub
         if (it >= 0) reps++, t = k3_now_s() - t0;
     }
     return t / reps;
+}
+
+/* ---- k3-lab bench kernels: the batched products against their peaks ------------------- */
+
+/* Multiply-adds per second of mix `which` on path k with every thread of the team running
+ * it for about `seconds` (best of 3 rounds). */
+static double mix_rate(const k3_kernels *k, int which, double seconds) {
+    int64_t reps = 2000;
+    double t = 0;
+    for (;;) { /* grow reps until one round takes at least seconds / 3 */
+        t = k3_now_s();
+        k3_kernels_mix(k, which, reps);
+        t = k3_now_s() - t;
+        if (t >= seconds / 3 || reps > ((int64_t)1 << 40)) break;
+        reps = t > 1e-4 ? (int64_t)((double)reps * seconds / 3 / t) + 1 : reps * 16;
+    }
+    double best = 0;
+    for (int it = 0; it < 3; it++) {
+        int64_t macs = 0;
+        double t0 = k3_now_s();
+#pragma omp parallel reduction(+ : macs)
+        macs += k3_kernels_mix(k, which, reps);
+        double r = (double)macs / (k3_now_s() - t0);
+        if (r > best) best = r;
+    }
+    return best;
+}
+
+/* Seconds per cblas_sgemm of c's shape: y[n][rows] = x[n][cols] · w[rows][cols]ᵀ in f32. */
+static double sgemm_time(const kcase *c, const float *w, const float *x, float *y, double seconds) {
+    int reps = 0;
+    double t0 = 0, t = 0;
+    for (int it = -1; reps < 2 || t < seconds; it++) {
+        if (it == 0) t0 = k3_now_s();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, c->n, (int)c->rows, (int)c->cols, 1.0f,
+                    x, (int)c->cols, w, (int)c->cols, 0.0f, y, (int)c->rows);
+        if (it >= 0) reps++, t = k3_now_s() - t0;
+    }
+    return t / reps;
+}
+
+/* The x64 cases on each path beside the peak of their instruction mix and the FMA peak, and
+ * OpenBLAS's sgemm on the same shapes. */
+static void gemm_table(const k3_kernels *const *paths, int np, const int *tcounts, const bufs *b,
+                       double seconds) {
+    static const size_t CS[2] = {CASE_BF16_X64, CASE_MXFP4_X64};
+    static const int MIX[2] = {K3_MIX_GEMM_BF16, K3_MIX_GEMM_MXFP4};
+    printf("\n| product, 64 rows | path | threads | GMAC/s | mix peak GMAC/s | %% of mix peak | "
+           "FMA peak GMAC/s | %% of FMA peak |\n|---|---|---|---|---|---|---|---|\n");
+    for (int p = 0; p < np; p++)
+        for (int t = 0; t < 2; t++) {
+            omp_set_num_threads(tcounts[t]);
+            double fma = mix_rate(paths[p], K3_MIX_FMA, seconds);
+            for (int i = 0; i < 2; i++) {
+                const kcase *c = &CASES[CS[i]];
+                double mix = mix_rate(paths[p], MIX[i], seconds);
+                double g = (double)(c->rows * c->cols * c->n) / time_case(paths[p], c, b, seconds);
+                if (fma <= 0) {
+                    printf("| %s | %s | %d | %.2f | - | - | - | - |\n", c->name,
+                           k3_kernels_name(paths[p]), tcounts[t], g / 1e9);
+                    continue;
+                }
+                printf("| %s | %s | %d | %.2f | %.2f | %.0f%% | %.2f | %.0f%% |\n", c->name,
+                       k3_kernels_name(paths[p]), tcounts[t], g / 1e9, mix / 1e9, 100 * g / mix,
+                       fma / 1e9, 100 * g / fma);
+                fflush(stdout);
+            }
+        }
+    /* OpenBLAS on f32 weights of the same shapes (BF16 / MXFP4 widened; a yardstick only) */
+    int64_t most = CASES[CS[0]].rows * CASES[CS[0]].cols;
+    float *w = malloc((size_t)most * sizeof *w);
+    if (!w) {
+        fprintf(stderr, "k3-lab bench kernels: out of memory for the sgemm weights\n");
+        return;
+    }
+    for (int64_t i = 0; i < most; i++) w[i] = b->x[i % (32 * 7168)] * 0.01f;
+    printf("\n| OpenBLAS sgemm (f32 weights) | threads | GMAC/s |\n|---|---|---|\n");
+    for (int i = 0; i < 2; i++)
+        for (int t = 0; t < 2; t++) {
+            const kcase *c = &CASES[CS[i]];
+            openblas_set_num_threads(tcounts[t]);
+            double s = sgemm_time(c, w, b->x, b->y, seconds);
+            printf("| %s | %d | %.2f |\n", c->name, tcounts[t],
+                   (double)(c->rows * c->cols * c->n) / s / 1e9);
+            fflush(stdout);
+        }
+    free(w);
 }
 
 static int bench_kernels(int argc, char **argv) {
@@ -238,6 +334,7 @@ static int bench_kernels(int argc, char **argv) {
                        bytes / (double)case_bytes(c) * (double)(c->rows * c->cols * c->n) / s / 1e9);
                 fflush(stdout);
             }
+    if (!filter || strstr("x64 GEMM", filter)) gemm_table(paths, np, tcounts, &b, seconds);
     free(src), free(dst), free(b.w), free(b.mx), free(b.x), free(b.y);
     return 0;
 }
