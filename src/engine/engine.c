@@ -192,7 +192,12 @@ static int plan_memory(k3_engine *e, const k3_engine_opts *o, uint64_t *spine_bu
                   : o->ctx < c->max_position_embeddings ? o->ctx : c->max_position_embeddings;
     k3_plan_model pm = {.spine_bytes = e->model.spine_bytes, .expert_slot_bytes = slot_estimate(c),
                         .top_k = c->num_experts_per_token,
-                        .session_bytes = k3_state_plan_bytes(&e->model, e->plan_ctx)};
+                        .session_bytes = k3_state_plan_bytes(&e->model, e->plan_ctx),
+                        .prefill_row_bytes = k3_prefill_row_bytes(&e->model),
+                        .prefill_rows_min = K3_DEFAULT_CHUNK,
+                        /* the GPU backend feeds a prompt token by token */
+                        .prefill_rows_max = o->device && !strcmp(o->device, "cuda") ? 0
+                                                                                   : K3_MAX_CHUNK};
     pm.experts_bytes = (uint64_t)(moe_layers > 0 ? moe_layers : 0) * (uint64_t)c->num_experts *
                        pm.expert_slot_bytes;
     int rc = k3_spine_floor_bytes(&e->model, e->ck, e->pack, &pm.staging_bytes, err);
@@ -433,7 +438,8 @@ int k3_session_new(const k3_engine *e, int max_ctx, k3_session **out, k3_err *er
     k3_session *s = calloc(1, sizeof *s);
     if (!s) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
     s->e = e;
-    s->chunk = K3_DEFAULT_CHUNK;
+    /* expert-major prompt passes: as many ids as the plan's activation budget holds */
+    s->chunk = e->mplan.prefill_rows > 0 ? e->mplan.prefill_rows : K3_DEFAULT_CHUNK;
     int rc = k3_state_new(&e->model, max_ctx, &s->state, err);
     if (rc) {
         free(s);
@@ -616,8 +622,11 @@ int k3_session_prefill_with(k3_session *s, const int32_t *ids, size_t n, float *
         return k3_fail(err, K3_ERR_INPUT, "the prompt (%zu tokens) does not fit the context of "
                        "%d tokens (raise --ctx)", n, k3_session_max_ctx(s));
     float *rows = NULL;
+    /* every position's logits: passes no longer than the default, or the rows outgrow RAM */
+    int chunk = hook && hook->all_logits && s->chunk > K3_DEFAULT_CHUNK ? K3_DEFAULT_CHUNK
+                                                                        : s->chunk;
     if (hook && hook->all_logits &&
-        !(rows = malloc((size_t)s->chunk * (size_t)s->e->cfg.vocab_size * sizeof *rows)))
+        !(rows = malloc((size_t)chunk * (size_t)s->e->cfg.vocab_size * sizeof *rows)))
         return k3_fail(err, K3_ERR_GENERIC, "out of memory");
     int rc = K3_OK;
     for (size_t i = keep; i < n && !rc;) {
@@ -626,7 +635,7 @@ int k3_session_prefill_with(k3_session *s, const int32_t *ids, size_t n, float *
                          i - keep, n - keep);
             break;
         }
-        int len = n - i < (size_t)s->chunk ? (int)(n - i) : s->chunk;
+        int len = n - i < (size_t)chunk ? (int)(n - i) : chunk;
         rc = prefill_pass(s, ids + i, len, i + (size_t)len == n, logits, rows, err);
         if (!rc && hook && hook->on_pass)
             rc = hook->on_pass(hook->user, (int)i, len, rows, n - i - (size_t)len, err);

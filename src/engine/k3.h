@@ -305,7 +305,10 @@ void k3_session_set_interrupt(k3_session *s, const volatile sig_atomic_t *flag);
 /* K3_DEFAULT_CHUNK and K3_MAX_CHUNK: src/model/pass.h. */
 
 /* Tokens per pass of k3_session_prefill (clamped to 1..K3_MAX_CHUNK; 1 = token by token).
- * Default K3_DEFAULT_CHUNK. */
+ * Default: the memory plan's prefill_rows (plan.h), at least K3_DEFAULT_CHUNK: a pass reads
+ * each routed expert its ids chose once, so a prompt that fits one pass reads each (layer,
+ * expert) pair it routes to once, whatever the expert cache holds. A prefill hook that wants
+ * every position's logits gets passes of at most K3_DEFAULT_CHUNK (the logit rows). */
 void k3_session_set_chunk(k3_session *s, int chunk);
 int k3_session_chunk(const k3_session *s);
 

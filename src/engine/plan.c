@@ -222,6 +222,29 @@ static int plan_parts(const k3_plan_model *mod, const k3_plan_request *r, uint64
     return K3_OK;
 }
 
+/* The prompt pass's rows within `room` (bytes after base, sessions and headroom), once the
+ * spine and the expert cache are planned: the room they left, then up to half of the cache
+ * above its prefetch minimum when the user did not fix it (plan.h). */
+static void plan_prefill(const k3_plan_model *mod, uint64_t room, k3_plan *p) {
+    int lo = mod->prefill_rows_min > 0 ? mod->prefill_rows_min : 1;
+    p->prefill_rows = lo;
+    p->prefill_bytes = 0;
+    if (!mod->prefill_row_bytes || mod->prefill_rows_max <= lo) return;
+    uint64_t used = p->spine_ram_bytes + p->expert_cache_bytes;
+    uint64_t spare = room > used ? room - used : 0, from_cache = 0;
+    uint64_t e_pref = max_u64(slots_bytes(mod, 2 * (uint64_t)mod->top_k),
+                              slots_bytes(mod, (uint64_t)mod->top_k + 1));
+    if (!p->experts_from_user && p->expert_cache_bytes > e_pref)
+        from_cache = (p->expert_cache_bytes - e_pref) / 2;
+    uint64_t rows = (spare + from_cache) / mod->prefill_row_bytes;
+    if (rows > (uint64_t)(mod->prefill_rows_max - lo)) rows = (uint64_t)(mod->prefill_rows_max - lo);
+    p->prefill_rows = lo + (int)rows;
+    p->prefill_bytes = rows * mod->prefill_row_bytes;
+    if (p->prefill_bytes > spare) /* the rest from the cache, in whole slots */
+        p->expert_cache_bytes =
+            cache_fit(mod, p->expert_cache_bytes - (p->prefill_bytes - spare), e_pref);
+}
+
 int k3_plan_memory(const k3_machine_mem *m, const k3_plan_model *mod, const k3_plan_request *r,
                    k3_plan *p, k3_err *err) {
     memset(p, 0, sizeof *p);
@@ -255,7 +278,8 @@ int k3_plan_memory(const k3_machine_mem *m, const k3_plan_model *mod, const k3_p
                        headroom(p->min_limit_bytes) / GB);
     rc = plan_parts(mod, r, avail - fixed, p, err);
     if (rc) return rc;
-    p->total_bytes = fixed + p->spine_ram_bytes + p->expert_cache_bytes;
+    plan_prefill(mod, avail - fixed, p);
+    p->total_bytes = fixed + p->spine_ram_bytes + p->expert_cache_bytes + p->prefill_bytes;
     /* the user's own figures are obeyed even past the limit (the session estimate is a
      * worst case: its KV cache is committed as positions are used); the line says so */
     if (p->total_bytes > avail) p->over_limit_bytes = p->total_bytes - avail;
@@ -268,7 +292,8 @@ void k3_plan_settle(k3_plan *p, const k3_plan_model *mod, uint64_t spine_ram_byt
     p->spine_ram_bytes = spine_ram_bytes;
     if (!p->experts_from_user)
         p->expert_cache_bytes = cache_fit(mod, p->expert_cache_bytes + spare, p->expert_cache_bytes);
-    p->total_bytes = p->base_bytes + p->sessions_bytes + p->spine_ram_bytes + p->expert_cache_bytes;
+    p->total_bytes = p->base_bytes + p->sessions_bytes + p->spine_ram_bytes + p->expert_cache_bytes +
+                     p->prefill_bytes;
 }
 
 void k3_plan_describe(const k3_plan *p, char *buf, size_t cap) {
@@ -284,6 +309,10 @@ void k3_plan_describe(const k3_plan *p, char *buf, size_t cap) {
              spine, p->expert_cache_bytes / GB, p->experts_from_user ? " (given)" : "",
              p->sessions_bytes / GB, p->sessions, p->ctx, p->total_bytes / GB);
     size_t n = strlen(buf);
+    if (p->prefill_bytes && n < cap) /* prompt passes beyond what the sessions count */
+        snprintf(buf + n, cap - n, "; prompt passes of %d ids +%.2f GB", p->prefill_rows,
+                 p->prefill_bytes / GB);
+    n = strlen(buf);
     if (p->over_limit_bytes && n < cap)
         snprintf(buf + n, cap - n, " (%.2f GB over the limit less headroom: as given)",
                  p->over_limit_bytes / GB);

@@ -127,6 +127,11 @@ size_t k3_batch_plan_bytes(const k3_model *m, int max_blocks, int cap) {
     return batch_layout(m, max_blocks, cap, NULL, &ok);
 }
 
+size_t k3_prefill_row_bytes(const k3_model *m) {
+    int mb = max_blocks_of(m);
+    return k3_batch_plan_bytes(m, mb, 2) - k3_batch_plan_bytes(m, mb, 1);
+}
+
 /* The rewind buffers for cap tokens (on the first rewindable pass). 0 when out of memory. */
 static int rewind_alloc(const k3_model *m, const k3_state *s, k3_rewind *r, int cap) {
     const k3_config *c = &m->cfg;

@@ -10,8 +10,12 @@
 
 #include <stdint.h>
 
-#define K3_DEFAULT_CHUNK 32 /* tokens per prefill pass; BENCHMARKS.md "Batched prefill" */
-#define K3_MAX_CHUNK 256
+/* Tokens per pass where no plan decides (the server's prompt passes, multistep rows); a
+ * prompt of k3_session_prefill goes in passes of the memory plan's prefill_rows (plan.h:
+ * expert-major, each routed expert read once per pass), at least this. BENCHMARKS.md
+ * "Batched prefill", "Expert-major prefill". */
+#define K3_DEFAULT_CHUNK 32
+#define K3_MAX_CHUNK 16384 /* most ids in one pass (--chunk, the plan's prefill_rows) */
 
 /* What a trace hook sees (spec §3 names; fixtures' trace_len*.json use the same points). */
 enum k3_trace_point {
