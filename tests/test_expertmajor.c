@@ -95,7 +95,52 @@ static void test_prompt_reads_each_expert_once(void) {
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
 }
 
+/* on_layer sees every layer of a prompt pass in order with the pass's ids, and a nonzero
+ * return stops the pass there: K3_ERR_INTERRUPTED, the session reset to position 0 (its state
+ * was part way through the pass), and a later prefill gives the uninterrupted logits. */
+typedef struct layers_seen {
+    int calls, last, stop_at, bad;
+} layers_seen;
+
+static int on_layer(void *user, int pos, int n, int layer, int n_layers) {
+    layers_seen *ls = user;
+    if (pos != 0 || n != 40 || layer != ls->last + 1 || n_layers != 9) ls->bad++;
+    ls->calls++, ls->last = layer;
+    return layer == ls->stop_at;
+}
+
+static void test_layer_hook_progress_and_stop(void) {
+    k3_engine *e = NULL;
+    k3_session *s = NULL;
+    k3_err err = {0};
+    CHECK_OR(, k3_engine_load("tests/fixtures/k3-nano", NULL, &e, &err) == K3_OK, "%s", err.msg);
+    int32_t ids[40];
+    for (int i = 0; i < 40; i++) ids[i] = (int32_t)(i * 37 % 1000 + 3);
+    const k3_config *c = k3_engine_config(e);
+    float *a = malloc((size_t)c->vocab_size * sizeof *a), *b = malloc((size_t)c->vocab_size * 4);
+    CHECK(k3_session_new(e, 64, &s, &err) == K3_OK, "%s", err.msg);
+    layers_seen ls = {.last = -1, .stop_at = 4};
+    k3_trace tr = {.user = &ls, .on_layer = on_layer};
+    k3_session_set_trace(s, &tr);
+    int rc = k3_session_prefill(s, ids, 40, a, NULL, &err);
+    CHECK(rc == K3_ERR_INTERRUPTED && ls.calls == 5 && !ls.bad && k3_session_pos(s) == 0,
+          "rc %d, %d calls (%d out of order), position %d", rc, ls.calls, ls.bad,
+          k3_session_pos(s));
+    ls = (layers_seen){.last = -1, .stop_at = -1};
+    rc = k3_session_prefill(s, ids, 40, a, NULL, &err);
+    CHECK(rc == K3_OK && ls.calls == 9 && !ls.bad, "rc %d (%s), %d calls", rc, err.msg, ls.calls);
+    k3_session_set_trace(s, NULL);
+    k3_session_reset(s);
+    CHECK(k3_session_prefill(s, ids, 40, b, NULL, &err) == K3_OK, "%s", err.msg);
+    CHECK(memcmp(a, b, (size_t)c->vocab_size * sizeof *a) == 0,
+          "logits after a stopped pass differ from a clean prefill");
+    free(a), free(b);
+    k3_session_free(s);
+    k3_engine_free(e);
+}
+
 const k3_test k3_suite_expertmajor[] = {
+    {"layer_hook_progress_and_stop", test_layer_hook_progress_and_stop},
     {"prompt_reads_each_expert_once", test_prompt_reads_each_expert_once},
     {0},
 };

@@ -171,6 +171,7 @@ typedef struct run_ctx {
     int vocab;
     k3_conv conv;      /* --chat */
     bool has_conv;
+    k3_cli_store_run *sr; /* the prompt's progress line */
 } run_ctx;
 
 static int dump_row(void *user, const float *logits, k3_err *err) {
@@ -294,9 +295,11 @@ static int generate(run_ctx *r, const int32_t *prompt, size_t n_prompt, k3_err *
     k3_prefill_hook dump = {.user = r, .on_pass = dump_pass, .all_logits = 1};
     rc = k3_session_prefill_with(r->s, prompt, n_prompt, r->logits, &kept,
                                  r->dump ? &dump : NULL, err);
+    if (r->sr) k3_cli_prompt_end(r->sr);
     size_t reused = (size_t)kept;
     double prefill_s = k3_now_s() - t0;
-    size_t fed = (size_t)k3_session_pos(r->s) - reused;
+    /* a pass stopped part-way resets the session (k3.h): then nothing was fed */
+    size_t pos = (size_t)k3_session_pos(r->s), fed = pos > reused ? pos - reused : 0;
     const char *end_note = rc == K3_ERR_INTERRUPTED ? "interrupted (Ctrl-C) in the prompt" : NULL;
     k3_spec spec = {0};
     if (!rc && o->co.spec) rc = k3_spec_init(&spec, o->co.spec, r->s, &sm, err);
@@ -370,6 +373,8 @@ static int run(const run_opts *o, k3_err *err) {
     }
     k3_cli_catch_sigint();
     k3_session_set_interrupt(s, &k3_cli_interrupted);
+    k3_cli_prompt_begin(&sr, (int)n_prompt);
+    r.sr = &sr;
     rc = generate(&r, prompt, n_prompt, err);
     if (r.dump) {
         if (fclose(r.dump) != 0 && !rc)

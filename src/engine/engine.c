@@ -101,7 +101,8 @@ static uint64_t rss_bytes(void) {
 static int open_store(k3_engine *e, const k3_store_settings *ss, k3_err *err) {
     k3_mem_plan plan = {.base_bytes = rss_bytes(),
                         .spine_bytes = k3_spine_ram_bytes(e->model.spine, &e->model),
-                        .state_bytes = e->mplan.sessions_bytes,
+                        /* the sessions and the prompt passes' scratch (plan.h) */
+                        .state_bytes = e->mplan.sessions_bytes + e->mplan.prefill_bytes,
                         .limit_bytes = e->mplan.limit_bytes,
                         .headroom_bytes = e->mplan.headroom_bytes};
     int rc = k3_store_open(e->ck, &e->cfg, ss, &plan, &e->store, err);
@@ -195,9 +196,11 @@ static int plan_memory(k3_engine *e, const k3_engine_opts *o, uint64_t *spine_bu
                         .session_bytes = k3_state_plan_bytes(&e->model, e->plan_ctx),
                         .prefill_row_bytes = k3_prefill_row_bytes(&e->model),
                         .prefill_rows_min = K3_DEFAULT_CHUNK,
-                        /* the GPU backend feeds a prompt token by token */
+                        /* no pass outgrows the context; the GPU backend feeds a prompt
+                         * token by token */
                         .prefill_rows_max = o->device && !strcmp(o->device, "cuda") ? 0
-                                                                                   : K3_MAX_CHUNK};
+                                            : e->plan_ctx < K3_MAX_CHUNK ? e->plan_ctx
+                                                                         : K3_MAX_CHUNK};
     pm.experts_bytes = (uint64_t)(moe_layers > 0 ? moe_layers : 0) * (uint64_t)c->num_experts *
                        pm.expert_slot_bytes;
     int rc = k3_spine_floor_bytes(&e->model, e->ck, e->pack, &pm.staging_bytes, err);

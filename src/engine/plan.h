@@ -16,11 +16,14 @@
  *    expert byte at most that (an expert is used by a fraction of tokens), so the expert cache
  *    gets its minimum for prefetch (2 x top-k slots) and the spine the rest, then any RAM the
  *    spine does not need goes to the expert cache.
- *  - Prompt passes (prefill_rows) come from RAM nothing else was planned to use, then from
- *    at most half of the expert cache above its prefetch minimum (never from a cache the user
- *    fixed): a pass of R prompt ids reads each routed expert its ids chose once, where
- *    passes of 32 read it up to R / 32 times, so for a long prompt a row of activations
- *    saves far more reading than a cached expert; the cache keeps half for decoding.
+ *  - Prompt passes (prefill_rows): up to an eighth of the RAM after base, sessions and
+ *    headroom is set aside before the spine and the expert cache are planned (a budgeted
+ *    spine streams more layers for it), then RAM nothing else was planned to use and at most
+ *    half of the expert cache above its prefetch minimum (never a cache the user fixed) add
+ *    rows. A pass of R prompt ids reads each routed expert its ids chose once, where passes of
+ *    32 read it up to R / 32 times, and a streamed spine layer once per pass: for a long
+ *    prompt a row of activations saves far more reading than a cached expert or a resident
+ *    spine byte, which decoding keeps most of.
  *
  * Sessions: each session is counted at the context it is opened with (k3_plan_request.ctx:
  * --ctx, or the default min(max_position_embeddings, 4096); k3 run, which knows a raw

@@ -512,6 +512,19 @@ static int head_batch(pass *p, float *logits, k3_err *err) {
     return K3_OK;
 }
 
+/* Each segment's on_layer hook after layer l; K3_ERR_INTERRUPTED when one asks to stop. */
+static int layer_done(const pass *p, int l, k3_err *err) {
+    int L = p->m->cfg.num_hidden_layers;
+    for (int i = 0; i < p->nseg; i++) {
+        const k3_trace *tr = p->segs[i].trace;
+        int n = p->b->seg_first[i + 1] - p->b->seg_first[i];
+        if (tr && tr->on_layer && tr->on_layer(tr->user, p->segs[i].s->pos, n, l, L))
+            return k3_fail(err, K3_ERR_INTERRUPTED, "stopped after layer %d of %d of a pass of "
+                           "%d ids", l + 1, L, n);
+    }
+    return K3_OK;
+}
+
 /* The pass: segs[0, nseg) through the whole model, rows in b (b->cap >= their ids). */
 static int forward_pass(pass *p, float *logits, k3_err *err) {
     const k3_model *m = p->m;
@@ -545,8 +558,10 @@ static int forward_pass(pass *p, float *logits, k3_err *err) {
         int32_t id = g->tokens[t - b->seg_first[b->row_seg[t]]];
         if ((rc = k3_spine_embed(m, id, b->P + (size_t)t * hd, err))) return rc;
     }
-    for (int l = 0; l < c->num_hidden_layers; l++)
+    for (int l = 0; l < c->num_hidden_layers; l++) {
         if ((rc = layer_batch(p, l, err))) return rc;
+        if ((rc = layer_done(p, l, err))) return rc;
+    }
     for (int t = 0; t < n; t++) {
         float *x = b->x + (size_t)t * hd;
         mix(p, t, b->P + (size_t)t * hd, m->out_res_sw, x);

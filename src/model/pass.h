@@ -4,7 +4,7 @@
  * that produces them; the engine's public header (src/engine/k3.h) re-exports them.
  *
  * Invariant: hooks only observe: a pass with a trace hook computes the same bits as one
- * without. */
+ * without (on_layer may stop a pass; it never changes what a finished pass computes). */
 #ifndef K3_PASS_H
 #define K3_PASS_H
 
@@ -39,6 +39,11 @@ typedef struct k3_trace {
                        int k);
     /* Called once the step at pos is complete (logits written), e.g. for a profile line. */
     void (*on_step)(void *user, int pos);
+    /* A batched pass (a prompt pass) has taken its n ids at positions pos.. through layer
+     * `layer` of n_layers: progress within a long pass, and the place to stop it. Nonzero stops
+     * the pass before the next layer with K3_ERR_INTERRUPTED (the engine then resets the
+     * session, as after any pass that fails part-way). Not called for single-token steps. */
+    int (*on_layer)(void *user, int pos, int n, int layer, int n_layers);
 } k3_trace;
 
 /* Wall time per phase in seconds; moe includes router, eload (waiting for expert reads) and
