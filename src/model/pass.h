@@ -42,7 +42,9 @@ typedef struct k3_trace {
     /* A batched pass (a prompt pass) has taken its n ids at positions pos.. through layer
      * `layer` of n_layers: progress within a long pass, and the place to stop it. Nonzero stops
      * the pass before the next layer with K3_ERR_INTERRUPTED (the engine then resets the
-     * session, as after any pass that fails part-way). Not called for single-token steps. */
+     * session, as after any pass that fails part-way; in a pass of several sessions every one
+     * of them: a server stops a pass only when all its rows are unwanted). Not called for
+     * single-token steps. */
     int (*on_layer)(void *user, int pos, int n, int layer, int n_layers);
 } k3_trace;
 
