@@ -144,16 +144,26 @@ static size_t case_bytes(const kcase *c) {
     return (size_t)(c->rows * c->cols) * (c->dtype == K3_DT_BF16 ? 2 : 4);
 }
 
-/* Seconds per call of case c on path k (after one warm-up call). */
-static double time_case(const k3_kernels *k, const kcase *c, const bufs *b, double seconds) {
+/* CPU seconds this process has used (every thread). */
+static double cpu_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Seconds per call of case c on path k (after one warm-up call); *cpu (if not NULL) the
+ * process's CPU seconds per call. */
+static double time_case(const k3_kernels *k, const kcase *c, const bufs *b, double seconds,
+                        double *cpu) {
     size_t one = case_bytes(c);
     int reps = 0, which = 0, group = c->group > 1 ? c->group : 1;
     double t0 = 0, t = 0;
     k3_mxfp4 ws[16];
     const float *xs[16];
     float *ys[16];
+    double c0 = 0;
     for (int it = -1; reps < 2 || t < seconds; it++) {
-        if (it == 0) t0 = k3_now_s();
+        if (it == 0) t0 = k3_now_s(), c0 = cpu_s();
         for (int g = 0; g < group; g++) {
             uint8_t *base = (c->dtype < 0 ? b->mx : (uint8_t *)b->w) + (size_t)which * one;
             which = (which + 1) % c->copies;
@@ -171,14 +181,17 @@ static double time_case(const k3_kernels *k, const kcase *c, const bufs *b, doub
         }
         if (it >= 0) reps++, t = k3_now_s() - t0;
     }
+    if (cpu) *cpu = (cpu_s() - c0) / reps;
     return t / reps;
 }
 
 /* ---- k3-lab bench kernels: the batched products against their peaks ------------------- */
 
 /* Multiply-adds per second of mix `which` on path k with every thread of the team running
- * it for about `seconds` (best of 3 rounds). */
-static double mix_rate(const k3_kernels *k, int which, double seconds) {
+ * it for about `seconds` (best of 3 rounds); *per_cpu the same per CPU-second of a thread
+ * (what each thread does while it runs: on a busy machine the wall-clock rate also counts the
+ * time other processes held the cores). */
+static double mix_rate(const k3_kernels *k, int which, double seconds, double *per_cpu) {
     int64_t reps = 2000;
     double t = 0;
     for (;;) { /* grow reps until one round takes at least seconds / 3 */
@@ -189,13 +202,15 @@ static double mix_rate(const k3_kernels *k, int which, double seconds) {
         reps = t > 1e-4 ? (int64_t)((double)reps * seconds / 3 / t) + 1 : reps * 16;
     }
     double best = 0;
+    *per_cpu = 0;
     for (int it = 0; it < 3; it++) {
         int64_t macs = 0;
-        double t0 = k3_now_s();
+        double t0 = k3_now_s(), c0 = cpu_s();
 #pragma omp parallel reduction(+ : macs)
         macs += k3_kernels_mix(k, which, reps);
-        double r = (double)macs / (k3_now_s() - t0);
+        double r = (double)macs / (k3_now_s() - t0), rc = (double)macs / (cpu_s() - c0);
         if (r > best) best = r;
+        if (rc > *per_cpu) *per_cpu = rc;
     }
     return best;
 }
@@ -220,23 +235,26 @@ static void gemm_table(const k3_kernels *const *paths, int np, const int *tcount
     static const size_t CS[2] = {CASE_BF16_X64, CASE_MXFP4_X64};
     static const int MIX[2] = {K3_MIX_GEMM_BF16, K3_MIX_GEMM_MXFP4};
     printf("\n| product, 64 rows | path | threads | GMAC/s | mix peak GMAC/s | %% of mix peak | "
-           "FMA peak GMAC/s | %% of FMA peak |\n|---|---|---|---|---|---|---|---|\n");
+           "FMA peak GMAC/s | %% of FMA peak | per CPU-second: %% of mix, %% of FMA |\n"
+           "|---|---|---|---|---|---|---|---|---|\n");
     for (int p = 0; p < np; p++)
         for (int t = 0; t < 2; t++) {
             omp_set_num_threads(tcounts[t]);
-            double fma = mix_rate(paths[p], K3_MIX_FMA, seconds);
+            double fma_c, fma = mix_rate(paths[p], K3_MIX_FMA, seconds, &fma_c);
             for (int i = 0; i < 2; i++) {
                 const kcase *c = &CASES[CS[i]];
-                double mix = mix_rate(paths[p], MIX[i], seconds);
-                double g = (double)(c->rows * c->cols * c->n) / time_case(paths[p], c, b, seconds);
+                double mix_c, mix = mix_rate(paths[p], MIX[i], seconds, &mix_c), cpu = 0;
+                double work = (double)(c->rows * c->cols * c->n);
+                double g = work / time_case(paths[p], c, b, seconds, &cpu), g_c = work / cpu;
                 if (fma <= 0) {
-                    printf("| %s | %s | %d | %.2f | - | - | - | - |\n", c->name,
+                    printf("| %s | %s | %d | %.2f | - | - | - | - | - |\n", c->name,
                            k3_kernels_name(paths[p]), tcounts[t], g / 1e9);
                     continue;
                 }
-                printf("| %s | %s | %d | %.2f | %.2f | %.0f%% | %.2f | %.0f%% |\n", c->name,
-                       k3_kernels_name(paths[p]), tcounts[t], g / 1e9, mix / 1e9, 100 * g / mix,
-                       fma / 1e9, 100 * g / fma);
+                printf("| %s | %s | %d | %.2f | %.2f | %.0f%% | %.2f | %.0f%% | %.0f%%, %.0f%% |\n",
+                       c->name, k3_kernels_name(paths[p]), tcounts[t], g / 1e9, mix / 1e9,
+                       100 * g / mix, fma / 1e9, 100 * g / fma, 100 * g_c / mix_c,
+                       100 * g_c / fma_c);
                 fflush(stdout);
             }
         }
@@ -326,7 +344,7 @@ static int bench_kernels(int argc, char **argv) {
             for (int t = 0; t < 2; t++) {
                 const kcase *c = &CASES[i];
                 omp_set_num_threads(tcounts[t]);
-                double s = time_case(paths[p], c, &b, seconds);
+                double s = time_case(paths[p], c, &b, seconds, NULL);
                 double bytes = (double)case_bytes(c) * (c->group > 1 ? c->group : 1);
                 printf("| %s | %s | %d | %.3f | %.2f | %.0f%% | %.2f |\n", c->name,
                        k3_kernels_name(paths[p]), tcounts[t], s * 1e3, bytes / s / 1e9,
