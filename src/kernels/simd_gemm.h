@@ -1,33 +1,37 @@
-/* simd_gemm.h — the register-blocked GEMM micro-kernel of the x86 SIMD paths' batched BF16 /
- * F32 products (prompt rows × weights, n > BF16_SMALL vectors), written once over the lane
- * macros of simd_dense.h and included after it by cpu_avx2.c (8 lanes) and cpu_avx512.c (16
- * lanes). Internal to src/kernels.
+/* simd_gemm.h — the register-blocked GEMM micro-kernel of the batched BF16 / F32 products
+ * (prompt rows × weights, n > BF16_SMALL vectors on x86; every n > 1 on NEON, whose tiles also
+ * hold decoded MXFP4), written once over lane macros and included by cpu_avx2.c and
+ * cpu_avx512.c (after simd_dense.h) and cpu_neon.c. Internal to src/kernels.
  *
  * Summation order (the exactness contract, kernels.h): each output (row r, vector v) has ONE
  * W-lane accumulator, zero at the start; step i (ascending, i = 0, W, 2W, ..) does
  * acc = fma(W[r][i..i+W), x[v][i..i+W), acc) — one rounding per lane per step, FMA — a last
- * partial step takes zero-padded weights and a masked x load, then hsum adds the lanes in its
- * one fixed order. That is exactly the sequence of bf16_vec (n = 1), of bf16_rows (n <= 5) and
- * of the old tiled loop (simd_dense.h), so every batch size and every path of one ISA gives a
- * row the same bits; only which independent (row, vector) sums run side by side changes.
+ * partial step takes zero-padded weights and zero-padded inputs, then hsum adds the lanes in
+ * its one fixed order. That is exactly the sequence of the matrix-vector loop (n = 1) and of
+ * bf16_rows (n <= 5), so every batch size gives a row the same bits; only which independent
+ * (row, vector) sums run side by side changes.
  *
  * Blocking (the idea of BLIS/GotoBLAS, with the accumulator's lanes running along k rather
  * than along the output, because the order above fixes them there):
- *  - the weights of GEMM_RB rows × GEMM_KC columns are widened once into an L1 tile (f32) and
- *    used for every vector;
+ *  - the weights of GEMM_RB rows × GEMM_KC columns are widened once to f32 into a tile (96
+ *    or 64 rows × 512 columns: L2) and used for every vector; while a tile is widened, the
+ *    same rows' next columns are prefetched (short runs at a large stride, which the hardware
+ *    prefetcher does not follow);
+ *  - each group of GEMM_V vectors' GEMM_KC columns is packed step-interleaved into L1 (the
+ *    rows of x lie 28 KB apart on K3, which alias in L1), the next group's prefetched;
  *  - the micro-kernel keeps GEMM_R rows × GEMM_V vectors of accumulators in registers across
  *    the tile's columns: each step loads GEMM_R weight vectors and GEMM_V input vectors for
  *    GEMM_R·GEMM_V FMAs (AVX2 3×4: 12 accumulators + 3 weights + 1 input = the 16 ymm
- *    registers, 7 loads per 12 FMAs; AVX-512 4×6: 24 + 4 + 1 of the 32 zmm). Twelve or more
- *    independent chains cover the FMA latency (4 cycles) on both FMA pipes;
- *  - the GEMM_V inputs' GEMM_KC columns (4 KB on AVX2) stay in L1 while the tile's row groups
- *    pass over them; the accumulators wait in `acc` between tiles (one load and one store per
- *    accumulator per GEMM_KC columns).
- * gemm_mix() runs the micro-kernel's instruction mix on L1-resident data for `k3-lab bench
- * kernels` (the peak these loops can reach, measured in the same run).
+ *    registers, 7 loads per 12 FMAs; AVX-512 and NEON 4×6: 24 + 4 + 1 of the 32). Twelve or
+ *    more independent chains cover the FMA latency (4 cycles) on two FMA pipes; the
+ *    accumulators wait in `acc` between tiles (one load and one store per GEMM_KC columns).
+ * mix_gemm_dense() runs the micro-kernel on an L1-resident tile and mix_fma() independent FMA
+ * chains, for `k3-lab bench kernels` (k3_kernels_mix: the peaks, measured in the same run).
+ * Measured (BENCHMARKS.md, issue 31): 71–75% of the mix's peak at 64 rows on Zen 4.
  *
- * The includer defines GEMM_R, GEMM_V, GEMM_RB (a multiple of GEMM_R), GEMM_KC (a multiple of
- * W) and UNROLL8 (covering GEMM_R and GEMM_V). */
+ * The includer defines W, VF, VZERO, VLOADU, VLOADA, VSTOREA, VFMA, VADD, VSET1, hsum,
+ * load_tail, tile_row and wsrc (SRC_BF16 / SRC_F32), GEMM_R, GEMM_V, GEMM_RB (a multiple of
+ * GEMM_R), GEMM_KC (a multiple of W) and UNROLL8 (covering GEMM_R and GEMM_V). */
 
 /* acc[r·K3_MAX_BATCH + v] += tile rows r < R · vectors v < V over `steps` steps of W columns;
  * xp holds the vectors' columns interleaved by step (xp[(s·GEMM_V + v)·W + l]) and zero-padded,
