@@ -482,6 +482,7 @@ static int load_tools(k3_conv *conv, const char *path, k3_err *err) {
 static int chat_main(const chat_opts *o, k3_err *err) {
     chat c = {.o = o, .max_new = o->max_new, .color = isatty(1)};
     k3_engine_opts eo = o->eo;
+    if (o->co.chunk) eo.prompt_rows = o->co.chunk; /* the plan counts passes of that many */
     eo.ctx = o->cc.ctx; /* the plan counts the session at its context */
     k3_cli_model m;
     k3_cli_store_run sr = {0};

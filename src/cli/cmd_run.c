@@ -337,6 +337,7 @@ static int run(const run_opts *o, k3_err *err) {
     size_t n_prompt = 0;
     run_ctx r = {.o = o};
     k3_engine_opts eo = o->eo;
+    if (o->co.chunk) eo.prompt_rows = o->co.chunk; /* the plan counts passes of that many */
     k3_cli_model m;
     k3_cli_store_run sr = {0};
     int rc = k3_cli_model_load(o->model_dir, &eo, &o->cc, &m, err);

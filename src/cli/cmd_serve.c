@@ -142,6 +142,7 @@ static int parse_args(int argc, char **argv, serve_args *a) {
     /* every kept conversation is a session: the memory plan counts them */
     a->eo.sessions = a->so.state_cache > a->so.parallel ? a->so.state_cache : a->so.parallel;
     if (a->eo.sessions < 1) a->eo.sessions = 1;
+    a->eo.prompt_rows = -1; /* the workers' passes hold --chunk ids beside the decode rows */
     return test_hooks(&a->so);
 }
 

@@ -199,8 +199,11 @@ static int plan_memory(k3_engine *e, const k3_engine_opts *o, uint64_t *spine_bu
                         /* no pass outgrows the context; the GPU backend feeds a prompt
                          * token by token */
                         .prefill_rows_max = o->device && !strcmp(o->device, "cuda") ? 0
+                                            : o->prompt_rows < 0 ? 0
                                             : e->plan_ctx < K3_MAX_CHUNK ? e->plan_ctx
                                                                          : K3_MAX_CHUNK};
+    if (o->prompt_rows > 0 && pm.prefill_rows_max > o->prompt_rows)
+        pm.prefill_rows_max = o->prompt_rows;
     pm.experts_bytes = (uint64_t)(moe_layers > 0 ? moe_layers : 0) * (uint64_t)c->num_experts *
                        pm.expert_slot_bytes;
     int rc = k3_spine_floor_bytes(&e->model, e->ck, e->pack, &pm.staging_bytes, err);

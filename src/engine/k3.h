@@ -120,6 +120,9 @@ typedef struct k3_engine_opts {
     int ctx;                  /* positions each session is opened with, for the plan (0: the
                                * default min(max_position_embeddings, 4096)); k3_session_new
                                * refuses a larger session (plan.h, "Sessions") */
+    int prompt_rows;          /* ids per prompt pass the plan counts: 0 = as many as it can give
+                               * (up to ctx), > 0 at most this (a --chunk given), < 0 none beyond
+                               * K3_DEFAULT_CHUNK (the server, whose passes hold 32 ids) */
     double memory_gb;         /* > 0: plan for a machine of this many GB (RAM, all available,
                                * no cgroup) instead of probing this one; 0: probe */
     const struct k3_machine_mem *machine; /* the machine's memory (plan.h); NULL = probed from
