@@ -145,7 +145,7 @@ static void gemm_dense(const wsrc *s, int64_t rows, const float *x, int n, float
  * the multiply-adds done (f32 lanes). The chains' inputs come from memory the compiler cannot
  * see through (volatile), so nothing folds away. */
 static int64_t mix_fma(int64_t reps) {
-    static volatile float seed[2] = {0.999f, 1e-4f};
+    volatile float seed[2] = {0.999f, 1e-4f}; /* the compiler cannot fold the chains */
     VF m = VSET1(seed[0]), c = VSET1(seed[1]), a[GEMM_R * GEMM_V];
     UNROLL_MIX
     for (int k = 0; k < GEMM_R * GEMM_V; k++) a[k] = VSET1((float)k);
@@ -154,7 +154,8 @@ static int64_t mix_fma(int64_t reps) {
         for (int k = 0; k < GEMM_R * GEMM_V; k++) a[k] = VFMA(a[k], m, c);
     VF s = VZERO();
     for (int k = 0; k < GEMM_R * GEMM_V; k++) s = VADD(s, a[k]);
-    seed[0] = hsum(s) * 0 + 0.999f;
+    volatile float sink = hsum(s);
+    (void)sink;
     return reps * 64 * GEMM_R * GEMM_V * W;
 }
 
@@ -162,7 +163,7 @@ static int64_t mix_fma(int64_t reps) {
  * accumulator traffic, without the widening, the packing or a cache miss): the peak of the
  * dense GEMM's instruction mix. */
 static int64_t mix_gemm_dense(int64_t reps) {
-    static _Alignas(64) float t[GEMM_R * GEMM_KC], xp[GEMM_V * GEMM_KC];
+    _Alignas(64) float t[GEMM_R * GEMM_KC], xp[GEMM_V * GEMM_KC];
     VF acc[GEMM_R * K3_MAX_BATCH];
     for (int k = 0; k < GEMM_R * GEMM_KC; k++) t[k] = 1e-3f * (float)(k % 7);
     for (int k = 0; k < GEMM_V * GEMM_KC; k++) xp[k] = 1e-3f * (float)(k % 5);
@@ -171,6 +172,7 @@ static int64_t mix_gemm_dense(int64_t reps) {
     VF sum = VZERO(); /* every accumulator is used, so no FMA is dead code */
     for (int r = 0; r < GEMM_R; r++)
         for (int v = 0; v < GEMM_V; v++) sum = VADD(sum, acc[r * K3_MAX_BATCH + v]);
-    t[0] = hsum(sum) * 0;
+    volatile float sink = hsum(sum); /* keeps every FMA live */
+    (void)sink;
     return reps * GEMM_R * GEMM_V * GEMM_KC;
 }
