@@ -378,7 +378,8 @@ static void mxfp4_gemm(const uint8_t *packed, const uint8_t *scale, int64_t rows
     __m256 acc[GEMM_RB * K3_MAX_BATCH];
     for (int64_t rg = r0; rg < r1; rg += GEMM_RB) {
         int nr = r1 - rg < GEMM_RB ? (int)(r1 - rg) : GEMM_RB;
-        for (int k = 0; k < nr * K3_MAX_BATCH; k++) acc[k] = _mm256_setzero_ps();
+        for (int i = 0; i < nr; i++) /* only the n vectors' accumulators */
+            for (int b = 0; b < n; b++) acc[i * K3_MAX_BATCH + b] = _mm256_setzero_ps();
         for (int64_t k0 = 0; k0 < cols; k0 += GEMM_KC) {
             int64_t kc = cols - k0 < GEMM_KC ? cols - k0 : GEMM_KC, nb = kc / 32;
             int big[GEMM_RB / GEMM_R] = {0};

@@ -110,7 +110,8 @@ static void gemm_dense(const wsrc *s, int64_t rows, const float *x, int n, float
     int64_t cols = s->cols;
     for (int64_t rg = r0; rg < r1; rg += GEMM_RB) {
         int nr = r1 - rg < GEMM_RB ? (int)(r1 - rg) : GEMM_RB;
-        for (int k = 0; k < nr * K3_MAX_BATCH; k++) acc[k] = VZERO();
+        for (int r = 0; r < nr; r++) /* only the n vectors' accumulators: a small product */
+            for (int b = 0; b < n; b++) acc[r * K3_MAX_BATCH + b] = VZERO();
         for (int64_t k0 = 0; k0 < cols; k0 += GEMM_KC) {
             int64_t kc = cols - k0 < GEMM_KC ? cols - k0 : GEMM_KC, steps = (kc + W - 1) / W;
             /* bytes per weight of the row's next tile (0: a format not prefetched) */
