@@ -41,6 +41,7 @@ struct k3_mla_ws {
     float *m, *l, *corr; /* [rows]: running max, running Σ p, this tile's rescale of acc */
     float *ct;           /* [lora][TILE]: one tile's c rows, transposed (zeros past the tile) */
     float *ov;           /* [rows][v]: the W_uv products before they are scattered to o */
+    uint16_t *wuv;       /* [v][lora]: a lossless kv_b_proj's W_uv of one head, decoded */
 };
 
 int k3_mla_ws_rows(const k3_config *c, int queries) {
@@ -62,6 +63,8 @@ static size_t ws_layout(const k3_config *c, int rows, k3_mla_ws *ws, int *ok) {
     ALLOC(acc, R * lora); ALLOC(m, R); ALLOC(l, R); ALLOC(corr, R); ALLOC(ct, lora * T);
     ALLOC(ov, R * (size_t)c->v_head_dim);
 #undef ALLOC
+    bytes += (size_t)c->v_head_dim * lora * sizeof(uint16_t);
+    if (ws) *ok &= (ws->wuv = calloc((size_t)c->v_head_dim * lora + 1, sizeof(uint16_t))) != NULL;
     return bytes + sizeof(k3_mla_ws);
 }
 
@@ -84,6 +87,7 @@ void k3_mla_ws_free(k3_mla_ws *ws) {
     if (!ws) return;
     float *f[] = {ws->qa, ws->s, ws->p, ws->y, ws->acc, ws->m, ws->l, ws->corr, ws->ct, ws->ov};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) free(f[i]);
+    free(ws->wuv);
     free(ws);
 }
 
@@ -98,6 +102,10 @@ static void widen_row(const k3_mat *w, int64_t r, float *out) {
     int64_t n = w->cols;
     if (w->dtype == K3_DT_BF16) {
         const uint16_t *p = (const uint16_t *)w->data + r * n;
+        for (int64_t i = 0; i < n; i++) out[i] = k3_bf16_to_f32(p[i]);
+    } else if (w->dtype == K3_DT_BF16LX) { /* the lossless spine: the BF16 row it encodes */
+        uint16_t p[K3_MLA_MAX_LORA]; /* cols = kv_lora_rank <= K3_MLA_MAX_LORA */
+        k3_lx_decode_row(w, r, p);
         for (int64_t i = 0; i < n; i++) out[i] = k3_bf16_to_f32(p[i]);
     } else if (w->dtype == K3_DT_I8 || w->dtype == K3_DT_I8_Q8) {
         const int8_t *p = (const int8_t *)w->data + r * n;
@@ -227,7 +235,8 @@ static void up_project(const k3_model *m, const k3_mla_weights *w, int n, int r0
     int lora = c->kv_lora_rank;
     const k3_mat *kvb = &w->kv_b_proj;
     /* one region over the heads (each product then runs on its thread): one fork, not H */
-#pragma omp parallel for schedule(static) if ((int64_t)(r1 - r0) * vd * lora >= 65536)
+#pragma omp parallel for schedule(static) \
+    if ((int64_t)(r1 - r0) * vd * lora >= 65536 && kvb->dtype != K3_DT_BF16LX)
     for (int h = r0 / n; h <= (r1 - 1) / n; h++) {
         int a = h * n > r0 ? h * n : r0, z = (h + 1) * n < r1 ? (h + 1) * n : r1;
         int64_t row0 = (int64_t)h * (nope + vd) + nope;
@@ -235,6 +244,14 @@ static void up_project(const k3_model *m, const k3_mla_weights *w, int n, int r0
         k3_mat wuv = {.data = (const char *)kvb->data + (size_t)row0 * kvb->cols * esize,
                       .dtype = kvb->dtype, .rows = vd, .cols = lora,
                       .scale = kvb->scale ? kvb->scale + row0 : NULL};
+        if (kvb->dtype == K3_DT_BF16LX) {
+            /* a lossless matrix has no row view (its escape list follows all rows' starts):
+             * the head's rows decoded into ws->wuv as the BF16 they encode, so the bits are
+             * BF16's (one buffer: heads run one after another, each product still parallel) */
+            for (int d = 0; d < vd; d++)
+                k3_lx_decode_row(kvb, row0 + d, ws->wuv + (size_t)d * lora);
+            wuv = (k3_mat){.data = ws->wuv, .dtype = K3_DT_BF16, .rows = vd, .cols = lora};
+        }
         float *ov = ws->ov + (size_t)(a - r0) * vd; /* this head's rows of ov */
         k3_matmul(m->kr, &wuv, ws->acc + (size_t)(a - r0) * lora, z - a, ov);
         for (int r = a; r < z; r++)
