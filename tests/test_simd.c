@@ -502,12 +502,14 @@ static void test_lossless_decode_gives_every_bit(void) {
  * last groups. A NaN result only has to be a NaN: which operand's payload an FMA passes on
  * follows the instruction form the compiler picked, even between two BF16 loops. */
 static void test_lossless_products_bit_identical(void) {
-    static const int64_t rows[] = {1, 5, 38}, cols[] = {7, 32, 33, 100, 300, 1031};
+    /* 130 rows: more than one GEMM row tile (GEMM_RB 64 / 96), whose escape cursors are kept
+     * per row modulo the tile; 1031 columns: three column tiles of GEMM_KC 512 */
+    static const int64_t rows[] = {1, 5, 38, 130}, cols[] = {7, 32, 33, 100, 300, 1031};
     static const int ns[] = {1, 2, 5, 7, 65};
     const k3_kernels *paths[8];
     int np = k3_kernels_available(paths, 8);
     rng = 77;
-    for (int ri = 0; ri < 3; ri++)
+    for (int ri = 0; ri < 4; ri++)
         for (int ci = 0; ci < 6; ci++) {
             int64_t R = rows[ri], C = cols[ci];
             uint16_t *w = malloc((size_t)(R * C) * 2);

@@ -36,7 +36,7 @@ typedef struct bopts {
 #define SPEC_ROW(hide) \
     {.flag = "--spec", BOPT(spec), .type = K3_OPT_INT, .lo = 1, .hi = K3_MAX_SPEC, \
      .def = "4", .flags = (hide), .meta = "N", \
-     .help = "most drafted ids verified per pass (at most " \
+     .help = "most drafted ids verified per pass (1 to " \
              K3_STR(K3_MAX_SPEC) ")"}
 #define MAX_NEW_ROW(hide) \
     {.flag = "--max-new", BOPT(max_new), .type = K3_OPT_INT, .lo = 1, .hi = 1 << 20, \
