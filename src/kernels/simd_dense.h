@@ -92,8 +92,8 @@ static void f32_vec(const float *w, int64_t cols, const float *x, float *y, int6
     }
 }
 
-/* ---- batched BF16 / F32 (n > 1): widen a 16-row × 256-column tile once, use it for every
- * vector ---------------------------------------------------------------------------------- */
+/* ---- batched BF16 / F32 / lossless (n > 1): tiles widened once for every vector, the GEMM
+ * of simd_gemm.h ------------------------------------------------------------------------- */
 
 enum { SRC_BF16, SRC_F32, SRC_LX };
 typedef struct wsrc {
