@@ -167,7 +167,7 @@ static void compact(k3_pcache *pc, bool unseen) {
     for (size_t i = 0; i < pc->n; i++)
         if (!pc->e[i].gone && (!unseen || pc->e[i].seen)) pc->e[k++] = pc->e[i];
     pc->n = k;
-    qsort(pc->e, pc->n, sizeof *pc->e, by_name);
+    if (pc->n) qsort(pc->e, pc->n, sizeof *pc->e, by_name); /* e is NULL while empty */
 }
 
 /* Looks at a file new to the index (or changed): this model's snapshot, or one log line. */
