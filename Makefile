@@ -75,8 +75,13 @@ k3-lab: $(BUILD)/k3-lab FORCE
 $(BUILD)/k3: $(CLI_OBJ) $(BUILD)/libk3.a
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
+# OpenBLAS is k3-lab's alone too: `bench kernels` times its sgemm as the batched products'
+# yardstick (libopenblas-dev, scripts/install-deps.sh).
+OPENBLAS_CFLAGS ?= $(shell pkg-config --cflags openblas 2>/dev/null)
+OPENBLAS_LIBS   ?= $(or $(shell pkg-config --libs openblas 2>/dev/null),-lopenblas)
+$(BUILD)/src/lab/cmd_bench_kernels.o: override CFLAGS += $(OPENBLAS_CFLAGS)
 $(BUILD)/k3-lab: $(LAB_OBJ) $(BUILD)/libk3.a
-	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(OPENBLAS_LIBS)
 
 $(BUILD)/libk3.a: $(LIB_OBJ) $(CU_OBJ)
 	rm -f $@ && ar rcs $@ $^

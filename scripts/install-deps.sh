@@ -6,6 +6,8 @@ PKGS="build-essential libcjson-dev libpcre2-dev libcurl4-openssl-dev libssl-dev 
 command -v npm >/dev/null 2>&1 || PKGS="$PKGS nodejs npm"
 # fio measures the drive's own limit beside the expert store in `k3-lab bench io`.
 PKGS="$PKGS fio"
+# OpenBLAS: `k3-lab bench kernels` times its sgemm beside the batched products (k3-lab only).
+PKGS="$PKGS libopenblas-dev"
 # Open MPI (mpicc, mpirun) builds and tests the expert-parallel k3 (make MPI=1, make test-mpi).
 PKGS="$PKGS openmpi-bin libopenmpi-dev"
 if [ "${1:-}" = "--with-wide" ]; then PKGS="$PKGS python3-numpy"; fi

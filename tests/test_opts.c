@@ -322,7 +322,7 @@ static void test_every_command_on_the_table(void) {
          "  --chunks LIST"},
         {1, "bench spec", "--spec 0", "--spec='0': expected an integer in [1, 255]",
          "  --max-new N"},
-        {1, "bench-batch", "--prompt 0", "--prompt='0': expected an integer in [1, 256]",
+        {1, "bench-batch", "--prompt 0", "--prompt='0': expected an integer in [1, 16384]",
          "  --sessions LIST"},
         {1, "bench-gpu", "--reps 0", "--reps='0': expected an integer in [1, ",
          "  K3_GPU_LAYERS"},

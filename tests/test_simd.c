@@ -175,13 +175,15 @@ static void test_matmul_random_within_bound(void) { check_all_shapes(0, 3); }
 static void test_matmul_rows_equal_matvec_bitwise(void) {
     const k3_kernels *all[8];
     int np = k3_kernels_available(all, 8);
-    static const int NS[] = {2, 4, 7, 64, 67};
+    static const int NS[] = {2, 4, 7, 8, 13, 64, 67};
     rng = 777;
     for (int p = 0; p < np; p++)
         for (int dt = 0; dt < 3; dt++)
             for (size_t ni = 0; ni < sizeof NS / sizeof NS[0]; ni++) {
                 int n = NS[ni];
-                int64_t rows = 21, cols = dt == DT_MXFP4 ? 544 : 523; /* > one 256-column tile */
+                /* > one 256-column tile; 26 rows: a 24-row tile and 2 more, and not a multiple
+                 * of the GEMM micro-kernels' 3 or 6 rows */
+                int64_t rows = 26, cols = dt == DT_MXFP4 ? 544 : 523;
                 tmat t;
                 tmat_make(&t, dt, rows, cols, 0);
                 float *xbuf, *x = make_x(n, cols, 0, &xbuf);
@@ -290,6 +292,50 @@ static void test_mxfp4_edge_scales(void) {
                   yk[r], ys[r]);
         }
     }
+}
+
+/* The batched MXFP4 product (the GEMM from 8 vectors) gives each vector its matvec bits also
+ * where blocks have the edge scales 0, 253, 254 and 255 (the weight-by-weight path) among
+ * ordinary ones, in some row groups and not others. */
+static void test_mxfp4_edge_scales_batched(void) {
+    const k3_kernels *all[8];
+    int np = k3_kernels_available(all, 8);
+    enum { R = 26, C = 544, N = 64 };
+    static uint8_t packed[R * C / 2 + 1], scale[R * C / 32 + 1];
+    static const uint8_t EDGE[4] = {0, 253, 254, 255};
+    rng = 4242;
+    for (int i = 0; i < R * C / 2; i++) packed[1 + i] = (uint8_t)rnd_int(0, 255);
+    for (int i = 0; i < R * C / 32; i++)
+        scale[1 + i] = (i / (C / 32)) % 4 == 1 && rnd_int(0, 3) == 0 ? EDGE[rnd_int(0, 3)]
+                                                                     : (uint8_t)rnd_int(118, 134);
+    float *xbuf = malloc((size_t)(N * C + 1) * sizeof *xbuf), *x = xbuf + 1;
+    for (int i = 0; i < N * C; i++) x[i] = rnd() * (float)ldexp(1.0, -100);
+    k3_mxfp4 w = {packed + 1, scale + 1, R, C};
+    float *yb = malloc((size_t)(N * R) * sizeof *yb), yv[R];
+    for (int p = 0; p < np; p++) {
+        k3_matmul_mxfp4(all[p], &w, x, N, yb);
+        int bad = -1;
+        for (int b = 0; b < N && bad < 0; b++) {
+            k3_matvec_mxfp4(all[p], &w, x + b * C, yv);
+            if (memcmp(yv, yb + b * R, sizeof yv) != 0) bad = b;
+        }
+        CHECK(bad < 0, "%s: batched row of vector %d differs from matvec", k3_kernels_name(all[p]),
+              bad);
+    }
+    free(yb), free(xbuf);
+}
+
+/* The instruction-mix loops do the multiply-adds they report, and every SIMD path has them. */
+static void test_mix_counts(void) {
+    const k3_kernels *paths[8];
+    int np = simd_paths(paths);
+    for (int p = 0; p < np; p++)
+        for (int m = K3_MIX_FMA; m <= K3_MIX_GEMM_MXFP4; m++) {
+            int64_t one = k3_kernels_mix(paths[p], m, 1), three = k3_kernels_mix(paths[p], m, 3);
+            CHECK(one > 0 && three == 3 * one, "%s mix %d: %lld then %lld MACs",
+                  k3_kernels_name(paths[p]), m, (long long)one, (long long)three);
+        }
+    CHECK(k3_kernels_mix(k3_kernels_get("scalar"), K3_MIX_FMA, 1) == 0, "scalar has no mix");
 }
 
 static void test_dot_within_bound(void) {
@@ -456,12 +502,14 @@ static void test_lossless_decode_gives_every_bit(void) {
  * last groups. A NaN result only has to be a NaN: which operand's payload an FMA passes on
  * follows the instruction form the compiler picked, even between two BF16 loops. */
 static void test_lossless_products_bit_identical(void) {
-    static const int64_t rows[] = {1, 5, 38}, cols[] = {7, 32, 33, 100, 300, 1031};
+    /* 130 rows: more than one GEMM row tile (GEMM_RB 64 / 96), whose escape cursors are kept
+     * per row modulo the tile; 1031 columns: three column tiles of GEMM_KC 512 */
+    static const int64_t rows[] = {1, 5, 38, 130}, cols[] = {7, 32, 33, 100, 300, 1031};
     static const int ns[] = {1, 2, 5, 7, 65};
     const k3_kernels *paths[8];
     int np = k3_kernels_available(paths, 8);
     rng = 77;
-    for (int ri = 0; ri < 3; ri++)
+    for (int ri = 0; ri < 4; ri++)
         for (int ci = 0; ci < 6; ci++) {
             int64_t R = rows[ri], C = cols[ci];
             uint16_t *w = malloc((size_t)(R * C) * 2);
@@ -520,6 +568,8 @@ const k3_test k3_suite_simd[] = {
     {"matmul_integers_exact", test_matmul_integers_exact},
     {"matmul_random_within_bound", test_matmul_random_within_bound},
     {"matmul_rows_equal_matvec_bitwise", test_matmul_rows_equal_matvec_bitwise},
+    {"mxfp4_edge_scales_batched", test_mxfp4_edge_scales_batched},
+    {"mix_counts", test_mix_counts},
     {"thread_count_does_not_change_results", test_thread_count_does_not_change_results},
     {"mxfp4_edge_scales", test_mxfp4_edge_scales},
     {"mxfp4_many_equals_each_matvec", test_mxfp4_many_equals_each_matvec},

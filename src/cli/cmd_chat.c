@@ -129,6 +129,7 @@ typedef struct chat {
     double prefill_s, decode_s;
     int last_new, last_reused, last_gen;
     double last_prefill_s, last_decode_s;
+    k3_cli_store_run *sr; /* the prompt's progress line */
 } chat;
 
 static void dim(const chat *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -267,12 +268,15 @@ static int turn(chat *c, const char *role, const char *text, k3_err *err) {
     int reused = 0;
     double t0 = k3_now_s();
     size_t held = 0;
+    if (c->sr) k3_cli_prompt_begin(c->sr, (int)n);
     if (c->pc) rc = k3_cli_pcache_prefill(c->pc, c->s, c->tok, c->conv.prompt.v, n,
                                           c->o->verbose, &held, err);
     if (!rc) rc = k3_session_prefill(c->s, c->conv.prompt.v, n, c->logits, &reused, err);
+    if (c->sr) k3_cli_prompt_end(c->sr);
     if (c->pc) reused = (int)held;
     double prefill_s = k3_now_s() - t0;
-    int n_new = k3_session_pos(c->s) - reused;
+    /* a pass stopped part-way resets the session (k3.h): then nothing was fed */
+    int n_new = k3_session_pos(c->s) > reused ? k3_session_pos(c->s) - reused : 0;
     c->prefilled += n_new;
     c->reused += reused;
     c->prefill_s += prefill_s;
@@ -494,6 +498,7 @@ static int load_tools(k3_conv *conv, const char *path, k3_err *err) {
 static int chat_main(const chat_opts *o, k3_err *err) {
     chat c = {.o = o, .max_new = o->max_new, .color = isatty(1)};
     k3_engine_opts eo = o->eo;
+    if (o->co.chunk) eo.prompt_rows = o->co.chunk; /* the plan counts passes of that many */
     eo.ctx = o->cc.ctx; /* the plan counts the session at its context */
     k3_cli_model m;
     k3_cli_store_run sr = {0};
@@ -507,6 +512,7 @@ static int chat_main(const chat_opts *o, k3_err *err) {
     if (!rc && o->co.chunk) k3_session_set_chunk(c.s, o->co.chunk);
     if (!rc) rc = k3_cli_store_attach(&sr, c.s, &o->cc, err);
     sr.dist = m.dist;
+    c.sr = &sr;
     if (!rc) rc = k3_conv_init(&c.conv, c.tok, err);
     if (!rc) rc = k3_sampler_init(&c.sm, &o->co.sampling, k3_engine_config(e)->vocab_size, err);
     if (!rc && o->co.spec) rc = k3_spec_init(&c.spec, o->co.spec, c.s, &c.sm, err);

@@ -100,6 +100,10 @@ static void print_plan(const char *dir, const k3_engine_plan_info *in) {
     snprintf(note, sizeof note, "%d x %d positions: KV cache, KDA state, scratch "
              "(%.3f GB each)", p->sessions, p->ctx, (double)m->session_bytes / GB);
     part("sessions", p->sessions_bytes, note);
+    snprintf(note, sizeof note, "a prompt in passes of %d ids: each routed expert read once per "
+             "pass (%.2f MB per id beyond %d)", p->prefill_rows, (double)m->prefill_row_bytes / 1e6,
+             m->prefill_rows_min);
+    part("prompt passes", p->prefill_bytes, note);
     part("total", p->total_bytes, "peak RSS stays within this + 5%");
     part("minimum limit", p->min_limit_bytes, "staging + top-k + 1 experts + sessions + base, "
          "with headroom (one page less is refused)");

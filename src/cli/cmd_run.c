@@ -182,6 +182,7 @@ typedef struct run_ctx {
     k3_conv conv;      /* --chat */
     bool has_conv;
     k3_pcache *pc;     /* --prompt-cache, or NULL */
+    k3_cli_store_run *sr; /* the prompt's progress line */
 } run_ctx;
 
 static int dump_row(void *user, const float *logits, k3_err *err) {
@@ -310,9 +311,11 @@ static int generate(run_ctx *r, const int32_t *prompt, size_t n_prompt, k3_err *
     if (!rc)
         rc = k3_session_prefill_with(r->s, prompt, n_prompt, r->logits, &kept,
                                      r->dump ? &dump : NULL, err);
+    if (r->sr) k3_cli_prompt_end(r->sr);
     size_t reused = r->pc ? held : (size_t)kept;
     double prefill_s = k3_now_s() - t0;
-    size_t fed = (size_t)k3_session_pos(r->s) - reused;
+    /* a pass stopped part-way resets the session (k3.h): then nothing was fed */
+    size_t pos = (size_t)k3_session_pos(r->s), fed = pos > reused ? pos - reused : 0;
     const char *end_note = rc == K3_ERR_INTERRUPTED ? "interrupted (Ctrl-C) in the prompt" : NULL;
     k3_spec spec = {0};
     if (!rc && o->co.spec) rc = k3_spec_init(&spec, o->co.spec, r->s, &sm, err);
@@ -350,6 +353,7 @@ static int run(const run_opts *o, k3_err *err) {
     size_t n_prompt = 0;
     run_ctx r = {.o = o};
     k3_engine_opts eo = o->eo;
+    if (o->co.chunk) eo.prompt_rows = o->co.chunk; /* the plan counts passes of that many */
     k3_cli_model m;
     k3_cli_store_run sr = {0};
     int rc = k3_cli_model_load(o->model_dir, &eo, &o->cc, &m, err);
@@ -394,6 +398,8 @@ static int run(const run_opts *o, k3_err *err) {
     }
     k3_cli_catch_sigint();
     k3_session_set_interrupt(s, &k3_cli_interrupted);
+    k3_cli_prompt_begin(&sr, (int)n_prompt);
+    r.sr = &sr;
     rc = generate(&r, prompt, n_prompt, err);
     if (r.dump) {
         if (fclose(r.dump) != 0 && !rc)

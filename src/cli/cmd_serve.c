@@ -211,6 +211,7 @@ static int parse_args(int argc, char **argv, serve_args *a) {
     if (!a->so.prompt_cache) a->so.prompt_cache_ram = 0;
     a->eo.sessions += a->so.prompt_cache_ram;
     if (a->eo.sessions < 1) a->eo.sessions = 1;
+    a->eo.prompt_rows = -1; /* the workers' passes hold --chunk ids beside the decode rows */
     return test_hooks();
 }
 

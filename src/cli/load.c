@@ -7,6 +7,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "interrupt.h"
+#include "../util/clock.h"
+
 #ifdef K3_WITH_MPI
 #include "../dist/dist.h"
 #endif
@@ -191,16 +194,42 @@ static void on_step(void *user, int pos) {
     fprintf(stderr, "\n");
 }
 
+/* After each layer of a prompt pass: the progress line, and Ctrl-C stops the pass. */
+static int on_layer(void *user, int pos, int n, int layer, int n_layers) {
+    k3_cli_store_run *r = user;
+    if (k3_cli_interrupted) return 1;
+    if (!r->progress || !r->prompt_end) return 0;
+    double now = k3_now_s();
+    if (r->first_pos < 0) r->first_pos = pos;
+    if (now - r->t0 < 1.0 || now - r->last_print < 0.2) return 0;
+    double done = pos + (double)n * (layer + 1) / n_layers, rate = (done - r->first_pos) / (now - r->t0);
+    double left = rate > 0 ? (r->prompt_end - done) / rate : 0;
+    fprintf(stderr, "\r\033[Kk3: prompt %.0f/%d ids, %.1f ids/s, ETA %dm%02ds", done, r->prompt_end,
+            rate, (int)(left / 60), (int)left % 60);
+    r->last_print = now, r->shown = 1;
+    return 0;
+}
+
+void k3_cli_prompt_begin(k3_cli_store_run *r, int end) {
+    r->prompt_end = end, r->first_pos = -1, r->shown = 0;
+    r->t0 = k3_now_s(), r->last_print = 0;
+}
+
+void k3_cli_prompt_end(k3_cli_store_run *r) {
+    if (r->shown) fprintf(stderr, "\r\033[K");
+    r->prompt_end = 0, r->shown = 0;
+}
+
 int k3_cli_store_attach(k3_cli_store_run *r, k3_session *s, const k3_cli_common *o,
                         k3_err *err) {
-    *r = (k3_cli_store_run){.o = o, .s = s, .profile = o->profile};
+    *r = (k3_cli_store_run){.o = o, .s = s, .profile = o->profile,
+                            .progress = isatty(STDERR_FILENO)};
     if (o->router_trace && !(r->trace = fopen(o->router_trace, "w")))
         return k3_fail(err, K3_ERR_IO, "%s: cannot create the router trace: %s", o->router_trace,
                        strerror(errno));
-    if (r->trace || r->profile) {
-        k3_trace t = {.user = r, .on_routing = on_routing, .on_step = on_step};
-        k3_session_set_trace(s, &t);
-    }
+    k3_trace t = {.user = r, .on_routing = r->trace ? on_routing : NULL,
+                  .on_step = r->profile ? on_step : NULL, .on_layer = on_layer};
+    k3_session_set_trace(s, &t);
     return K3_OK;
 }
 

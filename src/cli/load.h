@@ -54,12 +54,23 @@ typedef struct k3_cli_store_run {
     FILE *trace;        /* --router-trace, or NULL */
     int profile;        /* lines per pass: 0 none, 1 one line, 2 also one per-layer line */
     struct k3_dist *dist; /* an MPI run: the summary adds one line per rank (set by the caller) */
+    /* the prompt's progress line (k3_cli_prompt_begin): on a terminal only */
+    int progress, shown;
+    int prompt_end, first_pos; /* the position the prompt ends at; the first one computed */
+    double t0, last_print;
 } k3_cli_store_run;
 
-/* Opens the router trace and installs the trace hook on s. Errors: K3_ERR_IO (trace file). */
+/* Opens the router trace and installs the trace hook on s: the router trace, the profile,
+ * and after every layer of a prompt pass the progress line and Ctrl-C (k3_cli_interrupted
+ * stops the pass within a layer: K3_ERR_INTERRUPTED). Errors: K3_ERR_IO (trace file). */
 int k3_cli_store_attach(k3_cli_store_run *r, k3_session *s, const k3_cli_common *o,
                         k3_err *err);
 /* Prints the end-of-run summary (when verbose) and closes the trace. */
 void k3_cli_store_finish(k3_cli_store_run *r, int verbose);
+/* Around a prefill of a prompt ending at position `end`: on a terminal (stderr) the passes
+ * print "prompt N/M ids, R ids/s, ETA" on one line, rewritten at most 5 times a second once
+ * a second has passed; _end clears it. */
+void k3_cli_prompt_begin(k3_cli_store_run *r, int end);
+void k3_cli_prompt_end(k3_cli_store_run *r);
 
 #endif

@@ -129,11 +129,12 @@ static const k3_opt table[] = {
     /* ---- speed */
     {.flag = "--chunk", .field = "chunk", K3_OPT_GEN(chunk), .type = K3_OPT_INT, .lo = 1,
      .hi = K3_MAX_CHUNK, .meta = "N", .group = K3_OG_SPEED,
-     .help = "prompt ids per batched prefill pass (default 32; 1 = one by one). Each\n"
+     .help = "prompt ids per batched prefill pass (default: as many as the memory plan's\n"
+             "prompt passes hold, at least 32; the server: 32; 1 = one by one). Each\n"
              "spine matrix and routed expert is read once per pass; bit-identical for\n"
              "every N"},
     {.flag = "--spec", .field = "spec", K3_OPT_GEN(spec), .type = K3_OPT_INT, .lo = 0,
-     .hi = K3_MAX_CHUNK - 1, .def = "0", .meta = "N", .group = K3_OG_SPEED,
+     .hi = K3_MAX_SPEC, .def = "0", .meta = "N", .group = K3_OG_SPEED,
      .help = "speculative decoding: verify up to N drafted ids per pass (n-gram suffix\n"
              "matches from the prompt and output; 0 = off). Greedy output is token for\n"
              "token the same; sampling keeps each id's distribution but a seed gives\n"

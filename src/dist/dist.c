@@ -567,13 +567,9 @@ static int send_stats(k3_dist *d) {
  * step or forward, so that every rank takes the same path (and the same exchanges). The
  * followers compute no logits. Errors: those of the pass; K3_ERR_DIST with *bad (a pass this
  * rank cannot replay: an unknown session, a malformed op). */
-static int replay_pass(k3_dist *d, const k3_engine *e, int nseg, int shared, const int32_t *w,
-                       int len, bool *bad, k3_err *err) {
-    k3_multistep_seg segs[K3_MAX_CHUNK];
+static int replay_segs(k3_dist *d, const k3_engine *e, k3_multistep_seg *segs, int nseg,
+                       int shared, const int32_t *w, int len, bool *bad, k3_err *err) {
     int rows = 0, at = 0;
-    *bad = true;
-    if (nseg < 1 || nseg > K3_MAX_CHUNK)
-        return k3_fail(err, K3_ERR_DIST, "rank 0 sent a pass of %d segments", nseg);
     for (int i = 0; i < nseg; i++) {
         if (at + K3_ROP_SEG_INTS > len || w[at + 3] < 1 || at + K3_ROP_SEG_INTS + w[at + 3] > len)
             return k3_fail(err, K3_ERR_DIST, "rank 0 sent a truncated pass");
@@ -605,6 +601,19 @@ static int replay_pass(k3_dist *d, const k3_engine *e, int nseg, int shared, con
     }
     int rc = d->ms ? K3_OK : k3_multistep_new(e, rows, &d->ms, err);
     return rc ? rc : k3_multistep_run(d->ms, segs, nseg, NULL, err);
+}
+
+/* replay_segs over segments on the heap (up to K3_MAX_CHUNK of them: ~400 KB). */
+static int replay_pass(k3_dist *d, const k3_engine *e, int nseg, int shared, const int32_t *w,
+                       int len, bool *bad, k3_err *err) {
+    *bad = true;
+    if (nseg < 1 || nseg > K3_MAX_CHUNK)
+        return k3_fail(err, K3_ERR_DIST, "rank 0 sent a pass of %d segments", nseg);
+    k3_multistep_seg *segs = malloc((size_t)nseg * sizeof *segs);
+    if (!segs) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
+    int rc = replay_segs(d, e, segs, nseg, shared, w, len, bad, err);
+    free(segs);
+    return rc;
 }
 
 int k3_dist_follow(k3_dist *d, const k3_engine *e, k3_err *err) {

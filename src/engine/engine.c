@@ -132,7 +132,8 @@ static int store_settings(const k3_engine_opts *o, k3_store_settings *ss, k3_err
 static int open_store(k3_engine *e, const k3_store_settings *ss, k3_err *err) {
     k3_mem_plan plan = {.base_bytes = e->mplan.base_bytes,
                         .spine_bytes = k3_spine_ram_bytes(e->model.spine, &e->model),
-                        .state_bytes = e->mplan.sessions_bytes,
+                        /* the sessions and the prompt passes' scratch (plan.h) */
+                        .state_bytes = e->mplan.sessions_bytes + e->mplan.prefill_bytes,
                         .limit_bytes = e->mplan.limit_bytes,
                         .headroom_bytes = e->mplan.headroom_bytes};
     int rc = k3_store_open(e->ck, &e->cfg, ss, &plan, &e->store, err);
@@ -252,7 +253,17 @@ static int plan_memory(k3_engine *e, const k3_engine_opts *o, uint64_t *spine_bu
                   : o->ctx < c->max_position_embeddings ? o->ctx : c->max_position_embeddings;
     k3_plan_model pm = {.spine_bytes = e->model.spine_bytes, .expert_slot_bytes = slot_estimate(c),
                         .top_k = c->num_experts_per_token,
-                        .session_bytes = k3_state_plan_bytes(&e->model, e->plan_ctx)};
+                        .session_bytes = k3_state_plan_bytes(&e->model, e->plan_ctx),
+                        .prefill_row_bytes = k3_prefill_row_bytes(&e->model),
+                        .prefill_rows_min = K3_DEFAULT_CHUNK,
+                        /* no pass outgrows the context; the GPU backend feeds a prompt
+                         * token by token */
+                        .prefill_rows_max = o->device && !strcmp(o->device, "cuda") ? 0
+                                            : o->prompt_rows < 0 ? 0
+                                            : e->plan_ctx < K3_MAX_CHUNK ? e->plan_ctx
+                                                                         : K3_MAX_CHUNK};
+    if (o->prompt_rows > 0 && pm.prefill_rows_max > o->prompt_rows)
+        pm.prefill_rows_max = o->prompt_rows;
     pm.experts_bytes = (uint64_t)(moe_layers > 0 ? moe_layers : 0) * (uint64_t)c->num_experts *
                        pm.expert_slot_bytes;
     int rc = k3_spine_floor_bytes(&e->model, e->ck, e->pack, &pm.staging_bytes, err);
@@ -483,7 +494,8 @@ int k3_session_new(const k3_engine *e, int max_ctx, k3_session **out, k3_err *er
     k3_session *s = calloc(1, sizeof *s);
     if (!s) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
     s->e = e;
-    s->chunk = K3_DEFAULT_CHUNK;
+    /* expert-major prompt passes: as many ids as the plan's activation budget holds */
+    s->chunk = e->mplan.prefill_rows > 0 ? e->mplan.prefill_rows : K3_DEFAULT_CHUNK;
     int rc = k3_state_new(&e->model, max_ctx, &s->state, err);
     if (rc) {
         free(s);
@@ -595,11 +607,14 @@ int k3_session_prefill_with(k3_session *s, const int32_t *ids, size_t n, float *
     int rc = k3_prefill_begin(&p, s, ids, n, reused, err), len;
     if (rc) return rc;
     float *rows = NULL;
+    /* every position's logits: passes no longer than the default, or the rows outgrow RAM */
+    int max_rows = hook && hook->all_logits && s->chunk > K3_DEFAULT_CHUNK ? K3_DEFAULT_CHUNK
+                                                                           : s->chunk;
     if (hook && hook->all_logits &&
-        !(rows = malloc((size_t)s->chunk * (size_t)s->e->cfg.vocab_size * sizeof *rows)))
+        !(rows = malloc((size_t)max_rows * (size_t)s->e->cfg.vocab_size * sizeof *rows)))
         return k3_fail(err, K3_ERR_GENERIC, "out of memory");
     const int32_t *chunk;
-    while (!rc && (len = k3_prefill_next(&p, s->chunk, &chunk)) > 0) {
+    while (!rc && (len = k3_prefill_next(&p, max_rows, &chunk)) > 0) {
         if (s->interrupt && *s->interrupt) {
             rc = k3_fail(err, K3_ERR_INTERRUPTED, "interrupted after %zu of %zu prompt tokens",
                          p.at - p.first, n - p.first);

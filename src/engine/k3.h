@@ -123,6 +123,9 @@ typedef struct k3_engine_opts {
     int ctx;                  /* positions each session is opened with, for the plan (0: the
                                * default min(max_position_embeddings, 4096)); k3_session_new
                                * refuses a larger session (plan.h, "Sessions") */
+    int prompt_rows;          /* ids per prompt pass the plan counts: 0 = as many as it can give
+                               * (up to ctx), > 0 at most this (a --chunk given), < 0 none beyond
+                               * K3_DEFAULT_CHUNK (the server, whose passes hold 32 ids) */
     double memory_gb;         /* > 0: plan for a machine of this many GB (RAM, all available,
                                * no cgroup) instead of probing this one; 0: probe */
     const struct k3_machine_mem *machine; /* the machine's memory (plan.h); NULL = probed from
@@ -330,10 +333,13 @@ void k3_session_set_interrupt(k3_session *s, const volatile sig_atomic_t *flag);
  * token and MLA attends causally, so a pass is BIT-IDENTICAL to feeding its tokens one by one
  * with k3_session_step (logits, state, routing); tests/test_prefill.c checks it. */
 
-/* K3_DEFAULT_CHUNK and K3_MAX_CHUNK: src/model/pass.h. */
+/* K3_DEFAULT_CHUNK, K3_MAX_CHUNK and K3_MAX_SPEC: src/model/pass.h. */
 
 /* Tokens per pass of k3_session_prefill (clamped to 1..K3_MAX_CHUNK; 1 = token by token).
- * Default K3_DEFAULT_CHUNK. */
+ * Default: the memory plan's prefill_rows (plan.h), at least K3_DEFAULT_CHUNK: a pass reads
+ * each routed expert its ids chose once, so a prompt that fits one pass reads each (layer,
+ * expert) pair it routes to once, whatever the expert cache holds. A prefill hook that wants
+ * every position's logits gets passes of at most K3_DEFAULT_CHUNK (the logit rows). */
 void k3_session_set_chunk(k3_session *s, int chunk);
 int k3_session_chunk(const k3_session *s);
 

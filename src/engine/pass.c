@@ -172,10 +172,15 @@ static void failed_pass(k3_pass_seg *segs, int n, int rc, const k3_err *perr) {
 
 int k3_engine_pass(const k3_engine *e, k3_backend_scratch *sc, k3_pass_seg *segs, int n,
                    float *logits, k3_err *err) {
-    k3_backend_seg bs[K3_MAX_CHUNK];
-    int live = 0, pos0[K3_MAX_CHUNK];
     if (n < 1 || n > K3_MAX_CHUNK)
         return k3_fail(err, K3_ERR_USAGE, "a pass of %d segments (1 to %d)", n, K3_MAX_CHUNK);
+    /* on the heap: K3_MAX_CHUNK segments are ~1 MB, too much for a worker thread's stack */
+    k3_backend_seg *bs = malloc((size_t)n * sizeof *bs);
+    int live = 0, *pos0 = malloc((size_t)n * sizeof *pos0);
+    if (!bs || !pos0) {
+        free(bs), free(pos0);
+        return k3_fail(err, K3_ERR_GENERIC, "out of memory");
+    }
     for (int i = 0; i < n; i++) {
         k3_pass_seg *g = &segs[i];
         g->err = (k3_err){0};
@@ -215,6 +220,7 @@ int k3_engine_pass(const k3_engine *e, k3_backend_scratch *sc, k3_pass_seg *segs
         if (r) g->status = k3_engine_check_logits(e, row, r, pos0[i] + g->n - r, &g->err);
         row += (size_t)r * V;
     }
+    free(bs), free(pos0);
     for (int i = 0; i < n; i++)
         if (segs[i].status) {
             if (err) *err = segs[i].err;

@@ -247,6 +247,47 @@ static int plan_parts(const k3_plan_model *mod, const k3_plan_request *r, uint64
     return K3_OK;
 }
 
+/* Bytes of prompt-pass scratch the plan wants beyond what the sessions count. */
+static uint64_t prefill_want(const k3_plan_model *mod) {
+    int lo = mod->prefill_rows_min > 0 ? mod->prefill_rows_min : 1;
+    return mod->prefill_rows_max > lo ? (uint64_t)(mod->prefill_rows_max - lo) * mod->prefill_row_bytes
+                                      : 0;
+}
+
+/* The part of `room` (bytes after base, sessions and headroom) set aside for prompt passes
+ * before the spine and the expert cache are planned: an eighth of it at most, and never what
+ * their minimum (staging or the GPU's spine, top-k + 1 slots) needs (plan.h). */
+static uint64_t prefill_reserve(const k3_plan_model *mod, const k3_plan_request *r,
+                                uint64_t room) {
+    uint64_t floor = (r->gpu ? mod->spine_bytes : mod->staging_bytes) +
+                     slots_bytes(mod, (uint64_t)mod->top_k + 1);
+    uint64_t res = min_u64(prefill_want(mod), room / 8);
+    return room > floor + res ? res : room > floor ? min_u64(res, room - floor) : 0;
+}
+
+/* The prompt pass's rows once the spine and the expert cache are planned in room - reserve:
+ * the reserve, the room they left, then up to half of the cache above its prefetch minimum
+ * when the user did not fix it (plan.h). */
+static void plan_prefill(const k3_plan_model *mod, uint64_t room, uint64_t reserve, k3_plan *p) {
+    int lo = mod->prefill_rows_min > 0 ? mod->prefill_rows_min : 1;
+    p->prefill_rows = lo;
+    p->prefill_bytes = 0;
+    uint64_t want = prefill_want(mod);
+    if (!want) return;
+    uint64_t used = p->spine_ram_bytes + p->expert_cache_bytes + reserve;
+    uint64_t spare = reserve + (room > used ? room - used : 0), from_cache = 0;
+    uint64_t e_pref = max_u64(slots_bytes(mod, 2 * (uint64_t)mod->top_k),
+                              slots_bytes(mod, (uint64_t)mod->top_k + 1));
+    if (!p->experts_from_user && p->expert_cache_bytes > e_pref)
+        from_cache = (p->expert_cache_bytes - e_pref) / 2;
+    uint64_t rows = min_u64(spare + from_cache, want) / mod->prefill_row_bytes;
+    p->prefill_rows = lo + (int)rows;
+    p->prefill_bytes = rows * mod->prefill_row_bytes;
+    if (p->prefill_bytes > spare) /* the rest from the cache, in whole slots */
+        p->expert_cache_bytes =
+            cache_fit(mod, p->expert_cache_bytes - (p->prefill_bytes - spare), e_pref);
+}
+
 int k3_plan_memory(const k3_machine_mem *m, const k3_plan_model *mod, const k3_plan_request *r,
                    k3_plan *p, k3_err *err) {
     memset(p, 0, sizeof *p);
@@ -278,9 +319,11 @@ int k3_plan_memory(const k3_machine_mem *m, const k3_plan_model *mod, const k3_p
                        p->sessions_bytes / GB, (r->gpu ? mod->spine_bytes : mod->staging_bytes) / GB,
                        mod->top_k + 1, slots_bytes(mod, (uint64_t)mod->top_k + 1) / GB,
                        headroom(p->min_limit_bytes) / GB);
-    rc = plan_parts(mod, r, avail - fixed, p, err);
+    uint64_t reserve = prefill_reserve(mod, r, avail - fixed);
+    rc = plan_parts(mod, r, avail - fixed - reserve, p, err);
     if (rc) return rc;
-    p->total_bytes = fixed + p->spine_ram_bytes + p->expert_cache_bytes;
+    plan_prefill(mod, avail - fixed, reserve, p);
+    p->total_bytes = fixed + p->spine_ram_bytes + p->expert_cache_bytes + p->prefill_bytes;
     /* the user's own figures are obeyed even past the limit (the session estimate is a
      * worst case: its KV cache is committed as positions are used); the line says so */
     if (p->total_bytes > avail) p->over_limit_bytes = p->total_bytes - avail;
@@ -293,7 +336,8 @@ void k3_plan_settle(k3_plan *p, const k3_plan_model *mod, uint64_t spine_ram_byt
     p->spine_ram_bytes = spine_ram_bytes;
     if (!p->experts_from_user)
         p->expert_cache_bytes = cache_fit(mod, p->expert_cache_bytes + spare, p->expert_cache_bytes);
-    p->total_bytes = p->base_bytes + p->sessions_bytes + p->spine_ram_bytes + p->expert_cache_bytes;
+    p->total_bytes = p->base_bytes + p->sessions_bytes + p->spine_ram_bytes + p->expert_cache_bytes +
+                     p->prefill_bytes;
 }
 
 void k3_plan_describe(const k3_plan *p, char *buf, size_t cap) {
@@ -309,6 +353,10 @@ void k3_plan_describe(const k3_plan *p, char *buf, size_t cap) {
              spine, p->expert_cache_bytes / GB, p->experts_from_user ? " (given)" : "",
              p->sessions_bytes / GB, p->sessions, p->ctx, p->total_bytes / GB);
     size_t n = strlen(buf);
+    if (p->prefill_bytes && n < cap) /* prompt passes beyond what the sessions count (their
+                                        ids follow the base's RSS: not in this line) */
+        snprintf(buf + n, cap - n, "; prompt passes +%.2f GB", p->prefill_bytes / GB);
+    n = strlen(buf);
     if (p->over_limit_bytes && n < cap)
         snprintf(buf + n, cap - n, " (%.2f GB over the limit less headroom: as given)",
                  p->over_limit_bytes / GB);

@@ -6,7 +6,7 @@
  * Invariants:
  *  - k3_plan_memory is pure: same inputs, same plan; it reads no file and no environment.
  *  - The plan never exceeds the limit it obeys: base + sessions + spine RAM + expert cache +
- *    headroom <= limit (the limit: the tightest of RAM, cgroup v1 memory.limit_in_bytes, v2
+ *    prompt passes + headroom <= limit (the limit: the tightest of RAM, cgroup v1 memory.limit_in_bytes, v2
  *    memory.max and memory.high, and what the OS says is available now plus our own base).
  *  - A user override fixes its own part only; the other parts are re-planned around it
  *    (a spine budget with no expert budget shrinks the expert cache to fit).
@@ -23,6 +23,14 @@
  *    expert byte at most that (an expert is used by a fraction of tokens), so the expert cache
  *    gets its minimum for prefetch (2 x top-k slots) and the spine the rest, then any RAM the
  *    spine does not need goes to the expert cache.
+ *  - Prompt passes (prefill_rows): up to an eighth of the RAM after base, sessions and
+ *    headroom is set aside before the spine and the expert cache are planned (a budgeted
+ *    spine streams more layers for it), then RAM nothing else was planned to use and at most
+ *    half of the expert cache above its prefetch minimum (never a cache the user fixed) add
+ *    rows. A pass of R prompt ids reads each routed expert its ids chose once, where passes of
+ *    32 read it up to R / 32 times, and a streamed spine layer once per pass: for a long
+ *    prompt a row of activations saves far more reading than a cached expert or a resident
+ *    spine byte, which decoding keeps most of.
  *
  * Sessions: each session is counted at the context it is opened with (k3_plan_request.ctx:
  * --ctx, or the default min(max_position_embeddings, 4096); k3 run, which knows a raw
@@ -73,6 +81,11 @@ typedef struct k3_plan_model {
     int top_k;                  /* experts per token per layer */
     uint64_t session_bytes;     /* one session's KDA/conv state and KV cache at its context
                                    (k3_plan_request.ctx positions: see "Sessions" above) */
+    uint64_t prefill_row_bytes; /* scratch per row of a pass beyond prefill_rows_min (the rows'
+                                   hidden state, AttnRes blocks, mixer / FFN / MoE buffers) */
+    int prefill_rows_min;       /* rows session_bytes already counts (K3_DEFAULT_CHUNK) */
+    int prefill_rows_max;       /* most rows a prompt pass may take (K3_MAX_CHUNK); 0: no
+                                   prompt passes planned (prefill_rows = prefill_rows_min) */
 } k3_plan_model;
 
 #define K3_PLAN_PAGE_BYTES 4096ull /* limits are counted in whole pages */
@@ -112,14 +125,18 @@ typedef struct k3_plan {
     uint64_t spine_budget_bytes; /* with spine_budgeted: RAM for the spine, staging included */
     uint64_t spine_ram_bytes;    /* RAM the spine takes in the plan (in place: spine_bytes) */
     uint64_t expert_cache_bytes; /* the expert cache budget (a multiple of the slot size) */
-    uint64_t total_bytes;        /* base + sessions + spine + experts: peak RSS should stay
-                                    within this + 5% */
+    uint64_t total_bytes;        /* base + sessions + spine + experts + prompt passes: peak
+                                    RSS should stay within this + 5% */
     uint64_t min_limit_bytes;    /* the smallest limit this model and these sessions run in
                                     (whole pages; one page less is refused) */
     int spine_from_user, experts_from_user; /* which parts the user fixed */
     int sessions, ctx;           /* as requested: sessions_bytes = sessions x session_bytes */
     uint64_t over_limit_bytes;   /* how far the user's own spine_gb / expert_gb take the plan
                                     past the limit less headroom (obeyed, and said), else 0 */
+    int prefill_rows;            /* ids per prompt pass (expert-major prefill: each routed
+                                    expert read once per pass); >= prefill_rows_min */
+    uint64_t prefill_bytes;      /* (prefill_rows - prefill_rows_min) x prefill_row_bytes:
+                                    counted once (one session prefills in plan-sized passes) */
 } k3_plan;
 
 /* Plans memory for model mod on machine m as req asks (see the invariants above).

@@ -15,8 +15,6 @@
 #if defined(__aarch64__)
 #include <arm_neon.h>
 
-#define KC 256 /* batched tile: columns per tile (a multiple of 32: MXFP4 blocks stay whole) */
-#define RG 16  /* batched tile: rows per tile; 16 × 256 f32 = 16 KB */
 
 static const int8_t E2M1_X2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
@@ -217,7 +215,9 @@ static void lx_vec(const k3_mat *m, const float *x, float *y, int64_t r0, int64_
     }
 }
 
-/* ---- batched (n > 1): decode a 16-row × 256-column tile once, use it for every vector ---- */
+/* ---- batched (n > 1): decode a tile once, use it for every vector (simd_gemm.h) ---- */
+
+#define GEMM_RB 64 /* simd_gemm.h's rows per tile; also the lossless cursors' ring (r % GEMM_RB) */
 
 enum { SRC_BF16, SRC_F32, SRC_MXFP4, SRC_LX };
 typedef struct wsrc {
@@ -226,7 +226,7 @@ typedef struct wsrc {
     const uint8_t *scale;  /* MXFP4 only */
     int64_t cols;
     const k3_mat *m;       /* SRC_LX: the matrix */
-    uint32_t *cur, *curend; /* SRC_LX: [RG] escape cursors of the row group's rows (r % RG) */
+    uint32_t *cur, *curend; /* SRC_LX: [GEMM_RB] escape cursors of the tile's rows (r % GEMM_RB) */
 } wsrc;
 
 /* A lossless tile row: lx_vec's vectors stored (zeros past cols, as bf16_tail). */
@@ -234,9 +234,9 @@ static void lx_tile_row(const wsrc *s, int64_t r, int64_t k0, int64_t kc, float 
     const k3_mat *m = s->m;
     const uint8_t *row = (const uint8_t *)m->data + (uint64_t)r * k3_lx_row_bytes(m->cols);
     const uint32_t *list = m->esc + m->rows + 1;
-    uint32_t *e = &s->cur[r % RG], end;
-    if (k0 == 0) k3_lx_row_escapes(m, r, e, &s->curend[r % RG]);
-    end = s->curend[r % RG];
+    uint32_t *e = &s->cur[r % GEMM_RB], end;
+    if (k0 == 0) k3_lx_row_escapes(m, r, e, &s->curend[r % GEMM_RB]);
+    end = s->curend[r % GEMM_RB];
     uint8x16_t tab = vld1q_u8(m->xtab);
     for (int64_t c0 = k0; c0 < k0 + kc; c0 += K3_LX_GROUP) {
         const uint8_t *g = row + c0 / K3_LX_GROUP * K3_LX_GROUP_BYTES;
@@ -277,77 +277,29 @@ static void tile_row(const wsrc *s, int64_t r, int64_t k0, int64_t kc, float *t)
     }
 }
 
-/* The micro-kernel's row and vector loops must unroll fully, or its accumulators live on
- * the stack (a 3x slower batched product). */
-#define UNROLL _Pragma("GCC unroll 4")
+/* The batched product: simd_gemm.h's register-blocked micro-kernel over this file's tiles (the
+ * same lane recipe: one 4-lane accumulator per (row, vector), FMA per step in column order, a
+ * zero-padded last step, then vaddvq), 4 rows × 6 vectors: 24 accumulators of the 32 q
+ * registers. MXFP4 weights are decoded into the tile by tile_row, so all three formats share
+ * it. */
+#define W 4
+#define VF float32x4_t
+#define VZERO() vdupq_n_f32(0)
+#define VLOADU(p) vld1q_f32(p)
+#define VLOADA(p) vld1q_f32(p)
+#define VSTOREA(p, v) vst1q_f32(p, v)
+#define VFMA(a, b, c) vfmaq_f32(c, a, b)
+#define VADD(a, b) vaddq_f32(a, b)
+#define VSET1(a) vdupq_n_f32(a)
+#define UNROLL8 _Pragma("GCC unroll 8")
+#define GEMM_R 4
+#define GEMM_V 6
+#define GEMM_KC 512 /* a multiple of 32: MXFP4 blocks stay whole */
+#include "simd_gemm.h"
 
-/* acc[r][v] += tile rows r < R times vectors v < V over one tile. */
-static inline __attribute__((always_inline)) void micro(const float *t, int R, const float *x,
-                                                        int64_t ldx, int V, int64_t full,
-                                                        int64_t tail, float32x4_t *acc) {
-    float32x4_t a[4][4];
-    UNROLL
-    for (int r = 0; r < R; r++)
-        UNROLL
-        for (int v = 0; v < V; v++) a[r][v] = acc[r * K3_MAX_BATCH + v];
-    for (int64_t i = 0; i < full; i += 4) {
-        float32x4_t w[4];
-        UNROLL
-        for (int r = 0; r < R; r++) w[r] = vld1q_f32(t + r * KC + i);
-        UNROLL
-        for (int v = 0; v < V; v++) {
-            float32x4_t xv = vld1q_f32(x + v * ldx + i);
-            UNROLL
-            for (int r = 0; r < R; r++) a[r][v] = vfmaq_f32(a[r][v], w[r], xv);
-        }
-    }
-    if (tail)
-        UNROLL
-        for (int v = 0; v < V; v++) {
-            float32x4_t xv = load_tail(x + v * ldx + full, tail);
-            UNROLL
-            for (int r = 0; r < R; r++) a[r][v] = vfmaq_f32(a[r][v], vld1q_f32(t + r * KC + full), xv);
-        }
-    UNROLL
-    for (int r = 0; r < R; r++)
-        UNROLL
-        for (int v = 0; v < V; v++) acc[r * K3_MAX_BATCH + v] = a[r][v];
-}
-
-static void tile_products(const float *tile, int nr, const float *x, int64_t cols, int n,
-                          int64_t full, int64_t tail, float32x4_t (*acc)[K3_MAX_BATCH]) {
-    int b = 0;
-    for (; b + 4 <= n; b += 4) {
-        int r = 0;
-        for (; r + 4 <= nr; r += 4)
-            micro(tile + r * KC, 4, x + b * cols, cols, 4, full, tail, &acc[r][b]);
-        for (; r < nr; r++) micro(tile + r * KC, 1, x + b * cols, cols, 4, full, tail, &acc[r][b]);
-    }
-    for (; b < n; b++) {
-        int r = 0;
-        for (; r + 4 <= nr; r += 4)
-            micro(tile + r * KC, 4, x + b * cols, cols, 1, full, tail, &acc[r][b]);
-        for (; r < nr; r++) micro(tile + r * KC, 1, x + b * cols, cols, 1, full, tail, &acc[r][b]);
-    }
-}
-
-static void matmul_tiles(const wsrc *s, int64_t rows, const float *x, int n, float *y,
-                         int64_t r0, int64_t r1) {
-    _Alignas(16) float tile[RG * KC];
-    float32x4_t acc[RG][K3_MAX_BATCH];
-    int64_t cols = s->cols;
-    for (int64_t rg = r0; rg < r1; rg += RG) {
-        int nr = r1 - rg < RG ? (int)(r1 - rg) : RG;
-        for (int r = 0; r < nr; r++)
-            for (int b = 0; b < n; b++) acc[r][b] = vdupq_n_f32(0);
-        for (int64_t k0 = 0; k0 < cols; k0 += KC) {
-            int64_t kc = cols - k0 < KC ? cols - k0 : KC, full = kc & ~(int64_t)3;
-            for (int r = 0; r < nr; r++) tile_row(s, rg + r, k0, kc, tile + r * KC);
-            tile_products(tile, nr, x + k0, cols, n, full, kc - full, acc);
-        }
-        for (int r = 0; r < nr; r++)
-            for (int b = 0; b < n; b++) y[b * rows + rg + r] = hsum(acc[r][b]);
-    }
+/* MXFP4 is decoded into the same f32 tile, so its batched loop is the dense micro-kernel. */
+static int64_t mix(int which, int64_t reps) {
+    return which == K3_MIX_FMA ? mix_fma(reps) : mix_gemm_dense(reps);
 }
 
 /* ---- the table's entries -------------------------------------------------------------- */
@@ -359,7 +311,7 @@ static void bf16(const uint16_t *w, int64_t rows, int64_t cols, const float *x, 
         return;
     }
     wsrc s = {SRC_BF16, w, NULL, cols, NULL, NULL, NULL};
-    matmul_tiles(&s, rows, x, n, y, r0, r1);
+    gemm_dense(&s, rows, x, n, y, r0, r1);
 }
 
 static void f32(const float *w, int64_t rows, int64_t cols, const float *x, int n, float *y,
@@ -369,7 +321,7 @@ static void f32(const float *w, int64_t rows, int64_t cols, const float *x, int 
         return;
     }
     wsrc s = {SRC_F32, w, NULL, cols, NULL, NULL, NULL};
-    matmul_tiles(&s, rows, x, n, y, r0, r1);
+    gemm_dense(&s, rows, x, n, y, r0, r1);
 }
 
 static void mxfp4(const uint8_t *packed, const uint8_t *scale, int64_t rows, int64_t cols,
@@ -379,7 +331,7 @@ static void mxfp4(const uint8_t *packed, const uint8_t *scale, int64_t rows, int
         return;
     }
     wsrc s = {SRC_MXFP4, packed, scale, cols, NULL, NULL, NULL};
-    matmul_tiles(&s, rows, x, n, y, r0, r1);
+    gemm_dense(&s, rows, x, n, y, r0, r1);
 }
 
 static void bf16lx(const k3_mat *m, const float *x, int n, float *y, int64_t r0, int64_t r1) {
@@ -387,9 +339,9 @@ static void bf16lx(const k3_mat *m, const float *x, int n, float *y, int64_t r0,
         lx_vec(m, x, y, r0, r1);
         return;
     }
-    uint32_t cur[RG], curend[RG];
+    uint32_t cur[GEMM_RB], curend[GEMM_RB];
     wsrc s = {SRC_LX, NULL, NULL, m->cols, m, cur, curend};
-    matmul_tiles(&s, m->rows, x, n, y, r0, r1);
+    gemm_dense(&s, m->rows, x, n, y, r0, r1);
 }
 
 static float dot(const float *a, const float *b, int64_t n) {
@@ -451,6 +403,7 @@ const k3_kernels k3_kernels_neon = {
     .f32 = f32,
     .mxfp4 = mxfp4,
     .bf16lx = bf16lx,
+    .mix = mix,
     .dot = dot,
     .axpy = axpy,
     .kda_delta = kda_delta,

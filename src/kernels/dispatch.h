@@ -27,6 +27,9 @@ struct k3_kernels {
     /* The same for a lossless BF16 matrix (K3_DT_BF16LX, kernels.h): bit-identical to .bf16 on
      * the BF16 matrix it encodes. */
     void (*bf16lx)(const k3_mat *w, const float *x, int n, float *y, int64_t r0, int64_t r1);
+    /* Runs instruction mix `which` (enum k3_mix) reps times on one thread from L1 and returns
+     * the multiply-adds it did, or 0 where this path has no such loop. */
+    int64_t (*mix)(int which, int64_t reps);
     float (*dot)(const float *a, const float *b, int64_t n);
     void (*axpy)(float a, const float *x, float *y, int64_t n);
     void (*kda_delta)(float *S, const float *q, const float *k, const float *v,

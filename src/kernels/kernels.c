@@ -254,6 +254,11 @@ void k3_matvec_mxfp4_many(const k3_kernels *kr, int count, const k3_mxfp4 *w,
     }
 }
 
+int64_t k3_kernels_mix(const k3_kernels *kr, int which, int64_t reps) {
+    if (!kr) kr = &k3_kernels_scalar;
+    return kr->mix ? kr->mix(which, reps) : 0;
+}
+
 float k3_dot(const k3_kernels *kr, const float *a, const float *b, int64_t n) {
     if (!kr) kr = &k3_kernels_scalar;
     return kr->dot(a, b, n);

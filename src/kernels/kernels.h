@@ -17,7 +17,12 @@
  *    take consecutive columns (cpu_avx2.c, cpu_avx512.c). On every path a row's result
  *    depends only on that row and its input vector: not on the thread count, not on the rows
  *    computed beside it, and not on the batch size — row b of k3_matmul equals k3_matvec of
- *    x[b] bit for bit.
+ *    x[b] bit for bit. The batched products (BF16 / F32 from 6 vectors, MXFP4 from 8) are
+ *    register-blocked GEMM micro-kernels (simd_gemm.h; cpu_avx2.c / cpu_avx512.c for MXFP4)
+ *    that keep exactly this sequence per output — one W-lane accumulator along k, FMA per step
+ *    (MXFP4: a multiply then FMAs per 32-block partial, one FMA by the block scale), the
+ *    zero-padded last step, the fixed lane sum — and only choose which outputs run side by
+ *    side in registers.
  *  - Threads split work by output row only (OpenMP, inside k3_matvec / k3_matmul).
  *  - The element-wise helpers (k3_axpy, k3_kda_delta_rule) use separate multiply and add on
  *    every path and keep the scalar order per element, so they are exact on every path.
@@ -114,6 +119,17 @@ void k3_matmul_mxfp4(const k3_kernels *kr, const k3_mxfp4 *w, const float *x, in
  * W_j and x[j] bit for bit. x[j] may be shared (the same latent vector for every w1 / w3). */
 void k3_matvec_mxfp4_many(const k3_kernels *kr, int count, const k3_mxfp4 *w,
                           const float *const *x, float *const *y);
+
+/* The instruction mixes of the batched products' micro-kernels, for `k3-lab bench kernels`:
+ * each runs from registers and L1 only, so its rate is the peak the product's inner loop can
+ * reach on this core. K3_MIX_FMA: independent FMA chains (the core's multiply-add peak);
+ * K3_MIX_GEMM_BF16: the BF16 / F32 batched product's micro-kernel (simd_gemm.h);
+ * K3_MIX_GEMM_MXFP4: the MXFP4 batched product's. */
+enum k3_mix { K3_MIX_FMA, K3_MIX_GEMM_BF16, K3_MIX_GEMM_MXFP4 };
+/* Runs mix `which` of path kr `reps` times on the calling thread; returns the f32
+ * multiply-adds it did (a product's MACs, not counting a per-block scale FMA), or 0 when the
+ * path has no such loop (scalar). reps >= 1. */
+int64_t k3_kernels_mix(const k3_kernels *kr, int which, int64_t reps);
 
 /* Σ_i a[i]·b[i] for i < n (one thread; SIMD paths reorder the sum as described above). */
 float k3_dot(const k3_kernels *kr, const float *a, const float *b, int64_t n);

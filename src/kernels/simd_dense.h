@@ -6,15 +6,15 @@
  * The includer defines, before including: W (f32 lanes), VF (the vector type), VZERO, VLOADU,
  * VLOADA, VSTOREU, VSTOREA, VFMA, VADD, VMUL, VSET1, VBF16 (W BF16 values widened), the
  * functions hsum (the fixed lane sum) and load_tail (a masked load of fewer than W floats), the
- * tile sizes KC and RG, the unroll pragmas UNROLL and UNROLL_V, and the register-blocking
- * choices TILE_V, SMALL_ACC, SMALL_R4 and SMALL_R5, and LX_JOIN (four 8-lane vectors of a
- * lossless group as 32 / W VFs).
+ * unroll pragmas UNROLL and UNROLL_V, the register-blocking choices SMALL_ACC, SMALL_R4 and
+ * SMALL_R5, simd_gemm.h's GEMM_R, GEMM_V, GEMM_RB and GEMM_KC, and LX_JOIN (four 8-lane
+ * vectors of a lossless group as 32 / W VFs).
  *
  * Exactness: the macros stand for the one intrinsic each ISA has for the operation, so each
  * path runs the same sequence of f32 operations it ran when the two files were written out
  * separately (the lane recipe of cpu_avx2.c's comment: one accumulator per (row, vector), lane
  * l takes columns l, l+W, ..., a zero-padded last step, then hsum); the bits are unchanged.
- * The register blocking (TILE_V, SMALL_R*) only groups independent (row, vector) sums, so it
+ * The register blocking (GEMM_*, SMALL_R*) only groups independent (row, vector) sums, so it
  * changes no result either. The MXFP4 loops differ in their decode and stay in each file. */
 
 /* p[0..n) for 0 < n < W as BF16 widened to f32, zeros above; never reads past p + n. */
@@ -92,15 +92,19 @@ static void f32_vec(const float *w, int64_t cols, const float *x, float *y, int6
     }
 }
 
-/* ---- batched BF16 / F32 (n > 1): widen a 16-row × 256-column tile once, use it for every
- * vector ---------------------------------------------------------------------------------- */
+/* ---- batched BF16 / F32 / lossless (n > 1): tiles widened once for every vector, the GEMM
+ * of simd_gemm.h ------------------------------------------------------------------------- */
 
-enum { SRC_BF16, SRC_F32 };
+enum { SRC_BF16, SRC_F32, SRC_LX };
 typedef struct wsrc {
     int kind;
     const void *w; /* BF16 or F32 data */
     int64_t cols;
+    const k3_mat *m;      /* SRC_LX: the lossless matrix */
+    struct lx_cur *cur;   /* SRC_LX: [GEMM_RB] escape cursors of the tile's rows (r % GEMM_RB) */
 } wsrc;
+
+static void lx_tile_row(const wsrc *s, int64_t r, int64_t k0, int64_t kc, float *t);
 
 /* t[0 .. kc rounded up to W) = W[r][k0 .. k0 + kc), zero-padded: the very vectors the
  * matrix-vector loops compute in registers. */
@@ -110,6 +114,8 @@ static void tile_row(const wsrc *s, int64_t r, int64_t k0, int64_t kc, float *t)
         const uint16_t *p = (const uint16_t *)s->w + r * s->cols + k0;
         for (int64_t i = 0; i < full; i += W) VSTOREA(t + i, VBF16(p + i));
         if (tail) VSTOREA(t + full, bf16_tail(p + full, tail));
+    } else if (s->kind == SRC_LX) {
+        lx_tile_row(s, r, k0, kc, t);
     } else {
         const float *p = (const float *)s->w + r * s->cols + k0;
         for (int64_t i = 0; i < full; i += W) VSTOREA(t + i, VLOADU(p + i));
@@ -118,78 +124,7 @@ static void tile_row(const wsrc *s, int64_t r, int64_t k0, int64_t kc, float *t)
 }
 
 
-/* acc[r][v] += tile rows r < R times vectors v < V over one tile (full steps, then the
- * masked tail step). R and V are constants at each call, so the loops unroll. */
-static inline __attribute__((always_inline)) void micro(const float *t, int R, const float *x,
-                                                        int64_t ldx, int V, int64_t full,
-                                                        int64_t tail, VF *acc) {
-    VF a[4][TILE_V];
-    UNROLL
-    for (int r = 0; r < R; r++)
-        UNROLL
-        for (int v = 0; v < V; v++) a[r][v] = acc[r * K3_MAX_BATCH + v];
-    for (int64_t i = 0; i < full; i += W) {
-        VF w[4];
-        UNROLL
-        for (int r = 0; r < R; r++) w[r] = VLOADA(t + r * KC + i);
-        UNROLL
-        for (int v = 0; v < V; v++) {
-            VF xv = VLOADU(x + v * ldx + i);
-            UNROLL
-            for (int r = 0; r < R; r++) a[r][v] = VFMA(w[r], xv, a[r][v]);
-        }
-    }
-    if (tail)
-        UNROLL
-        for (int v = 0; v < V; v++) {
-            VF xv = load_tail(x + v * ldx + full, tail);
-            UNROLL
-            for (int r = 0; r < R; r++)
-                a[r][v] = VFMA(VLOADA(t + r * KC + full), xv, a[r][v]);
-        }
-    UNROLL
-    for (int r = 0; r < R; r++)
-        UNROLL
-        for (int v = 0; v < V; v++) acc[r * K3_MAX_BATCH + v] = a[r][v];
-}
-
-/* One tile's products for all n vectors: 4 rows × TILE_V vectors per micro call. */
-static void tile_products(const float *tile, int nr, const float *x, int64_t cols, int n,
-                          int64_t full, int64_t tail, VF (*acc)[K3_MAX_BATCH]) {
-    int b = 0;
-    for (; b + TILE_V <= n; b += TILE_V) {
-        int r = 0;
-        for (; r + 4 <= nr; r += 4)
-            micro(tile + r * KC, 4, x + b * cols, cols, TILE_V, full, tail, &acc[r][b]);
-        for (; r < nr; r++)
-            micro(tile + r * KC, 1, x + b * cols, cols, TILE_V, full, tail, &acc[r][b]);
-    }
-    for (; b < n; b++) {
-        int r = 0;
-        for (; r + 4 <= nr; r += 4)
-            micro(tile + r * KC, 4, x + b * cols, cols, 1, full, tail, &acc[r][b]);
-        for (; r < nr; r++) micro(tile + r * KC, 1, x + b * cols, cols, 1, full, tail, &acc[r][b]);
-    }
-}
-
-static void matmul_tiles(const wsrc *s, int64_t rows, const float *x, int n, float *y,
-                         int64_t r0, int64_t r1) {
-    _Alignas(sizeof(VF)) float tile[RG * KC];
-    VF acc[RG][K3_MAX_BATCH];
-    int64_t cols = s->cols;
-    for (int64_t rg = r0; rg < r1; rg += RG) {
-        int nr = r1 - rg < RG ? (int)(r1 - rg) : RG;
-        for (int r = 0; r < nr; r++)
-            for (int b = 0; b < n; b++) acc[r][b] = VZERO();
-        for (int64_t k0 = 0; k0 < cols; k0 += KC) {
-            int64_t kc = cols - k0 < KC ? cols - k0 : KC, full = kc & ~(int64_t)(W - 1);
-            for (int r = 0; r < nr; r++) tile_row(s, rg + r, k0, kc, tile + r * KC);
-            tile_products(tile, nr, x + k0, cols, n, full, kc - full, acc);
-        }
-        for (int r = 0; r < nr; r++)
-            for (int b = 0; b < n; b++) y[b * rows + rg + r] = hsum(acc[r][b]);
-    }
-}
+#include "simd_gemm.h" /* gemm_dense: the batched product (n > BF16_SMALL) */
 
 /* ---- BF16 small batches (2 <= n <= BF16_SMALL): straight from registers ---------------- */
 
@@ -432,14 +367,17 @@ static void lx_small(const k3_mat *m, const float *x, int n, float *y, int64_t r
 }
 #undef LX_RUN
 
-/* Batched: matmul_tiles' loop with each tile row decoded as above (the very vectors lx_vec
- * computes, stored), so row b equals lx_vec of x[b] bit for bit. cur[r % RG] is row r's
- * escape cursor across its tiles (rows of one row group are distinct modulo RG). */
-static void lx_tile_row(const k3_mat *m, __m256i tab, lx_cur *cur, int64_t r, int64_t k0,
-                        int64_t kc, float *t) {
+/* Batched: gemm_dense (simd_gemm.h) with each tile row decoded as above (the very vectors
+ * lx_vec computes, stored), so row b equals lx_vec of x[b] bit for bit, and the product the
+ * BF16 one of the matrix encoded. s->cur[r % GEMM_RB] is row r's escape cursor across its
+ * tiles (the rows of one tile are distinct modulo GEMM_RB; GEMM_KC is a multiple of
+ * K3_LX_GROUP, so groups never straddle tiles). */
+static void lx_tile_row(const wsrc *s, int64_t r, int64_t k0, int64_t kc, float *t) {
+    const k3_mat *m = s->m;
     const uint8_t *row = (const uint8_t *)m->data + (uint64_t)r * k3_lx_row_bytes(m->cols);
     const uint32_t *list = m->esc + m->rows + 1;
-    lx_cur *c = &cur[r % RG];
+    __m256i tab = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)m->xtab));
+    lx_cur *c = &s->cur[r % GEMM_RB];
     if (k0 == 0) lx_cur_init(m, r, list, c);
     for (int64_t c0 = k0; c0 < k0 + kc; c0 += K3_LX_GROUP) {
         const uint8_t *g = row + c0 / K3_LX_GROUP * K3_LX_GROUP_BYTES;
@@ -456,24 +394,12 @@ static void lx_tile_row(const k3_mat *m, __m256i tab, lx_cur *cur, int64_t r, in
     }
 }
 
+_Static_assert(GEMM_KC % K3_LX_GROUP == 0, "lossless groups stay whole in a tile");
+
 static void lx_tiles(const k3_mat *m, const float *x, int n, float *y, int64_t r0, int64_t r1) {
-    _Alignas(sizeof(VF)) float tile[RG * KC];
-    VF acc[RG][K3_MAX_BATCH];
-    lx_cur cur[RG];
-    int64_t cols = m->cols, rows = m->rows;
-    __m256i tab = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)m->xtab));
-    for (int64_t rg = r0; rg < r1; rg += RG) {
-        int nr = r1 - rg < RG ? (int)(r1 - rg) : RG;
-        for (int r = 0; r < nr; r++)
-            for (int b = 0; b < n; b++) acc[r][b] = VZERO();
-        for (int64_t k0 = 0; k0 < cols; k0 += KC) {
-            int64_t kc = cols - k0 < KC ? cols - k0 : KC, full = kc & ~(int64_t)(W - 1);
-            for (int r = 0; r < nr; r++) lx_tile_row(m, tab, cur, rg + r, k0, kc, tile + r * KC);
-            tile_products(tile, nr, x + k0, cols, n, full, kc - full, acc);
-        }
-        for (int r = 0; r < nr; r++)
-            for (int b = 0; b < n; b++) y[b * rows + rg + r] = hsum(acc[r][b]);
-    }
+    lx_cur cur[GEMM_RB];
+    wsrc s = {SRC_LX, NULL, m->cols, m, cur};
+    gemm_dense(&s, m->rows, x, n, y, r0, r1);
 }
 
 static void bf16lx(const k3_mat *m, const float *x, int n, float *y, int64_t r0, int64_t r1) {
@@ -497,8 +423,8 @@ static void bf16(const uint16_t *w, int64_t rows, int64_t cols, const float *x, 
         bf16_small(w, rows, cols, x, n, y, r0, r1);
         return;
     }
-    wsrc s = {SRC_BF16, w, cols};
-    matmul_tiles(&s, rows, x, n, y, r0, r1);
+    wsrc s = {SRC_BF16, w, cols, NULL, NULL};
+    gemm_dense(&s, rows, x, n, y, r0, r1);
 }
 
 static void f32(const float *w, int64_t rows, int64_t cols, const float *x, int n, float *y,
@@ -507,8 +433,8 @@ static void f32(const float *w, int64_t rows, int64_t cols, const float *x, int 
         f32_vec(w, cols, x, y, r0, r1);
         return;
     }
-    wsrc s = {SRC_F32, w, cols};
-    matmul_tiles(&s, rows, x, n, y, r0, r1);
+    wsrc s = {SRC_F32, w, cols, NULL, NULL};
+    gemm_dense(&s, rows, x, n, y, r0, r1);
 }
 
 static float dot(const float *a, const float *b, int64_t n) {

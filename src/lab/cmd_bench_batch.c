@@ -34,10 +34,10 @@ typedef struct bopts {
     {.flag = "--tokens", BOPT(tokens), .type = K3_OPT_INT, .lo = 1, .hi = 1 << 20, .def = "64", \
      .flags = (hide), .meta = "N", .help = "prompt ids to prefill"}
 #define SPEC_ROW(hide) \
-    {.flag = "--spec", BOPT(spec), .type = K3_OPT_INT, .lo = 1, .hi = K3_MAX_CHUNK - 1, \
+    {.flag = "--spec", BOPT(spec), .type = K3_OPT_INT, .lo = 1, .hi = K3_MAX_SPEC, \
      .def = "4", .flags = (hide), .meta = "N", \
-     .help = "most drafted ids verified per pass (a pass holds at most " \
-             K3_STR(K3_MAX_CHUNK) " ids)"}
+     .help = "most drafted ids verified per pass (1 to " \
+             K3_STR(K3_MAX_SPEC) ")"}
 #define MAX_NEW_ROW(hide) \
     {.flag = "--max-new", BOPT(max_new), .type = K3_OPT_INT, .lo = 1, .hi = 1 << 20, \
      .def = "32", .flags = (hide), .meta = "N", .help = "ids generated per run"}

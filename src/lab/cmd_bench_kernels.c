@@ -2,6 +2,7 @@
  * bytes per second beside the memory bandwidth of a large copy measured in the same run, one
  * thread and all threads, on every kernel path this CPU runs. `k3-lab bench decode`: seconds per
  * token per layer kind on a real-width checkpoint, extrapolated to K3's 93 layers. */
+#include <cblas.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -56,7 +57,10 @@ static const k3_cli_command kernels_cmd = {
         "same run (bytes read + bytes written per second, STREAM's convention), for one thread\n"
         "and for all threads (--threads), and matrix rows per second (the lossless rows against\n"
         "BF16's: the same rows in 25% fewer bytes). Uses about 4.5 GB of memory. Every path this\n"
-        "CPU runs unless --kernels names one.\n",
+        "CPU runs unless --kernels names one.\n"
+        "Then the batched products at 64 rows against the peak of their own instruction mix,\n"
+        "timed in registers and L1 in the same run (k3_kernels_mix), beside the FMA peak and\n"
+        "OpenBLAS's sgemm on the same shapes (f32 weights; the practical limit).\n",
     .rows = kernels_rows, .n_rows = sizeof kernels_rows / sizeof *kernels_rows,
     .groups = K3_OG_THREADS | K3_OG_KERNELS,
 };
@@ -124,7 +128,12 @@ static const kcase CASES[] = {
     {"BF16 7168->12288 x32", K3_DT_BF16, 12288, 7168, 32, 1, 1},
     {"lossless spine 7168->12288 x32", K3_DT_BF16LX, 12288, 7168, 32, 1, 1},
     {"MXFP4 expert 3584->3072 x32", -1, 3072, 3584, 32, 48, 1},
+    /* prompt rows at the GEMM micro-kernels' size (gemm_table compares them with their peak) */
+    {"BF16 7168->12288 x64", K3_DT_BF16, 12288, 7168, 64, 1, 1},
+    {"MXFP4 expert 3584->3072 x64", -1, 3072, 3584, 64, 48, 1},
 };
+#define CASE_BF16_X64 (sizeof CASES / sizeof CASES[0] - 2)
+#define CASE_MXFP4_X64 (sizeof CASES / sizeof CASES[0] - 1)
 
 typedef struct bufs {
     void *w;          /* largest BF16 / F32 / int8 weight matrix */
@@ -194,16 +203,26 @@ static size_t case_bytes(const kcase *c, const bufs *b) {
     return (size_t)(c->rows * c->cols) * (c->dtype == K3_DT_BF16 ? 2 : 4);
 }
 
-/* Seconds per call of case c on path k (after one warm-up call). */
-static double time_case(const k3_kernels *k, const kcase *c, const bufs *b, double seconds) {
+/* CPU seconds this process has used (every thread). */
+static double cpu_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Seconds per call of case c on path k (after one warm-up call); *cpu (if not NULL) the
+ * process's CPU seconds per call. */
+static double time_case(const k3_kernels *k, const kcase *c, const bufs *b, double seconds,
+                        double *cpu) {
     size_t one = case_bytes(c, b);
     int reps = 0, which = 0, group = c->group > 1 ? c->group : 1;
     double t0 = 0, t = 0;
     k3_mxfp4 ws[16];
     const float *xs[16];
     float *ys[16];
+    double c0 = 0;
     for (int it = -1; reps < 2 || t < seconds; it++) {
-        if (it == 0) t0 = k3_now_s();
+        if (it == 0) t0 = k3_now_s(), c0 = cpu_s();
         for (int g = 0; g < group; g++) {
             uint8_t *base = (c->dtype < 0 ? b->mx : (uint8_t *)b->w) + (size_t)which * one;
             which = (which + 1) % c->copies;
@@ -223,7 +242,102 @@ static double time_case(const k3_kernels *k, const kcase *c, const bufs *b, doub
         }
         if (it >= 0) reps++, t = k3_now_s() - t0;
     }
+    if (cpu) *cpu = (cpu_s() - c0) / reps;
     return t / reps;
+}
+
+/* ---- k3-lab bench kernels: the batched products against their peaks ------------------- */
+
+/* Multiply-adds per second of mix `which` on path k with every thread of the team running
+ * it for about `seconds` (best of 3 rounds); *per_cpu the same per CPU-second of a thread
+ * (what each thread does while it runs: on a busy machine the wall-clock rate also counts the
+ * time other processes held the cores). */
+static double mix_rate(const k3_kernels *k, int which, double seconds, double *per_cpu) {
+    int64_t reps = 2000;
+    double t = 0;
+    for (;;) { /* grow reps until one round takes at least seconds / 3 */
+        t = k3_now_s();
+        k3_kernels_mix(k, which, reps);
+        t = k3_now_s() - t;
+        if (t >= seconds / 3 || reps > ((int64_t)1 << 40)) break;
+        reps = t > 1e-4 ? (int64_t)((double)reps * seconds / 3 / t) + 1 : reps * 16;
+    }
+    double best = 0;
+    *per_cpu = 0;
+    for (int it = 0; it < 3; it++) {
+        int64_t macs = 0;
+        double t0 = k3_now_s(), c0 = cpu_s();
+#pragma omp parallel reduction(+ : macs)
+        macs += k3_kernels_mix(k, which, reps);
+        double r = (double)macs / (k3_now_s() - t0), rc = (double)macs / (cpu_s() - c0);
+        if (r > best) best = r;
+        if (rc > *per_cpu) *per_cpu = rc;
+    }
+    return best;
+}
+
+/* Seconds per cblas_sgemm of c's shape: y[n][rows] = x[n][cols] · w[rows][cols]ᵀ in f32. */
+static double sgemm_time(const kcase *c, const float *w, const float *x, float *y, double seconds) {
+    int reps = 0;
+    double t0 = 0, t = 0;
+    for (int it = -1; reps < 2 || t < seconds; it++) {
+        if (it == 0) t0 = k3_now_s();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, c->n, (int)c->rows, (int)c->cols, 1.0f,
+                    x, (int)c->cols, w, (int)c->cols, 0.0f, y, (int)c->rows);
+        if (it >= 0) reps++, t = k3_now_s() - t0;
+    }
+    return t / reps;
+}
+
+/* The x64 cases on each path beside the peak of their instruction mix and the FMA peak, and
+ * OpenBLAS's sgemm on the same shapes. */
+static void gemm_table(const k3_kernels *const *paths, int np, const int *tcounts, const bufs *b,
+                       double seconds) {
+    static const size_t CS[2] = {CASE_BF16_X64, CASE_MXFP4_X64};
+    static const int MIX[2] = {K3_MIX_GEMM_BF16, K3_MIX_GEMM_MXFP4};
+    printf("\n| product, 64 rows | path | threads | GMAC/s | mix peak GMAC/s | %% of mix peak | "
+           "FMA peak GMAC/s | %% of FMA peak | per CPU-second: %% of mix, %% of FMA |\n"
+           "|---|---|---|---|---|---|---|---|---|\n");
+    for (int p = 0; p < np; p++)
+        for (int t = 0; t < 2; t++) {
+            omp_set_num_threads(tcounts[t]);
+            double fma_c, fma = mix_rate(paths[p], K3_MIX_FMA, seconds, &fma_c);
+            for (int i = 0; i < 2; i++) {
+                const kcase *c = &CASES[CS[i]];
+                double mix_c, mix = mix_rate(paths[p], MIX[i], seconds, &mix_c), cpu = 0;
+                double work = (double)(c->rows * c->cols * c->n);
+                double g = work / time_case(paths[p], c, b, seconds, &cpu), g_c = work / cpu;
+                if (fma <= 0) {
+                    printf("| %s | %s | %d | %.2f | - | - | - | - | - |\n", c->name,
+                           k3_kernels_name(paths[p]), tcounts[t], g / 1e9);
+                    continue;
+                }
+                printf("| %s | %s | %d | %.2f | %.2f | %.0f%% | %.2f | %.0f%% | %.0f%%, %.0f%% |\n",
+                       c->name, k3_kernels_name(paths[p]), tcounts[t], g / 1e9, mix / 1e9,
+                       100 * g / mix, fma / 1e9, 100 * g / fma, 100 * g_c / mix_c,
+                       100 * g_c / fma_c);
+                fflush(stdout);
+            }
+        }
+    /* OpenBLAS on f32 weights of the same shapes (BF16 / MXFP4 widened; a yardstick only) */
+    int64_t most = CASES[CS[0]].rows * CASES[CS[0]].cols;
+    float *w = malloc((size_t)most * sizeof *w);
+    if (!w) {
+        fprintf(stderr, "k3-lab bench kernels: out of memory for the sgemm weights\n");
+        return;
+    }
+    for (int64_t i = 0; i < most; i++) w[i] = b->x[i % (32 * 7168)] * 0.01f;
+    printf("\n| OpenBLAS sgemm (f32 weights) | threads | GMAC/s |\n|---|---|---|\n");
+    for (int i = 0; i < 2; i++)
+        for (int t = 0; t < 2; t++) {
+            const kcase *c = &CASES[CS[i]];
+            openblas_set_num_threads(tcounts[t]);
+            double s = sgemm_time(c, w, b->x, b->y, seconds);
+            printf("| %s | %d | %.2f |\n", c->name, tcounts[t],
+                   (double)(c->rows * c->cols * c->n) / s / 1e9);
+            fflush(stdout);
+        }
+    free(w);
 }
 
 static int bench_kernels(int argc, char **argv) {
@@ -291,7 +405,7 @@ static int bench_kernels(int argc, char **argv) {
             for (int t = 0; t < 2; t++) {
                 const kcase *c = &CASES[i];
                 omp_set_num_threads(tcounts[t]);
-                double s = time_case(paths[p], c, &b, seconds);
+                double s = time_case(paths[p], c, &b, seconds, NULL);
                 double one = (double)case_bytes(c, &b), g = c->group > 1 ? c->group : 1;
                 printf("| %s | %s | %d | %.3f | %.2f | %.0f%% | %.2f | %.1f |\n", c->name,
                        k3_kernels_name(paths[p]), tcounts[t], s * 1e3, one * g / s / 1e9,
@@ -300,6 +414,7 @@ static int bench_kernels(int argc, char **argv) {
                        g * (double)c->rows / s / 1e6);
                 fflush(stdout);
             }
+    if (!filter || strstr("x64 GEMM", filter)) gemm_table(paths, np, tcounts, &b, seconds);
     free(src), free(dst), free(b.w), free(b.mx), free(b.x), free(b.y);
     for (int i = 0; i < 2; i++) free((void *)b.lx[i].data), free((void *)b.lx[i].esc);
     return 0;

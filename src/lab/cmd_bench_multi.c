@@ -129,15 +129,17 @@ static void prompt_of(const bench *b, int i, int32_t *out) {
 /* Resets the N sessions and prefills each with its prompt (not measured); next[i] = its first
  * generated id. */
 static int prefill_all(bench *b, int n, k3_err *err) {
-    int32_t prompt[K3_MAX_CHUNK];
-    for (int i = 0; i < n; i++) {
+    int32_t *prompt = malloc((size_t)b->o->prompt * sizeof *prompt); /* up to K3_MAX_CHUNK */
+    if (!prompt) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
+    int rc = K3_OK;
+    for (int i = 0; i < n && !rc; i++) {
         prompt_of(b, i, prompt);
         k3_session_reset(b->ss[i]);
-        int rc = k3_session_prefill(b->ss[i], prompt, (size_t)b->o->prompt, b->logits, NULL, err);
-        if (rc) return rc;
-        b->next[i] = argmax(b->logits, k3_engine_config(b->e)->vocab_size);
+        rc = k3_session_prefill(b->ss[i], prompt, (size_t)b->o->prompt, b->logits, NULL, err);
+        if (!rc) b->next[i] = argmax(b->logits, k3_engine_config(b->e)->vocab_size);
     }
-    return K3_OK;
+    free(prompt);
+    return rc;
 }
 
 typedef struct counters {

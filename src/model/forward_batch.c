@@ -130,6 +130,11 @@ size_t k3_batch_plan_bytes(const k3_model *m, int max_blocks, int cap) {
     return batch_layout(m, max_blocks, cap, NULL, &ok);
 }
 
+size_t k3_prefill_row_bytes(const k3_model *m) {
+    int mb = max_blocks_of(m);
+    return k3_batch_plan_bytes(m, mb, 2) - k3_batch_plan_bytes(m, mb, 1);
+}
+
 /* The rewind buffers for cap tokens (on the first rewindable pass). 0 when out of memory. */
 static int rewind_alloc(const k3_model *m, const k3_state *s, k3_rewind *r, int cap) {
     const k3_config *c = &m->cfg;
@@ -517,6 +522,19 @@ static int head_batch(pass *p, float *logits, k3_err *err) {
     return K3_OK;
 }
 
+/* Each segment's on_layer hook after layer l; K3_ERR_INTERRUPTED when one asks to stop. */
+static int layer_done(const pass *p, int l, k3_err *err) {
+    int L = p->m->cfg.num_hidden_layers;
+    for (int i = 0; i < p->nseg; i++) {
+        const k3_trace *tr = p->segs[i].trace;
+        int n = p->b->seg_first[i + 1] - p->b->seg_first[i];
+        if (tr && tr->on_layer && tr->on_layer(tr->user, p->segs[i].s->pos, n, l, L))
+            return k3_fail(err, K3_ERR_INTERRUPTED, "stopped after layer %d of %d of a pass of "
+                           "%d ids", l + 1, L, n);
+    }
+    return K3_OK;
+}
+
 /* The pass: segs[0, nseg) through the whole model, rows in b (b->cap >= their ids). */
 static int forward_pass(pass *p, float *logits, k3_err *err) {
     const k3_model *m = p->m;
@@ -550,8 +568,10 @@ static int forward_pass(pass *p, float *logits, k3_err *err) {
         int32_t id = g->tokens[t - b->seg_first[b->row_seg[t]]];
         if ((rc = k3_spine_embed(m, id, b->P + (size_t)t * hd, err))) return rc;
     }
-    for (int l = 0; l < c->num_hidden_layers; l++)
+    for (int l = 0; l < c->num_hidden_layers; l++) {
         if ((rc = layer_batch(p, l, err))) return rc;
+        if ((rc = layer_done(p, l, err))) return rc;
+    }
     for (int t = 0; t < n; t++) {
         float *x = b->x + (size_t)t * hd;
         mix(p, t, b->P + (size_t)t * hd, m->out_res_sw, x);

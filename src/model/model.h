@@ -108,8 +108,12 @@ void k3_state_free(k3_state *s);
 void k3_state_reset(k3_state *s);
 int k3_state_pos(const k3_state *s);
 int k3_state_max_ctx(const k3_state *s);
-/* Bytes a session's state takes at max_ctx positions (0 = the default), for the memory plan. */
+/* Bytes a session's state takes at max_ctx positions (0 = the default), for the memory plan;
+ * counts a pass's scratch at K3_DEFAULT_CHUNK rows. */
 size_t k3_state_plan_bytes(const k3_model *m, int max_ctx);
+/* Bytes each further row of a pass adds to its scratch (forward_batch.c: the rows' hidden
+ * state and AttnRes blocks, their mixer, FFN and MoE buffers), for the plan's prompt passes. */
+size_t k3_prefill_row_bytes(const k3_model *m);
 /* Phase times summed over every step so far, and of the last step. */
 void k3_state_times(const k3_state *s, k3_phase_times *sum, k3_phase_times *last);
 /* The last step's MoE wait and routed-expert compute per layer ([num_hidden_layers] each,

@@ -4,14 +4,22 @@
  * that produces them; the engine's public header (src/engine/k3.h) re-exports them.
  *
  * Invariant: hooks only observe: a pass with a trace hook computes the same bits as one
- * without. */
+ * without (on_layer may stop a pass; it never changes what a finished pass computes). */
 #ifndef K3_PASS_H
 #define K3_PASS_H
 
 #include <stdint.h>
 
-#define K3_DEFAULT_CHUNK 32 /* tokens per prefill pass; BENCHMARKS.md "Batched prefill" */
-#define K3_MAX_CHUNK 256
+/* Tokens per pass where no plan decides (the server's prompt passes, multistep rows); a
+ * prompt of k3_session_prefill goes in passes of the memory plan's prefill_rows (plan.h:
+ * expert-major, each routed expert read once per pass), at least this. BENCHMARKS.md
+ * "Batched prefill", "Expert-major prefill". */
+#define K3_DEFAULT_CHUNK 32
+#define K3_MAX_CHUNK 16384 /* most ids in one pass (--chunk, the plan's prefill_rows) */
+/* Most drafted ids one speculative pass verifies (--spec): its logit rows (spec + 1 of the
+ * vocabulary, 168 MB at K3's) are held at once, so this stays the old pass bound, not
+ * K3_MAX_CHUNK's 16383. */
+#define K3_MAX_SPEC 255
 
 /* What a trace hook sees (spec §3 names; fixtures' trace_len*.json use the same points). */
 enum k3_trace_point {
@@ -35,6 +43,13 @@ typedef struct k3_trace {
                        int k);
     /* Called once the step at pos is complete (logits written), e.g. for a profile line. */
     void (*on_step)(void *user, int pos);
+    /* A batched pass (a prompt pass) has taken its n ids at positions pos.. through layer
+     * `layer` of n_layers: progress within a long pass, and the place to stop it. Nonzero stops
+     * the pass before the next layer with K3_ERR_INTERRUPTED (the engine then resets the
+     * session, as after any pass that fails part-way; in a pass of several sessions every one
+     * of them: a server stops a pass only when all its rows are unwanted). Not called for
+     * single-token steps. */
+    int (*on_layer)(void *user, int pos, int n, int layer, int n_layers);
 } k3_trace;
 
 /* Wall time per phase in seconds; moe includes router, eload (waiting for expert reads) and

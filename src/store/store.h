@@ -82,7 +82,7 @@ typedef struct k3_mem_plan {
                             * limit, RAM); 0 = mem_total */
     uint64_t base_bytes;   /* resident before the store opened (code, tokenizer, headers) */
     uint64_t spine_bytes;  /* mapped non-expert weights (counted as resident) */
-    uint64_t state_bytes;  /* one session's state at the default context */
+    uint64_t state_bytes;  /* the sessions' state and the prompt passes' scratch (plan.h) */
     uint64_t headroom_bytes; /* the engine's plan's, else max(2 GB, 10% of RAM) */
     uint64_t cache_bytes;  /* n_slots × slot_bytes */
 } k3_mem_plan;

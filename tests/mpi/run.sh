@@ -137,8 +137,8 @@ serve_reply() {
     shift
     "$@" >"$T/serve.log" 2>"$T/serve.err" &
     spid=$!
-    url=""
-    for i in $(seq 1 100); do
+    url="" # up to 30 s: a loaded 2-core machine starts two ranks slowly
+    for i in $(seq 1 300); do
         url=$(sed -n 's/^k3 serve: listening on \(http[^ ]*\) .*/\1/p' "$T/serve.log")
         [ -n "$url" ] && break
         sleep 0.1
@@ -190,8 +190,8 @@ serve_four() {
     mkdir -p "$dir"
     "$@" >"$T/serve.log" 2>"$T/serve.err" &
     spid=$!
-    url=""
-    for i in $(seq 1 100); do
+    url="" # up to 30 s: a loaded 2-core machine starts two ranks slowly
+    for i in $(seq 1 300); do
         url=$(sed -n 's/^k3 serve: listening on \(http[^ ]*\) .*/\1/p' "$T/serve.log")
         [ -n "$url" ] && break
         sleep 0.1

@@ -214,7 +214,7 @@ test('a queued stream gets its first event at once, then keep-alives while it wa
   const { srv } = await scripted([long, plain('Short.'), plain('Chat.')], [], { K3_TEST_TOKEN_DELAY_MS: '30' });
   const busy = new AbortController();
   const first = await fetch(`${srv.url}/v1/chat/completions`, { method: 'POST', signal: busy.signal,
-    body: JSON.stringify({ model: MODEL_ID, messages: [{ role: 'user', content: 'long' }], stream: true }) });
+    headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: MODEL_ID, messages: [{ role: 'user', content: 'long' }], stream: true }) });
   const r1 = first.body.getReader();
   await readUntil(r1, { s: '' }, (s) => s.includes('reasoning_content'));
   const res = await fetch(`${srv.url}/v1/messages`, { method: 'POST', headers: { 'content-type': 'application/json' },
@@ -226,7 +226,7 @@ test('a queued stream gets its first event at once, then keep-alives while it wa
   assert.equal((await raw(srv, 'GET', '/health')).json.queued, 1, 'message_start came while still queued');
   // OpenAI chat, queued behind both: its role chunk at once, then SSE comments
   const chat = await fetch(`${srv.url}/v1/chat/completions`, { method: 'POST',
-    body: JSON.stringify({ model: MODEL_ID, messages: [{ role: 'user', content: 'Hi' }], stream: true, max_tokens: 3 }) });
+    headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: MODEL_ID, messages: [{ role: 'user', content: 'Hi' }], stream: true, max_tokens: 3 }) });
   const rc = chat.body.getReader();
   const ctext = { s: '' };
   await readUntil(rc, ctext, (s) => s.includes('"role":"assistant"'));
