@@ -667,6 +667,85 @@ static void test_mla_attention(void) {
     free(kv), free(KV), free(ckv), free(Q), free(o), free(og), free(kvg);
 }
 
+/* The latent cache's attention (k3k_mla_latent_attend) against the EXPANDED form in double,
+ * computed independently of the absorbed order: k_nope_j = W_uk c_j and v_j = W_uv c_j per
+ * head (kv_b_proj's two row blocks, spec §7.5), softmax over q_nope·k_nope + q_pe·k_pe. lora
+ * over 256 and 128 (the kernels' loops over it), positions across attention chunks. */
+static void check_mla_latent(int dtype) {
+    int H = 4, nope = 16, rope = 8, vd = 16, lora = 300, T = 600, qk = nope + rope;
+    int kvf = lora + rope, rows = H * (nope + vd);
+    size_t nw = (size_t)rows * lora, es = dtype == K3_DT_BF16 ? 2 : 4;
+    float *wf = malloc(nw * 4), *lat = malloc((size_t)T * kvf * 4), *Q = malloc(H * qk * 4);
+    float *og = malloc(H * vd * 4);
+    double *kn = malloc((size_t)T * H * nope * sizeof(double));
+    double *vv = malloc((size_t)T * H * vd * sizeof(double)), *sc = malloc(T * sizeof(double));
+    uint16_t *wb = malloc(nw * 2);
+    fill(wf, nw, 0.1f), fill(lat, (size_t)T * kvf, 1.0f);
+    for (size_t i = 0; i < nw; i++) { /* BF16: the top half, and the f32 it stands for */
+        uint32_t u;
+        memcpy(&u, &wf[i], 4);
+        wb[i] = (uint16_t)(u >> 16), u &= 0xffff0000u;
+        if (dtype == K3_DT_BF16) memcpy(&wf[i], &u, 4);
+    }
+    for (int j = 0; j < T; j++)
+        for (int h = 0; h < H; h++)
+            for (int r = 0; r < nope + vd; r++) {
+                double a = 0;
+                for (int i = 0; i < lora; i++)
+                    a += (double)wf[((size_t)h * (nope + vd) + r) * lora + i] * lat[(size_t)j * kvf + i];
+                if (r < nope) kn[((size_t)j * H + h) * nope + r] = a;
+                else vv[((size_t)j * H + h) * vd + r - nope] = a;
+            }
+    void *dW = dup_dev(dtype == K3_DT_BF16 ? (void *)wb : (void *)wf, nw * es);
+    float *dlat = dup_dev(lat, (size_t)T * kvf * 4), *dqa = poisoned((size_t)H * kvf);
+    float *dacc = poisoned((size_t)H * lora), *dout = poisoned(H * vd);
+    float *dsc = poisoned(k3k_mla_scratch_floats(H, lora, T));
+    k3k_mat kb = {dW, NULL, dtype == K3_DT_BF16 ? K3K_BF16 : K3K_F32, rows, lora};
+    int ts[] = {0, 1, 7, K3K_ATT_CHUNK - 1, K3K_ATT_CHUNK, 2 * K3K_ATT_CHUNK + 3, T - 1};
+    for (size_t ti = 0; ti < sizeof ts / sizeof *ts && !k3_test_stopped(); ti++) {
+        int t = ts[ti];
+        fill(Q, H * qk, 1.0f);
+        float *dQ = dup_dev(Q, H * qk * 4);
+        cudaError_t e = k3k_mla_latent_attend(dQ, &kb, dlat, t, H, nope, rope, vd, lora, dqa,
+                                              dacc, dsc, dout, 0);
+        int ok = e == cudaSuccess && fetch(og, dout, H * vd * 4);
+        cudaFree(dQ);
+        CHECK(ok, "dtype %d t %d: launch: %s", dtype, t, cudaGetErrorString(e));
+        if (!ok) break;
+        double worst = 0;
+        for (int h = 0; h < H; h++) {
+            double mx = -INFINITY, sum = 0;
+            for (int j = 0; j <= t; j++) {
+                double d = 0;
+                for (int i = 0; i < nope; i++) d += (double)Q[h * qk + i] * kn[((size_t)j * H + h) * nope + i];
+                for (int i = 0; i < rope; i++) d += (double)Q[h * qk + nope + i] * lat[(size_t)j * kvf + lora + i];
+                sc[j] = d / sqrt((double)qk), mx = sc[j] > mx ? sc[j] : mx;
+            }
+            for (int j = 0; j <= t; j++) sum += (sc[j] = exp(sc[j] - mx));
+            double vmax = 0;
+            for (int j = 0; j <= t; j++)
+                for (int d = 0; d < vd; d++) vmax = fmax(vmax, fabs(vv[((size_t)j * H + h) * vd + d]));
+            for (int d = 0; d < vd; d++) {
+                double o = 0;
+                for (int j = 0; j <= t; j++) o += sc[j] / sum * vv[((size_t)j * H + h) * vd + d];
+                /* o is a convex mix of values within ±vmax: the error relative to that */
+                double err = fabs(og[h * vd + d] - o) / vmax;
+                if (!(err <= worst)) worst = isnan(err) ? INFINITY : err;
+            }
+        }
+        CHECK(worst <= 1e-5, "dtype %d t %d: latent attention error %g (of the values' range)",
+              dtype, t, worst);
+    }
+    cudaFree(dW), cudaFree(dlat), cudaFree(dqa), cudaFree(dacc), cudaFree(dout), cudaFree(dsc);
+    free(wf), free(lat), free(Q), free(og), free(kn), free(vv), free(sc), free(wb);
+}
+
+static void test_mla_latent(void) {
+    if (!have_gpu()) return;
+    check_mla_latent(K3_DT_BF16);
+    if (!k3_test_stopped()) check_mla_latent(K3_DT_F32);
+}
+
 /* src/model/ffn.c's route() after the router product, written out. */
 static void route_ref(const float *logit, const float *bias, int E, int K, float scaling, int *ids,
                       float *w) {
@@ -753,6 +832,7 @@ static void test_moe_sum(void) {
     {"cuda_rmsnorm", test_rmsnorm}, {"cuda_attn_res", test_attn_res},                     \
     {"cuda_elementwise", test_elementwise}, {"cuda_short_conv", test_short_conv},          \
     {"cuda_kda_heads", test_kda_heads}, {"cuda_mla_attention", test_mla_attention},        \
+    {"cuda_mla_latent", test_mla_latent},                                                 \
     {"cuda_router_topk", test_router_topk}, {"cuda_moe_sum", test_moe_sum},
 #else
 static void test_kernels_skipped(void) { have_gpu(); }

@@ -54,7 +54,7 @@ typedef struct expert_cache {
 typedef struct scratch {
     float *P, *x, *xn, *a, *f, *ffn_tmp, *blocks;
     float *q, *k, *v, *g, *fv, *o, *fa, *beta;
-    float *cq, *Q, *ckv, *KV;
+    float *cq, *Q, *ckv, *mqa, *macc; /* mqa [H][lora + rope], macc [H][lora] (mla_forward) */
     float *gate, *up, *router, *w, *lat, *lat_acc, *h, *eo, *logits, *res_scores;
     int *ids;
 } scratch;
@@ -86,11 +86,11 @@ struct k3_gpu {
 struct k3_gpu_session {
     k3_gpu *g;
     int max_ctx;
-    float *kda_S, *kda_conv, *kv, *scores; /* scores: attention scratch (k3k_mla_attend) */
-    size_t S_floats, conv_floats, kv_floats; /* per layer (kv: per position) */
-    /* The MLA cache on the device stays EXPANDED (kv, what k3k_mla_attend reads); beside it
-     * the latent rows the host state keeps (lat [n_mla][max_ctx][lora + rope], state.h), so a
-     * state file moves between backends: a load rebuilds kv from them (rebuild_expanded). */
+    float *kda_S, *kda_conv, *scores; /* scores: attention scratch (k3k_mla_latent_attend) */
+    size_t S_floats, conv_floats;     /* per layer */
+    /* The MLA cache is LATENT, as the host state's (lat [n_mla][max_ctx][lora + rope], state.h,
+     * attended in the absorbed form, k3k_mla_latent_attend), so a state file moves between
+     * backends as a plain copy. */
     float *lat;
     size_t lat_floats;
     void *mem;
@@ -245,7 +245,7 @@ static uint64_t scratch_floats(const k3_model *m, int max_blocks) {
     return 6 * (hd + pad) + (uint64_t)max_blocks * hd + pad + 6 * (big + pad) +
            (uint64_t)m->kda_rank + (uint64_t)c->kda_num_heads + 2 * pad + c->q_lora_rank + pad +
            H * qk + pad + (uint64_t)(c->kv_lora_rank + c->qk_rope_head_dim) + pad +
-           H * (uint64_t)(c->qk_nope_head_dim + c->v_head_dim) + pad + 2 * (inter + pad) +
+           H * (uint64_t)(2 * c->kv_lora_rank + c->qk_rope_head_dim) + 2 * pad + 2 * (inter + pad) +
            (uint64_t)c->num_experts + pad + 2 * (K + pad) +
            2 * ((uint64_t)c->routed_expert_hidden_size + pad) +
            K * (uint64_t)c->moe_intermediate_size + pad + K * (uint64_t)c->routed_expert_hidden_size +
@@ -279,7 +279,8 @@ static int alloc_scratch(k3_gpu *g, k3_err *err) {
     d->cq = carve(&p, c->q_lora_rank, 4);
     d->Q = carve(&p, H * (c->qk_nope_head_dim + c->qk_rope_head_dim), 4);
     d->ckv = carve(&p, c->kv_lora_rank + c->qk_rope_head_dim, 4);
-    d->KV = carve(&p, H * (c->qk_nope_head_dim + c->v_head_dim), 4);
+    d->mqa = carve(&p, H * (c->kv_lora_rank + c->qk_rope_head_dim), 4);
+    d->macc = carve(&p, H * c->kv_lora_rank, 4);
     d->gate = carve(&p, inter, 4), d->up = carve(&p, inter, 4);
     d->router = carve(&p, c->num_experts, 4);
     d->ids = carve(&p, K, 4), d->w = carve(&p, K, 4);
@@ -294,13 +295,10 @@ static uint64_t state_bytes(const k3_model *m, int max_ctx) {
     uint64_t P = (uint64_t)c->kda_num_heads * c->kda_head_dim;
     uint64_t S = (uint64_t)c->kda_num_heads * c->kda_head_dim * c->kda_head_dim;
     uint64_t conv = 3 * P * (uint64_t)(c->kda_conv_size - 1);
-    uint64_t kvf = (uint64_t)c->num_attention_heads * (c->qk_nope_head_dim + c->v_head_dim) +
-                   (uint64_t)c->qk_rope_head_dim;
     uint64_t latf = (uint64_t)c->kv_lora_rank + (uint64_t)c->qk_rope_head_dim;
     return align_up((uint64_t)m->n_kda * S * 4) + align_up((uint64_t)m->n_kda * conv * 4) +
-           align_up((uint64_t)m->n_mla * (uint64_t)max_ctx * kvf * 4) +
            align_up((uint64_t)m->n_mla * (uint64_t)max_ctx * latf * 4) +
-           align_up(k3k_mla_scratch_floats(c->num_attention_heads, c->v_head_dim, max_ctx) * 4);
+           align_up(k3k_mla_scratch_floats(c->num_attention_heads, c->kv_lora_rank, max_ctx) * 4);
 }
 
 static int default_ctx(const k3_config *c) {
@@ -605,8 +603,6 @@ int k3_gpu_session_new(k3_gpu *g, int max_ctx, k3_gpu_session **out, k3_err *err
     uint64_t P = (uint64_t)c->kda_num_heads * c->kda_head_dim;
     s->S_floats = (size_t)c->kda_num_heads * c->kda_head_dim * c->kda_head_dim;
     s->conv_floats = 3 * P * (size_t)(c->kda_conv_size - 1);
-    s->kv_floats = (size_t)c->num_attention_heads * (c->qk_nope_head_dim + c->v_head_dim) +
-                   (size_t)c->qk_rope_head_dim;
     s->lat_floats = (size_t)c->kv_lora_rank + (size_t)c->qk_rope_head_dim;
     uint64_t total = state_bytes(m, max_ctx);
     cudaSetDevice(0);
@@ -622,9 +618,8 @@ int k3_gpu_session_new(k3_gpu *g, int max_ctx, k3_gpu_session **out, k3_err *err
     s->kda_S = carve(&p, (uint64_t)m->n_kda * s->S_floats, 4);
     s->kda_conv = carve(&p, (uint64_t)m->n_kda * s->conv_floats, 4);
     s->kda_bytes = (size_t)(p - (char *)s->mem);
-    s->kv = carve(&p, (uint64_t)m->n_mla * (uint64_t)max_ctx * s->kv_floats, 4);
     s->lat = carve(&p, (uint64_t)m->n_mla * (uint64_t)max_ctx * s->lat_floats, 4);
-    s->scores = carve(&p, k3k_mla_scratch_floats(c->num_attention_heads, c->v_head_dim, max_ctx), 4);
+    s->scores = carve(&p, k3k_mla_scratch_floats(c->num_attention_heads, c->kv_lora_rank, max_ctx), 4);
     if ((e = cudaMemset(s->mem, 0, total)) != cudaSuccess || (e = cudaDeviceSynchronize())) {
         k3_gpu_session_free(s);
         return cuda_fail(err, e, "cudaMemset (session state)");
@@ -648,33 +643,6 @@ void k3_gpu_session_reset(k3_gpu_session *s) {
 
 static cudaError_t mv(const k3_gpu *g, const k3_mat *w, const float *x, float *y);
 
-/* The expanded rows of positions [0, pos) of every MLA layer from its latent rows: kv_b_proj
- * and k3k_mla_append, what the steps that wrote those rows did (mla_forward), so attention
- * after a state load equals attention after stepping. A streamed layer is uploaded into its
- * staging slot first (no step runs: the caller holds g->mu). */
-static int rebuild_expanded(k3_gpu_session *s, int pos, k3_err *err) {
-    k3_gpu *g = s->g;
-    const k3_config *c = &g->m->cfg;
-    int H = c->num_attention_heads, nope = c->qk_nope_head_dim, rope = c->qk_rope_head_dim;
-    int vd = c->v_head_dim, lora = c->kv_lora_rank;
-    CK(cudaDeviceSynchronize());
-    for (int l = 0; l < c->num_hidden_layers && pos > 0; l++) {
-        const gpu_layer *gl = &g->layers[l];
-        if (!gl->w.is_mla) continue;
-        if (!gl->resident)
-            CK(cudaMemcpy(g->staging[gl->slot], gl->host, gl->bytes, cudaMemcpyHostToDevice));
-        size_t slot = (size_t)gl->w.state_slot;
-        float *layer_kv = s->kv + slot * s->max_ctx * s->kv_floats;
-        for (int j = 0; j < pos; j++) {
-            const float *row = s->lat + (slot * s->max_ctx + (size_t)j) * s->lat_floats;
-            CK(mv(g, &gl->w.mla.kv_b_proj, row, g->d.KV));
-            CK(k3k_mla_append(layer_kv, j, g->d.KV, row, H, nope, rope, vd, lora, g->cs));
-        }
-        CK(cudaStreamSynchronize(g->cs));
-    }
-    return K3_OK;
-}
-
 static int sync_locked(k3_gpu_session *s, k3_state *st, int to_host, k3_err *err) {
     const k3_model *m = s->g->m;
     enum cudaMemcpyKind dir = to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
@@ -693,7 +661,7 @@ static int sync_locked(k3_gpu_session *s, k3_state *st, int to_host, k3_err *err
                    : cudaMemcpy(s->lat + off, h.kv + off, used, dir));
     }
     CK(cudaDeviceSynchronize()); /* see k3_gpu_open */
-    return to_host ? K3_OK : rebuild_expanded(s, h.pos, err);
+    return K3_OK;
 }
 
 int k3_gpu_sync_state(k3_gpu_session *s, k3_state *st, int to_host, k3_err *err) {
@@ -782,13 +750,13 @@ static int mla_forward(k3_gpu *g, k3_gpu_session *s, const k3_layer *L, int t, k
     CK(mv(g, &w->q_b_proj, d->cq, d->Q));
     CK(k3k_rmsnorm(d->ckv, w->kv_a_layernorm.data, w->kv_a_layernorm.dtype, lora, MLA_LORA_EPS,
                    d->ckv, g->cs)); /* the latent part only */
-    /* the latent row the host state keeps (state files), then the expanded row */
-    CK(cudaMemcpyAsync(s->lat + ((size_t)L->state_slot * s->max_ctx + (size_t)t) * s->lat_floats,
-                       d->ckv, s->lat_floats * 4, cudaMemcpyDeviceToDevice, g->cs));
-    CK(mv(g, &w->kv_b_proj, d->ckv, d->KV));
-    float *layer_kv = s->kv + (size_t)L->state_slot * s->max_ctx * s->kv_floats;
-    CK(k3k_mla_append(layer_kv, t, d->KV, d->ckv, H, nope, rope, vd, lora, g->cs));
-    CK(k3k_mla_attend(d->Q, layer_kv, t, H, nope, rope, vd, s->scores, d->o, g->cs));
+    /* this position's latent row, then attention over rows 0..t in the absorbed form */
+    float *layer_lat = s->lat + (size_t)L->state_slot * s->max_ctx * s->lat_floats;
+    CK(cudaMemcpyAsync(layer_lat + (size_t)t * s->lat_floats, d->ckv, s->lat_floats * 4,
+                       cudaMemcpyDeviceToDevice, g->cs));
+    k3k_mat kvb = km(&w->kv_b_proj);
+    CK(k3k_mla_latent_attend(d->Q, &kvb, layer_lat, t, H, nope, rope, vd, lora, d->mqa, d->macc,
+                             s->scores, d->o, g->cs));
     CK(k3k_sigmoid_gate(d->o, d->g, H * vd, g->cs));
     CK(mv(g, &w->o_proj, d->o, d->a));
     return K3_OK;

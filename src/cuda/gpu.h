@@ -18,8 +18,8 @@
  *    layer the router runs on the device, its top-k ids come back to the host, the experts
  *    already on the device are hits, and only the misses are asked of the store
  *    (k3_store_begin with the misses alone), copied into evicted slots and handed back.
- *  - Per-session device state (KDA state, conv windows, the MLA KV cache in the CPU's
- *    expanded layout, attention scratch) is allocated at session creation; a step never
+ *  - Per-session device state (KDA state, conv windows, the MLA cache in the CPU's
+ *    latent layout (state.h), attention scratch) is allocated at session creation; a step never
  *    allocates. The embedding stays in host memory (one row is widened and copied per token).
  *  - One step runs at a time per GPU (a mutex): sessions may share the engine from several
  *    threads; the scratch and the expert cache are the GPU's.

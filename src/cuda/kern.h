@@ -158,6 +158,17 @@ cudaError_t k3k_mla_append(float *kv, int t, const float *KV, const float *ckv, 
 cudaError_t k3k_mla_attend(const float *Q, const float *kv, int t, int H, int nope, int rope,
                            int vd, float *scratch, float *o, cudaStream_t stream);
 
+/* MLA attention of Q [H][nope + rope] over the LATENT rows lat [0..t][lora + rope] (one layer,
+ * c_j ++ k_pe_j, state.h) in the absorbed form (spec §7.5, src/model/mla.c): qa [H][lora + rope]
+ * = W_ukᵀ q_nope ++ q_pe, softmax over qa·lat_j / sqrt(nope + rope) flash-decoded in chunks of
+ * K3K_ATT_CHUNK, acc [H][lora] = Σ_j p_j c_j, o [H][vd] = W_uv acc; W_uk and W_uv are head h's
+ * rows h·(nope + vd) .. of kv_b [H·(nope + vd)][lora] (F32, BF16 or I8). Differs from the CPU
+ * by float32 rounding (other summation order). scratch: k3k_mla_scratch_floats(H, lora, t + 1)
+ * floats. cudaErrorInvalidValue when kv_b's shape or dtype does not fit. */
+cudaError_t k3k_mla_latent_attend(const float *Q, const k3k_mat *kv_b, const float *lat, int t,
+                                  int H, int nope, int rope, int vd, int lora, float *qa,
+                                  float *acc, float *scratch, float *o, cudaStream_t stream);
+
 /* The LatentMoE router on device (spec §8.3 steps 2-5): logits [E] (router matvec output)
  * → σ, + bias [E] F32 for selection, top-k in canonical order (descending biased score, ties
  * to the lower id) into ids [k], weights [k] = renormalised unbiased scores × scaling.

@@ -1242,6 +1242,91 @@ __global__ void mla_attend_merge(const float *part, int NS, int vd, float *o) {
     }
 }
 
+// ---- MLA over the latent cache (absorbed form, spec §7.5; src/model/mla.c) --------------
+
+// qa[h] = W_ukᵀ q_nope[h] ++ q_pe[h]: thread i of block (h, y) sums column i of head h's W_uk
+// rows (kv_b_proj rows h·(nope + vd) + d, d ascending) times q_nope[d], as absorb() does.
+template <int DT>
+__global__ void mla_absorb_k(const float *Q, const uint8_t *W, const float *scale, int H, int nope,
+                             int rope, int vd, int lora, float *qa) {
+    pdl_trigger();
+    pdl_wait(); // launched early (launch_pdl); nothing read or written before
+    const int h = blockIdx.x, i = blockIdx.y * blockDim.x + threadIdx.x, qk = nope + rope;
+    const int kvf = lora + rope;
+    const float *q = Q + (size_t)h * qk;
+    if (i < lora) {
+        float acc = 0.0f;
+        for (int d = 0; d < nope; d++) {
+            const int64_t row = (int64_t)h * (nope + vd) + d;
+            float w = weight_at<DT>(W, row * lora + i);
+            if (DT == K3K_I8) w *= scale[row];
+            acc = fmaf(q[d], w, acc);
+        }
+        qa[(size_t)h * kvf + i] = acc;
+    }
+    if (blockIdx.y == 0)
+        for (int k = threadIdx.x; k < rope; k += blockDim.x) qa[(size_t)h * kvf + lora + k] = q[nope + k];
+}
+
+// Flash-decoding over the latent rows lat [n][lora + rope]: block (h, s) takes positions
+// [s·K3K_ATT_CHUNK, +K3K_ATT_CHUNK) for head h: scores qa[h]·lat_j · scale, the chunk's max m,
+// l = Σ e^(score - m) and Σ e^(score - m) · c_j [lora] into part[(h·NS + s)·(lora + 2)].
+__global__ void __launch_bounds__(ATT_THREADS)
+mla_latent_part(const float *qa, const float *lat, int n, int lora, int rope, float scale,
+                float *part) {
+    pdl_trigger();
+    pdl_wait(); // launched early (launch_pdl); nothing read or written before
+    __shared__ float sc[K3K_ATT_CHUNK], red[32];
+    const int h = blockIdx.x, s = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int kvf = lora + rope;
+    const int j0 = s * K3K_ATT_CHUNK, cnt = min(n - j0, K3K_ATT_CHUNK);
+    const float *q = qa + (size_t)h * kvf;
+    for (int jj = warp; jj < cnt; jj += ATT_THREADS / 32) {
+        const float *cj = lat + (size_t)(j0 + jj) * kvf;
+        float dot = 0.0f;
+        for (int d = lane; d < kvf; d += 32) dot = fmaf(q[d], cj[d], dot);
+        dot = warp_sum(dot);
+        if (lane == 0) sc[jj] = __fmul_rn(dot, scale);
+    }
+    __syncthreads();
+    float mx = -INFINITY;
+    for (int jj = threadIdx.x; jj < cnt; jj += ATT_THREADS) mx = fmaxf(mx, sc[jj]);
+    mx = block_max(mx, red);
+    float sum = 0.0f;
+    for (int jj = threadIdx.x; jj < cnt; jj += ATT_THREADS) {
+        const float e = expf(sc[jj] - mx);
+        sc[jj] = e;
+        sum += e;
+    }
+    sum = block_sum(sum, red); /* its barriers also publish sc */
+    float *out = part + ((size_t)h * gridDim.y + s) * (lora + 2);
+    for (int d = threadIdx.x; d < lora; d += ATT_THREADS) {
+        const float *col = lat + (size_t)j0 * kvf + d;
+        float acc = 0.0f;
+        for (int jj = 0; jj < cnt; jj++) acc = fmaf(sc[jj], col[(size_t)jj * kvf], acc);
+        out[2 + d] = acc;
+    }
+    if (threadIdx.x == 0) out[0] = mx, out[1] = sum;
+}
+
+// o[h][v] = W_uv[h] · acc[h]: one warp per output row (kv_b_proj row h·(nope + vd) + nope + v).
+template <int DT>
+__global__ void mla_up_k(const uint8_t *W, const float *scale, const float *acc, int H, int nope,
+                         int vd, int lora, float *o) {
+    pdl_trigger();
+    pdl_wait(); // launched early (launch_pdl); nothing read or written before
+    const int lane = threadIdx.x & 31;
+    const int r = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
+    if (r >= H * vd) return;
+    const int h = r / vd, v = r % vd;
+    const int64_t row = (int64_t)h * (nope + vd) + nope + v;
+    const float *a = acc + (size_t)h * lora;
+    float t = 0.0f;
+    for (int i = lane; i < lora; i += 32) t = fmaf(weight_at<DT>(W, row * lora + i), a[i], t);
+    t = warp_sum(t);
+    if (lane == 0) o[r] = DT == K3K_I8 ? t * scale[row] : t;
+}
+
 // ---- router -----------------------------------------------------------------------------
 
 constexpr int ROUTER_THREADS = 1024;
@@ -1483,4 +1568,31 @@ extern "C" cudaError_t k3k_router_topk(const float *logits, const float *bias, i
 extern "C" cudaError_t k3k_moe_sum(const float *eo, const float *w, int k, int n, float *acc,
                                    cudaStream_t s) {
     return launch_pdl(moe_sum_k, blocks_for(n, 256), 256, 0, s, eo, w, k, n, acc);
+}
+
+extern "C" cudaError_t k3k_mla_latent_attend(const float *Q, const k3k_mat *kv_b,
+                                             const float *lat, int t, int H, int nope, int rope,
+                                             int vd, int lora, float *qa, float *acc,
+                                             float *scratch, float *o, cudaStream_t s) {
+    if (kv_b->cols != lora || kv_b->rows != (int64_t)H * (nope + vd) || lora < 1 || lora > 4096)
+        return cudaErrorInvalidValue;
+    const uint8_t *W = (const uint8_t *)kv_b->data;
+    const int dt = kv_b->dtype;
+    if (dt != K3K_F32 && dt != K3K_BF16 && dt != K3K_I8) return cudaErrorInvalidValue;
+    const dim3 ag(H, (lora + 127) / 128);
+    cudaError_t e = dt == K3K_BF16 ? launch_pdl(mla_absorb_k<K3K_BF16>, ag, 128, 0, s, Q, W, kv_b->scale, H, nope, rope, vd, lora, qa)
+                  : dt == K3K_I8   ? launch_pdl(mla_absorb_k<K3K_I8>, ag, 128, 0, s, Q, W, kv_b->scale, H, nope, rope, vd, lora, qa)
+                                   : launch_pdl(mla_absorb_k<K3K_F32>, ag, 128, 0, s, Q, W, kv_b->scale, H, nope, rope, vd, lora, qa);
+    if (e != cudaSuccess) return e;
+    const float scale = (float)(1.0 / sqrt((double)(nope + rope)));
+    const int n = t + 1, NS = (n + K3K_ATT_CHUNK - 1) / K3K_ATT_CHUNK;
+    e = launch_pdl(mla_latent_part, dim3(H, NS), ATT_THREADS, 0, s, (const float *)qa, lat, n, lora,
+                   rope, scale, scratch);
+    if (e != cudaSuccess) return e;
+    e = launch_pdl(mla_attend_merge, H, 128, 0, s, (const float *)scratch, NS, lora, acc);
+    if (e != cudaSuccess) return e;
+    const int ub = (H * vd + 7) / 8;
+    return dt == K3K_BF16 ? launch_pdl(mla_up_k<K3K_BF16>, ub, 256, 0, s, W, kv_b->scale, (const float *)acc, H, nope, vd, lora, o)
+         : dt == K3K_I8   ? launch_pdl(mla_up_k<K3K_I8>, ub, 256, 0, s, W, kv_b->scale, (const float *)acc, H, nope, vd, lora, o)
+                          : launch_pdl(mla_up_k<K3K_F32>, ub, 256, 0, s, W, kv_b->scale, (const float *)acc, H, nope, vd, lora, o);
 }

@@ -34,7 +34,8 @@
 
 typedef struct job {
     int kind;            /* 0 BF16/I8 matvec, 1 experts gate+up, 2 experts down, 3 KDA heads,
-                          * 4 MLA attention, 5 several matrices of one input (one launch) */
+                          * 4 MLA attention, 5 several matrices of one input (one launch),
+                          * 6 MLA attention over the latent cache (ys[0]: qa, ys[1]: acc) */
     k3k_mat mat[8];      /* matvec: one per weight copy */
     k3k_mat multi[4][K3K_MAX_MULTI]; /* kind 5: per weight copy, n_multi matrices */
     int n_multi;
@@ -68,6 +69,9 @@ static cudaError_t launch(job *j, int i, cudaStream_t s) {
         return k3k_kda_heads(q, kk, v, f, j->y, g, j->y, f, j->y, j->aux, j->H, j->D, -5.0f,
                              1e-5f, o, s);
     }
+    case 6:
+        return k3k_mla_latent_attend(j->x, &j->mat[0], j->aux, j->t, j->H, 128, 64, 128, 512,
+                                     j->ys[0], j->ys[1], j->h, j->y, s);
     default:
         return k3k_mla_attend(j->x, j->aux, j->t, j->H, 128, 64, 128, j->h, j->y, s);
     }
@@ -344,6 +348,33 @@ static int bench_experts(FILE *out, int reps, double copy_bps, const k3_gpu_tuni
     return rc;
 }
 
+/* MLA attention over a 4096-position LATENT cache at K3 widths (96 heads, lora 512, rope 64,
+ * kv_b_proj BF16 [96·256][512] read by the absorb and the W_uv product): bytes = the latent
+ * rows + kv_b_proj. */
+static int bench_latent(FILE *out, int reps, double copy_bps, k3_err *err) {
+    const int H = 96, lora = 512, kvf = 512 + 64;
+    size_t latb = (size_t)4096 * kvf * 4, wb = (size_t)H * 256 * lora * 2;
+    job m = {.kind = 6, .sets = 1, .H = H, .t = 4095};
+    void *w = NULL;
+    CK(cudaMalloc((void **)&m.x, H * 192 * 4));
+    CK(cudaMalloc((void **)&m.y, H * 128 * 4));
+    CK(cudaMalloc((void **)&m.h, k3k_mla_scratch_floats(H, lora, 4096) * 4));
+    CK(cudaMalloc((void **)&m.ys[0], (size_t)H * kvf * 4));
+    CK(cudaMalloc((void **)&m.ys[1], (size_t)H * lora * 4));
+    CK(cudaMalloc((void **)&m.aux, latb));
+    CK(cudaMalloc(&w, wb));
+    CK(k3k_fill_random(m.x, H * 192 * 4, 26, 0x3d7fffffu, 0));
+    CK(k3k_fill_random(m.aux, latb, 27, 0x3f7fffffu, 0));
+    CK(k3k_fill_random(w, wb, 28, 0x3d7f3d7fu, 0));
+    m.mat[0] = (k3k_mat){w, NULL, K3K_BF16, (int64_t)H * 256, lora};
+    double t = 0;
+    int rc = time_job(&m, reps / 4 > 1 ? reps / 4 : 1, &t, err);
+    if (!rc) row(out, "MLA attention, latent cache (absorbed)", "ctx 4096 x 96 heads", (double)(latb + wb), t, copy_bps);
+    cudaFree(m.x), cudaFree(m.y), cudaFree(m.h), cudaFree(m.ys[0]), cudaFree(m.ys[1]);
+    cudaFree(m.aux), cudaFree(w);
+    return rc;
+}
+
 /* KDA per-head core at K3 widths (state read and written twice) and MLA attention over a
  * full 4096-position expanded KV cache (bytes: S or KV traffic). */
 static int bench_mixers(FILE *out, int reps, double copy_bps, k3_err *err) {
@@ -376,7 +407,7 @@ static int bench_mixers(FILE *out, int reps, double copy_bps, k3_err *err) {
     cudaFree(m.y);
     cudaFree(m.h);
     cudaFree(m.aux);
-    return rc;
+    return rc ? rc : bench_latent(out, reps, copy_bps, err);
 }
 
 void k3_gpu_set_tuning(const k3_gpu_tuning *t) { k3k_set_tuning(!t->no_pdl, t->mx_schedule); }
