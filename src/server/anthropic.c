@@ -9,20 +9,6 @@
 
 /* ---- request translation ------------------------------------------------------------------ */
 
-static int unsupported(k3_api_error *e, const char *param, const char *why) {
-    return k3_api_fail(e, 400, INVALID, "unsupported_parameter", param, "k3 cannot honour "
-                       "'%s': %s", param, why);
-}
-
-static int wrong(k3_api_error *e, const char *param, const char *want) {
-    return k3_api_fail(e, 400, INVALID, NULL, param, "'%s' must be %s", param, want);
-}
-
-static const char *str_of(const cJSON *o, const char *key) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    return cJSON_IsString(v) ? v->valuestring : NULL;
-}
-
 /* Keys of a block other than those listed (and cache_control) are refused. */
 static int only_keys(const cJSON *o, const char *const *keys, const char *at, k3_api_error *e) {
     const cJSON *f;
@@ -32,7 +18,7 @@ static int only_keys(const cJSON *o, const char *const *keys, const char *at, k3
         if (!ok) {
             char p[160];
             snprintf(p, sizeof p, "%s.%s", at, f->string);
-            return unsupported(e, p, "unknown field");
+            return k3_api_unsupported(e, p, "unknown field");
         }
     }
     return 0;
@@ -54,19 +40,19 @@ static int text_of(const cJSON *c, const char *at, bool system, k3_sbuf *b, k3_a
         if (!(system && billing_line(c->valuestring))) k3_sbuf_str(b, c->valuestring);
         return 0;
     }
-    if (!cJSON_IsArray(c)) return wrong(e, at, "a string or an array of text blocks");
+    if (!cJSON_IsArray(c)) return k3_api_wrong(e, at, "a string or an array of text blocks");
     int j = 0;
     const cJSON *blk;
     cJSON_ArrayForEach(blk, c) {
         char p[160];
         snprintf(p, sizeof p, "%s[%d]", at, j++);
-        const char *type = str_of(blk, "type"), *text = str_of(blk, "text");
+        const char *type = k3_json_str(blk, "type"), *text = k3_json_str(blk, "text");
         static const char *const keys[] = {"type", "text", "citations", NULL};
         if (!type || strcmp(type, "text")) {
             snprintf(p + strlen(p), sizeof p - strlen(p), ".type");
-            return unsupported(e, p, "k3 reads text blocks only");
+            return k3_api_unsupported(e, p, "k3 reads text blocks only");
         }
-        if (!text) return wrong(e, p, "a text block with a \"text\" string");
+        if (!text) return k3_api_wrong(e, p, "a text block with a \"text\" string");
         if (only_keys(blk, keys, p, e)) return -1;
         if (system && billing_line(text)) continue;
         if (b->len && system) k3_sbuf_str(b, "\n"); /* blocks are paragraphs of one text */
@@ -85,15 +71,15 @@ static int tool_result_text(const cJSON *c, const char *at, k3_sbuf *b, k3_api_e
         k3_sbuf_str(b, c->valuestring);
         return 0;
     }
-    if (!cJSON_IsArray(c)) return wrong(e, at, "a string or an array of content blocks");
+    if (!cJSON_IsArray(c)) return k3_api_wrong(e, at, "a string or an array of content blocks");
     const cJSON *blk;
     cJSON_ArrayForEach(blk, c) {
-        const char *type = str_of(blk, "type"), *text = str_of(blk, "text");
+        const char *type = k3_json_str(blk, "type"), *text = k3_json_str(blk, "text");
         if (b->len) k3_sbuf_str(b, "\n");
         if (type && !strcmp(type, "text") && text) {
             k3_sbuf_str(b, text);
-        } else if (type && !strcmp(type, "tool_reference") && str_of(blk, "tool_name")) {
-            k3_sbuf_printf(b, "[tool_reference: %s]", str_of(blk, "tool_name"));
+        } else if (type && !strcmp(type, "tool_reference") && k3_json_str(blk, "tool_name")) {
+            k3_sbuf_printf(b, "[tool_reference: %s]", k3_json_str(blk, "tool_name"));
         } else if (type && (!strcmp(type, "image") || !strcmp(type, "document"))) {
             k3_sbuf_printf(b, "[%s omitted: k3 reads text only]", type);
         } else {
@@ -125,7 +111,7 @@ static int user_message(const cJSON *c, int i, cJSON *out, k3_api_error *e) {
         cJSON_AddItemToArray(out, m);
         return 0;
     }
-    if (!cJSON_IsArray(c)) return wrong(e, at, "a string or an array of content blocks");
+    if (!cJSON_IsArray(c)) return k3_api_wrong(e, at, "a string or an array of content blocks");
     k3_sbuf text = {0};
     bool have_text = false;
     int j = 0, rc = 0;
@@ -133,22 +119,22 @@ static int user_message(const cJSON *c, int i, cJSON *out, k3_api_error *e) {
     cJSON_ArrayForEach(blk, c) {
         char p[128];
         snprintf(p, sizeof p, "%s[%d]", at, j++);
-        const char *type = str_of(blk, "type");
+        const char *type = k3_json_str(blk, "type");
         if (type && !strcmp(type, "text")) {
             static const char *const keys[] = {"type", "text", "citations", NULL};
-            if (!str_of(blk, "text")) rc = wrong(e, p, "a text block with a \"text\" string");
+            if (!k3_json_str(blk, "text")) rc = k3_api_wrong(e, p, "a text block with a \"text\" string");
             if (!rc) rc = only_keys(blk, keys, p, e);
             if (rc) break;
-            k3_sbuf_str(&text, str_of(blk, "text"));
+            k3_sbuf_str(&text, k3_json_str(blk, "text"));
             have_text = true;
         } else if (type && !strcmp(type, "tool_result")) {
             static const char *const keys[] = {"type", "tool_use_id", "content", "is_error", NULL};
             if ((rc = only_keys(blk, keys, p, e))) break;
-            const char *id = str_of(blk, "tool_use_id");
+            const char *id = k3_json_str(blk, "tool_use_id");
             char pc[160];
             snprintf(pc, sizeof pc, "%s.tool_use_id", p);
             if (!id) {
-                rc = wrong(e, pc, "a string");
+                rc = k3_api_wrong(e, pc, "a string");
                 break;
             }
             if (have_text) { /* text before a result stays before it */
@@ -173,7 +159,7 @@ static int user_message(const cJSON *c, int i, cJSON *out, k3_api_error *e) {
             if (rc) break;
         } else {
             snprintf(p + strlen(p), sizeof p - strlen(p), ".type");
-            rc = unsupported(e, p, "k3 reads text and tool_result blocks in user messages "
+            rc = k3_api_unsupported(e, p, "k3 reads text and tool_result blocks in user messages "
                              "(it is a text-only engine)");
             break;
         }
@@ -197,7 +183,7 @@ static int assistant_message(const cJSON *c, int i, cJSON *out, k3_api_error *e)
         cJSON_AddStringToObject(m, "content", c->valuestring);
         return 0;
     }
-    if (!cJSON_IsArray(c)) return wrong(e, at, "a string or an array of content blocks");
+    if (!cJSON_IsArray(c)) return k3_api_wrong(e, at, "a string or an array of content blocks");
     k3_sbuf text = {0}, think = {0};
     cJSON *calls = NULL;
     int j = 0, rc = 0;
@@ -205,38 +191,38 @@ static int assistant_message(const cJSON *c, int i, cJSON *out, k3_api_error *e)
     cJSON_ArrayForEach(blk, c) {
         char p[128];
         snprintf(p, sizeof p, "%s[%d]", at, j++);
-        const char *type = str_of(blk, "type");
+        const char *type = k3_json_str(blk, "type");
         if (type && !strcmp(type, "text")) {
             static const char *const keys[] = {"type", "text", "citations", NULL};
-            if (!str_of(blk, "text")) rc = wrong(e, p, "a text block with a \"text\" string");
+            if (!k3_json_str(blk, "text")) rc = k3_api_wrong(e, p, "a text block with a \"text\" string");
             if (!rc) rc = only_keys(blk, keys, p, e);
-            if (!rc) k3_sbuf_str(&text, str_of(blk, "text"));
+            if (!rc) k3_sbuf_str(&text, k3_json_str(blk, "text"));
         } else if (type && !strcmp(type, "thinking")) {
             static const char *const keys[] = {"type", "thinking", "signature", NULL};
-            if (!str_of(blk, "thinking")) rc = wrong(e, p, "a thinking block with a string");
+            if (!k3_json_str(blk, "thinking")) rc = k3_api_wrong(e, p, "a thinking block with a string");
             if (!rc) rc = only_keys(blk, keys, p, e);
-            if (!rc) k3_sbuf_str(&think, str_of(blk, "thinking"));
+            if (!rc) k3_sbuf_str(&think, k3_json_str(blk, "thinking"));
         } else if (type && !strcmp(type, "redacted_thinking")) {
             /* Anthropic's encrypted thinking: nothing k3 can read (and it never writes one) */
         } else if (type && !strcmp(type, "tool_use")) {
             static const char *const keys[] = {"type", "id", "name", "input", NULL};
             const cJSON *input = cJSON_GetObjectItemCaseSensitive(blk, "input");
-            if (!str_of(blk, "id") || !str_of(blk, "name") || !cJSON_IsObject(input))
-                rc = wrong(e, p, "a tool_use block with id, name and an input object");
+            if (!k3_json_str(blk, "id") || !k3_json_str(blk, "name") || !cJSON_IsObject(input))
+                rc = k3_api_wrong(e, p, "a tool_use block with id, name and an input object");
             if (!rc) rc = only_keys(blk, keys, p, e);
             if (!rc) {
                 if (!calls) calls = cJSON_AddArrayToObject(m, "tool_calls");
                 cJSON *call = cJSON_CreateObject(), *f = cJSON_CreateObject();
-                cJSON_AddStringToObject(call, "id", str_of(blk, "id"));
+                cJSON_AddStringToObject(call, "id", k3_json_str(blk, "id"));
                 cJSON_AddStringToObject(call, "type", "function");
-                cJSON_AddStringToObject(f, "name", str_of(blk, "name"));
+                cJSON_AddStringToObject(f, "name", k3_json_str(blk, "name"));
                 cJSON_AddItemToObject(f, "arguments", cJSON_Duplicate(input, 1));
                 cJSON_AddItemToObject(call, "function", f);
                 cJSON_AddItemToArray(calls, call);
             }
         } else {
             snprintf(p + strlen(p), sizeof p - strlen(p), ".type");
-            rc = unsupported(e, p, "k3 reads text, thinking and tool_use blocks in assistant "
+            rc = k3_api_unsupported(e, p, "k3 reads text, thinking and tool_use blocks in assistant "
                              "messages");
         }
         if (rc) break;
@@ -270,23 +256,23 @@ static int system_message(const cJSON *c, int i, cJSON *out, k3_api_error *e) {
 
 static int messages(const cJSON *in, cJSON *out, k3_api_error *e) {
     if (!cJSON_IsArray(in) || !in->child)
-        return wrong(e, "messages", "a non-empty array of messages");
+        return k3_api_wrong(e, "messages", "a non-empty array of messages");
     int i = 0, n = cJSON_GetArraySize(in);
     const cJSON *m;
     cJSON_ArrayForEach(m, in) {
         char at[64];
         snprintf(at, sizeof at, "messages[%d]", i);
         static const char *const keys[] = {"role", "content", NULL};
-        if (!cJSON_IsObject(m)) return wrong(e, at, "an object");
+        if (!cJSON_IsObject(m)) return k3_api_wrong(e, at, "an object");
         if (only_keys(m, keys, at, e)) return -1;
-        const char *role = str_of(m, "role");
+        const char *role = k3_json_str(m, "role");
         const cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content");
         snprintf(at, sizeof at, "messages[%d].role", i);
         if (!role || (strcmp(role, "user") && strcmp(role, "assistant") && strcmp(role, "system")))
-            return wrong(e, at, "\"user\", \"assistant\" or \"system\"");
+            return k3_api_wrong(e, at, "\"user\", \"assistant\" or \"system\"");
         if (!strcmp(role, "assistant") && i == n - 1) {
             snprintf(at, sizeof at, "messages[%d]", i);
-            return unsupported(e, at, "a final assistant message (a reply to continue): K3's "
+            return k3_api_unsupported(e, at, "a final assistant message (a reply to continue): K3's "
                                "chat format closes every message in the history");
         }
         int rc = !strcmp(role, "user")   ? user_message(c, i, out, e)
@@ -299,29 +285,29 @@ static int messages(const cJSON *in, cJSON *out, k3_api_error *e) {
 }
 
 static int tools(const cJSON *in, cJSON *out, k3_api_error *e) {
-    if (!cJSON_IsArray(in)) return wrong(e, "tools", "an array");
+    if (!cJSON_IsArray(in)) return k3_api_wrong(e, "tools", "an array");
     cJSON *arr = cJSON_AddArrayToObject(out, "tools");
     int i = 0;
     const cJSON *t;
     cJSON_ArrayForEach(t, in) {
         char at[64];
         snprintf(at, sizeof at, "tools[%d]", i++);
-        const char *type = str_of(t, "type");
+        const char *type = k3_json_str(t, "type");
         if (type && strcmp(type, "custom")) {
             snprintf(at + strlen(at), sizeof at - strlen(at), ".type");
-            return unsupported(e, at, "server tools are not available in k3; declare client "
+            return k3_api_unsupported(e, at, "server tools are not available in k3; declare client "
                                "tools with name, description and input_schema");
         }
         /* defer_loading (Claude Code's tool search: load the tool when referenced) and
          * eager_input_streaming are hints: k3 declares every tool it is sent. */
         static const char *const keys[] = {"type", "name", "description", "input_schema",
                                            "defer_loading", "eager_input_streaming", NULL};
-        if (!cJSON_IsObject(t) || !str_of(t, "name"))
-            return wrong(e, at, "an object with a \"name\"");
+        if (!cJSON_IsObject(t) || !k3_json_str(t, "name"))
+            return k3_api_wrong(e, at, "an object with a \"name\"");
         if (only_keys(t, keys, at, e)) return -1;
         cJSON *f = cJSON_CreateObject(), *tool = cJSON_CreateObject();
-        cJSON_AddStringToObject(f, "name", str_of(t, "name"));
-        if (str_of(t, "description")) cJSON_AddStringToObject(f, "description", str_of(t, "description"));
+        cJSON_AddStringToObject(f, "name", k3_json_str(t, "name"));
+        if (k3_json_str(t, "description")) cJSON_AddStringToObject(f, "description", k3_json_str(t, "description"));
         const cJSON *schema = cJSON_GetObjectItemCaseSensitive(t, "input_schema");
         if (schema) cJSON_AddItemToObject(f, "parameters", cJSON_Duplicate(schema, 1));
         cJSON_AddStringToObject(tool, "type", "function");
@@ -333,18 +319,18 @@ static int tools(const cJSON *in, cJSON *out, k3_api_error *e) {
 
 static int tool_choice(const cJSON *tc, cJSON *out, k3_api_error *e) {
     static const char *const keys[] = {"type", "name", "disable_parallel_tool_use", NULL};
-    const char *type = str_of(tc, "type");
-    if (!cJSON_IsObject(tc) || !type) return wrong(e, "tool_choice", "an object with a \"type\"");
+    const char *type = k3_json_str(tc, "type");
+    if (!cJSON_IsObject(tc) || !type) return k3_api_wrong(e, "tool_choice", "an object with a \"type\"");
     if (only_keys(tc, keys, "tool_choice", e)) return -1;
     if (!strcmp(type, "tool"))
-        return unsupported(e, "tool_choice", "{\"type\": \"tool\"} (one named tool) has no "
+        return k3_api_unsupported(e, "tool_choice", "{\"type\": \"tool\"} (one named tool) has no "
                            "verified rendering in K3's chat format; use auto, any or none");
     const char *oai = !strcmp(type, "auto") ? "auto" : !strcmp(type, "any") ? "required"
                       : !strcmp(type, "none") ? "none" : NULL;
-    if (!oai) return wrong(e, "tool_choice.type", "\"auto\", \"any\" or \"none\"");
+    if (!oai) return k3_api_wrong(e, "tool_choice.type", "\"auto\", \"any\" or \"none\"");
     cJSON_AddStringToObject(out, "tool_choice", oai);
     const cJSON *dp = cJSON_GetObjectItemCaseSensitive(tc, "disable_parallel_tool_use");
-    if (dp && !cJSON_IsBool(dp)) return wrong(e, "tool_choice.disable_parallel_tool_use", "a boolean");
+    if (dp && !cJSON_IsBool(dp)) return k3_api_wrong(e, "tool_choice.disable_parallel_tool_use", "a boolean");
     if (cJSON_IsTrue(dp)) cJSON_AddFalseToObject(out, "parallel_tool_calls");
     return 0;
 }
@@ -354,25 +340,25 @@ static int tool_choice(const cJSON *tc, cJSON *out, k3_api_error *e) {
  * K3 effort for the request ("low", "high", "max"), NULL when none is given, or "" (error). */
 static const char *output_effort(const cJSON *oc, k3_api_error *e) {
     if (!oc || cJSON_IsNull(oc)) return NULL;
-    if (!cJSON_IsObject(oc)) return wrong(e, "output_config", "an object"), "";
+    if (!cJSON_IsObject(oc)) return k3_api_wrong(e, "output_config", "an object"), "";
     const cJSON *f;
     cJSON_ArrayForEach(f, oc) {
         if (!strcmp(f->string, "effort") || cJSON_IsNull(f)) continue;
         char p[96];
         snprintf(p, sizeof p, "output_config.%s", f->string);
-        return unsupported(e, p, !strcmp(f->string, "format")
+        return k3_api_unsupported(e, p, !strcmp(f->string, "format")
                            ? "k3 cannot constrain output to a JSON schema" : "unknown field"), "";
     }
-    const char *effort = str_of(oc, "effort");
+    const char *effort = k3_json_str(oc, "effort");
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(oc, "effort");
     if (!v || cJSON_IsNull(v)) return NULL;
-    if (!effort) return wrong(e, "output_config.effort", "a string"), "";
+    if (!effort) return k3_api_wrong(e, "output_config.effort", "a string"), "";
     /* K3 has low, high and max (spec §12.2); medium reads as the nearest at or above it */
     if (!strcmp(effort, "low")) return "low";
     if (!strcmp(effort, "medium")) return K3_SRV_MEDIUM_EFFORT;
     if (!strcmp(effort, "high")) return "high";
     if (!strcmp(effort, "max") || !strcmp(effort, "xhigh")) return "max";
-    return wrong(e, "output_config.effort", "\"low\", \"medium\", \"high\" or \"max\""), "";
+    return k3_api_wrong(e, "output_config.effort", "\"low\", \"medium\", \"high\" or \"max\""), "";
 }
 
 /* thinking: absent / disabled → off; enabled → the effort of its budget (or of output_config
@@ -382,14 +368,14 @@ static int thinking(const cJSON *t, const char *effort, cJSON *out, k3_api_error
     const char *type = "disabled";
     if (t && !cJSON_IsNull(t)) {
         static const char *const keys[] = {"type", "budget_tokens", "display", NULL};
-        type = str_of(t, "type");
-        if (!cJSON_IsObject(t) || !type) return wrong(e, "thinking", "an object with a \"type\"");
+        type = k3_json_str(t, "type");
+        if (!cJSON_IsObject(t) || !type) return k3_api_wrong(e, "thinking", "an object with a \"type\"");
         if (only_keys(t, keys, "thinking", e)) return -1;
     }
     if (!strcmp(type, "enabled")) {
         const cJSON *b = cJSON_GetObjectItemCaseSensitive(t, "budget_tokens");
         if (!cJSON_IsNumber(b) || b->valuedouble < 1024)
-            return wrong(e, "thinking.budget_tokens", "an integer >= 1024");
+            return k3_api_wrong(e, "thinking.budget_tokens", "an integer >= 1024");
         if (!effort)
             effort = b->valuedouble < 8192 ? "low" : b->valuedouble < 32768 ? "high" : "max";
     } else if (!strcmp(type, "adaptive")) {
@@ -397,7 +383,7 @@ static int thinking(const cJSON *t, const char *effort, cJSON *out, k3_api_error
     } else if (!strcmp(type, "disabled")) {
         effort = "none";
     } else {
-        return wrong(e, "thinking.type", "\"enabled\", \"adaptive\" or \"disabled\"");
+        return k3_api_wrong(e, "thinking.type", "\"enabled\", \"adaptive\" or \"disabled\"");
     }
     if (effort) cJSON_AddStringToObject(out, "reasoning_effort", effort);
     return 0;
@@ -405,7 +391,7 @@ static int thinking(const cJSON *t, const char *effort, cJSON *out, k3_api_error
 
 cJSON *k3_anth_to_chat(const cJSON *body, bool count_tokens, k3_api_error *e) {
     if (!cJSON_IsObject(body)) {
-        wrong(e, "body", "a JSON object");
+        k3_api_wrong(e, "body", "a JSON object");
         return NULL;
     }
     /* Hints and metadata are accepted and change nothing k3 generates: cache_control (k3
@@ -461,7 +447,7 @@ cJSON *k3_anth_to_chat(const cJSON *body, bool count_tokens, k3_api_error *e) {
         v = cJSON_GetObjectItemCaseSensitive(body, "max_tokens");
         if (!v) rc = k3_api_fail(e, 400, INVALID, NULL, "max_tokens", "max_tokens: Field required");
         v = cJSON_GetObjectItemCaseSensitive(body, "metadata");
-        if (!rc && v && !cJSON_IsNull(v) && !cJSON_IsObject(v)) rc = wrong(e, "metadata", "an object");
+        if (!rc && v && !cJSON_IsNull(v) && !cJSON_IsObject(v)) rc = k3_api_wrong(e, "metadata", "an object");
         /* the rest is checked by the chat-completions validator, under the same names */
         static const char *const copy[][2] = {{"model", "model"}, {"max_tokens", "max_tokens"},
             {"stop_sequences", "stop"}, {"temperature", "temperature"}, {"top_p", "top_p"},

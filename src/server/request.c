@@ -44,9 +44,22 @@ static int type_error(const char *name, const char *want, const cJSON *v, k3_api
                        json_type(v));
 }
 
+int k3_api_unsupported(k3_api_error *e, const char *param, const char *why) {
+    return k3_api_fail(e, 400, INVALID, "unsupported_parameter", param,
+                       "k3 cannot honour '%s': %s", param, why);
+}
+
+int k3_api_wrong(k3_api_error *e, const char *param, const char *want) {
+    return k3_api_fail(e, 400, INVALID, NULL, param, "'%s' must be %s", param, want);
+}
+
+const char *k3_json_str(const cJSON *o, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
 static int cannot(const char *name, const char *why, k3_api_error *e) {
-    return k3_api_fail(e, 400, INVALID, "unsupported_parameter", name,
-                       "k3 cannot honour '%s': %s", name, why);
+    return k3_api_unsupported(e, name, why);
 }
 
 /* An integer-valued JSON number within [lo, hi]. */

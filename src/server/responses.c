@@ -49,20 +49,6 @@ static void store_put(k3_resp_store *st, const char *id, char *items) {
 
 /* ---- request translation ------------------------------------------------------------------ */
 
-static int unsupported(k3_api_error *e, const char *param, const char *why) {
-    return k3_api_fail(e, 400, INVALID, "unsupported_parameter", param, "k3 cannot honour "
-                       "'%s': %s", param, why);
-}
-
-static int wrong(k3_api_error *e, const char *param, const char *want) {
-    return k3_api_fail(e, 400, INVALID, NULL, param, "'%s' must be %s", param, want);
-}
-
-static const char *str_of(const cJSON *o, const char *key) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    return cJSON_IsString(v) ? v->valuestring : NULL;
-}
-
 static cJSON *message(cJSON *msgs, const char *role, const char *content) {
     cJSON *m = cJSON_CreateObject();
     cJSON_AddStringToObject(m, "role", role);
@@ -77,18 +63,18 @@ static int content_text(const cJSON *c, const char *at, k3_sbuf *b, k3_api_error
         k3_sbuf_str(b, c->valuestring);
         return 0;
     }
-    if (!cJSON_IsArray(c)) return wrong(e, at, "a string or an array of content parts");
+    if (!cJSON_IsArray(c)) return k3_api_wrong(e, at, "a string or an array of content parts");
     int k = 0;
     const cJSON *part;
     cJSON_ArrayForEach(part, c) {
         char p[160];
         snprintf(p, sizeof p, "%s[%d].type", at, k++);
-        const char *type = str_of(part, "type"), *text = str_of(part, "text");
+        const char *type = k3_json_str(part, "type"), *text = k3_json_str(part, "text");
         if (!type || (strcmp(type, "input_text") && strcmp(type, "output_text") &&
                       strcmp(type, "text") && strcmp(type, "summary_text") &&
                       strcmp(type, "reasoning_text")))
-            return unsupported(e, p, "k3 reads text parts only (input_text, output_text)");
-        if (!text) return wrong(e, p, "a text part with a \"text\" string");
+            return k3_api_unsupported(e, p, "k3 reads text parts only (input_text, output_text)");
+        if (!text) return k3_api_wrong(e, p, "a text part with a \"text\" string");
         k3_sbuf_str(b, text);
     }
     return 0;
@@ -97,10 +83,10 @@ static int content_text(const cJSON *c, const char *at, k3_sbuf *b, k3_api_error
 /* A tool output: a string, or parts whose text is joined (others as their JSON). */
 static int output_text(const cJSON *c, const char *at, k3_sbuf *b, k3_api_error *e) {
     if (cJSON_IsString(c)) return k3_sbuf_str(b, c->valuestring), 0;
-    if (!cJSON_IsArray(c)) return wrong(e, at, "a string or an array of content parts");
+    if (!cJSON_IsArray(c)) return k3_api_wrong(e, at, "a string or an array of content parts");
     const cJSON *part;
     cJSON_ArrayForEach(part, c) {
-        const char *text = str_of(part, "text");
+        const char *text = k3_json_str(part, "text");
         if (text) {
             k3_sbuf_str(b, text);
             continue;
@@ -147,16 +133,16 @@ static void add_call(conv *cv, const char *id, const char *name, const char *arg
 static int one_item(conv *cv, const cJSON *it, int i, k3_api_error *e) {
     char at[96];
     snprintf(at, sizeof at, "input[%d]", i);
-    if (!cJSON_IsObject(it)) return wrong(e, at, "an object");
-    const char *type = str_of(it, "type");
-    const char *role = str_of(it, "role");
+    if (!cJSON_IsObject(it)) return k3_api_wrong(e, at, "an object");
+    const char *type = k3_json_str(it, "type");
+    const char *role = k3_json_str(it, "role");
     if (!type && role) type = "message"; /* EasyInputMessage: {role, content} */
-    if (!type) return wrong(e, at, "an item with a \"type\"");
+    if (!type) return k3_api_wrong(e, at, "an item with a \"type\"");
     if (!strcmp(type, "message")) {
         snprintf(at, sizeof at, "input[%d].role", i);
         if (!role || (strcmp(role, "user") && strcmp(role, "assistant") &&
                       strcmp(role, "system") && strcmp(role, "developer")))
-            return wrong(e, at, "\"user\", \"assistant\", \"system\" or \"developer\"");
+            return k3_api_wrong(e, at, "\"user\", \"assistant\", \"system\" or \"developer\"");
         snprintf(at, sizeof at, "input[%d].content", i);
         k3_sbuf b = {0};
         int rc = content_text(cJSON_GetObjectItemCaseSensitive(it, "content"), at, &b, e);
@@ -184,10 +170,10 @@ static int one_item(conv *cv, const cJSON *it, int i, k3_api_error *e) {
     }
     bool custom = !strcmp(type, "custom_tool_call");
     if (custom || !strcmp(type, "function_call")) {
-        const char *id = str_of(it, "call_id"), *name = str_of(it, "name");
-        const char *args = str_of(it, custom ? "input" : "arguments");
+        const char *id = k3_json_str(it, "call_id"), *name = k3_json_str(it, "name");
+        const char *args = k3_json_str(it, custom ? "input" : "arguments");
         if (!id || !name || !args)
-            return wrong(e, at, custom ? "a custom_tool_call with call_id, name and input"
+            return k3_api_wrong(e, at, custom ? "a custom_tool_call with call_id, name and input"
                                        : "a function_call with call_id, name and arguments");
         if (!custom) return add_call(cv, id, name, args), 0;
         cJSON *o = cJSON_CreateObject();
@@ -200,8 +186,8 @@ static int one_item(conv *cv, const cJSON *it, int i, k3_api_error *e) {
         return 0;
     }
     if (!strcmp(type, "function_call_output") || !strcmp(type, "custom_tool_call_output")) {
-        const char *id = str_of(it, "call_id");
-        if (!id) return wrong(e, at, "an output item with a \"call_id\"");
+        const char *id = k3_json_str(it, "call_id");
+        if (!id) return k3_api_wrong(e, at, "an output item with a \"call_id\"");
         snprintf(at, sizeof at, "input[%d].output", i);
         k3_sbuf b = {0};
         int rc = output_text(cJSON_GetObjectItemCaseSensitive(it, "output"), at, &b, e);
@@ -212,7 +198,7 @@ static int one_item(conv *cv, const cJSON *it, int i, k3_api_error *e) {
         return rc;
     }
     snprintf(at, sizeof at, "input[%d].type", i);
-    return unsupported(e, at, "k3 reads message, reasoning, function_call, custom_tool_call and "
+    return k3_api_unsupported(e, at, "k3 reads message, reasoning, function_call, custom_tool_call and "
                        "their output items");
 }
 
@@ -221,9 +207,9 @@ static int one_item(conv *cv, const cJSON *it, int i, k3_api_error *e) {
 static int input(const cJSON *body, k3_resp_store *store, cJSON *msgs, char **items,
                  k3_api_error *e) {
     cJSON *all = NULL;
-    const char *prev = str_of(body, "previous_response_id");
+    const char *prev = k3_json_str(body, "previous_response_id");
     const cJSON *pv = cJSON_GetObjectItemCaseSensitive(body, "previous_response_id");
-    if (pv && !cJSON_IsNull(pv) && !prev) return wrong(e, "previous_response_id", "a string");
+    if (pv && !cJSON_IsNull(pv) && !prev) return k3_api_wrong(e, "previous_response_id", "a string");
     if (prev && !(all = store_get(store, prev)))
         return k3_api_fail(e, 400, INVALID, "previous_response_not_found", "previous_response_id",
                            "Previous response with id '%s' not found: k3 keeps the last %d "
@@ -242,7 +228,7 @@ static int input(const cJSON *body, k3_resp_store *store, cJSON *msgs, char **it
         cJSON_ArrayForEach(it, in) cJSON_AddItemToArray(all, cJSON_Duplicate(it, 1));
     } else if (in && !cJSON_IsNull(in)) {
         cJSON_Delete(all);
-        return wrong(e, "input", "a string or an array of items");
+        return k3_api_wrong(e, "input", "a string or an array of items");
     }
     if (!all->child) {
         cJSON_Delete(all);
@@ -261,14 +247,14 @@ static int input(const cJSON *body, k3_resp_store *store, cJSON *msgs, char **it
 /* A custom (freeform) tool as a function with one string argument. */
 static cJSON *custom_function(const cJSON *t) {
     k3_sbuf d = {0};
-    const char *desc = str_of(t, "description");
+    const char *desc = k3_json_str(t, "description");
     if (desc) k3_sbuf_str(&d, desc);
     const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(t, "format");
-    const char *def = str_of(fmt, "definition"), *syntax = str_of(fmt, "syntax");
+    const char *def = k3_json_str(fmt, "definition"), *syntax = k3_json_str(fmt, "syntax");
     if (def) k3_sbuf_printf(&d, "%sThe input must follow this %s grammar:\n%s",
                             d.len ? "\n\n" : "", syntax ? syntax : "", def);
     cJSON *f = cJSON_CreateObject();
-    cJSON_AddStringToObject(f, "name", str_of(t, "name"));
+    cJSON_AddStringToObject(f, "name", k3_json_str(t, "name"));
     if (d.len) k3_sbuf_add(&d, "", 0), cJSON_AddStringToObject(f, "description", d.p);
     k3_sbuf_free(&d);
     cJSON *params = cJSON_AddObjectToObject(f, "parameters");
@@ -288,13 +274,13 @@ static int tool_list(const cJSON *in, const char *at0, cJSON *arr, k3_resp_job *
     cJSON_ArrayForEach(t, in) {
         char at[96];
         snprintf(at, sizeof at, "%s[%d]", at0, i++);
-        const char *type = str_of(t, "type"), *name = str_of(t, "name");
-        if (!cJSON_IsObject(t) || !type) return wrong(e, at, "a tool object with a \"type\"");
+        const char *type = k3_json_str(t, "type"), *name = k3_json_str(t, "name");
+        if (!cJSON_IsObject(t) || !type) return k3_api_wrong(e, at, "a tool object with a \"type\"");
         cJSON *f = NULL;
         if (!strcmp(type, "namespace")) {
             const cJSON *sub = cJSON_GetObjectItemCaseSensitive(t, "tools");
             snprintf(at + strlen(at), sizeof at - strlen(at), ".tools");
-            if (!cJSON_IsArray(sub)) return wrong(e, at, "an array");
+            if (!cJSON_IsArray(sub)) return k3_api_wrong(e, at, "an array");
             if (tool_list(sub, at, arr, r, e)) return -1;
             continue;
         }
@@ -303,7 +289,7 @@ static int tool_list(const cJSON *in, const char *at0, cJSON *arr, k3_resp_job *
                      "model", type, at);
             continue;
         }
-        if (!name || !name[0]) return wrong(e, at, "a tool with a non-empty \"name\"");
+        if (!name || !name[0]) return k3_api_wrong(e, at, "a tool with a non-empty \"name\"");
         if (!strcmp(type, "custom")) {
             char **c = realloc(r->custom, (size_t)(r->n_custom + 1) * sizeof *c);
             if (!c || !(c[r->n_custom] = strdup(name)))
@@ -314,8 +300,8 @@ static int tool_list(const cJSON *in, const char *at0, cJSON *arr, k3_resp_job *
         } else {
             f = cJSON_CreateObject();
             cJSON_AddStringToObject(f, "name", name);
-            if (str_of(t, "description"))
-                cJSON_AddStringToObject(f, "description", str_of(t, "description"));
+            if (k3_json_str(t, "description"))
+                cJSON_AddStringToObject(f, "description", k3_json_str(t, "description"));
             const cJSON *p = cJSON_GetObjectItemCaseSensitive(t, "parameters");
             if (p && !cJSON_IsNull(p)) cJSON_AddItemToObject(f, "parameters", cJSON_Duplicate(p, 1));
         }
@@ -328,14 +314,14 @@ static int tool_list(const cJSON *in, const char *at0, cJSON *arr, k3_resp_job *
 }
 
 static int reasoning(const cJSON *v, cJSON *out, k3_api_error *e) {
-    if (!cJSON_IsObject(v)) return wrong(e, "reasoning", "an object");
+    if (!cJSON_IsObject(v)) return k3_api_wrong(e, "reasoning", "an object");
     const cJSON *f;
     cJSON_ArrayForEach(f, v) {
         char p[64];
         snprintf(p, sizeof p, "reasoning.%s", f->string);
         if (strcmp(f->string, "effort") && strcmp(f->string, "summary") &&
             strcmp(f->string, "generate_summary"))
-            return unsupported(e, p, "unknown field");
+            return k3_api_unsupported(e, p, "unknown field");
     }
     const cJSON *ev = cJSON_GetObjectItemCaseSensitive(v, "effort");
     if (!ev || cJSON_IsNull(ev)) return 0;
@@ -344,17 +330,17 @@ static int reasoning(const cJSON *v, cJSON *out, k3_api_error *e) {
     const char *k3 = !strcmp(s, "none") ? "none" : !strcmp(s, "minimal") || !strcmp(s, "low")
                    ? "low" : !strcmp(s, "medium") ? "medium" : !strcmp(s, "high") ? "high"
                    : !strcmp(s, "xhigh") ? "max" : NULL;
-    if (!k3) return wrong(e, "reasoning.effort", "none, minimal, low, medium, high or xhigh");
+    if (!k3) return k3_api_wrong(e, "reasoning.effort", "none, minimal, low, medium, high or xhigh");
     cJSON_AddStringToObject(out, "reasoning_effort", k3);
     return 0;
 }
 
 static int text_param(const cJSON *v, k3_api_error *e) {
-    if (!cJSON_IsObject(v)) return wrong(e, "text", "an object");
+    if (!cJSON_IsObject(v)) return k3_api_wrong(e, "text", "an object");
     const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(v, "format");
-    const char *type = str_of(fmt, "type");
+    const char *type = k3_json_str(fmt, "type");
     if (fmt && !cJSON_IsNull(fmt) && (!type || strcmp(type, "text")))
-        return unsupported(e, "text.format", "k3 cannot constrain output to JSON; only "
+        return k3_api_unsupported(e, "text.format", "k3 cannot constrain output to JSON; only "
                            "{\"type\": \"text\"}");
     return 0;
 }
@@ -390,7 +376,7 @@ static int top_fields(const cJSON *body, k3_api_error *e) {
                                "Unsupported parameter: '%s' (k3 does not support it)", f->string);
     }
     const cJSON *bg = cJSON_GetObjectItemCaseSensitive(body, "background");
-    if (cJSON_IsTrue(bg)) return unsupported(e, "background", "k3 answers in the request");
+    if (cJSON_IsTrue(bg)) return k3_api_unsupported(e, "background", "k3 answers in the request");
     return 0;
 }
 
@@ -426,7 +412,7 @@ cJSON *k3_resp_to_chat(const cJSON *body, k3_resp_store *store, k3_resp_job **ou
                        k3_api_error *e) {
     *out = NULL;
     if (!cJSON_IsObject(body)) {
-        wrong(e, "body", "a JSON object");
+        k3_api_wrong(e, "body", "a JSON object");
         return NULL;
     }
     if (top_fields(body, e)) return NULL;
@@ -445,11 +431,11 @@ cJSON *k3_resp_to_chat(const cJSON *body, k3_resp_store *store, k3_resp_job **ou
     const cJSON *ins = cJSON_GetObjectItemCaseSensitive(body, "instructions");
     if (cJSON_IsString(ins) && ins->valuestring[0]) message(msgs, "system", ins->valuestring);
     else if (ins && !cJSON_IsNull(ins) && !cJSON_IsString(ins))
-        rc = wrong(e, "instructions", "a string");
+        rc = k3_api_wrong(e, "instructions", "a string");
     if (!rc) rc = input(body, store, msgs, &r->input_items, e);
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(body, "tools");
     if (!rc && v && !cJSON_IsNull(v)) {
-        if (!cJSON_IsArray(v)) rc = wrong(e, "tools", "an array");
+        if (!cJSON_IsArray(v)) rc = k3_api_wrong(e, "tools", "an array");
         else rc = tool_list(v, "tools", cJSON_AddArrayToObject(chat, "tools"), r, e);
     }
     v = cJSON_GetObjectItemCaseSensitive(body, "reasoning");
@@ -639,7 +625,7 @@ static bool is_custom(const k3_resp_job *r, const char *name) {
  * when the model wrote something else. malloc'd. */
 static char *custom_input(const char *arguments) {
     cJSON *o = cJSON_Parse(arguments);
-    const char *s = str_of(o, "input");
+    const char *s = k3_json_str(o, "input");
     char *out = strdup(s ? s : arguments);
     cJSON_Delete(o);
     return out;

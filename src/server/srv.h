@@ -56,6 +56,13 @@ typedef struct k3_api_error {
 /* Fills e and returns -1 (so validators can `return k3_api_fail(...)`). */
 int k3_api_fail(k3_api_error *e, int status, const char *type, const char *code,
                 const char *param, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+/* 400 unsupported_parameter: "k3 cannot honour 'param': why" (a field whose meaning k3
+ * cannot give). Returns -1. */
+int k3_api_unsupported(k3_api_error *e, const char *param, const char *why);
+/* 400: "'param' must be want" (e.g. want = "a string"). Returns -1. */
+int k3_api_wrong(k3_api_error *e, const char *param, const char *want);
+/* o[key] when it is a JSON string, else NULL (absent, null or another type). */
+const char *k3_json_str(const cJSON *o, const char *key);
 /* {"error":{"message":...,"type":...,"param":...,"code":...}} as a malloc'd string. */
 char *k3_api_error_json(const k3_api_error *e);
 
