@@ -273,10 +273,14 @@ static int lost_rank(k3_dist *d, int p, long exch, const char *done) {
 
 void k3_dist_test_stall(k3_dist *d, int layer) { d->stall_layer = layer; }
 
-/* k3_dist_test_stall: the send to rank 0 (d->req[i]) delivered, this rank stops itself. */
+/* k3_dist_test_stall: the send to rank 0 (d->req[i]) delivered and rank 0's message to this
+ * rank (d->req[0]) taken, this rank stops itself. Taking rank 0's message too lets rank 0
+ * finish this layer whatever the transport (a large send over shared memory completes only
+ * once the receiver has moved it), so the test always sees rank 0 a layer ahead. */
 static void stall(k3_dist *d, int i) {
-    char one = 0;
+    char one = 0, zero = 0;
     wait_all(&d->req[i], 1, &one, k3_now_s() + d->timeout_s);
+    wait_all(&d->req[0], 1, &zero, k3_now_s() + d->timeout_s);
     d->stall_layer = -1;
     raise(SIGSTOP);
 }
