@@ -130,7 +130,7 @@ static const k3_opt table[] = {
     {.flag = "--chunk", .field = "chunk", K3_OPT_GEN(chunk), .type = K3_OPT_INT, .lo = 1,
      .hi = K3_MAX_CHUNK, .meta = "N", .group = K3_OG_SPEED,
      .help = "prompt ids per batched prefill pass (default: as many as the memory plan's\n"
-             "prompt passes hold, at least 32; the server: 32; 1 = one by one). Each\n"
+             "prompt passes hold, at least 32, in the server too; 1 = one by one). Each\n"
              "spine matrix and routed expert is read once per pass; bit-identical for\n"
              "every N"},
     {.flag = "--spec", .field = "spec", K3_OPT_GEN(spec), .type = K3_OPT_INT, .lo = 0,

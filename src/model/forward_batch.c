@@ -522,9 +522,12 @@ static int head_batch(pass *p, float *logits, k3_err *err) {
     return K3_OK;
 }
 
-/* Each segment's on_layer hook after layer l; K3_ERR_INTERRUPTED when one asks to stop. */
+/* Each segment's on_layer hook after layer l; K3_ERR_INTERRUPTED when one asks to stop. Not
+ * under expert parallelism: the other ranks would wait for this one at the next layer's
+ * exchange until their deadline (a stop there would have to be agreed by every rank). */
 static int layer_done(const pass *p, int l, k3_err *err) {
     int L = p->m->cfg.num_hidden_layers;
+    if (p->m->ranks) return K3_OK;
     for (int i = 0; i < p->nseg; i++) {
         const k3_trace *tr = p->segs[i].trace;
         int n = p->b->seg_first[i + 1] - p->b->seg_first[i];

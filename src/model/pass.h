@@ -48,7 +48,7 @@ typedef struct k3_trace {
      * the pass before the next layer with K3_ERR_INTERRUPTED (the engine then resets the
      * session, as after any pass that fails part-way; in a pass of several sessions every one
      * of them: a server stops a pass only when all its rows are unwanted). Not called for
-     * single-token steps. */
+     * single-token steps, nor under expert parallelism (MPI: every rank would have to agree). */
     int (*on_layer)(void *user, int pos, int n, int layer, int n_layers);
 } k3_trace;
 

@@ -148,6 +148,7 @@ int k3_kept_new(k3_server *s, k3_conv *c, k3_err *err) {
     int rc = k3_session_new(s->eng, s->o.ctx, &c->sess, err);
     if (rc) return rc;
     if (s->o.chunk) k3_session_set_chunk(c->sess, s->o.chunk);
+    k3_session_set_trace(c->sess, &s->ws->trace); /* an abandoned pass stops (sched.c) */
     c->logits = malloc((size_t)s->ws->vocab * sizeof *c->logits);
     c->virt_cap = (size_t)k3_session_max_ctx(c->sess) + 64; /* + the last id and a reply's
                                                               closing markers */

@@ -57,12 +57,15 @@ static int decode_rows(k3_server *s, int *n) {
     return rows;
 }
 
-/* The prefilling slots' next prompt chunks within the chunk budget and the rows left, oldest
- * first (the one prefill path, k3_prefill_next). Returns the rows added. */
-static int prefill_rows(k3_server *s, int *n, int rows, unsigned long long round) {
+/* The prefilling slots' next prompt chunks within the chunk budget, the rows left and the
+ * logits rows left (logits: those the decode rows took), oldest first (the one prefill path,
+ * k3_prefill_next). An echo prompt wants a logits row per id: its chunks are at most
+ * K3_DEFAULT_CHUNK ids. Returns the rows added. */
+static int prefill_rows(k3_server *s, int *n, int rows, int logits, unsigned long long round) {
     k3_worker_state *ws = s->ws;
     int budget = ws->chunk, added = 0; /* prompt ids this pass, over all prefilling slots */
-    for (k3_slot *w; budget > 0 && rows + added < ws->max_rows && (w = oldest_prefill(ws, round));) {
+    for (k3_slot *w; budget > 0 && rows + added < ws->max_rows && logits < ws->logit_rows &&
+                     (w = oldest_prefill(ws, round));) {
         w->round = round;
         if (k3_job_abandoned(s, w->j)) { /* the ids fed so far stay in its conversation */
             w->done = true;
@@ -70,16 +73,45 @@ static int prefill_rows(k3_server *s, int *n, int rows, unsigned long long round
         }
         const int32_t *ids;
         int room = ws->max_rows - rows - added, max = budget < room ? budget : room;
+        if (w->echo && max > ws->logit_rows - logits) max = ws->logit_rows - logits;
+        if (w->echo && max > K3_DEFAULT_CHUNK) max = K3_DEFAULT_CHUNK;
         if (w->next_mark < w->n_marks && w->marks[w->next_mark] - w->pf.at < (size_t)max)
             max = (int)(w->marks[w->next_mark] - w->pf.at); /* the chunk ends at a snapshot */
         int k = k3_prefill_next(&w->pf, max, &ids);
         bool last = w->pf.at + (size_t)k == w->pf.n;
         add_seg(ws, n, w, ids, k, w->echo ? K3_MS_ALL_LOGITS
                                   : last ? K3_MS_LAST_LOGITS : K3_MS_NO_LOGITS);
+        logits += w->echo ? k : last;
         added += k;
         budget -= k;
     }
     return added;
+}
+
+/* A queued job whose prompt begins with all that prefilling slot w's pass feeds: the same
+ * request re-sent by a client that gave up on the first copy (Claude Code re-sends after 300 s
+ * without a byte). The pass then runs on: the cancelled copy's state stays in its conversation
+ * (prefill_rows) and the re-sent one starts from it. */
+static bool twin_queued(k3_server *s, const k3_slot *w) {
+    if (w->phase != K3_SLOT_PREFILL) return false;
+    size_t end = w->pf.at + (size_t)w->fed_n;
+    bool found = false;
+    pthread_mutex_lock(&s->mu);
+    for (const k3_job *q = s->head; q && !found; q = q->next)
+        found = q->n_prompt >= end && !memcmp(q->prompt, w->pf.ids, end * sizeof *q->prompt);
+    pthread_mutex_unlock(&s->mu);
+    return found;
+}
+
+int k3_sched_pass_unwanted(void *user, int pos, int n, int layer, int n_layers) {
+    k3_server *s = user;
+    k3_worker_state *ws = s->ws;
+    (void)pos, (void)n, (void)layer, (void)n_layers;
+    for (int i = 0; i < ws->pass_segs; i++)
+        if (!k3_job_abandoned(s, ws->seg_slot[i]->j)) return 0;
+    for (int i = 0; i < ws->pass_segs; i++)
+        if (twin_queued(s, ws->seg_slot[i])) return 0;
+    return ws->pass_segs > 0;
 }
 
 /* After the pass: a slot's segment's status and logits rows (from ws->rows). */
@@ -90,6 +122,10 @@ static void take_result(k3_server *s, k3_slot *w, k3_multistep_seg *g) {
     if (g->status) {
         w->err = g->err;
         k3_kept_feed_failed(w->c, g->status);
+    }
+    if (g->status == K3_ERR_INTERRUPTED) { /* k3_sched_pass_unwanted: its client is gone */
+        w->done = true;
+        return;
     }
     if (w->phase == K3_SLOT_DECODE) {
         if (!g->status) /* one row after a step, one per id after a verification */
@@ -117,10 +153,12 @@ bool k3_sched_round(k3_server *s) {
     unsigned long long round = ++ws->rounds;
     int n = 0, waiting = k3_clients_mark_waiting(s);
     int rows = decode_rows(s, &n);
-    rows += prefill_rows(s, &n, rows, round);
+    rows += prefill_rows(s, &n, rows, rows, round); /* a decode row wants its logits */
     if (!n) return waiting > 0;
     k3_err err;
+    ws->pass_segs = n;
     k3_multistep_run(ws->ms, ws->segs, n, ws->rows, &err); /* statuses are per segment */
+    ws->pass_segs = 0;
     int ran = 0; /* a segment that was in the pass (a refused one was left out of it) */
     while (ran < n - 1 && ws->segs[ran].status) ran++;
     k3_srv_count_pass(s, rows, ws->segs[ran].session);

@@ -104,7 +104,7 @@ typedef struct k3_worker_state {
     k3_slot *slots;
     int n_slots;
     unsigned long long admissions, rounds;
-    /* The pass: segments of the slots' rows, their logits rows [max_rows][vocab], and which
+    /* The pass: segments of the slots' rows, their logits rows [logit_rows][vocab], and which
      * slot each segment is (k3_multistep_run; row budget: the chunk + each slot's decode row
      * and --spec drafts). */
     k3_multistep *ms;
@@ -112,6 +112,9 @@ typedef struct k3_worker_state {
     k3_slot **seg_slot;
     float *rows;
     int max_rows;
+    int logit_rows;       /* rows of `rows`: decode rows + an echo chunk + each prompt's last */
+    int pass_segs;        /* segments in the pass that runs now (k3_sched_pass_unwanted) */
+    k3_trace trace;       /* every conversation's session: on_layer = k3_sched_pass_unwanted */
     int chunk;            /* prompt ids per prefill pass, over all prefilling slots */
     int vocab;
     k3_stops stops;       /* end-of-message ids */
@@ -183,6 +186,12 @@ static inline bool k3_srv_test_scripted(const k3_worker_state *w) { return (void
 static inline void k3_srv_test_after_token(void) {}
 static inline size_t k3_srv_test_stream_backlog(void) { return 0; }
 #endif
+
+/* The sessions' on_layer hook (k3_trace, pass.h; user: the server): nonzero, which stops the
+ * pass after this layer, when every slot in the running pass is abandoned (client gone,
+ * cancelled, server stopping). A long prompt pass whose client left ends within a layer; a
+ * pass that still serves someone runs to its end (a stop resets every session in it). */
+int k3_sched_pass_unwanted(void *user, int pos, int n, int layer, int n_layers);
 
 /* ---- sched.c ---- */
 /* One round (one engine pass); true when nothing ran because every running slot sits out. */
