@@ -25,7 +25,7 @@ static void test_marks(void) {
     size_t out[16];
     if (!ids) return;
     ids[2] = ids[4] = ids[299] = ids[309] = ids[699] = ids[3999] = 9;
-    size_t k = k3_pcache_marks(ids, n, 0, 9, out, 16);
+    size_t k = k3_pcache_marks(ids, n, 0, 9, 32, out, 16); /* passes of 32: every 2048 */
     /* 3: the first message end; 5: 2 after it, skipped; 300: 297 >= 256 after 3; 310: 10
      * after 300, skipped; 700: 400 after 300; 2048: every K3_PCACHE_EVERY; 4000: the last
      * message end; 4096: 96 after it, skipped */
@@ -33,10 +33,17 @@ static void test_marks(void) {
     CHECK(k == 5, "%zu marks", k);
     for (size_t i = 0; i < k && i < 5; i++) CHECK(out[i] == want[i], "mark %zu: %zu", i, out[i]);
     /* past a reused prefix only the later ones; the prompt's end itself is never a mark */
-    k = k3_pcache_marks(ids, n, 300, 9, out, 16);
+    k = k3_pcache_marks(ids, n, 300, 9, 0, out, 16);
     CHECK(k == 3 && out[0] == 700, "%zu marks from 300, first %zu", k, out[0]);
     /* cut at 700: 700 is the prompt's end, never a mark (its logits come from the prefill) */
-    CHECK(k3_pcache_marks(ids, 700, 0, 9, out, 16) == 2, "a mark at n is not taken");
+    CHECK(k3_pcache_marks(ids, 700, 0, 9, 0, out, 16) == 2, "a mark at n is not taken");
+    /* prompt passes of 3000 ids: the inner marks at their ends, not every 2048 (which would
+     * cut each pass short and read its experts again) */
+    k = k3_pcache_marks(ids, n, 0, 9, 3000, out, 16);
+    size_t want3000[] = {3, 300, 700, 3000, 4000};
+    CHECK(k == 5, "%zu marks with passes of 3000", k);
+    for (size_t i = 0; i < k && i < 5; i++)
+        CHECK(out[i] == want3000[i], "mark %zu with passes of 3000: %zu", i, out[i]);
     free(ids);
 }
 
@@ -237,9 +244,9 @@ static void test_chat_resumes_from_another_chat(void) {
     k3t_rm_dir(dir);
 }
 
-/* A snapshot inside a message (at 2048) is dropped once the same prompt's next one (the message
- * end at 3000) is written; a later prompt sharing 3,500 ids resumes at 3000 and prints what a
- * run without the cache prints. */
+/* A snapshot inside a message (at 2048: prompt passes of 32 ids, --chunk 32) is dropped once the
+ * same prompt's next one (the message end at 3000) is written; a later prompt sharing 3,500 ids
+ * resumes at 3000 and prints what a run without the cache prints. */
 static void test_inner_snapshot_superseded(void) {
     char *dir = k3t_tmpdir();
     if (!dir) return;
@@ -259,8 +266,8 @@ static void test_inner_snapshot_superseded(void) {
     char *args = malloc(64000);
     k3t_cli r[3] = {0};
     if (args && ids && ids2 && !k3_test_stopped()) {
-        snprintf(args, 64000, "run tests/fixtures/k3-nano --max-new 2 --ids --prompt-ids %s "
-                 "--prompt-cache %s", ids, dir);
+        snprintf(args, 64000, "run tests/fixtures/k3-nano --max-new 2 --ids --chunk 32 "
+                 "--prompt-ids %s --prompt-cache %s", ids, dir);
         CHECK(k3t_cli_run(args, &r[0]) == 0 && r[0].status == 0, "%s", r[0].err);
         CHECK(strstr(r[0].err, "2 snapshots written"), "%s", r[0].err);
         off_t bytes;

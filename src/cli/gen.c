@@ -155,7 +155,7 @@ int k3_cli_pcache_prefill(k3_pcache *pc, k3_session *s, const k3_tokenizer *tok,
     size_t *marks = malloc(cap * sizeof *marks);
     if (marks) /* without room for them, no snapshots: the prompt is prefilled all the same */
         k = k3_pcache_marks(prompt, n, *held, k3_tokenizer_special_id(tok, "<|end_of_msg|>"),
-                            marks, cap);
+                            (size_t)k3_session_chunk(s), marks, cap);
     int rc = 0;
     int32_t eom = k3_tokenizer_special_id(tok, "<|end_of_msg|>");
     size_t inner = 0; /* the last snapshot written inside a message, dropped when superseded */

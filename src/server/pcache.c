@@ -489,16 +489,17 @@ void k3_pcache_drop(k3_pcache *pc, const int32_t *ids, size_t L, k3_pcache_stats
 }
 
 
-size_t k3_pcache_marks(const int32_t *ids, size_t n, size_t from, int32_t eom, size_t *out,
-                       size_t cap) {
+size_t k3_pcache_marks(const int32_t *ids, size_t n, size_t from, int32_t eom, size_t every,
+                       size_t *out, size_t cap) {
     size_t k = 0, prev = 0, last_eom = 0;
+    if (every < K3_PCACHE_EVERY) every = K3_PCACHE_EVERY;
     bool first = true;
     for (size_t i = 0; i < n; i++)
         if (ids[i] == eom) last_eom = i + 1;
     for (size_t p = 1; p < n && k < cap; p++) {
         bool end = ids[p - 1] == eom;
         bool spaced = p - prev >= K3_PCACHE_EVERY / 8;
-        bool take = (p % K3_PCACHE_EVERY == 0 && spaced) ||
+        bool take = (p % every == 0 && spaced) ||
                     (end && (first || p == last_eom || spaced));
         first = first && !end;
         if (!take) continue;

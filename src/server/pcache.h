@@ -38,7 +38,9 @@
 
 #include "../engine/k3.h"
 
-/* Every N prompt ids a snapshot is taken inside a long prompt (besides message ends). At K3
+/* Every N prompt ids a snapshot is taken inside a long prompt (besides message ends), or every
+ * prompt pass when the passes are longer (k3_pcache_marks' `every`: a snapshot ends a pass, and
+ * each pass reads again every expert its ids chose, ~all of K3's at 2048 ids). At K3
  * widths a snapshot at position p is ~465 MB + 55 KB * p, written in well under a second on
  * an NVMe, while 2048 prompt ids take minutes to prefill on a 128 GB machine: the write costs
  * < 1% of the prefill it saves and a restart loses at most 2048 ids of work. The inner ones
@@ -86,10 +88,11 @@ void k3_pcache_drop(k3_pcache *pc, const int32_t *ids, size_t L, k3_pcache_stats
 
 /* The positions inside prompt ids[0, n) where snapshots are taken, ascending, each in
  * (from, n): after each end-of-message id `eom` (the system and tools block, each message)
- * and at each multiple of K3_PCACHE_EVERY; a position closer than K3_PCACHE_EVERY / 8 to the
- * previous mark is skipped, but for the first and the last message end (each costs a file
- * and a shorter pass). Writes at most cap to out; returns how many. */
-size_t k3_pcache_marks(const int32_t *ids, size_t n, size_t from, int32_t eom, size_t *out,
-                       size_t cap);
+ * and at each multiple of `every` ids (the prompt pass's length; K3_PCACHE_EVERY when that is
+ * less); a position closer than K3_PCACHE_EVERY / 8 to the previous mark is skipped, but for
+ * the first and the last message end (each costs a file and a shorter pass). Writes at most
+ * cap to out; returns how many. */
+size_t k3_pcache_marks(const int32_t *ids, size_t n, size_t from, int32_t eom, size_t every,
+                       size_t *out, size_t cap);
 
 #endif

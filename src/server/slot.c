@@ -216,8 +216,8 @@ static void plan_marks(k3_server *s, k3_slot *w, const k3_job *j) {
         if (!m) return;
         w->marks = m, w->marks_cap = cap;
     }
-    w->n_marks = k3_pcache_marks(j->prompt, j->n_prompt, w->pf.at, s->ws->eom, w->marks,
-                                 w->marks_cap);
+    w->n_marks = k3_pcache_marks(j->prompt, j->n_prompt, w->pf.at, s->ws->eom,
+                                 (size_t)s->ws->chunk, w->marks, w->marks_cap);
 }
 
 void k3_slot_snapshot(k3_server *s, k3_slot *w) {
