@@ -61,7 +61,8 @@ static const struct layer {
 static const char *const INTERNAL[] = {
     "src/model/state.h",        "src/model/batch.h",          "src/model/layers.h",
     "src/server/srv.h",         "src/cuda/kern.h",            "src/kernels/dispatch.h",
-    "src/kernels/simd_dense.h", "src/store/store_internal.h", "src/setup/setup_internal.h",
+    "src/kernels/simd_dense.h", "src/kernels/simd_gemm.h",    "src/kernels/simd_mxgemm.h",
+    "src/kernels/simd_vec.h",   "src/store/store_internal.h", "src/setup/setup_internal.h",
     "src/tok/tok_internal.h",
 };
 /* Headers for tests/ only (and the folder that implements them). */

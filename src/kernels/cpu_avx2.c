@@ -293,8 +293,11 @@ static void mxfp4_rows(const uint8_t *packed, const uint8_t *scale, int64_t rows
  * one store each per block). Per block that is 48 multiply-adds of the product and 12 scale FMAs:
  * at most 80% of the FMA pipes do product work (K3_MIX_GEMM_MXFP4 measures this loop). */
 
-#define MXG_MIN 8 /* batches from this size take the tiled loop (below: mxfp4_rows) */
+#define MXG_R GEMM_R /* simd_mxgemm.h's tiling: the dense GEMM's */
+#define MXG_V GEMM_V
+#define MXG_RB GEMM_RB
 #define MXG_NB (GEMM_KC / 32) /* blocks per tile row */
+#define MXG_TILE_ONE 2.0f     /* the tile holds 2·E2M1 */
 
 /* acc[i·K3_MAX_BATCH + v] += tile rows i < R · vectors v < V over nb blocks (tile t, row
  * stride GEMM_KC; scales / 2 hs, row stride MXG_NB; packed inputs xp). R, V and big are
@@ -338,27 +341,10 @@ static inline __attribute__((always_inline)) void mxg_micro(const float *t, cons
     }
 }
 
-#define MXG_CALL(R_, big_)                                                           \
-    switch (V) {                                                                     \
-    case 1: mxg_micro(t, hs, R_, xp, 1, nb, big_, acc); break;                       \
-    case 2: mxg_micro(t, hs, R_, xp, 2, nb, big_, acc); break;                       \
-    case 3: mxg_micro(t, hs, R_, xp, 3, nb, big_, acc); break;                       \
-    default: mxg_micro(t, hs, R_, xp, GEMM_V, nb, big_, acc); break;                 \
-    }
-/* R rows (GEMM_R, or fewer at a range's end: then one at a time), V vectors; big: some block
- * of these rows has an overflowing or NaN scale (then row by row through the checking loop). */
-static void mxg_group(const float *t, const float *hs, int R, const float *xp, int V, int64_t nb,
-                      int big, __m256 *acc) {
-    if (R == GEMM_R && !big) {
-        MXG_CALL(GEMM_R, 0)
-        return;
-    }
-    for (int i = 0; i < R; i++, t += GEMM_KC, hs += MXG_NB, acc += K3_MAX_BATCH) {
-        if (big) MXG_CALL(1, 1)
-        else MXG_CALL(1, 0)
-    }
+/* The inputs packed as for the dense GEMM (columns in order; MXG_V = GEMM_V). */
+static inline void mxg_pack_x(const float *x, int64_t ldx, int V, int64_t kc, float *xp) {
+    gemm_pack_x(x, ldx, V, kc, xp);
 }
-#undef MXG_CALL
 
 /* tile[i·GEMM_KC + c] = 2·E2M1 of row r's column k0 + c as f32 (column order), hs[i·MXG_NB + g]
  * = its blocks' scales / 2, for nb blocks; returns nonzero when some scale is E8M0 253..255. */
@@ -374,81 +360,10 @@ static int mxg_tile_row(const uint8_t *packed, const uint8_t *scale, int64_t col
     return big;
 }
 
-/* Rows [r0, r1) of an MXFP4 matrix times n <= K3_MAX_BATCH vectors, n >= MXG_MIN. */
-static void mxfp4_gemm(const uint8_t *packed, const uint8_t *scale, int64_t rows, int64_t cols,
-                       const float *x, int n, float *y, int64_t r0, int64_t r1) {
-    _Alignas(64) float tile[GEMM_RB * GEMM_KC], xp[GEMM_V * GEMM_KC], hs[GEMM_RB * MXG_NB];
-    __m256 acc[GEMM_RB * K3_MAX_BATCH];
-    for (int64_t rg = r0; rg < r1; rg += GEMM_RB) {
-        int nr = r1 - rg < GEMM_RB ? (int)(r1 - rg) : GEMM_RB;
-        for (int i = 0; i < nr; i++) /* only the n vectors' accumulators */
-            for (int b = 0; b < n; b++) acc[i * K3_MAX_BATCH + b] = _mm256_setzero_ps();
-        for (int64_t k0 = 0; k0 < cols; k0 += GEMM_KC) {
-            int64_t kc = cols - k0 < GEMM_KC ? cols - k0 : GEMM_KC, nb = kc / 32;
-            int big[GEMM_RB / GEMM_R] = {0};
-            for (int i = 0; i < nr; i++)
-                big[i / GEMM_R] |= mxg_tile_row(packed, scale, cols, rg + i, k0, nb,
-                                                tile + i * GEMM_KC, hs + i * MXG_NB);
-            for (int b = 0; b < n; b += GEMM_V) {
-                int V = n - b < GEMM_V ? n - b : GEMM_V;
-                gemm_pack_x(x + (int64_t)b * cols + k0, cols, V, kc, xp);
-                for (int i = 0; i < nr; i += GEMM_R)
-                    mxg_group(tile + i * GEMM_KC, hs + i * MXG_NB, nr - i < GEMM_R ? nr - i : GEMM_R,
-                              xp, V, nb, big[i / GEMM_R], acc + i * K3_MAX_BATCH + b);
-            }
-        }
-        for (int i = 0; i < nr; i++)
-            for (int b = 0; b < n; b++)
-                y[(int64_t)b * rows + rg + i] = hsum(acc[i * K3_MAX_BATCH + b]);
-    }
-}
-
-/* Every batch size: the tiled GEMM from MXG_MIN vectors, mxfp4_rows below. */
-static void mxfp4(const uint8_t *packed, const uint8_t *scale, int64_t rows, int64_t cols,
-                  const float *x, int n, float *y, int64_t r0, int64_t r1) {
-    if (n >= MXG_MIN) mxfp4_gemm(packed, scale, rows, cols, x, n, y, r0, r1);
-    else mxfp4_rows(packed, scale, rows, cols, x, n, y, r0, r1);
-}
-
-/* mxg_micro on one L1-resident tile: the MXFP4 GEMM's instruction mix (counting the product's
- * multiply-adds, not the scale FMAs). */
-static int64_t mix_gemm_mxfp4(int64_t reps) {
-    _Alignas(64) float t[GEMM_R * GEMM_KC], xp[GEMM_V * GEMM_KC], hs[GEMM_R * MXG_NB];
-    __m256 acc[GEMM_R * K3_MAX_BATCH];
-    for (int k = 0; k < GEMM_R * GEMM_KC; k++) t[k] = (float)(k % 7 - 3);
-    for (int k = 0; k < GEMM_V * GEMM_KC; k++) xp[k] = 1e-3f * (float)(k % 5);
-    for (int k = 0; k < GEMM_R * MXG_NB; k++) hs[k] = 0.5f;
-    for (int k = 0; k < GEMM_R * K3_MAX_BATCH; k++) acc[k] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < reps; i++) mxg_micro(t, hs, GEMM_R, xp, GEMM_V, MXG_NB, 0, acc);
-    __m256 sum = _mm256_setzero_ps();
-    for (int r = 0; r < GEMM_R; r++)
-        for (int v = 0; v < GEMM_V; v++) sum = _mm256_add_ps(sum, acc[r * K3_MAX_BATCH + v]);
-    volatile float sink = hsum(sum); /* keeps every FMA live */
-    (void)sink;
-    return reps * GEMM_R * GEMM_V * GEMM_KC;
-}
-
-static int64_t mix(int which, int64_t reps) {
-    switch (which) {
-    case K3_MIX_FMA: return mix_fma(reps);
-    case K3_MIX_GEMM_BF16: return mix_gemm_dense(reps);
-    case K3_MIX_GEMM_MXFP4: return mix_gemm_mxfp4(reps);
-    default: return 0;
-    }
-}
+#include "simd_mxgemm.h" /* mxfp4_gemm, mxfp4, mix */
 
 #pragma GCC pop_options
 
-const k3_kernels k3_kernels_avx2 = {
-    .name = "avx2",
-    .bf16 = bf16,
-    .f32 = f32,
-    .mxfp4 = mxfp4,
-    .bf16lx = bf16lx,
-    .mix = mix,
-    .dot = dot,
-    .axpy = axpy,
-    .kda_delta = kda_delta,
-};
+K3_SIMD_TABLE(k3_kernels_avx2, "avx2");
 
 #endif

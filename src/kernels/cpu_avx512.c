@@ -276,11 +276,11 @@ static inline __m512 join16(__m256 a, __m256 b) {
  * product and 12 scale FMAs: at most 2/3 of the FMA pipes do product work (the order fixed
  * by the matrix-vector loop: a block of 32 is only two 16-lane steps). */
 
-#define MXG_MIN 8
-#define MXG_R 4
+#define MXG_R 4 /* simd_mxgemm.h's tiling */
 #define MXG_V 3
 #define MXG_RB 96
-#define MXG_NB (GEMM_KC / 32)
+#define MXG_NB (GEMM_KC / 32) /* blocks per tile row */
+#define MXG_TILE_ONE 1.0f     /* the tile holds E2M1 */
 
 /* acc[i·K3_MAX_BATCH + v] += tile rows i < R · vectors v < V over nb blocks (tile t: per block
  * 16 even then 16 odd weights, row stride GEMM_KC; scales sf, row stride MXG_NB; xp: per block
@@ -331,31 +331,11 @@ static inline __attribute__((always_inline)) void mxg_micro(const float *t, cons
         for (int v = 0; v < V; v++) acc[i * K3_MAX_BATCH + v] = a[i][v];
 }
 
-#define MXG_CALL(R_, big_)                                                           \
-    switch (V) {                                                                     \
-    case 1: mxg_micro(t, sf, R_, xp, 1, nb, big_, acc); break;                       \
-    case 2: mxg_micro(t, sf, R_, xp, 2, nb, big_, acc); break;                       \
-    default: mxg_micro(t, sf, R_, xp, MXG_V, nb, big_, acc); break;                  \
-    }
-/* R rows (MXG_R, or fewer at a range's end: then one at a time), V vectors; big: some block of
- * these rows has an overflowing or NaN scale (then row by row through the checking loop). */
-static void mxg_group(const float *t, const float *sf, int R, const float *xp, int V, int64_t nb,
-                      int big, __m512 *acc) {
-    if (R == MXG_R && !big) {
-        MXG_CALL(MXG_R, 0)
-        return;
-    }
-    for (int i = 0; i < R; i++, t += GEMM_KC, sf += MXG_NB, acc += K3_MAX_BATCH) {
-        if (big) MXG_CALL(1, 1)
-        else MXG_CALL(1, 0)
-    }
-}
-#undef MXG_CALL
-
 /* xp[((2b + j)·MXG_V + v)·16 + l] = vector v's column 32b + 2l + j (j = 0: even columns, 1: odd)
- * for blocks b < nb: mx_deinterleave's order, interleaved by step. */
-static void mxg_pack_x(const float *x, int64_t ldx, int V, int64_t nb, float *xp) {
+ * for blocks b < kc / 32: mx_deinterleave's order, interleaved by step. */
+static void mxg_pack_x(const float *x, int64_t ldx, int V, int64_t kc, float *xp) {
     _Alignas(64) float d[GEMM_KC];
+    int64_t nb = kc / 32;
     for (int v = 0; v < V; v++) {
         mx_deinterleave(x + v * ldx, nb, d);
         for (int64_t st = 0; st < 2 * nb; st++)
@@ -378,84 +358,12 @@ static int mxg_tile_row(const uint8_t *packed, const uint8_t *scale, int64_t col
     return mx_scales(scale + r * (cols / 32) + k0 / 32, nb, sf);
 }
 
-/* Rows [r0, r1) of an MXFP4 matrix times n <= K3_MAX_BATCH vectors, n >= MXG_MIN. */
-static void mxfp4_gemm(const uint8_t *packed, const uint8_t *scale, int64_t rows, int64_t cols,
-                       const float *x, int n, float *y, int64_t r0, int64_t r1) {
-    _Alignas(64) float tile[MXG_RB * GEMM_KC], xp[MXG_V * GEMM_KC];
-    _Alignas(64) float sf[MXG_RB * MXG_NB + 16]; /* mx_scales stores whole vectors of 16 */
-    __m512 acc[MXG_RB * K3_MAX_BATCH];
-    for (int64_t rg = r0; rg < r1; rg += MXG_RB) {
-        int nr = r1 - rg < MXG_RB ? (int)(r1 - rg) : MXG_RB;
-        for (int i = 0; i < nr; i++) /* only the n vectors' accumulators */
-            for (int b = 0; b < n; b++) acc[i * K3_MAX_BATCH + b] = _mm512_setzero_ps();
-        for (int64_t k0 = 0; k0 < cols; k0 += GEMM_KC) {
-            int64_t kc = cols - k0 < GEMM_KC ? cols - k0 : GEMM_KC, nb = kc / 32;
-            int big[MXG_RB / MXG_R] = {0};
-            for (int i = 0; i < nr; i++)
-                big[i / MXG_R] |= mxg_tile_row(packed, scale, cols, rg + i, k0, nb,
-                                               tile + i * GEMM_KC, sf + i * MXG_NB);
-            for (int b = 0; b < n; b += MXG_V) {
-                int V = n - b < MXG_V ? n - b : MXG_V;
-                mxg_pack_x(x + (int64_t)b * cols + k0, cols, V, nb, xp);
-                for (int i = 0; i < nr; i += MXG_R)
-                    mxg_group(tile + i * GEMM_KC, sf + i * MXG_NB, nr - i < MXG_R ? nr - i : MXG_R,
-                              xp, V, nb, big[i / MXG_R], acc + i * K3_MAX_BATCH + b);
-            }
-        }
-        for (int i = 0; i < nr; i++)
-            for (int b = 0; b < n; b++)
-                y[(int64_t)b * rows + rg + i] = hsum(acc[i * K3_MAX_BATCH + b]);
-    }
-}
-
-/* Every batch size: the tiled GEMM from MXG_MIN vectors, mxfp4_rows below. */
-static void mxfp4(const uint8_t *packed, const uint8_t *scale, int64_t rows, int64_t cols,
-                  const float *x, int n, float *y, int64_t r0, int64_t r1) {
-    if (n >= MXG_MIN) mxfp4_gemm(packed, scale, rows, cols, x, n, y, r0, r1);
-    else mxfp4_rows(packed, scale, rows, cols, x, n, y, r0, r1);
-}
-
-/* mxg_micro on one L1-resident tile: the MXFP4 GEMM's instruction mix (counting the product's
- * multiply-adds, not the scale FMAs). */
-static int64_t mix_gemm_mxfp4(int64_t reps) {
-    _Alignas(64) float t[MXG_R * GEMM_KC], xp[MXG_V * GEMM_KC], sf[MXG_R * MXG_NB];
-    __m512 acc[MXG_R * K3_MAX_BATCH];
-    for (int k = 0; k < MXG_R * GEMM_KC; k++) t[k] = (float)(k % 7 - 3) * 0.5f;
-    for (int k = 0; k < MXG_V * GEMM_KC; k++) xp[k] = 1e-3f * (float)(k % 5);
-    for (int k = 0; k < MXG_R * MXG_NB; k++) sf[k] = 1.0f;
-    for (int k = 0; k < MXG_R * K3_MAX_BATCH; k++) acc[k] = _mm512_setzero_ps();
-    for (int64_t i = 0; i < reps; i++) mxg_micro(t, sf, MXG_R, xp, MXG_V, MXG_NB, 0, acc);
-    __m512 sum = _mm512_setzero_ps();
-    for (int r = 0; r < MXG_R; r++)
-        for (int v = 0; v < MXG_V; v++) sum = _mm512_add_ps(sum, acc[r * K3_MAX_BATCH + v]);
-    volatile float sink = hsum(sum); /* keeps every FMA live */
-    (void)sink;
-    return reps * MXG_R * MXG_V * GEMM_KC;
-}
-
-static int64_t mix(int which, int64_t reps) {
-    switch (which) {
-    case K3_MIX_FMA: return mix_fma(reps);
-    case K3_MIX_GEMM_BF16: return mix_gemm_dense(reps);
-    case K3_MIX_GEMM_MXFP4: return mix_gemm_mxfp4(reps);
-    default: return 0;
-    }
-}
+#include "simd_mxgemm.h" /* mxfp4_gemm, mxfp4, mix */
 
 #if !defined(K3_AVX512_EMULATED)
 #pragma GCC pop_options
 #endif
 
-const k3_kernels k3_kernels_avx512 = {
-    .name = "avx512",
-    .bf16 = bf16,
-    .f32 = f32,
-    .mxfp4 = mxfp4,
-    .bf16lx = bf16lx,
-    .mix = mix,
-    .dot = dot,
-    .axpy = axpy,
-    .kda_delta = kda_delta,
-};
+K3_SIMD_TABLE(k3_kernels_avx512, "avx512");
 
 #endif

@@ -31,12 +31,6 @@ static inline float32x4_t bf16_4(const uint16_t *p) {
     return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16));
 }
 
-static inline float32x4_t bf16_tail(const uint16_t *p, int64_t n) {
-    uint16_t t[4] = {0};
-    memcpy(t, p, (size_t)n * sizeof *p);
-    return bf16_4(t);
-}
-
 static inline void widen_8(int8x8_t v, float32x4_t h, float32x4_t *out) {
     int16x8_t w = vmovl_s8(v);
     out[0] = vmulq_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(w))), h);
@@ -57,51 +51,23 @@ static inline void mx_32(const uint8_t *p, uint8_t scale, float32x4_t out[8]) {
     widen_8(vget_high_s8(z1), h, out + 6);
 }
 
-/* ---- matrix-vector (n = 1) ---------------------------------------------------------------- */
+/* Lane macros for simd_vec.h (the matrix-vector BF16 / F32 loops and the element-wise helpers,
+ * shared with the x86 paths) and simd_gemm.h (the batched product, below): 4 lanes. */
+#define W 4
+#define VF float32x4_t
+#define VZERO() vdupq_n_f32(0)
+#define VLOADU(p) vld1q_f32(p)
+#define VLOADA(p) vld1q_f32(p)
+#define VSTOREU(p, v) vst1q_f32(p, v)
+#define VSTOREA(p, v) vst1q_f32(p, v)
+#define VFMA(a, b, c) vfmaq_f32(c, a, b)
+#define VADD(a, b) vaddq_f32(a, b)
+#define VMUL(a, b) vmulq_f32(a, b)
+#define VSET1(a) vdupq_n_f32(a)
+#define VBF16(p) bf16_4(p)
+#include "simd_vec.h" /* bf16_tail, bf16_vec, f32_vec, dot, axpy, kda_delta */
 
-static void bf16_vec(const uint16_t *w, int64_t cols, const float *x, float *y, int64_t r0,
-                     int64_t r1) {
-    int64_t full = cols & ~(int64_t)3, tail = cols - full, r = r0;
-    float32x4_t xt = tail ? load_tail(x + full, tail) : vdupq_n_f32(0);
-    for (; r + 4 <= r1; r += 4) {
-        const uint16_t *a = w + r * cols, *b = a + cols, *c = b + cols, *d = c + cols;
-        float32x4_t sa = vdupq_n_f32(0), sb = sa, sc = sa, sd = sa;
-        for (int64_t i = 0; i < full; i += 4) {
-            float32x4_t xi = vld1q_f32(x + i);
-            sa = vfmaq_f32(sa, bf16_4(a + i), xi);
-            sb = vfmaq_f32(sb, bf16_4(b + i), xi);
-            sc = vfmaq_f32(sc, bf16_4(c + i), xi);
-            sd = vfmaq_f32(sd, bf16_4(d + i), xi);
-        }
-        if (tail) {
-            sa = vfmaq_f32(sa, bf16_tail(a + full, tail), xt);
-            sb = vfmaq_f32(sb, bf16_tail(b + full, tail), xt);
-            sc = vfmaq_f32(sc, bf16_tail(c + full, tail), xt);
-            sd = vfmaq_f32(sd, bf16_tail(d + full, tail), xt);
-        }
-        y[r] = hsum(sa), y[r + 1] = hsum(sb), y[r + 2] = hsum(sc), y[r + 3] = hsum(sd);
-    }
-    for (; r < r1; r++) {
-        const uint16_t *a = w + r * cols;
-        float32x4_t s = vdupq_n_f32(0);
-        for (int64_t i = 0; i < full; i += 4) s = vfmaq_f32(s, bf16_4(a + i), vld1q_f32(x + i));
-        if (tail) s = vfmaq_f32(s, bf16_tail(a + full, tail), xt);
-        y[r] = hsum(s);
-    }
-}
-
-static void f32_vec(const float *w, int64_t cols, const float *x, float *y, int64_t r0,
-                    int64_t r1) {
-    int64_t full = cols & ~(int64_t)3, tail = cols - full;
-    float32x4_t xt = tail ? load_tail(x + full, tail) : vdupq_n_f32(0);
-    for (int64_t r = r0; r < r1; r++) {
-        const float *a = w + r * cols;
-        float32x4_t s = vdupq_n_f32(0);
-        for (int64_t i = 0; i < full; i += 4) s = vfmaq_f32(s, vld1q_f32(a + i), vld1q_f32(x + i));
-        if (tail) s = vfmaq_f32(s, load_tail(a + full, tail), xt);
-        y[r] = hsum(s);
-    }
-}
+/* ---- MXFP4 matrix-vector (n = 1) -------------------------------------------------------- */
 
 /* Four rows at a time: four independent FMA chains instead of one (each row's operations
  * unchanged, so the bits stay those of the batched tiles). */
@@ -282,15 +248,6 @@ static void tile_row(const wsrc *s, int64_t r, int64_t k0, int64_t kc, float *t)
  * zero-padded last step, then vaddvq), 4 rows × 6 vectors: 24 accumulators of the 32 q
  * registers. MXFP4 weights are decoded into the tile by tile_row, so all three formats share
  * it. */
-#define W 4
-#define VF float32x4_t
-#define VZERO() vdupq_n_f32(0)
-#define VLOADU(p) vld1q_f32(p)
-#define VLOADA(p) vld1q_f32(p)
-#define VSTOREA(p, v) vst1q_f32(p, v)
-#define VFMA(a, b, c) vfmaq_f32(c, a, b)
-#define VADD(a, b) vaddq_f32(a, b)
-#define VSET1(a) vdupq_n_f32(a)
 #define UNROLL8 _Pragma("GCC unroll 8")
 #define GEMM_R 4
 #define GEMM_V 6
@@ -314,16 +271,6 @@ static void bf16(const uint16_t *w, int64_t rows, int64_t cols, const float *x, 
     gemm_dense(&s, rows, x, n, y, r0, r1);
 }
 
-static void f32(const float *w, int64_t rows, int64_t cols, const float *x, int n, float *y,
-                int64_t r0, int64_t r1) {
-    if (n == 1) {
-        f32_vec(w, cols, x, y, r0, r1);
-        return;
-    }
-    wsrc s = {SRC_F32, w, NULL, cols, NULL, NULL, NULL};
-    gemm_dense(&s, rows, x, n, y, r0, r1);
-}
-
 static void mxfp4(const uint8_t *packed, const uint8_t *scale, int64_t rows, int64_t cols,
                   const float *x, int n, float *y, int64_t r0, int64_t r1) {
     if (n == 1) {
@@ -344,69 +291,6 @@ static void bf16lx(const k3_mat *m, const float *x, int n, float *y, int64_t r0,
     gemm_dense(&s, m->rows, x, n, y, r0, r1);
 }
 
-static float dot(const float *a, const float *b, int64_t n) {
-    int64_t full = n & ~(int64_t)3, tail = n - full;
-    float32x4_t s = vdupq_n_f32(0);
-    for (int64_t i = 0; i < full; i += 4) s = vfmaq_f32(s, vld1q_f32(a + i), vld1q_f32(b + i));
-    if (tail) s = vfmaq_f32(s, load_tail(a + full, tail), load_tail(b + full, tail));
-    return hsum(s);
-}
-
-/* Separate multiply and add, element by element: the scalar result exactly. */
-static void axpy(float a, const float *x, float *y, int64_t n) {
-    float32x4_t va = vdupq_n_f32(a);
-    int64_t i = 0;
-    for (; i + 4 <= n; i += 4)
-        vst1q_f32(y + i, vaddq_f32(vld1q_f32(y + i), vmulq_f32(va, vld1q_f32(x + i))));
-    for (; i < n; i++) y[i] = y[i] + a * x[i];
-}
-
-/* cpu_scalar.c's kda_delta vectorised over the value index j, no FMA: exact. */
-static void kda_delta(float *S, const float *q, const float *k, const float *v,
-                      const float *alpha, float beta, int d, float *u, float *o) {
-    int dv = d & ~3;
-    for (int j = 0; j < d; j++) u[j] = 0;
-    for (int i = 0; i < d; i++) {
-        float *row = S + (size_t)i * d;
-        float32x4_t al = vdupq_n_f32(alpha[i]), ki = vdupq_n_f32(k[i]);
-        for (int j = 0; j < dv; j += 4) {
-            float32x4_t s = vmulq_f32(vld1q_f32(row + j), al);
-            vst1q_f32(row + j, s);
-            vst1q_f32(u + j, vaddq_f32(vld1q_f32(u + j), vmulq_f32(ki, s)));
-        }
-        for (int j = dv; j < d; j++) {
-            row[j] = row[j] * alpha[i];
-            u[j] = u[j] + k[i] * row[j];
-        }
-    }
-    for (int j = 0; j < d; j++) u[j] = v[j] - u[j]; /* δ */
-    for (int j = 0; j < d; j++) o[j] = 0;
-    for (int i = 0; i < d; i++) {
-        float bk = beta * k[i];
-        float *row = S + (size_t)i * d;
-        float32x4_t vbk = vdupq_n_f32(bk), qi = vdupq_n_f32(q[i]);
-        for (int j = 0; j < dv; j += 4) {
-            float32x4_t s = vaddq_f32(vld1q_f32(row + j), vmulq_f32(vbk, vld1q_f32(u + j)));
-            vst1q_f32(row + j, s);
-            vst1q_f32(o + j, vaddq_f32(vld1q_f32(o + j), vmulq_f32(qi, s)));
-        }
-        for (int j = dv; j < d; j++) {
-            row[j] = row[j] + bk * u[j];
-            o[j] = o[j] + q[i] * row[j];
-        }
-    }
-}
-
-const k3_kernels k3_kernels_neon = {
-    .name = "neon",
-    .bf16 = bf16,
-    .f32 = f32,
-    .mxfp4 = mxfp4,
-    .bf16lx = bf16lx,
-    .mix = mix,
-    .dot = dot,
-    .axpy = axpy,
-    .kda_delta = kda_delta,
-};
+K3_SIMD_TABLE(k3_kernels_neon, "neon");
 
 #endif

@@ -78,27 +78,15 @@ static void axpy(float a, const float *x, float *y, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] = y[i] + a * x[i];
 }
 
-/* Decay, read, write (β·k_i)·δ_j, then o = Sᵀq with the updated S (fla naive order). */
+/* Decay, read, write (β·k_i)·δ_j, then o = Sᵀq with the updated S (fla naive order); the
+ * per-row steps are dispatch.h's, which the SIMD paths run on their last columns. */
 static void kda_delta(float *S, const float *q, const float *k, const float *v,
                       const float *alpha, float beta, int d, float *u, float *o) {
     for (int j = 0; j < d; j++) u[j] = 0;
-    for (int i = 0; i < d; i++) {
-        float *row = S + (size_t)i * d;
-        for (int j = 0; j < d; j++) {
-            row[j] = row[j] * alpha[i];
-            u[j] = u[j] + k[i] * row[j];
-        }
-    }
+    for (int i = 0; i < d; i++) k3_kda_decay_cols(S + (size_t)i * d, alpha[i], k[i], u, 0, d);
     for (int j = 0; j < d; j++) u[j] = v[j] - u[j]; /* δ */
     for (int j = 0; j < d; j++) o[j] = 0;
-    for (int i = 0; i < d; i++) {
-        float bk = beta * k[i];
-        float *row = S + (size_t)i * d;
-        for (int j = 0; j < d; j++) {
-            row[j] = row[j] + bk * u[j];
-            o[j] = o[j] + q[i] * row[j];
-        }
-    }
+    for (int i = 0; i < d; i++) k3_kda_write_cols(S + (size_t)i * d, beta * k[i], u, q[i], o, 0, d);
 }
 
 const k3_kernels k3_kernels_scalar = {

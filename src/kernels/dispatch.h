@@ -57,4 +57,26 @@ void k3_rows_bf16lx(const k3_mat *w, const float *x, int n, float *y, int64_t r0
 /* E2M1 codes 0..15 as f32 (spec §10.4): 0, ±0.5, ±1, ±1.5, ±2, ±3, ±4, ±6; code 8 is -0. */
 extern const float k3_e2m1[16];
 
+/* The KDA delta rule's two per-row steps (k3_kda_delta_rule, kernels.h) over value columns
+ * [j0, d) in the scalar order, separate multiply and add: the scalar path runs them over all
+ * columns, each SIMD path over the columns past its last full vector, so every element sees
+ * the same operations on every path (exact).
+ * Decay and read: row_j ← α_i·row_j, u_j += k_i·row_j. */
+static inline void k3_kda_decay_cols(float *row, float alpha_i, float k_i, float *u, int j0,
+                                     int d) {
+    for (int j = j0; j < d; j++) {
+        row[j] = row[j] * alpha_i;
+        u[j] = u[j] + k_i * row[j];
+    }
+}
+
+/* Write and read out: row_j += (β·k_i)·δ_j (δ in u), o_j += q_i·row_j. */
+static inline void k3_kda_write_cols(float *row, float bk, const float *u, float q_i, float *o,
+                                     int j0, int d) {
+    for (int j = j0; j < d; j++) {
+        row[j] = row[j] + bk * u[j];
+        o[j] = o[j] + q_i * row[j];
+    }
+}
+
 #endif

@@ -18,11 +18,11 @@
  *    depends only on that row and its input vector: not on the thread count, not on the rows
  *    computed beside it, and not on the batch size — row b of k3_matmul equals k3_matvec of
  *    x[b] bit for bit. The batched products (BF16 / F32 from 6 vectors, MXFP4 from 8) are
- *    register-blocked GEMM micro-kernels (simd_gemm.h; cpu_avx2.c / cpu_avx512.c for MXFP4)
- *    that keep exactly this sequence per output — one W-lane accumulator along k, FMA per step
- *    (MXFP4: a multiply then FMAs per 32-block partial, one FMA by the block scale), the
- *    zero-padded last step, the fixed lane sum — and only choose which outputs run side by
- *    side in registers.
+ *    register-blocked GEMM micro-kernels (simd_gemm.h; MXFP4: simd_mxgemm.h's tiling around
+ *    cpu_avx2.c's / cpu_avx512.c's micro-kernels) that keep exactly this sequence per output —
+ *    one W-lane accumulator along k, FMA per step (MXFP4: a multiply then FMAs per 32-block
+ *    partial, one FMA by the block scale), the zero-padded last step, the fixed lane sum — and
+ *    only choose which outputs run side by side in registers.
  *  - Threads split work by output row only (OpenMP, inside k3_matvec / k3_matmul).
  *  - The element-wise helpers (k3_axpy, k3_kda_delta_rule) use separate multiply and add on
  *    every path and keep the scalar order per element, so they are exact on every path.

@@ -1,7 +1,7 @@
 /* simd_gemm.h — the register-blocked GEMM micro-kernel of the batched BF16 / F32 products
  * (prompt rows × weights, n > BF16_SMALL vectors on x86; every n > 1 on NEON, whose tiles also
- * hold decoded MXFP4), written once over lane macros and included by cpu_avx2.c and
- * cpu_avx512.c (after simd_dense.h) and cpu_neon.c. Internal to src/kernels.
+ * hold decoded MXFP4), written once over lane macros and included by simd_dense.h (x86) and
+ * cpu_neon.c. Internal to src/kernels.
  *
  * Summation order (the exactness contract, kernels.h): each output (row r, vector v) has ONE
  * W-lane accumulator, zero at the start; step i (ascending, i = 0, W, 2W, ..) does
@@ -30,8 +30,9 @@
  * Measured (BENCHMARKS.md, issue 31): 71–75% of the mix's peak at 64 rows on Zen 4.
  *
  * The includer defines W, VF, VZERO, VLOADU, VLOADA, VSTOREA, VFMA, VADD, VSET1, hsum,
- * load_tail, tile_row and wsrc (SRC_BF16 / SRC_F32), GEMM_R, GEMM_V, GEMM_RB (a multiple of
- * GEMM_R), GEMM_KC (a multiple of W) and UNROLL8 (covering GEMM_R and GEMM_V). */
+ * load_tail, tile_row and wsrc (with fields kind, w and cols; SRC_BF16 / SRC_F32), f32_vec
+ * (simd_vec.h), GEMM_R, GEMM_V, GEMM_RB (a multiple of GEMM_R), GEMM_KC (a multiple of W) and
+ * UNROLL8 (covering GEMM_R and GEMM_V). It defines the F32 table entry, f32. */
 
 /* acc[r·K3_MAX_BATCH + v] += tile rows r < R · vectors v < V over `steps` steps of W columns;
  * xp holds the vectors' columns interleaved by step (xp[(s·GEMM_V + v)·W + l]) and zero-padded,
@@ -136,6 +137,18 @@ static void gemm_dense(const wsrc *s, int64_t rows, const float *x, int n, float
         for (int r = 0; r < nr; r++)
             for (int b = 0; b < n; b++) y[(int64_t)b * rows + rg + r] = hsum(acc[r * K3_MAX_BATCH + b]);
     }
+}
+
+/* The F32 table entry of every SIMD path: simd_vec.h's matrix-vector loop for one vector, the
+ * GEMM for a batch (from 2 vectors: F32 has no small-batch loop). */
+static void f32(const float *w, int64_t rows, int64_t cols, const float *x, int n, float *y,
+                int64_t r0, int64_t r1) {
+    if (n == 1) {
+        f32_vec(w, cols, x, y, r0, r1);
+        return;
+    }
+    wsrc s = {.kind = SRC_F32, .w = w, .cols = cols};
+    gemm_dense(&s, rows, x, n, y, r0, r1);
 }
 
 /* ---- the instruction mixes, for `k3-lab bench kernels` ----------------------------------- */

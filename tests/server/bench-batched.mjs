@@ -8,50 +8,22 @@
 // Environment: K3_BIN (default ./k3), MODEL_DIR (default the k3-nano fixture), BATCH_NS
 // ("1 2 4 8"), BATCH_TOKENS (completion tokens per request, default 64), SERVE_ARGS (extra
 // flags for k3 serve, e.g. "--spine-gb 0" to stream the spine). Only 127.0.0.1 is contacted.
-import { spawn } from 'node:child_process';
-import path from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { complete as completion, metrics, modelDir, serveArgs, startServe } from './bench-lib.mjs';
 
-const here = path.dirname(fileURLToPath(import.meta.url));
-const ROOT = path.resolve(here, '..', '..');
-const K3 = path.resolve(ROOT, process.env.K3_BIN || 'k3');
-const MODEL = path.resolve(ROOT, process.env.MODEL_DIR || 'tests/fixtures/k3-nano');
+const MODEL = modelDir('tests/fixtures/k3-nano');
 const NS = (process.env.BATCH_NS || '1 2 4 8').split(/\s+/).filter(Boolean).map(Number);
 const TOKENS = Number(process.env.BATCH_TOKENS || 64);
-const EXTRA = (process.env.SERVE_ARGS || '').split(/\s+/).filter(Boolean);
+const EXTRA = serveArgs();
 
-async function start(args) {
-  const proc = spawn(K3, ['serve', MODEL, '--port', '0', '-q', ...EXTRA, ...args],
-    { cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'] });
-  let out = '', err = '';
-  proc.stderr.on('data', (d) => { err += d; });
-  const url = await new Promise((resolve, reject) => {
-    const t = setTimeout(() => reject(new Error(`k3 serve did not start:\n${out}${err}`)), 600000);
-    proc.stdout.on('data', (d) => {
-      out += d;
-      const m = out.match(/listening on (http:\/\/127\.0\.0\.1:\d+)\/v1 /);
-      if (m) { clearTimeout(t); resolve(m[1]); }
-    });
-    proc.on('exit', (code) => { clearTimeout(t); reject(new Error(`k3 serve exited ${code}:\n${err}`)); });
-  });
-  return { url, stop: () => new Promise((r) => { proc.on('exit', r); proc.kill('SIGTERM'); }) };
-}
+const start = (args) => startServe(MODEL, [...EXTRA, ...args]);
 
 async function bytesRead(url) {
-  const t = await (await fetch(`${url}/metrics`)).text();
-  const v = (n) => Number((t.match(new RegExp(`^${n} (\\S+)$`, 'm')) || [0, 0])[1]);
-  return v('k3_expert_read_bytes_total') + v('k3_spine_read_bytes_total');
+  const m = await metrics(url, 'k3_');
+  return (m.expert_read_bytes_total ?? 0) + (m.spine_read_bytes_total ?? 0);
 }
 
 // Request i: a different prompt per request, greedy, exactly TOKENS tokens unless it stops.
-async function complete(url, i) {
-  const t0 = performance.now();
-  const r = await fetch(`${url}/v1/completions`, { method: 'POST', headers: { 'Content-Type': 'application/json' },
-    body: JSON.stringify({ prompt: `Request ${i}: in the beginning`, max_tokens: TOKENS, temperature: 0 }) });
-  if (r.status !== 200) throw new Error(`request ${i}: HTTP ${r.status} ${await r.text()}`);
-  const j = await r.json();
-  return { text: j.choices[0].text, tokens: j.usage.completion_tokens, s: (performance.now() - t0) / 1000 };
-}
+const complete = (url, i) => completion(url, `Request ${i}: in the beginning`, TOKENS);
 
 async function measure(url, n, together) {
   const b0 = await bytesRead(url);

@@ -12,53 +12,26 @@
 // model, so that drafts are accepted), ONEPASS_TOKENS (completion tokens per request, default
 // 128), ONEPASS_REPEAT (runs of each mode, the median wall time kept; default 3), SERVE_ARGS
 // (extra flags for k3 serve). Only 127.0.0.1 is contacted.
-import { spawn } from 'node:child_process';
-import path from 'node:path';
 import os from 'node:os';
-import { fileURLToPath } from 'node:url';
+import { complete as completion, median, metrics, modelDir, serveArgs, startServe } from './bench-lib.mjs';
 
-const here = path.dirname(fileURLToPath(import.meta.url));
-const ROOT = path.resolve(here, '..', '..');
-const K3 = path.resolve(ROOT, process.env.K3_BIN || 'k3');
-const MODEL = path.resolve(ROOT, process.env.MODEL_DIR || 'tests/fixtures/k3-tiny-kjv');
+const MODEL = modelDir('tests/fixtures/k3-tiny-kjv');
 const TOKENS = Number(process.env.ONEPASS_TOKENS || 128);
 const REPEAT = Number(process.env.ONEPASS_REPEAT || 3);
-const EXTRA = (process.env.SERVE_ARGS || '').split(/\s+/).filter(Boolean);
+const EXTRA = serveArgs();
 
 // Repetitive, code-like prompts, one per request.
 const PROMPTS = ['i', 'j', 'k', 'n'].map((v) =>
   `for (${v} = 0; ${v} < len; ${v}++) { out[${v}] = in[${v}] + 1; }\n`.repeat(4) + `for (${v} = 0;`);
 
-async function start(args) {
-  const proc = spawn(K3, ['serve', MODEL, '--port', '0', '-q', '--no-reuse', ...EXTRA, ...args],
-    { cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'] });
-  let out = '', err = '';
-  proc.stderr.on('data', (d) => { err += d; });
-  const url = await new Promise((resolve, reject) => {
-    const t = setTimeout(() => reject(new Error(`k3 serve did not start:\n${out}${err}`)), 600000);
-    proc.stdout.on('data', (d) => {
-      out += d;
-      const m = out.match(/listening on (http:\/\/127\.0\.0\.1:\d+)\/v1 /);
-      if (m) { clearTimeout(t); resolve(m[1]); }
-    });
-    proc.on('exit', (code) => { clearTimeout(t); reject(new Error(`k3 serve exited ${code}:\n${err}`)); });
-  });
-  return { url, stop: () => new Promise((r) => { proc.on('exit', r); proc.kill('SIGTERM'); }) };
-}
+const start = (args) => startServe(MODEL, ['--no-reuse', ...EXTRA, ...args]);
 
 async function rows(url) {
-  const t = await (await fetch(`${url}/metrics`)).text();
-  const v = (n) => Number((t.match(new RegExp(`^${n} (\\S+)$`, 'm')) || [0, 0])[1]);
-  return { sum: v('k3_pass_rows_sum'), count: v('k3_pass_rows_count') };
+  const m = await metrics(url, 'k3_');
+  return { sum: m.pass_rows_sum ?? 0, count: m.pass_rows_count ?? 0 };
 }
 
-async function complete(url, i) {
-  const r = await fetch(`${url}/v1/completions`, { method: 'POST', headers: { 'Content-Type': 'application/json' },
-    body: JSON.stringify({ prompt: PROMPTS[i], max_tokens: TOKENS, temperature: 0 }) });
-  if (r.status !== 200) throw new Error(`request ${i}: HTTP ${r.status} ${await r.text()}`);
-  const j = await r.json();
-  return { text: j.choices[0].text, tokens: j.usage.completion_tokens };
-}
+const complete = (url, i) => completion(url, PROMPTS[i], TOKENS);
 
 async function mode(args, together) {
   const srv = await start(args);
@@ -73,7 +46,7 @@ async function mode(args, together) {
     else for (let i = 0; i < PROMPTS.length; i++) res.push(await complete(srv.url, i));
     walls.push((performance.now() - t0) / 1000);
   }
-  const wall = walls.sort((a, b) => a - b)[Math.floor(REPEAT / 2)];
+  const wall = median(walls);
   const r1 = await rows(srv.url);
   await srv.stop();
   const tokens = res.reduce((a, r) => a + r.tokens, 0);

@@ -13,16 +13,13 @@
 // Environment: K3_BIN (default ./k3), MODEL_DIR (default the bundled k3-tiny-kjv),
 // PCACHE_DIR (a folder on the disk to measure; default a new one under os.tmpdir()),
 // PCACHE_REPEAT (default 3). Only 127.0.0.1 is contacted.
-import { spawn, execFileSync } from 'node:child_process';
+import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import os from 'node:os';
-import { fileURLToPath } from 'node:url';
+import { ROOT, median, metrics as allMetrics, modelDir, startServe } from './bench-lib.mjs';
 
-const here = path.dirname(fileURLToPath(import.meta.url));
-const ROOT = path.resolve(here, '..', '..');
-const K3 = path.resolve(ROOT, process.env.K3_BIN || 'k3');
-const MODEL = path.resolve(ROOT, process.env.MODEL_DIR || 'tests/fixtures/k3-tiny-kjv');
+const MODEL = modelDir('tests/fixtures/k3-tiny-kjv');
 const REPEAT = Number(process.env.PCACHE_REPEAT || 3);
 const BASE = process.env.PCACHE_DIR || os.tmpdir();
 
@@ -30,23 +27,7 @@ const verses = fs.readFileSync(path.join(ROOT, 'tests/fixtures/kjv-heldout-phili
 const SYSTEM = `You answer from this text only.\n${verses.slice(0, 5300)}`;
 const conv = (who) => [{ role: 'system', content: SYSTEM }, { role: 'user', content: `${who}: who wrote this?` }];
 
-async function start(args) {
-  const proc = spawn(K3, ['serve', MODEL, '--port', '0', '-q', ...args],
-    { cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'] });
-  let out = '', err = '';
-  proc.stderr.on('data', (d) => { err += d; });
-  const url = await new Promise((resolve, reject) => {
-    const t = setTimeout(() => reject(new Error(`k3 serve did not start:\n${out}${err}`)), 600000);
-    proc.stdout.on('data', (d) => {
-      out += d;
-      const m = out.match(/listening on (http:\/\/\S+)\/v1 /);
-      if (m) { clearTimeout(t); resolve(m[1]); }
-    });
-    proc.on('exit', (c) => { clearTimeout(t); reject(new Error(`k3 serve exited ${c}:\n${err}`)); });
-  });
-  const exited = new Promise((r) => proc.on('exit', r));
-  return { url, log: () => err, stop: async () => { proc.kill('SIGTERM'); await exited; } };
-}
+const start = (args) => startServe(MODEL, args);
 
 async function ask(srv, who) {
   const t0 = performance.now();
@@ -61,14 +42,7 @@ async function ask(srv, who) {
     prompt: j.usage.prompt_tokens, reply: JSON.stringify(j.choices[0]) };
 }
 
-async function metrics(srv) {
-  const t = await (await fetch(`${srv.url}/metrics`)).text();
-  const m = {};
-  for (const [, k, v] of t.matchAll(/^k3_prompt_cache_(\w+) (\S+)$/gm)) m[k] = Number(v);
-  return m;
-}
-
-const median = (a) => [...a].sort((x, y) => x - y)[Math.floor(a.length / 2)];
+const metrics = (srv) => allMetrics(srv.url, 'k3_prompt_cache_');
 const files = (dir) => fs.readdirSync(dir).filter((f) => f.startsWith('k3pc-')).map((f) => path.join(dir, f));
 function dropFromPageCache(dir) {
   const py = 'import os,sys\nfor p in sys.argv[1:]:\n fd=os.open(p,os.O_RDONLY); os.fsync(fd); ' +
