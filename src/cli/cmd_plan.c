@@ -101,8 +101,9 @@ static void print_plan(const char *dir, const k3_engine_plan_info *in) {
              "(%.3f GB each)", p->sessions, p->ctx, (double)m->session_bytes / GB);
     part("sessions", p->sessions_bytes, note);
     snprintf(note, sizeof note, "a prompt in passes of %d ids: each routed expert read once per "
-             "pass (%.2f MB per id beyond %d)", p->prefill_rows, (double)m->prefill_row_bytes / 1e6,
-             m->prefill_rows_min);
+             "pass (%.2f MB per id beyond %d, + %.2f GB of %d-row groups)", p->prefill_rows,
+             (double)m->prefill_row_bytes / 1e6, m->prefill_rows_min,
+             (double)m->prefill_group_bytes / GB, m->prefill_group_rows);
     part("prompt passes", p->prefill_bytes, note);
     part("total", p->total_bytes, "peak RSS stays within this + 5%");
     part("minimum limit", p->min_limit_bytes, "staging + top-k + 1 experts + sessions + base, "

@@ -256,6 +256,9 @@ static int plan_memory(k3_engine *e, const k3_engine_opts *o, uint64_t *spine_bu
                         .session_bytes = k3_state_plan_bytes(&e->model, e->plan_ctx),
                         .prefill_row_bytes = k3_prefill_row_bytes(&e->model),
                         .prefill_rows_min = K3_DEFAULT_CHUNK,
+                        .prefill_group_rows = k3_prefill_group_rows(),
+                        .prefill_group_bytes = k3_prefill_group_bytes(&e->model,
+                                                                      K3_DEFAULT_CHUNK),
                         /* no pass outgrows the context; the GPU backend feeds a prompt
                          * token by token */
                         .prefill_rows_max = o->device && !strcmp(o->device, "cuda") ? 0

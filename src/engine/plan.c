@@ -247,11 +247,32 @@ static int plan_parts(const k3_plan_model *mod, const k3_plan_request *r, uint64
     return K3_OK;
 }
 
+/* Bytes of a prompt pass of lo + extra rows beyond what the sessions count (plan.h). */
+static uint64_t prefill_bytes_of(const k3_plan_model *mod, int lo, uint64_t extra) {
+    uint64_t span = mod->prefill_group_rows > lo ? (uint64_t)(mod->prefill_group_rows - lo) : 0;
+    uint64_t group = !span || extra >= span ? mod->prefill_group_bytes
+                     : (mod->prefill_group_bytes * extra + span - 1) / span;
+    return extra ? extra * mod->prefill_row_bytes + group : 0;
+}
+
 /* Bytes of prompt-pass scratch the plan wants beyond what the sessions count. */
 static uint64_t prefill_want(const k3_plan_model *mod) {
     int lo = mod->prefill_rows_min > 0 ? mod->prefill_rows_min : 1;
-    return mod->prefill_rows_max > lo ? (uint64_t)(mod->prefill_rows_max - lo) * mod->prefill_row_bytes
-                                      : 0;
+    return mod->prefill_rows_max > lo
+               ? prefill_bytes_of(mod, lo, (uint64_t)(mod->prefill_rows_max - lo)) : 0;
+}
+
+/* The most rows beyond lo whose pass fits in `bytes`. */
+static uint64_t prefill_rows_in(const k3_plan_model *mod, int lo, uint64_t bytes) {
+    uint64_t span = mod->prefill_group_rows > lo ? (uint64_t)(mod->prefill_group_rows - lo) : 0;
+    uint64_t rows;
+    if (!span || bytes >= prefill_bytes_of(mod, lo, span)) /* whole groups: linear beyond */
+        rows = span + (bytes - (span ? prefill_bytes_of(mod, lo, span) : 0)) /
+                          mod->prefill_row_bytes;
+    else /* within the first group: both parts grow; the rounding may cost a row */
+        rows = bytes / (mod->prefill_row_bytes + (mod->prefill_group_bytes + span - 1) / span);
+    while (rows && prefill_bytes_of(mod, lo, rows) > bytes) rows--;
+    return rows;
 }
 
 /* The part of `room` (bytes after base, sessions and headroom) set aside for prompt passes
@@ -280,9 +301,9 @@ static void plan_prefill(const k3_plan_model *mod, uint64_t room, uint64_t reser
                               slots_bytes(mod, (uint64_t)mod->top_k + 1));
     if (!p->experts_from_user && p->expert_cache_bytes > e_pref)
         from_cache = (p->expert_cache_bytes - e_pref) / 2;
-    uint64_t rows = min_u64(spare + from_cache, want) / mod->prefill_row_bytes;
+    uint64_t rows = prefill_rows_in(mod, lo, min_u64(spare + from_cache, want));
     p->prefill_rows = lo + (int)rows;
-    p->prefill_bytes = rows * mod->prefill_row_bytes;
+    p->prefill_bytes = prefill_bytes_of(mod, lo, rows);
     if (p->prefill_bytes > spare) /* the rest from the cache, in whole slots */
         p->expert_cache_bytes =
             cache_fit(mod, p->expert_cache_bytes - (p->prefill_bytes - spare), e_pref);

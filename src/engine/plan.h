@@ -82,8 +82,14 @@ typedef struct k3_plan_model {
     uint64_t session_bytes;     /* one session's KDA/conv state and KV cache at its context
                                    (k3_plan_request.ctx positions: see "Sessions" above) */
     uint64_t prefill_row_bytes; /* scratch per row of a pass beyond prefill_rows_min (the rows'
-                                   hidden state, AttnRes blocks, mixer / FFN / MoE buffers) */
+                                   hidden state, AttnRes blocks, routed experts' buffers) */
     int prefill_rows_min;       /* rows session_bytes already counts (K3_DEFAULT_CHUNK) */
+    int prefill_group_rows;     /* the steps other than the routed experts run over groups of
+                                   this many rows (K3_BATCH_GROUP; 0: none) */
+    uint64_t prefill_group_bytes; /* what those steps' [group] buffers add from prefill_rows_min
+                                   rows to a whole group: a pass of R rows takes (R - min) x
+                                   prefill_row_bytes + this (R >= group rows; below, the part
+                                   (R - min) / (group - min) of it, rounded up) */
     int prefill_rows_max;       /* most rows a prompt pass may take (K3_MAX_CHUNK); 0: no
                                    prompt passes planned (prefill_rows = prefill_rows_min) */
 } k3_plan_model;
@@ -135,8 +141,9 @@ typedef struct k3_plan {
                                     past the limit less headroom (obeyed, and said), else 0 */
     int prefill_rows;            /* ids per prompt pass (expert-major prefill: each routed
                                     expert read once per pass); >= prefill_rows_min */
-    uint64_t prefill_bytes;      /* (prefill_rows - prefill_rows_min) x prefill_row_bytes:
-                                    counted once (one session prefills in plan-sized passes) */
+    uint64_t prefill_bytes;      /* (prefill_rows - prefill_rows_min) x prefill_row_bytes +
+                                    the group's part (k3_plan_model): counted once (one
+                                    session prefills in plan-sized passes) */
 } k3_plan;
 
 /* Plans memory for model mod on machine m as req asks (see the invariants above).

@@ -39,7 +39,7 @@ static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
 void k3_batch_free(k3_batch *b) {
     if (!b) return;
     float *f[] = {b->P, b->x, b->xn, b->a, b->f, b->tmp, b->blocks, b->q, b->k, b->v, b->kf,
-                  b->fa, b->beta, b->o, b->g, b->cq, b->Q, b->ckv, b->gate,
+                  b->fa, b->beta, b->o, b->g, b->xm, b->cq, b->Q, b->ckv, b->gate,
                   b->up, b->router, b->biased, b->lat, b->lat_acc, b->exp_outs, b->topk_w, b->z,
                   b->eg, b->eu, b->eo, b->rw.S, b->rw.conv, b->rw.k, b->rw.v, b->rw.alpha,
                   b->rw.beta, b->rw.raw};
@@ -66,33 +66,37 @@ static size_t batch_layout(const k3_model *m, int max_blocks, int cap, k3_batch 
     size_t K = (size_t)c->num_experts_per_token, lat = (size_t)c->routed_expert_hidden_size;
     size_t inter = max_sz(max_sz((size_t)c->intermediate_size, (size_t)c->moe_intermediate_size *
                                  c->num_shared_experts), (size_t)c->moe_intermediate_size);
+    size_t g = (size_t)(cap < K3_BATCH_GROUP ? cap : K3_BATCH_GROUP); /* rows of a group */
     b->cap = cap;
+    b->group = (int)g;
     b->max_blocks = max_blocks;
 #define ALLOC(p, count)                                                                       \
     do {                                                                                      \
         bytes += ((size_t)(count) + 1) * sizeof *(p);                                         \
         if (!dry) *ok &= ((p) = calloc((size_t)(count) + 1, sizeof *(p))) != NULL;            \
     } while (0)
-    ALLOC(b->P, n * hd); ALLOC(b->x, n * hd); ALLOC(b->xn, n * hd); ALLOC(b->a, n * hd);
-    ALLOC(b->f, n * hd); ALLOC(b->tmp, n * hd);
-    ALLOC(b->blocks, n * (size_t)max_blocks * hd);
-    ALLOC(b->q, n * P); ALLOC(b->k, n * P); ALLOC(b->v, n * P); ALLOC(b->kf, n * P);
-    ALLOC(b->fa, n * (size_t)m->kda_rank); ALLOC(b->beta, n * (size_t)c->kda_num_heads);
-    ALLOC(b->o, n * max_sz(P, mla_o)); ALLOC(b->g, n * max_sz(P, mla_o));
-    ALLOC(b->cq, n * (size_t)c->q_lora_rank); ALLOC(b->Q, n * H * qk);
-    ALLOC(b->ckv, n * (size_t)(c->kv_lora_rank + c->qk_rope_head_dim));
-    ALLOC(b->gate, n * inter); ALLOC(b->up, n * inter);
-    ALLOC(b->router, n * E); ALLOC(b->biased, n * E);
-    ALLOC(b->lat, n * lat); ALLOC(b->lat_acc, n * lat); ALLOC(b->exp_outs, n * K * lat);
+    /* across the pass: [cap][...] */
+    ALLOC(b->P, n * hd); ALLOC(b->blocks, n * (size_t)max_blocks * hd); ALLOC(b->xm, n * hd);
+    ALLOC(b->lat, n * lat); ALLOC(b->exp_outs, n * K * lat);
     ALLOC(b->topk_w, n * K); ALLOC(b->topk, n * K);
-    ALLOC(b->uni, E); ALLOC(b->slot_of, E); ALLOC(b->first, E + 1); ALLOC(b->fill, E);
-    ALLOC(b->own_uni, E); ALLOC(b->own_u, E);
     ALLOC(b->member_tok, n * K); ALLOC(b->member_j, n * K);
     ALLOC(b->row_seg, n); ALLOC(b->row_pos, n); ALLOC(b->seg_first, n + 1);
-    ALLOC(b->z, n * lat); ALLOC(b->eg, n * (size_t)c->moe_intermediate_size);
-    ALLOC(b->eu, n * (size_t)c->moe_intermediate_size); ALLOC(b->eo, n * lat);
+    ALLOC(b->uni, E); ALLOC(b->slot_of, E); ALLOC(b->first, E + 1); ALLOC(b->fill, E);
+    ALLOC(b->own_uni, E); ALLOC(b->own_u, E);
+    /* one group: [group][...] */
+    ALLOC(b->x, g * hd); ALLOC(b->xn, g * hd); ALLOC(b->a, g * hd);
+    ALLOC(b->f, g * hd); ALLOC(b->tmp, g * hd);
+    ALLOC(b->q, g * P); ALLOC(b->k, g * P); ALLOC(b->v, g * P); ALLOC(b->kf, g * P);
+    ALLOC(b->fa, g * (size_t)m->kda_rank); ALLOC(b->beta, g * (size_t)c->kda_num_heads);
+    ALLOC(b->o, g * max_sz(P, mla_o)); ALLOC(b->g, g * max_sz(P, mla_o));
+    ALLOC(b->cq, g * (size_t)c->q_lora_rank); ALLOC(b->Q, g * H * qk);
+    ALLOC(b->ckv, g * (size_t)(c->kv_lora_rank + c->qk_rope_head_dim));
+    ALLOC(b->gate, g * inter); ALLOC(b->up, g * inter);
+    ALLOC(b->router, g * E); ALLOC(b->biased, g * E); ALLOC(b->lat_acc, g * lat);
+    ALLOC(b->z, g * lat); ALLOC(b->eg, g * (size_t)c->moe_intermediate_size);
+    ALLOC(b->eu, g * (size_t)c->moe_intermediate_size); ALLOC(b->eo, g * lat);
 #undef ALLOC
-    int ws_rows = k3_mla_ws_rows(c, cap);
+    int ws_rows = k3_mla_ws_rows(c, (int)g);
     bytes += k3_mla_ws_bytes(c, ws_rows);
     if (!dry) *ok &= (b->mla_ws = k3_mla_ws_new(c, ws_rows)) != NULL;
     return bytes;
@@ -130,10 +134,21 @@ size_t k3_batch_plan_bytes(const k3_model *m, int max_blocks, int cap) {
     return batch_layout(m, max_blocks, cap, NULL, &ok);
 }
 
+/* Rows beyond a group grow only the [cap][...] buffers (batch_layout), by the same bytes each. */
 size_t k3_prefill_row_bytes(const k3_model *m) {
     int mb = max_blocks_of(m);
-    return k3_batch_plan_bytes(m, mb, 2) - k3_batch_plan_bytes(m, mb, 1);
+    return k3_batch_plan_bytes(m, mb, K3_BATCH_GROUP + 2) -
+           k3_batch_plan_bytes(m, mb, K3_BATCH_GROUP + 1);
 }
+
+size_t k3_prefill_group_bytes(const k3_model *m, int rows_min) {
+    int mb = max_blocks_of(m);
+    if (rows_min >= K3_BATCH_GROUP) return 0;
+    return k3_batch_plan_bytes(m, mb, K3_BATCH_GROUP) - k3_batch_plan_bytes(m, mb, rows_min) -
+           (size_t)(K3_BATCH_GROUP - rows_min) * k3_prefill_row_bytes(m);
+}
+
+int k3_prefill_group_rows(void) { return K3_BATCH_GROUP; }
 
 /* The rewind buffers for cap tokens (on the first rewindable pass). 0 when out of memory. */
 static int rewind_alloc(const k3_model *m, const k3_state *s, k3_rewind *r, int cap) {
@@ -168,30 +183,72 @@ typedef struct pass {
     k3_spine_pass *sp;
 } pass;
 
-/* Calls each segment's trace hook for its rows of x [n][hd] (at their positions). */
-static void trace_rows(const pass *p, int layer, enum k3_trace_point pt, const float *x) {
+/* Calls each row's segment's trace hook for rows r0..r1-1 of the pass, whose vectors are x
+ * [r1 - r0][hd] (row r0 first). */
+static void trace_rows(const pass *p, int layer, enum k3_trace_point pt, const float *x, int r0,
+                       int r1) {
     int hd = p->m->cfg.hidden_size;
-    for (int i = 0; i < p->nseg; i++) {
-        const k3_trace *tr = p->segs[i].trace;
-        if (!tr || !tr->on_vector) continue;
-        for (int t = p->b->seg_first[i]; t < p->b->seg_first[i + 1]; t++)
-            tr->on_vector(tr->user, p->b->row_pos[t], layer, pt, x + (size_t)t * hd, hd);
+    const k3_batch *b = p->b;
+    for (int t = r0; t < r1; t++) {
+        const k3_trace *tr = p->segs[b->row_seg[t]].trace;
+        if (tr && tr->on_vector)
+            tr->on_vector(tr->user, b->row_pos[t], layer, pt, x + (size_t)(t - r0) * hd, hd);
     }
+}
+
+/* The part of segment g in rows r0..r1-1: rows *a..*z-1. */
+static void seg_part(const k3_batch *b, int g, int r0, int r1, int *a, int *z) {
+    *a = b->seg_first[g] > r0 ? b->seg_first[g] : r0;
+    *z = b->seg_first[g + 1] < r1 ? b->seg_first[g + 1] : r1;
 }
 
 /* ==== mixers ============================================================================== */
 
-/* KDA over the pass (spec §6): batched projections, then each segment's recurrence token by
- * token on its own state: the conv windows in row order, and every (segment, head) pair's
- * delta rule over the segment's tokens in order (the pairs in parallel). */
-static void kda_batch(const pass *p, const k3_layer *L, float *out) {
+/* What a rewindable segment's pass keeps of KDA layer slot (batch.h) for its rows a..z-1 in
+ * the group starting at r0: the state before the pass (at the segment's first group) and the
+ * raw conv inputs (before the conv runs: raw true), or k after its L2 norm and v after its
+ * conv (after the delta rule: raw false). */
+static void kda_keep(const pass *p, size_t slot, int r0, int r1, bool raw_part) {
+    const k3_batch *b = p->b;
+    size_t P = (size_t)p->m->cfg.kda_num_heads * p->m->cfg.kda_head_dim;
+    for (int g = b->row_seg[r0]; g <= b->row_seg[r1 - 1]; g++) {
+        if (!(p->segs[g].flags & K3_BATCH_REWINDABLE)) continue;
+        k3_state *s = p->segs[g].s;
+        k3_rewind *r = &s->batch->rw;
+        int a, z;
+        seg_part(b, g, r0, r1, &a, &z);
+        size_t rcap = (size_t)r->cap, u0 = (size_t)(a - b->seg_first[g]);
+        size_t at = (size_t)(a - r0) * P, bytes = (size_t)(z - a) * P * sizeof(float);
+        if (!raw_part) {
+            memcpy(r->k + (slot * rcap + u0) * P, b->k + at, bytes);
+            memcpy(r->v + (slot * rcap + u0) * P, b->v + at, bytes);
+            continue;
+        }
+        if (a == b->seg_first[g]) { /* the segment's first rows: its state before the pass */
+            memcpy(r->S + slot * s->kda_S_floats, s->kda_S + s->kda_S_floats * slot,
+                   s->kda_S_floats * sizeof(float));
+            memcpy(r->conv + slot * s->kda_conv_floats, s->kda_conv + s->kda_conv_floats * slot,
+                   s->kda_conv_floats * sizeof(float));
+        }
+        float *raw = r->raw + slot * 3 * rcap * P + u0 * P;
+        memcpy(raw, b->q + at, bytes);
+        memcpy(raw + rcap * P, b->k + at, bytes);
+        memcpy(raw + 2 * rcap * P, b->v + at, bytes);
+    }
+}
+
+/* KDA over rows r0..r1-1 of the pass (spec §6; input b->xn, output out, one group's rows):
+ * batched projections, then each segment's recurrence token by token on its own state: the
+ * conv windows in row order, and every (segment, head) pair's delta rule over the segment's
+ * rows here in order (the pairs in parallel). The groups come in row order, so each state
+ * goes through its segment's tokens in order. */
+static void kda_batch(const pass *p, const k3_layer *L, int r0, int r1, float *out) {
     const k3_model *m = p->m;
     const k3_config *c = &m->cfg;
     const k3_kda_weights *w = &L->kda;
     k3_batch *b = p->b;
-    int H = c->kda_num_heads, D = c->kda_head_dim, n = p->n;
+    int H = c->kda_num_heads, D = c->kda_head_dim, n = r1 - r0;
     size_t P = (size_t)H * D, slot = (size_t)L->state_slot;
-    bool keep = p->keep; /* some segment is rewindable */
     const float *x = b->xn;
     k3_matmul(m->kr, &w->q_proj, x, n, b->q);
     k3_matmul(m->kr, &w->k_proj, x, n, b->k);
@@ -200,61 +257,45 @@ static void kda_batch(const pass *p, const k3_layer *L, float *out) {
     k3_matmul(m->kr, &w->f_b_proj, b->fa, n, b->kf);
     k3_matmul(m->kr, &w->b_proj, x, n, b->beta);
     k3_matmul(m->kr, &w->g_proj, x, n, b->g);
-
-    for (int g = 0; keep && g < p->nseg; g++) { /* the state before the pass, and what the */
-        if (!(p->segs[g].flags & K3_BATCH_REWINDABLE)) continue; /* conv windows get */
-        k3_state *s = p->segs[g].s;
-        k3_rewind *r = &s->batch->rw;
-        size_t rcap = (size_t)r->cap, a = (size_t)b->seg_first[g];
-        size_t cnt = (size_t)(b->seg_first[g + 1] - b->seg_first[g]);
-        memcpy(r->S + slot * s->kda_S_floats, s->kda_S + s->kda_S_floats * slot,
-               s->kda_S_floats * sizeof(float));
-        memcpy(r->conv + slot * s->kda_conv_floats, s->kda_conv + s->kda_conv_floats * slot,
-               s->kda_conv_floats * sizeof(float));
-        float *raw = r->raw + slot * 3 * rcap * P;
-        memcpy(raw, b->q + a * P, cnt * P * sizeof(float));
-        memcpy(raw + rcap * P, b->k + a * P, cnt * P * sizeof(float));
-        memcpy(raw + 2 * rcap * P, b->v + a * P, cnt * P * sizeof(float));
+    if (p->keep) kda_keep(p, slot, r0, r1, true);
+    for (int t = r0; t < r1; t++) {
+        size_t at = (size_t)(t - r0) * P;
+        k3_kda_conv(m, L, p->segs[b->row_seg[t]].s, b->q + at, b->k + at, b->v + at);
     }
-    for (int t = 0; t < n; t++)
-        k3_kda_conv(m, L, p->segs[b->row_seg[t]].s, b->q + t * P, b->k + t * P, b->v + t * P);
-    int pairs = p->nseg * H;
+    int g0 = b->row_seg[r0], pairs = (b->row_seg[r1 - 1] - g0 + 1) * H;
 #pragma omp parallel for schedule(static) if ((int64_t)P * n >= 4096)
     for (int i = 0; i < pairs; i++) {
-        int g = i / H, h = i % H;
+        int g = g0 + i / H, h = i % H, a, z;
+        seg_part(b, g, r0, r1, &a, &z);
         k3_state *s = p->segs[g].s;
         float *S0 = s->kda_S + s->kda_S_floats * slot;
         float alpha_local[1024];
         /* a rewindable segment keeps what its delta rule consumed, in its session's buffers */
         k3_rewind *r = p->segs[g].flags & K3_BATCH_REWINDABLE ? &s->batch->rw : NULL;
         size_t rcap = r ? (size_t)r->cap : 0;
-        for (int t = b->seg_first[g]; t < b->seg_first[g + 1]; t++) {
-            size_t at = t * P + (size_t)h * D, u = (size_t)(t - b->seg_first[g]);
+        for (int t = a; t < z; t++) {
+            size_t at = (size_t)(t - r0) * P + (size_t)h * D, u = (size_t)(t - b->seg_first[g]);
             float *alpha = r ? r->alpha + (slot * rcap + u) * P + (size_t)h * D : alpha_local;
             float *beta = r ? r->beta + (slot * rcap + u) * H + h : NULL;
             k3_kda_head(m, L, S0 + (size_t)h * D * D, h, b->q + at, b->k + at, b->v + at,
-                        b->kf + at, b->beta[t * H + h], b->g + at, b->o + at, alpha, beta);
+                        b->kf + at, b->beta[(size_t)(t - r0) * H + h], b->g + at, b->o + at,
+                        alpha, beta);
         }
     }
-    for (int g = 0; keep && g < p->nseg; g++) { /* k after its L2 norm, v after its conv: */
-        if (!(p->segs[g].flags & K3_BATCH_REWINDABLE)) continue; /* what the rule consumed */
-        k3_rewind *r = &p->segs[g].s->batch->rw;
-        size_t rcap = (size_t)r->cap, a = (size_t)b->seg_first[g];
-        size_t cnt = (size_t)(b->seg_first[g + 1] - b->seg_first[g]);
-        memcpy(r->k + slot * rcap * P, b->k + a * P, cnt * P * sizeof(float));
-        memcpy(r->v + slot * rcap * P, b->v + a * P, cnt * P * sizeof(float));
-    }
+    if (p->keep) kda_keep(p, slot, r0, r1, false);
     k3_matmul(m->kr, &w->o_proj, b->o, n, out);
 }
 
-/* Gated NoPE MLA over the pass (spec §7): every row's position enters its session's latent
- * cache, then each segment's queries attend causally to its session's positions 0..their own. */
-static void mla_batch(const pass *p, const k3_layer *L, float *out) {
+/* Gated NoPE MLA over rows r0..r1-1 of the pass (spec §7; input b->xn, output out, one
+ * group's rows): every row's position enters its session's latent cache, then each segment's
+ * queries here attend causally to its session's positions 0..their own (earlier groups have
+ * written the earlier positions). */
+static void mla_batch(const pass *p, const k3_layer *L, int r0, int r1, float *out) {
     const k3_model *m = p->m;
     const k3_config *c = &m->cfg;
     const k3_mla_weights *w = &L->mla;
     k3_batch *b = p->b;
-    int H = c->num_attention_heads, vd = c->v_head_dim, lora = c->kv_lora_rank, n = p->n;
+    int H = c->num_attention_heads, vd = c->v_head_dim, lora = c->kv_lora_rank, n = r1 - r0;
     int qr = c->q_lora_rank, ckv_w = lora + c->qk_rope_head_dim;
     size_t qk = (size_t)(c->qk_nope_head_dim + c->qk_rope_head_dim), mla_o = (size_t)H * vd;
     const float *x = b->xn;
@@ -263,15 +304,16 @@ static void mla_batch(const pass *p, const k3_layer *L, float *out) {
         k3_rmsnorm(b->cq + t * qr, &w->q_a_layernorm, qr, K3_MLA_LORA_EPS, b->cq + t * qr);
     k3_matmul(m->kr, &w->q_b_proj, b->cq, n, b->Q);
     k3_matmul(m->kr, &w->kv_a_proj, x, n, b->ckv);
-    for (int t = 0; t < n; t++) { /* latent part only; the row enters the cache as it is */
-        float *ckv = b->ckv + (size_t)t * ckv_w;
+    for (int t = r0; t < r1; t++) { /* latent part only; the row enters the cache as it is */
+        float *ckv = b->ckv + (size_t)(t - r0) * ckv_w;
         k3_rmsnorm(ckv, &w->kv_a_layernorm, lora, K3_MLA_LORA_EPS, ckv);
         k3_mla_append(m, L, p->segs[b->row_seg[t]].s, b->row_pos[t], ckv);
     }
-    for (int i = 0; i < p->nseg; i++) {
-        int a = b->seg_first[i], z = b->seg_first[i + 1];
-        k3_mla_attend(m, L, p->segs[i].s, b->row_pos[a], z - a, b->Q + (size_t)a * H * qk,
-                      b->mla_ws, b->o + (size_t)a * mla_o);
+    for (int i = b->row_seg[r0]; i <= b->row_seg[r1 - 1]; i++) {
+        int a, z;
+        seg_part(b, i, r0, r1, &a, &z);
+        k3_mla_attend(m, L, p->segs[i].s, b->row_pos[a], z - a, b->Q + (size_t)(a - r0) * H * qk,
+                      b->mla_ws, b->o + (size_t)(a - r0) * mla_o);
     }
     /* Output gate on the normed layer input, then o_proj (spec §7.4). */
     k3_matmul(m->kr, &w->g_proj, x, n, b->g);
@@ -314,40 +356,58 @@ static int gather_union(const k3_config *c, k3_batch *b, int n) {
     return nu;
 }
 
-/* Routed expert u of the union over its m tokens: gather their latents, E(z) = W2 ·
- * SiTU(W1 z, W3 z) as batched MXFP4 products, scatter into each token's row of exp_outs. */
+/* Routed expert u of the union over its tokens, a group of them at a time: gather their
+ * latents, E(z) = W2 · SiTU(W1 z, W3 z) as batched MXFP4 products, scatter into each token's
+ * row of exp_outs (rows are independent: any grouping gives the same bits). */
 static void expert_batch(const k3_model *m, k3_batch *b, int u, const k3_expert *ex) {
     const k3_config *c = &m->cfg;
     size_t lat = (size_t)c->routed_expert_hidden_size, K = (size_t)c->num_experts_per_token;
-    int n0 = b->first[u], mt = b->first[u + 1] - n0;
-    for (int i = 0; i < mt; i++)
-        memcpy(b->z + i * lat, b->lat + (size_t)b->member_tok[n0 + i] * lat, lat * sizeof(float));
-    k3_matmul_mxfp4(m->kr, &ex->w1, b->z, mt, b->eg);
-    k3_matmul_mxfp4(m->kr, &ex->w3, b->z, mt, b->eu);
-    k3_situ_vec(b->eg, b->eu, mt * c->moe_intermediate_size, c->situ_beta, c->situ_linear_beta,
-                b->eg);
-    k3_matmul_mxfp4(m->kr, &ex->w2, b->eg, mt, b->eo);
-    for (int i = 0; i < mt; i++) {
-        size_t t = (size_t)b->member_tok[n0 + i], j = (size_t)b->member_j[n0 + i];
-        memcpy(b->exp_outs + (t * K + j) * lat, b->eo + i * lat, lat * sizeof(float));
+    for (int n0 = b->first[u]; n0 < b->first[u + 1]; n0 += b->group) {
+        int mt = b->first[u + 1] - n0 < b->group ? b->first[u + 1] - n0 : b->group;
+        for (int i = 0; i < mt; i++)
+            memcpy(b->z + i * lat, b->lat + (size_t)b->member_tok[n0 + i] * lat,
+                   lat * sizeof(float));
+        k3_matmul_mxfp4(m->kr, &ex->w1, b->z, mt, b->eg);
+        k3_matmul_mxfp4(m->kr, &ex->w3, b->z, mt, b->eu);
+        k3_situ_vec(b->eg, b->eu, mt * c->moe_intermediate_size, c->situ_beta,
+                    c->situ_linear_beta, b->eg);
+        k3_matmul_mxfp4(m->kr, &ex->w2, b->eg, mt, b->eo);
+        for (int i = 0; i < mt; i++) {
+            size_t t = (size_t)b->member_tok[n0 + i], j = (size_t)b->member_j[n0 + i];
+            memcpy(b->exp_outs + (t * K + j) * lat, b->eo + i * lat, lat * sizeof(float));
+        }
     }
 }
 
-/* Stable LatentMoE over the pass (spec §8.3), each expert of the union read once. */
-static int moe_batch(pass *p, const k3_layer *L, float *out, k3_err *err) {
+/* Stable LatentMoE (spec §8.3), the router's part for rows r0..r1-1 (their FFN inputs in
+ * b->xm): each row's choice into topk / topk_w and its latent z (down_proj) into lat. */
+static void moe_route(pass *p, const k3_layer *L, int r0, int r1) {
     const k3_model *m = p->m;
     const k3_config *c = &m->cfg;
     const k3_moe_weights *w = &L->moe;
     k3_batch *b = p->b;
-    k3_state *acct = p->acct;
-    int K = c->num_experts_per_token, E = c->num_experts, hd = c->hidden_size, n = p->n;
-    size_t lat = (size_t)c->routed_expert_hidden_size;
-    int layer = L->index;
+    int K = c->num_experts_per_token, E = c->num_experts, n = r1 - r0;
+    size_t hd = (size_t)c->hidden_size, lat = (size_t)c->routed_expert_hidden_size;
+    const float *xm = b->xm + (size_t)r0 * hd;
     double t0 = k3_now_s();
-    k3_matmul(m->kr, &w->router, b->xn, n, b->router);
-    for (int t = 0; t < n; t++)
-        k3_moe_select(m, w, b->router + (size_t)t * E, b->biased + (size_t)t * E,
+    k3_matmul(m->kr, &w->router, xm, n, b->router);
+    for (int t = r0; t < r1; t++)
+        k3_moe_select(m, w, b->router + (size_t)(t - r0) * E, b->biased + (size_t)(t - r0) * E,
                       b->topk + t * K, b->topk_w + t * K);
+    p->acct->tok.router_s += k3_now_s() - t0;
+    k3_matmul(m->kr, &w->down_proj, xm, n, b->lat + (size_t)r0 * lat);
+}
+
+/* The routed experts of the pass (every row routed), each expert of the union read once, its
+ * output per row and router slot into exp_outs. */
+static int moe_experts(pass *p, const k3_layer *L, k3_err *err) {
+    const k3_model *m = p->m;
+    const k3_config *c = &m->cfg;
+    k3_batch *b = p->b;
+    k3_state *acct = p->acct;
+    int K = c->num_experts_per_token, hd = c->hidden_size, n = p->n, layer = L->index;
+    size_t lat = (size_t)c->routed_expert_hidden_size;
+    double t0 = k3_now_s();
     int nu = gather_union(c, b, n), own = nu;
     b->experts += (uint64_t)nu;
     if (m->ranks) { /* this rank's experts of the union only */
@@ -360,10 +420,9 @@ static int moe_batch(pass *p, const k3_layer *L, float *out, k3_err *err) {
         int last = b->seg_first[i + 1] - 1;
         k3_state *s = p->segs[i].s;
         k3_store_set_choice(s->store, layer, b->topk + last * K, K);
-        k3_moe_prefetch_next(m, layer, s, b->xn + (size_t)last * hd);
+        k3_moe_prefetch_next(m, layer, s, b->xm + (size_t)last * hd);
     }
     acct->tok.router_s += k3_now_s() - t0;
-    k3_matmul(m->kr, &w->down_proj, b->xn, n, b->lat);
     int rc = K3_OK;
     for (int done = 0; done < own && !rc; done++) {
         int u;
@@ -384,9 +443,21 @@ static int moe_batch(pass *p, const k3_layer *L, float *out, k3_err *err) {
     if (m->ranks) /* also after a failure: the peers learn it instead of waiting */
         rc = m->ranks->exchange(m->ranks->user, layer, b->topk, n, K, b->exp_outs, (int)lat, rc,
                                 err);
-    if (rc) return rc;
-    for (int t = 0; t < n; t++) { /* each token's weighted sum in its router order */
-        float *acc = b->lat_acc + t * lat;
+    return rc;
+}
+
+/* The MoE's output for rows r0..r1-1 into out [r1 - r0][hidden]: each row's weighted sum of
+ * its experts in its router order, normed, up_proj; plus the shared experts on the row's
+ * full-width input (b->xm), the routed term first in the final add. */
+static void moe_out(pass *p, const k3_layer *L, int r0, int r1, float *out) {
+    const k3_model *m = p->m;
+    const k3_config *c = &m->cfg;
+    const k3_moe_weights *w = &L->moe;
+    k3_batch *b = p->b;
+    int K = c->num_experts_per_token, hd = c->hidden_size, n = r1 - r0;
+    size_t lat = (size_t)c->routed_expert_hidden_size;
+    for (int t = r0; t < r1; t++) {
+        float *acc = b->lat_acc + (size_t)(t - r0) * lat;
         const float *wt = b->topk_w + t * K;
         for (size_t i = 0; i < lat; i++) acc[i] = 0;
         for (int j = 0; j < K; j++) {
@@ -396,26 +467,26 @@ static int moe_batch(pass *p, const k3_layer *L, float *out, k3_err *err) {
         k3_rmsnorm(acc, &w->norm, (int)lat, c->rms_norm_eps, acc); /* on the sum */
     }
     k3_matmul(m->kr, &w->up_proj, b->lat_acc, n, out);
-    /* Shared experts on the full-width input; routed term first in the final add. */
     int sh = c->moe_intermediate_size * c->num_shared_experts;
-    k3_matmul(m->kr, &w->shared_gate, b->xn, n, b->gate);
-    k3_matmul(m->kr, &w->shared_up, b->xn, n, b->up);
+    const float *xm = b->xm + (size_t)r0 * hd;
+    k3_matmul(m->kr, &w->shared_gate, xm, n, b->gate);
+    k3_matmul(m->kr, &w->shared_up, xm, n, b->up);
     k3_situ_vec(b->gate, b->up, n * sh, c->situ_beta, c->situ_linear_beta, b->gate);
     k3_matmul(m->kr, &w->shared_down, b->gate, n, b->tmp);
     for (size_t i = 0; i < (size_t)n * hd; i++) out[i] = out[i] + b->tmp[i];
-    return K3_OK;
 }
 
 /* ==== the spine =========================================================================== */
 
-/* AR(R_t ++ [last]) for token t with the layer's folded score weights. */
-static void mix(const pass *p, int t, const float *last, const float *sw, float *out) {
+/* AR(R_t ++ [last]) for row t over its first nb blocks with the layer's folded score
+ * weights. */
+static void mix(const pass *p, int t, int nb, const float *last, const float *sw, float *out) {
     const k3_config *c = &p->m->cfg;
     const float *vals[K3_MAX_RES_VALUES];
     size_t hd = (size_t)c->hidden_size;
     int n = 0;
     const float *R = p->b->blocks + (size_t)t * p->b->max_blocks * hd;
-    for (int j = 0; j < p->n_blocks; j++) vals[n++] = R + (size_t)j * hd;
+    for (int j = 0; j < nb; j++) vals[n++] = R + (size_t)j * hd;
     vals[n++] = last;
     k3_attn_res(vals, n, sw, c->hidden_size, c->rms_norm_eps, out);
 }
@@ -444,81 +515,168 @@ static int reserve(const k3_model *m, k3_state *s, int n, bool keep, k3_err *err
     return K3_OK;
 }
 
-/* One layer (spec §3) for all rows of the pass. */
-static int layer_batch(pass *p, int l, k3_err *err) {
-    const k3_model *m = p->m;
-    const k3_config *c = &m->cfg;
+/* The row after the group that starts at r0. */
+static int group_end(const pass *p, int r0) {
+    return p->n - r0 < p->b->group ? p->n : r0 + p->b->group;
+}
+
+/* The mixer half of layer l for all rows, a group at a time: AttnRes mix of the layer input,
+ * input_layernorm, the mixer, and its output added into the rows' partial sums P. */
+static void mixer_half(pass *p, const k3_layer *L, int l) {
+    const k3_config *c = &p->m->cfg;
     k3_batch *b = p->b;
-    const k3_layer *L;
-    int rc = k3_spine_layer(m, p->sp, l, K3_SPINE_MIXER, &L, err); /* streamed: once per pass */
-    if (rc) return rc;
-    int hd = c->hidden_size, n = p->n;
+    int hd = c->hidden_size, nb = p->n_blocks;
     size_t vec = (size_t)hd * sizeof(float);
     bool fresh_block = l % c->attn_res_block_size == 0;
-    for (int t = 0; t < n; t++) {
-        float *P = b->P + (size_t)t * hd, *x = b->x + (size_t)t * hd;
-        if (p->n_blocks > 0) mix(p, t, P, L->attn_res_sw, x);
-        else memcpy(x, P, vec);
-        if (fresh_block)
-            memcpy(b->blocks + ((size_t)t * b->max_blocks + p->n_blocks) * hd, P, vec);
-        k3_rmsnorm(x, &L->input_layernorm, hd, c->rms_norm_eps, b->xn + (size_t)t * hd);
+    for (int r0 = 0, r1; r0 < p->n; r0 = r1) {
+        r1 = group_end(p, r0);
+        for (int t = r0; t < r1; t++) {
+            float *P = b->P + (size_t)t * hd, *x = b->x + (size_t)(t - r0) * hd;
+            if (nb > 0) mix(p, t, nb, P, L->attn_res_sw, x);
+            else memcpy(x, P, vec);
+            if (fresh_block) memcpy(b->blocks + ((size_t)t * b->max_blocks + nb) * hd, P, vec);
+            k3_rmsnorm(x, &L->input_layernorm, hd, c->rms_norm_eps, b->xn + (size_t)(t - r0) * hd);
+        }
+        trace_rows(p, l, K3_TRACE_ATTN_IN, b->x, r0, r1);
+        double t0 = k3_now_s();
+        if (L->is_mla) mla_batch(p, L, r0, r1, b->a);
+        else kda_batch(p, L, r0, r1, b->a);
+        p->acct->tok.attn_s += k3_now_s() - t0;
+        trace_rows(p, l, K3_TRACE_ATTN_OUT, b->a, r0, r1);
+        for (int t = r0; t < r1; t++) {
+            float *P = b->P + (size_t)t * hd, *a = b->a + (size_t)(t - r0) * hd;
+            if (fresh_block) memcpy(P, a, vec); /* first contribution after a reset is a copy */
+            else for (int i = 0; i < hd; i++) P[i] = P[i] + a[i];
+        }
     }
-    trace_rows(p, l, K3_TRACE_ATTN_IN, b->x);
     if (fresh_block) p->n_blocks++;
-    double t0 = k3_now_s();
-    if (L->is_mla) mla_batch(p, L, b->a);
-    else kda_batch(p, L, b->a);
-    p->acct->tok.attn_s += k3_now_s() - t0;
-    trace_rows(p, l, K3_TRACE_ATTN_OUT, b->a);
-    if ((rc = k3_spine_layer(m, p->sp, l, K3_SPINE_FFN, &L, err))) return rc;
-    for (int t = 0; t < n; t++) {
-        float *P = b->P + (size_t)t * hd, *a = b->a + (size_t)t * hd, *x = b->x + (size_t)t * hd;
-        if (fresh_block) memcpy(P, a, vec); /* first contribution after a reset is a copy */
-        else for (int i = 0; i < hd; i++) P[i] = P[i] + a[i];
-        mix(p, t, P, L->mlp_res_sw, x);
-        k3_rmsnorm(x, &L->post_attention_layernorm, hd, c->rms_norm_eps, b->xn + (size_t)t * hd);
+}
+
+/* The FFN's input for rows r0..r1-1 (AttnRes mix, post_attention_layernorm) into out
+ * [r1 - r0][hidden], traced. */
+static void ffn_input(pass *p, const k3_layer *L, int l, int r0, int r1, float *out) {
+    const k3_config *c = &p->m->cfg;
+    k3_batch *b = p->b;
+    int hd = c->hidden_size;
+    for (int t = r0; t < r1; t++) {
+        float *x = b->x + (size_t)(t - r0) * hd;
+        mix(p, t, p->n_blocks, b->P + (size_t)t * hd, L->mlp_res_sw, x);
+        k3_rmsnorm(x, &L->post_attention_layernorm, hd, c->rms_norm_eps, out + (size_t)(t - r0) * hd);
     }
-    trace_rows(p, l, K3_TRACE_MLP_IN, b->x);
-    if (L->is_moe) {
+    trace_rows(p, l, K3_TRACE_MLP_IN, b->x, r0, r1);
+}
+
+/* The FFN's output f [r1 - r0][hidden] for rows r0..r1-1 added into their partial sums. */
+static void ffn_add(pass *p, int l, int r0, int r1) {
+    k3_batch *b = p->b;
+    size_t hd = (size_t)p->m->cfg.hidden_size;
+    trace_rows(p, l, K3_TRACE_MLP_OUT, b->f, r0, r1);
+    float *P = b->P + (size_t)r0 * hd;
+    for (size_t i = 0; i < (size_t)(r1 - r0) * hd; i++) P[i] = P[i] + b->f[i];
+    trace_rows(p, l, K3_TRACE_PARTIAL_SUM, P, r0, r1);
+}
+
+/* The FFN half of layer l for all rows: a dense FFN a group at a time; a MoE routes every row
+ * (a group at a time), runs the pass's routed experts, then adds each group's output. */
+static int ffn_half(pass *p, const k3_layer *L, int l, k3_err *err) {
+    const k3_config *c = &p->m->cfg;
+    k3_batch *b = p->b;
+    int hd = c->hidden_size, r0, r1;
+    if (!L->is_moe) {
+        for (r0 = 0; r0 < p->n; r0 = r1) {
+            r1 = group_end(p, r0);
+            ffn_input(p, L, l, r0, r1, b->xn);
+            dense_batch(p->m, L, b, r1 - r0, b->f);
+            ffn_add(p, l, r0, r1);
+        }
+        return K3_OK;
+    }
+    double moe_s = 0, t0;
+    for (r0 = 0; r0 < p->n; r0 = r1) {
+        r1 = group_end(p, r0);
+        ffn_input(p, L, l, r0, r1, b->xm + (size_t)r0 * hd);
         t0 = k3_now_s();
-        rc = moe_batch(p, L, b->f, err);
-        p->acct->tok.moe_s += k3_now_s() - t0;
-        if (rc) return rc;
+        moe_route(p, L, r0, r1);
+        moe_s += k3_now_s() - t0;
+    }
+    t0 = k3_now_s();
+    int rc = moe_experts(p, L, err);
+    moe_s += k3_now_s() - t0;
+    if (!rc) {
         int K = c->num_experts_per_token;
-        for (int t = 0; t < n; t++) {
+        for (int t = 0; t < p->n; t++) {
             const k3_trace *tr = p->segs[b->row_seg[t]].trace;
             if (tr && tr->on_routing)
                 tr->on_routing(tr->user, b->row_pos[t], l, b->topk + t * K, b->topk_w + t * K, K);
         }
-    } else {
-        dense_batch(m, L, b, n, b->f);
+        for (r0 = 0; r0 < p->n; r0 = r1) {
+            r1 = group_end(p, r0);
+            t0 = k3_now_s();
+            moe_out(p, L, r0, r1, b->f);
+            moe_s += k3_now_s() - t0;
+            ffn_add(p, l, r0, r1);
+        }
     }
-    trace_rows(p, l, K3_TRACE_MLP_OUT, b->f);
-    for (size_t i = 0; i < (size_t)n * hd; i++) b->P[i] = b->P[i] + b->f[i];
-    trace_rows(p, l, K3_TRACE_PARTIAL_SUM, b->P);
-    return K3_OK;
+    p->acct->tok.moe_s += moe_s;
+    return rc;
 }
 
-/* lm_head over the rows that want logits, in one product: those rows' normed hidden states
- * gathered (segment order) into b->x (free by now), their logits into logits [rows][vocab]. */
-static int head_batch(pass *p, float *logits, k3_err *err) {
+/* One layer (spec §3) for all rows of the pass: its mixer half, then its FFN half (a
+ * streamed spine holds one half at a time). */
+static int layer_batch(pass *p, int l, k3_err *err) {
     const k3_model *m = p->m;
-    k3_batch *b = p->b;
-    size_t hd = (size_t)m->cfg.hidden_size;
-    int rows = 0;
-    for (int i = 0; i < p->nseg; i++) {
-        int f = p->segs[i].flags, a = b->seg_first[i], z = b->seg_first[i + 1];
-        if (f & K3_BATCH_NO_LOGITS) continue;
-        if (!(f & K3_BATCH_ALL_LOGITS)) a = z - 1;
-        memmove(b->x + rows * hd, b->xn + (size_t)a * hd, (size_t)(z - a) * hd * sizeof(float));
-        rows += z - a;
-    }
-    if (!rows || !logits) return K3_OK;
-    const k3_mat *head = &m->lm_head;
-    int rc = k3_spine_head(m, p->sp, &head, err);
+    const k3_layer *L;
+    int rc = k3_spine_layer(m, p->sp, l, K3_SPINE_MIXER, &L, err); /* streamed: once per pass */
     if (rc) return rc;
-    if (rows == 1) k3_matvec(m->kr, head, b->x, logits);
-    else k3_matmul(m->kr, head, b->x, rows, logits);
+    mixer_half(p, L, l);
+    if ((rc = k3_spine_layer(m, p->sp, l, K3_SPINE_FFN, &L, err))) return rc;
+    return ffn_half(p, L, l, err);
+}
+
+/* Whether row t wants logits. */
+static bool wants_logits(const pass *p, int t) {
+    int g = p->b->row_seg[t], f = p->segs[g].flags;
+    return !(f & K3_BATCH_NO_LOGITS) && ((f & K3_BATCH_ALL_LOGITS) || t == p->b->seg_first[g + 1] - 1);
+}
+
+/* The output AttnRes mix and model.norm of every row (traced), a group at a time, and
+ * lm_head over the rows that want logits: each group's such rows gathered (row order) into
+ * b->x (free by then), their logits into logits [rows][vocab] in row order. */
+static int final_batch(pass *p, float *logits, k3_err *err) {
+    const k3_model *m = p->m;
+    const k3_config *c = &m->cfg;
+    k3_batch *b = p->b;
+    size_t hd = (size_t)c->hidden_size, vocab = (size_t)c->vocab_size;
+    const k3_mat *head = NULL;
+    int want = 0, done = 0, rc;
+    for (int t = 0; t < p->n; t++) want += wants_logits(p, t);
+    double head_s = 0, t0 = k3_now_s();
+    if (want && logits) {
+        head = &m->lm_head;
+        if ((rc = k3_spine_head(m, p->sp, &head, err))) return rc;
+    }
+    head_s += k3_now_s() - t0;
+    for (int r0 = 0, r1; r0 < p->n; r0 = r1) {
+        r1 = group_end(p, r0);
+        for (int t = r0; t < r1; t++) {
+            float *x = b->x + (size_t)(t - r0) * hd;
+            mix(p, t, p->n_blocks, b->P + (size_t)t * hd, m->out_res_sw, x);
+            k3_rmsnorm(x, &m->norm, (int)hd, c->rms_norm_eps, b->xn + (size_t)(t - r0) * hd);
+        }
+        trace_rows(p, -1, K3_TRACE_FINAL_HIDDEN, b->x, r0, r1);
+        trace_rows(p, -1, K3_TRACE_FINAL_NORMED, b->xn, r0, r1);
+        if (!head) continue;
+        t0 = k3_now_s();
+        int rows = 0;
+        for (int t = r0; t < r1; t++)
+            if (wants_logits(p, t))
+                memcpy(b->x + rows++ * hd, b->xn + (size_t)(t - r0) * hd, hd * sizeof(float));
+        if (rows == 1) k3_matvec(m->kr, head, b->x, logits + (size_t)done * vocab);
+        else if (rows > 1) k3_matmul(m->kr, head, b->x, rows, logits + (size_t)done * vocab);
+        done += rows;
+        head_s += k3_now_s() - t0;
+    }
+    p->acct->tok.head_s = head_s;
     return K3_OK;
 }
 
@@ -561,7 +719,7 @@ static int forward_pass(pass *p, float *logits, k3_err *err) {
     p->n = n;
     p->acct = p->segs[0].s;
     k3_state *acct = p->acct;
-    double t_start = k3_now_s(), t0;
+    double t_start = k3_now_s();
     acct->tok = (k3_phase_times){.tokens = n};
     memset(acct->layer_eload_s, 0, (size_t)c->num_hidden_layers * sizeof *acct->layer_eload_s);
     memset(acct->layer_expert_s, 0, (size_t)c->num_hidden_layers * sizeof *acct->layer_expert_s);
@@ -575,17 +733,8 @@ static int forward_pass(pass *p, float *logits, k3_err *err) {
         if ((rc = layer_batch(p, l, err))) return rc;
         if ((rc = layer_done(p, l, err))) return rc;
     }
-    for (int t = 0; t < n; t++) {
-        float *x = b->x + (size_t)t * hd;
-        mix(p, t, b->P + (size_t)t * hd, m->out_res_sw, x);
-        k3_rmsnorm(x, &m->norm, hd, c->rms_norm_eps, b->xn + (size_t)t * hd);
-    }
-    trace_rows(p, -1, K3_TRACE_FINAL_HIDDEN, b->x);
-    trace_rows(p, -1, K3_TRACE_FINAL_NORMED, b->xn);
-    t0 = k3_now_s();
-    if ((rc = head_batch(p, logits, err))) return rc;
+    if ((rc = final_batch(p, logits, err))) return rc;
     double t_end = k3_now_s();
-    acct->tok.head_s = t_end - t0;
     acct->tok.total_s = t_end - t_start;
     for (int i = 0; i < p->nseg; i++) { /* each session: its positions, and the pass's times */
         const k3_batch_seg *g = &p->segs[i];

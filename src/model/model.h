@@ -111,9 +111,16 @@ int k3_state_max_ctx(const k3_state *s);
 /* Bytes a session's state takes at max_ctx positions (0 = the default), for the memory plan;
  * counts a pass's scratch at K3_DEFAULT_CHUNK rows. */
 size_t k3_state_plan_bytes(const k3_model *m, int max_ctx);
-/* Bytes each further row of a pass adds to its scratch (forward_batch.c: the rows' hidden
- * state and AttnRes blocks, their mixer, FFN and MoE buffers), for the plan's prompt passes. */
+/* Bytes each further row of a pass adds to its scratch once the pass has more rows than a
+ * group (batch.h K3_BATCH_GROUP, k3_prefill_group_rows): the rows' block partial sums, AttnRes
+ * blocks, FFN input and the routed experts' inputs and per-slot outputs. The other buffers
+ * are one group's: k3_prefill_group_bytes is what they add from rows_min rows to a whole
+ * group beyond rows_min x k3_prefill_row_bytes, so a pass of R >= group rows takes exactly
+ * k3_batch_plan_bytes(rows_min) + k3_prefill_group_bytes + (R - rows_min) x
+ * k3_prefill_row_bytes. For the plan's prompt passes. */
 size_t k3_prefill_row_bytes(const k3_model *m);
+size_t k3_prefill_group_bytes(const k3_model *m, int rows_min);
+int k3_prefill_group_rows(void);
 /* Phase times summed over every step so far, and of the last step. */
 void k3_state_times(const k3_state *s, k3_phase_times *sum, k3_phase_times *last);
 /* The last step's MoE wait and routed-expert compute per layer ([num_hidden_layers] each,
