@@ -25,7 +25,8 @@
 #define NANO "tests/fixtures/k3-nano"
 enum { N = 600, VOCAB = 2048 };
 
-/* K3's widths (shared/spec/K3-SPEC.md §2; config.json of the release). */
+/* K3's widths (shared/spec/K3-SPEC.md §1.1, §1.2). f_a_proj's rank is not in the config; it
+ * sizes only a group's buffers, never a row of the pass. */
 static k3_model k3_widths(void) {
     k3_model m;
     memset(&m, 0, sizeof m);
@@ -41,7 +42,6 @@ static k3_model k3_widths(void) {
 
 static void test_k3_row_bytes_at_floor(void) {
     k3_model m = k3_widths();
-    const k3_config *c = &m.cfg;
     size_t hd = 7168, blocks = (93 + 3) / 4 + 1, K = 16, lat = 3584;
     /* what must live across a layer, per id: P and the AttnRes blocks, the FFN input (the
      * shared experts run after the routed ones), the routed experts' input and K outputs; the
@@ -63,7 +63,6 @@ static void test_k3_row_bytes_at_floor(void) {
     }
     printf("passgroups: %.3f MB per id at K3's widths (floor %.3f MB), %.3f GB for %d-row "
            "groups\n", (double)row / 1e6, (double)floor / 1e6, (double)grp / 1e9, G);
-    (void)c;
 }
 
 static int32_t id_at(int i) { return (int32_t)((i * 7919u + 11u) % VOCAB); }

@@ -324,7 +324,43 @@ static void test_probe_missing_meminfo(void) {
     CHECK(strstr(err.msg, "/nonexistent-k3-root/proc/meminfo"), "%s", err.msg);
 }
 
+/* Prompt passes (plan.h): a pass of lo + r rows takes r x row + the group's part (r >= the
+ * group's rows - lo; below, that part x r / (group - lo), rounded up). The plan gives the most
+ * rows whose bytes fit what it set aside: on a 64 GB machine an eighth of the room (the
+ * budgeted spine takes the rest), whole groups and more; on a 4 GB one, part of a group. */
+static uint64_t pass_bytes(const k3_plan_model *k, uint64_t r) {
+    uint64_t span = (uint64_t)(k->prefill_group_rows - k->prefill_rows_min);
+    uint64_t grp = r >= span ? k->prefill_group_bytes : (k->prefill_group_bytes * r + span - 1) / span;
+    return r ? r * k->prefill_row_bytes + grp : 0;
+}
+
+static void test_prompt_passes_count_the_group(void) {
+    k3_plan_model k = k3_bf16;
+    k.staging_bytes = GB; /* so that a 4 GB machine runs */
+    k.prefill_row_bytes = 1018124, k.prefill_rows_min = 32, k.prefill_rows_max = 16384;
+    k.prefill_group_rows = 256, k.prefill_group_bytes = 194000000;
+    static const uint64_t mem[] = {64, 4};
+    for (int i = 0; i < 2; i++) {
+        k3_machine_mem m = machine(mem[i] * GB, mem[i] * GB, 0);
+        k3_plan_request r = req(-1, 0);
+        k3_plan p;
+        k3_err err = {0};
+        CHECK(k3_plan_memory(&m, &k, &r, &p, &err) == K3_OK, "%s", err.msg);
+        uint64_t room = p.limit_bytes - p.headroom_bytes - GB / 4 - GB / 2, set = room / 8;
+        uint64_t rows = (uint64_t)(p.prefill_rows - 32);
+        CHECK(p.prefill_bytes == pass_bytes(&k, rows), "%llu GB: %d rows counted as %llu bytes",
+              (unsigned long long)mem[i], p.prefill_rows, (unsigned long long)p.prefill_bytes);
+        CHECK(pass_bytes(&k, rows) <= set && pass_bytes(&k, rows + 1) > set, "%llu GB: %d rows "
+              "for %llu bytes set aside", (unsigned long long)mem[i], p.prefill_rows,
+              (unsigned long long)set);
+        CHECK(i == 0 ? p.prefill_rows > 256 : p.prefill_rows > 32 && p.prefill_rows < 256,
+              "%llu GB: %d rows", (unsigned long long)mem[i], p.prefill_rows);
+        CHECK(within(&p));
+    }
+}
+
 const k3_test k3_suite_plan[] = {
+    {"prompt_passes_count_the_group", test_prompt_passes_count_the_group},
     {"64gb_machine_streams_the_spine", test_64gb_machine_streams_the_spine},
     {"huge_machine_holds_everything", test_huge_machine_holds_everything},
     {"cgroup_beats_meminfo", test_cgroup_beats_meminfo},

@@ -469,8 +469,10 @@ int k3_multistep_new(const k3_engine *e, int max_rows, k3_multistep **out, k3_er
 void k3_multistep_free(k3_multistep *ms);
 int k3_multistep_max_rows(const k3_multistep *ms);
 /* Bytes a multistep of max_rows rows allocates on e's backend, for a memory plan: its pass
- * scratch, 1.3 MB per row at k3-wide (K3's widths, 4 layers) plus 28 KB per row for each
- * further AttnRes block of a deeper model; lm_head's output is the caller's logits array. */
+ * scratch: per row 0.30 MB at K3's widths (partial sums, FFN input, the routed experts' input
+ * and 16 outputs) plus 28 KB for each AttnRes block (K3: 25 blocks, 1.02 MB per row), and
+ * ~0.87 MB per row up to 256 rows for one row group's buffers (src/model/batch.h); lm_head's
+ * output is the caller's logits array. */
 uint64_t k3_multistep_plan_bytes(const k3_engine *e, int max_rows);
 
 /* The logits rows that segs[0, n) write (the size of run's logits array in vocab_size-float

@@ -34,7 +34,9 @@ enum k3_trace_point {
 
 typedef struct k3_trace {
     void *user;
-    /* x has n floats (hidden_size); called for every point of every layer. */
+    /* x has n floats (hidden_size); called for every point of every layer, each row's calls
+     * in the spec's order. A pass of more than 256 rows (batch.h K3_BATCH_GROUP) runs a
+     * layer's steps a row group at a time, so its rows' calls interleave group by group. */
     void (*on_vector)(void *user, int pos, int layer, enum k3_trace_point point,
                       const float *x, int n);
     /* The router's choice at a MoE layer: k expert ids in canonical order (descending biased
