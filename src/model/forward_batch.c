@@ -8,12 +8,16 @@
  *    for bit (kernels.h), so nothing here changes a result;
  *  - KDA keeps its recurrence: the conv windows advance token by token and each head runs the
  *    delta rule over the tokens in order (heads in parallel);
- *  - MLA appends all positions to the latent cache, then attends each session's queries
+ *  - MLA appends a group's positions to the latent cache, then attends each session's queries
  *    causally over 0..t in the absorbed form (mla.c: per query the same bits at any batch);
  *  - the MoE asks the store for the union of the pass's chosen experts, runs each expert once
  *    over the tokens that chose it, and sums each token's experts in its router order.
+ * Every step but the routed experts runs over the rows a group of at most K3_BATCH_GROUP at a
+ * time (batch.h: why 256), groups in row order, so the pass's scratch per row is only what
+ * lives across a layer; the mixer half of a layer runs over all groups before the FFN half (a
+ * streamed spine layer holds one half at a time).
  * The result is therefore bit-identical to feeding the tokens one by one with k3_forward
- * (tests/test_prefill.c checks logits and state).
+ * (tests/test_prefill.c checks logits and state; tests/test_passgroups.c passes over groups).
  *
  * A pass is a list of segments, each the rows of one session (k3_batch_seg): a prefill chunk
  * is one segment, a multistep pass several. Rows are laid out segment after segment; the
