@@ -670,9 +670,10 @@ static void test_mla_attention(void) {
 /* The latent cache's attention (k3k_mla_latent_attend) against the EXPANDED form in double,
  * computed independently of the absorbed order: k_nope_j = W_uk c_j and v_j = W_uv c_j per
  * head (kv_b_proj's two row blocks, spec §7.5), softmax over q_nope·k_nope + q_pe·k_pe. lora
- * over 256 and 128 (the kernels' loops over it), positions across attention chunks. */
-static void check_mla_latent(int dtype) {
-    int H = 4, nope = 16, rope = 8, vd = 16, lora = 300, T = 600, qk = nope + rope;
+ * over one block's 512 columns or not, heads a whole 16-head group or not, positions across
+ * the kernel's 128-position tiles and its splits (each of at least two tiles). */
+static void check_mla_latent(int dtype, int H, int lora) {
+    int nope = 16, rope = 8, vd = 16, T = 600, qk = nope + rope;
     int kvf = lora + rope, rows = H * (nope + vd);
     size_t nw = (size_t)rows * lora, es = dtype == K3_DT_BF16 ? 2 : 4;
     float *wf = malloc(nw * 4), *lat = malloc((size_t)T * kvf * 4), *Q = malloc(H * qk * 4);
@@ -699,9 +700,9 @@ static void check_mla_latent(int dtype) {
     void *dW = dup_dev(dtype == K3_DT_BF16 ? (void *)wb : (void *)wf, nw * es);
     float *dlat = dup_dev(lat, (size_t)T * kvf * 4), *dqa = poisoned((size_t)H * kvf);
     float *dacc = poisoned((size_t)H * lora), *dout = poisoned(H * vd);
-    float *dsc = poisoned(k3k_mla_scratch_floats(H, lora, T));
+    float *dsc = poisoned(k3k_mla_latent_scratch_floats(H, lora));
     k3k_mat kb = {dW, NULL, dtype == K3_DT_BF16 ? K3K_BF16 : K3K_F32, rows, lora};
-    int ts[] = {0, 1, 7, K3K_ATT_CHUNK - 1, K3K_ATT_CHUNK, 2 * K3K_ATT_CHUNK + 3, T - 1};
+    int ts[] = {0, 1, 7, 127, 128, 255, 256, 383, 2 * K3K_ATT_CHUNK + 3, T - 1};
     for (size_t ti = 0; ti < sizeof ts / sizeof *ts && !k3_test_stopped(); ti++) {
         int t = ts[ti];
         fill(Q, H * qk, 1.0f);
@@ -742,8 +743,8 @@ static void check_mla_latent(int dtype) {
 
 static void test_mla_latent(void) {
     if (!have_gpu()) return;
-    check_mla_latent(K3_DT_BF16);
-    if (!k3_test_stopped()) check_mla_latent(K3_DT_F32);
+    check_mla_latent(K3_DT_BF16, 4, 300);
+    if (!k3_test_stopped()) check_mla_latent(K3_DT_F32, 20, 600);
 }
 
 /* src/model/ffn.c's route() after the router product, written out. */

@@ -298,7 +298,7 @@ static uint64_t state_bytes(const k3_model *m, int max_ctx) {
     uint64_t latf = (uint64_t)c->kv_lora_rank + (uint64_t)c->qk_rope_head_dim;
     return align_up((uint64_t)m->n_kda * S * 4) + align_up((uint64_t)m->n_kda * conv * 4) +
            align_up((uint64_t)m->n_mla * (uint64_t)max_ctx * latf * 4) +
-           align_up(k3k_mla_scratch_floats(c->num_attention_heads, c->kv_lora_rank, max_ctx) * 4);
+           align_up(k3k_mla_latent_scratch_floats(c->num_attention_heads, c->kv_lora_rank) * 4);
 }
 
 static int default_ctx(const k3_config *c) {
@@ -619,7 +619,7 @@ int k3_gpu_session_new(k3_gpu *g, int max_ctx, k3_gpu_session **out, k3_err *err
     s->kda_conv = carve(&p, (uint64_t)m->n_kda * s->conv_floats, 4);
     s->kda_bytes = (size_t)(p - (char *)s->mem);
     s->lat = carve(&p, (uint64_t)m->n_mla * (uint64_t)max_ctx * s->lat_floats, 4);
-    s->scores = carve(&p, k3k_mla_scratch_floats(c->num_attention_heads, c->kv_lora_rank, max_ctx), 4);
+    s->scores = carve(&p, k3k_mla_latent_scratch_floats(c->num_attention_heads, c->kv_lora_rank), 4);
     if ((e = cudaMemset(s->mem, 0, total)) != cudaSuccess || (e = cudaDeviceSynchronize())) {
         k3_gpu_session_free(s);
         return cuda_fail(err, e, "cudaMemset (session state)");

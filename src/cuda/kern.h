@@ -158,13 +158,21 @@ cudaError_t k3k_mla_append(float *kv, int t, const float *KV, const float *ckv, 
 cudaError_t k3k_mla_attend(const float *Q, const float *kv, int t, int H, int nope, int rope,
                            int vd, float *scratch, float *o, cudaStream_t stream);
 
+/* The latent attention's scratch: at most K3K_LAT_SPLITS position splits per head, each
+ * m, l and lora partial sums, whatever the context (12.6 MB at K3's 96 heads, lora 512). */
+#define K3K_LAT_SPLITS 64
+#define k3k_mla_latent_scratch_floats(H, lora) \
+    ((size_t)(H) * K3K_LAT_SPLITS * ((size_t)(lora) + 2))
+
 /* MLA attention of Q [H][nope + rope] over the LATENT rows lat [0..t][lora + rope] (one layer,
  * c_j ++ k_pe_j, state.h) in the absorbed form (spec §7.5, src/model/mla.c): qa [H][lora + rope]
- * = W_ukᵀ q_nope ++ q_pe, softmax over qa·lat_j / sqrt(nope + rope) flash-decoded in chunks of
- * K3K_ATT_CHUNK, acc [H][lora] = Σ_j p_j c_j, o [H][vd] = W_uv acc; W_uk and W_uv are head h's
+ * = W_ukᵀ q_nope ++ q_pe, softmax over qa·lat_j / sqrt(nope + rope) flash-decoded in at most
+ * K3K_LAT_SPLITS position splits (each read once per group of 16 heads, online softmax within
+ * a split), acc [H][lora] = Σ_j p_j c_j, o [H][vd] = W_uv acc; W_uk and W_uv are head h's
  * rows h·(nope + vd) .. of kv_b [H·(nope + vd)][lora] (F32, BF16 or I8). Differs from the CPU
- * by float32 rounding (other summation order). scratch: k3k_mla_scratch_floats(H, lora, t + 1)
- * floats. cudaErrorInvalidValue when kv_b's shape or dtype does not fit. */
+ * by float32 rounding (other summation order); the order depends on t only. scratch:
+ * k3k_mla_latent_scratch_floats(H, lora) floats. cudaErrorInvalidValue when kv_b's shape or
+ * dtype does not fit. */
 cudaError_t k3k_mla_latent_attend(const float *Q, const k3k_mat *kv_b, const float *lat, int t,
                                   int H, int nope, int rope, int vd, int lora, float *qa,
                                   float *acc, float *scratch, float *o, cudaStream_t stream);

@@ -1268,45 +1268,115 @@ __global__ void mla_absorb_k(const float *Q, const uint8_t *W, const float *scal
         for (int k = threadIdx.x; k < rope; k += blockDim.x) qa[(size_t)h * kvf + lora + k] = q[nope + k];
 }
 
-// Flash-decoding over the latent rows lat [n][lora + rope]: block (h, s) takes positions
-// [s·K3K_ATT_CHUNK, +K3K_ATT_CHUNK) for head h: scores qa[h]·lat_j · scale, the chunk's max m,
-// l = Σ e^(score - m) and Σ e^(score - m) · c_j [lora] into part[(h·NS + s)·(lora + 2)].
-__global__ void __launch_bounds__(ATT_THREADS)
-mla_latent_part(const float *qa, const float *lat, int n, int lora, int rope, float scale,
-                float *part) {
+// Flash-decoding over the latent rows lat [n][lora + rope], which every head shares: block
+// (g, s, z) takes heads [g·LAT_HG, +LAT_HG), positions [s·per, +per) in tiles of LAT_TJ and
+// latent columns [z·LAT_COLS, +LAT_COLS). Each latent row is read once per head group (not
+// once per head): a tile's scores qa[h]·lat_j are register-blocked products (4 heads × 2
+// positions per thread, both operands staged in shared memory LAT_TD columns at a time),
+// then an online softmax per head (running max m, l = Σ e^(score - m), the accumulators
+// rescaled when m grows) and acc[h][c] += e^(score - m) · c_j[c] with c_j read once per tile
+// for all LAT_HG heads. Writes part[(h·NS + s)·(lora + 2)] = m, l, acc[lora] for
+// mla_attend_merge. Deterministic: the order depends on n only, not on the GPU.
+constexpr int LAT_HG = 16, LAT_TJ = 128, LAT_TD = 16, LAT_THREADS = 256;
+static_assert(LAT_HG * LAT_TD == LAT_THREADS, "one query element per thread and step");
+constexpr int LAT_COLS = 2 * LAT_THREADS; // accumulator columns per block (2 per thread)
+
+__global__ void __launch_bounds__(LAT_THREADS)
+mla_latent_split(const float *qa, const float *lat, int n, int per, int H, int lora, int rope,
+                 float scale, float *part) {
     pdl_trigger();
     pdl_wait(); // launched early (launch_pdl); nothing read or written before
-    __shared__ float sc[K3K_ATT_CHUNK], red[32];
-    const int h = blockIdx.x, s = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int kvf = lora + rope;
-    const int j0 = s * K3K_ATT_CHUNK, cnt = min(n - j0, K3K_ATT_CHUNK);
-    const float *q = qa + (size_t)h * kvf;
-    for (int jj = warp; jj < cnt; jj += ATT_THREADS / 32) {
-        const float *cj = lat + (size_t)(j0 + jj) * kvf;
-        float dot = 0.0f;
-        for (int d = lane; d < kvf; d += 32) dot = fmaf(q[d], cj[d], dot);
-        dot = warp_sum(dot);
-        if (lane == 0) sc[jj] = __fmul_rn(dot, scale);
+    __shared__ float Ls[LAT_TD][LAT_TJ + 1], Qs[LAT_HG][LAT_TD];
+    __shared__ __align__(16) float P[LAT_TJ][LAT_HG];
+    __shared__ float M[LAT_HG], Lsum[LAT_HG], R[LAT_HG];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, kvf = lora + rope;
+    const int h0 = blockIdx.x * LAT_HG, s = blockIdx.y, c0 = blockIdx.z * LAT_COLS + tid;
+    const int hq = tid / 64, jp = tid % 64; /* score block: heads 4hq.., positions jp, jp + 64 */
+    const int j0 = s * per, j1 = min(n, j0 + per);
+    float acc[LAT_HG][2] = {};
+    if (tid < LAT_HG) M[tid] = -INFINITY, Lsum[tid] = 0.0f;
+    for (int jt = j0; jt < j1; jt += LAT_TJ) {
+        const int cnt = min(LAT_TJ, j1 - jt);
+        float sc[4][2] = {}, nl[LAT_TJ * LAT_TD / LAT_THREADS], nq;
+        /* step d0's operands are fetched into registers during step d0 - LAT_TD's products */
+        auto fetch = [&](int d0) {
+#pragma unroll
+            for (int k = 0; k < LAT_TJ * LAT_TD / LAT_THREADS; k++) {
+                const int i = tid + k * LAT_THREADS, jj = i / LAT_TD, dd = i % LAT_TD;
+                nl[k] = jj < cnt && d0 + dd < kvf ? lat[(size_t)(jt + jj) * kvf + d0 + dd] : 0.0f;
+            }
+            const int hh = tid / LAT_TD, dd = tid % LAT_TD; /* LAT_HG·LAT_TD == LAT_THREADS */
+            nq = h0 + hh < H && d0 + dd < kvf ? qa[(size_t)(h0 + hh) * kvf + d0 + dd] : 0.0f;
+        };
+        fetch(0);
+        for (int d0 = 0; d0 < kvf; d0 += LAT_TD) {
+            __syncthreads(); /* the last step's readers are done */
+#pragma unroll
+            for (int k = 0; k < LAT_TJ * LAT_TD / LAT_THREADS; k++) {
+                const int i = tid + k * LAT_THREADS;
+                Ls[i % LAT_TD][i / LAT_TD] = nl[k];
+            }
+            Qs[tid / LAT_TD][tid % LAT_TD] = nq;
+            __syncthreads();
+            if (d0 + LAT_TD < kvf) fetch(d0 + LAT_TD);
+#pragma unroll
+            for (int dd = 0; dd < LAT_TD; dd++) {
+                const float l0 = Ls[dd][jp], l1 = Ls[dd][jp + 64];
+#pragma unroll
+                for (int a = 0; a < 4; a++) {
+                    const float q = Qs[4 * hq + a][dd];
+                    sc[a][0] = fmaf(q, l0, sc[a][0]), sc[a][1] = fmaf(q, l1, sc[a][1]);
+                }
+            }
+        }
+        for (int a = 0; a < 4; a++) /* positions past the split's end weigh nothing */
+            for (int b = 0; b < 2; b++)
+                P[jp + 64 * b][4 * hq + a] = jp + 64 * b < cnt ? __fmul_rn(sc[a][b], scale) : -INFINITY;
+        __syncthreads();
+        for (int hh = 2 * warp; hh < 2 * warp + 2; hh++) { /* warp w: heads 2w, 2w + 1 */
+            float mx = -INFINITY;
+            for (int jj = lane; jj < cnt; jj += 32) mx = fmaxf(mx, P[jj][hh]);
+            mx = fmaxf(warp_max(mx), M[hh]);
+            float sum = 0.0f;
+            for (int jj = lane; jj < LAT_TJ; jj += 32) {
+                const float e = jj < cnt ? expf(P[jj][hh] - mx) : 0.0f;
+                P[jj][hh] = e;
+                sum += e;
+            }
+            sum = warp_sum(sum);
+            if (lane == 0) {
+                const float r = M[hh] == -INFINITY ? 0.0f : expf(M[hh] - mx);
+                R[hh] = r, Lsum[hh] = fmaf(Lsum[hh], r, sum), M[hh] = mx;
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int hh = 0; hh < LAT_HG; hh++) acc[hh][0] *= R[hh], acc[hh][1] *= R[hh];
+        const float *row = lat + (size_t)jt * kvf;
+#pragma unroll 4
+        for (int jj = 0; jj < cnt; jj++, row += kvf) {
+            const float v0 = c0 < lora ? row[c0] : 0.0f;
+            const float v1 = c0 + LAT_THREADS < lora ? row[c0 + LAT_THREADS] : 0.0f;
+            const float4 *p4 = (const float4 *)P[jj];
+#pragma unroll
+            for (int q = 0; q < LAT_HG / 4; q++) {
+                const float4 p = p4[q];
+                acc[4 * q][0] = fmaf(p.x, v0, acc[4 * q][0]), acc[4 * q][1] = fmaf(p.x, v1, acc[4 * q][1]);
+                acc[4 * q + 1][0] = fmaf(p.y, v0, acc[4 * q + 1][0]), acc[4 * q + 1][1] = fmaf(p.y, v1, acc[4 * q + 1][1]);
+                acc[4 * q + 2][0] = fmaf(p.z, v0, acc[4 * q + 2][0]), acc[4 * q + 2][1] = fmaf(p.z, v1, acc[4 * q + 2][1]);
+                acc[4 * q + 3][0] = fmaf(p.w, v0, acc[4 * q + 3][0]), acc[4 * q + 3][1] = fmaf(p.w, v1, acc[4 * q + 3][1]);
+            }
+        }
     }
     __syncthreads();
-    float mx = -INFINITY;
-    for (int jj = threadIdx.x; jj < cnt; jj += ATT_THREADS) mx = fmaxf(mx, sc[jj]);
-    mx = block_max(mx, red);
-    float sum = 0.0f;
-    for (int jj = threadIdx.x; jj < cnt; jj += ATT_THREADS) {
-        const float e = expf(sc[jj] - mx);
-        sc[jj] = e;
-        sum += e;
+#pragma unroll
+    for (int hh = 0; hh < LAT_HG; hh++) {
+        if (h0 + hh >= H) break;
+        float *out = part + ((size_t)(h0 + hh) * gridDim.y + s) * (lora + 2);
+        if (c0 < lora) out[2 + c0] = acc[hh][0];
+        if (c0 + LAT_THREADS < lora) out[2 + c0 + LAT_THREADS] = acc[hh][1];
+        if (blockIdx.z == 0 && tid == 0) out[0] = M[hh], out[1] = Lsum[hh];
     }
-    sum = block_sum(sum, red); /* its barriers also publish sc */
-    float *out = part + ((size_t)h * gridDim.y + s) * (lora + 2);
-    for (int d = threadIdx.x; d < lora; d += ATT_THREADS) {
-        const float *col = lat + (size_t)j0 * kvf + d;
-        float acc = 0.0f;
-        for (int jj = 0; jj < cnt; jj++) acc = fmaf(sc[jj], col[(size_t)jj * kvf], acc);
-        out[2 + d] = acc;
-    }
-    if (threadIdx.x == 0) out[0] = mx, out[1] = sum;
 }
 
 // o[h][v] = W_uv[h] · acc[h]: one warp per output row (kv_b_proj row h·(nope + vd) + nope + v).
@@ -1585,9 +1655,14 @@ extern "C" cudaError_t k3k_mla_latent_attend(const float *Q, const k3k_mat *kv_b
                                    : launch_pdl(mla_absorb_k<K3K_F32>, ag, 128, 0, s, Q, W, kv_b->scale, H, nope, rope, vd, lora, qa);
     if (e != cudaSuccess) return e;
     const float scale = (float)(1.0 / sqrt((double)(nope + rope)));
-    const int n = t + 1, NS = (n + K3K_ATT_CHUNK - 1) / K3K_ATT_CHUNK;
-    e = launch_pdl(mla_latent_part, dim3(H, NS), ATT_THREADS, 0, s, (const float *)qa, lat, n, lora,
-                   rope, scale, scratch);
+    /* splits of at least two tiles (the rescaling is then always exercised), at most
+     * K3K_LAT_SPLITS: the scratch is bounded whatever the context */
+    const int n = t + 1, tiles = (n + LAT_TJ - 1) / LAT_TJ;
+    const int splits = min(K3K_LAT_SPLITS, (tiles + 1) / 2);
+    const int per = (tiles + splits - 1) / splits * LAT_TJ, NS = (n + per - 1) / per;
+    const dim3 grid((H + LAT_HG - 1) / LAT_HG, NS, (lora + LAT_COLS - 1) / LAT_COLS);
+    e = launch_pdl(mla_latent_split, grid, LAT_THREADS, 0, s, (const float *)qa, lat, n, per, H,
+                   lora, rope, scale, scratch);
     if (e != cudaSuccess) return e;
     e = launch_pdl(mla_attend_merge, H, 128, 0, s, (const float *)scratch, NS, lora, acc);
     if (e != cudaSuccess) return e;

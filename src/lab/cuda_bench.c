@@ -348,17 +348,17 @@ static int bench_experts(FILE *out, int reps, double copy_bps, const k3_gpu_tuni
     return rc;
 }
 
-/* MLA attention over a 4096-position LATENT cache at K3 widths (96 heads, lora 512, rope 64,
+/* MLA attention over a ctx-position LATENT cache at K3 widths (96 heads, lora 512, rope 64,
  * kv_b_proj BF16 [96·256][512] read by the absorb and the W_uv product): bytes = the latent
  * rows + kv_b_proj. */
-static int bench_latent(FILE *out, int reps, double copy_bps, k3_err *err) {
+static int bench_latent(FILE *out, int ctx, int reps, double copy_bps, k3_err *err) {
     const int H = 96, lora = 512, kvf = 512 + 64;
-    size_t latb = (size_t)4096 * kvf * 4, wb = (size_t)H * 256 * lora * 2;
-    job m = {.kind = 6, .sets = 1, .H = H, .t = 4095};
+    size_t latb = (size_t)ctx * kvf * 4, wb = (size_t)H * 256 * lora * 2;
+    job m = {.kind = 6, .sets = 1, .H = H, .t = ctx - 1};
     void *w = NULL;
     CK(cudaMalloc((void **)&m.x, H * 192 * 4));
     CK(cudaMalloc((void **)&m.y, H * 128 * 4));
-    CK(cudaMalloc((void **)&m.h, k3k_mla_scratch_floats(H, lora, 4096) * 4));
+    CK(cudaMalloc((void **)&m.h, k3k_mla_latent_scratch_floats(H, lora) * 4));
     CK(cudaMalloc((void **)&m.ys[0], (size_t)H * kvf * 4));
     CK(cudaMalloc((void **)&m.ys[1], (size_t)H * lora * 4));
     CK(cudaMalloc((void **)&m.aux, latb));
@@ -369,7 +369,9 @@ static int bench_latent(FILE *out, int reps, double copy_bps, k3_err *err) {
     m.mat[0] = (k3k_mat){w, NULL, K3K_BF16, (int64_t)H * 256, lora};
     double t = 0;
     int rc = time_job(&m, reps / 4 > 1 ? reps / 4 : 1, &t, err);
-    if (!rc) row(out, "MLA attention, latent cache (absorbed)", "ctx 4096 x 96 heads", (double)(latb + wb), t, copy_bps);
+    char shape[32];
+    snprintf(shape, sizeof shape, "ctx %d x 96 heads", ctx);
+    if (!rc) row(out, "MLA attention, latent cache (absorbed)", shape, (double)(latb + wb), t, copy_bps);
     cudaFree(m.x), cudaFree(m.y), cudaFree(m.h), cudaFree(m.ys[0]), cudaFree(m.ys[1]);
     cudaFree(m.aux), cudaFree(w);
     return rc;
@@ -407,7 +409,9 @@ static int bench_mixers(FILE *out, int reps, double copy_bps, k3_err *err) {
     cudaFree(m.y);
     cudaFree(m.h);
     cudaFree(m.aux);
-    return rc ? rc : bench_latent(out, reps, copy_bps, err);
+    static const int ctxs[] = {4096, 32768, 131072}; /* 131,072: 302 MB of latent rows */
+    for (int i = 0; !rc && i < 3; i++) rc = bench_latent(out, ctxs[i], reps, copy_bps, err);
+    return rc;
 }
 
 void k3_gpu_set_tuning(const k3_gpu_tuning *t) { k3k_set_tuning(!t->no_pdl, t->mx_schedule); }
