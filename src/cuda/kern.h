@@ -13,7 +13,8 @@
  *    AttnRes and MoE weighted sums, the conv) run per element in the CPU's order with
  *    separate multiply and add (__fmul_rn / __fadd_rn, no FMA contraction), so they are
  *    bit-identical to the scalar path given identical inputs. The MLA attention value sum
- *    is the exception: it is split over position chunks (k3k_mla_attend).
+ *    is the exception: it is split over position chunks (k3k_mla_attend) or splits
+ *    (k3k_mla_latent_attend).
  *  - Every launcher enqueues on `stream`, never synchronizes, and returns the launch status
  *    (cudaGetLastError); a kernel never allocates. A kernel may start while the previous one
  *    on the stream finishes (programmatic dependent launch) but reads no activation and
