@@ -83,6 +83,29 @@ static void worker_state_free(k3_worker_state *w) {
 
 
 
+/* The pass of n slots: the prompt ids of --chunk, by default as many as the memory plan gives
+ * a prompt pass (the session's chunk: expert-major prefill, each expert its ids chose read
+ * once per pass), beside every slot's decode row and its --spec drafts (drafts beyond the
+ * largest pass are not proposed: the scheduler gives them the rows left). */
+static int pass_new(k3_server *s, k3_worker_state *w, int n, k3_err *err) {
+    int decode = n * (1 + (s->o.spec > 0 ? s->o.spec : 0));
+    w->chunk = s->o.chunk > 0 ? s->o.chunk : k3_session_chunk(w->convs[0].sess) - decode;
+    if (w->chunk < K3_DEFAULT_CHUNK) w->chunk = K3_DEFAULT_CHUNK;
+    if (w->chunk > K3_MULTISTEP_MAX_ROWS - n) w->chunk = K3_MULTISTEP_MAX_ROWS - n;
+    long rows = (long)w->chunk + decode;
+    w->max_rows = rows < K3_MULTISTEP_MAX_ROWS ? (int)rows : K3_MULTISTEP_MAX_ROWS;
+    /* logits rows: one per decode row (a verification wants one per id), one echo chunk of
+     * K3_DEFAULT_CHUNK positions and each prompt's last position, not one per prompt id (a
+     * row is vocab_size floats: 655 KB at K3's vocabulary) */
+    rows = (long)decode + K3_DEFAULT_CHUNK + n;
+    w->logit_rows = rows < w->max_rows ? (int)rows : w->max_rows;
+    w->segs = calloc((size_t)w->max_rows, sizeof *w->segs);
+    w->seg_slot = calloc((size_t)w->max_rows, sizeof *w->seg_slot);
+    w->rows = malloc((size_t)w->logit_rows * (size_t)w->vocab * sizeof *w->rows);
+    if (!w->segs || !w->seg_slot || !w->rows) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
+    return k3_multistep_new(s->eng, w->max_rows, &w->ms, err);
+}
+
 int k3_worker_start(k3_server *s, k3_err *err) {
     k3_worker_state *w = calloc(1, sizeof *w);
     if (!w) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
@@ -105,26 +128,7 @@ int k3_worker_start(k3_server *s, k3_err *err) {
     int rc = k3_kept_new(s, &w->convs[0], err);
     if (rc) return rc;
     w->n_convs = 1;
-    /* The pass: the prompt ids of --chunk, by default as many as the memory plan gives a
-     * prompt pass (the session's chunk: expert-major prefill, each expert its ids chose read
-     * once per pass), beside every slot's decode row and its --spec drafts (drafts beyond the
-     * largest pass are not proposed: the scheduler gives them the rows left). */
-    int decode = n * (1 + (s->o.spec > 0 ? s->o.spec : 0));
-    w->chunk = s->o.chunk > 0 ? s->o.chunk : k3_session_chunk(w->convs[0].sess) - decode;
-    if (w->chunk < K3_DEFAULT_CHUNK) w->chunk = K3_DEFAULT_CHUNK;
-    if (w->chunk > K3_MULTISTEP_MAX_ROWS - n) w->chunk = K3_MULTISTEP_MAX_ROWS - n;
-    long rows = (long)w->chunk + decode;
-    w->max_rows = rows < K3_MULTISTEP_MAX_ROWS ? (int)rows : K3_MULTISTEP_MAX_ROWS;
-    /* logits rows: one per decode row (a verification wants one per id), one echo chunk of
-     * K3_DEFAULT_CHUNK positions and each prompt's last position, not one per prompt id (a
-     * row is vocab_size floats: 655 KB at K3's vocabulary) */
-    rows = (long)decode + K3_DEFAULT_CHUNK + n;
-    w->logit_rows = rows < w->max_rows ? (int)rows : w->max_rows;
-    w->segs = calloc((size_t)w->max_rows, sizeof *w->segs);
-    w->seg_slot = calloc((size_t)w->max_rows, sizeof *w->seg_slot);
-    w->rows = malloc((size_t)w->logit_rows * (size_t)w->vocab * sizeof *w->rows);
-    if (!w->segs || !w->seg_slot || !w->rows) return k3_fail(err, K3_ERR_GENERIC, "out of memory");
-    if ((rc = k3_multistep_new(s->eng, w->max_rows, &w->ms, err))) return rc;
+    if ((rc = pass_new(s, w, n, err))) return rc;
     if (s->o.prompt_cache &&
         (rc = k3_pcache_open(s->eng, s->o.prompt_cache, s->o.prompt_cache_gb > 0
                              ? s->o.prompt_cache_gb : K3_PCACHE_DEFAULT_GB,
