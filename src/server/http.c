@@ -225,10 +225,11 @@ static void job_log(const k3_server *s, const k3_job *j, int status) {
     if (j->p.max_clamped)
         snprintf(clamp, sizeof clamp, "; max_tokens %d cut to --max-tokens %d",
                  j->p.max_requested, j->p.max_tokens);
-    log_line(s, "POST %s %d%s prompt %d (cached %d) + %d tokens, %s, %.3f s%s%s%s", j->path,
+    log_line(s, "POST %s %d%s prompt %d (cached %d) + %d tokens, %s%s%s, %.3f s%s%s%s", j->path,
              status, j->p.stream ? " stream" : "", j->n_prompt_used, j->n_cached, j->n_completion,
              j->finish ? j->finish : j->failed ? "failed" : j->stalled ?
              "cancelled: the client read nothing for --stall-timeout" : "cancelled",
+             j->stopped[0] ? ": " : "", j->stopped,
              j->t_end > j->t_submit ? j->t_end - j->t_submit : 0.0,
              j->p.effort_mapped ? "; reasoning_effort medium read as " K3_SRV_MEDIUM_EFFORT : "",
              clamp, j->resp ? j->resp->note : "");
