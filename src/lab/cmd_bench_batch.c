@@ -123,29 +123,7 @@ __attribute__((format(printf, 2, 3))) static void progress(const char *what, con
 }
 
 /* Read + written bytes per second of a parallel 1 GB memcpy (best of 3). */
-static double copy_bw(void) {
-    size_t bytes = (size_t)1 << 30;
-    char *src = malloc(bytes), *dst = malloc(bytes);
-    double best = 1e30;
-    if (!src || !dst) {
-        free(src), free(dst);
-        return 0;
-    }
-    memset(src, 1, bytes), memset(dst, 2, bytes);
-    for (int it = 0; it < 3; it++) {
-        double t = k3_now_s();
-#pragma omp parallel
-        {
-            size_t nt = (size_t)omp_get_num_threads(), i = (size_t)omp_get_thread_num();
-            size_t c = bytes / nt / 64 * 64, off = i * c, n = i + 1 == nt ? bytes - off : c;
-            memcpy(dst + off, src + off, n);
-        }
-        t = k3_now_s() - t;
-        if (t < best) best = t;
-    }
-    free(src), free(dst);
-    return 2.0 * (double)bytes / best;
-}
+static double copy_bw(void) { return k3_lab_copy_rate((size_t)1 << 30); }
 
 /* Bytes of one routed expert (three MXFP4 matrices inter x latent: nibbles + E8M0 scales) and
  * of the spine (everything else the forward pass reads). */

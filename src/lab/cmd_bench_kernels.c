@@ -78,8 +78,7 @@ static void fill(void *p, size_t bytes, int bf16) {
     }
 }
 
-/* Read + written bytes per second of a parallel memcpy of `bytes` (best of 3). */
-static double copy_bw(uint8_t *dst, const uint8_t *src, size_t bytes) {
+double k3_lab_copy_bw(uint8_t *dst, const uint8_t *src, size_t bytes) {
     double best = 1e30;
     for (int it = 0; it < 3; it++) {
         double t = k3_now_s();
@@ -93,6 +92,17 @@ static double copy_bw(uint8_t *dst, const uint8_t *src, size_t bytes) {
         if (t < best) best = t;
     }
     return 2.0 * (double)bytes / best;
+}
+
+double k3_lab_copy_rate(size_t bytes) {
+    uint8_t *src = malloc(bytes), *dst = malloc(bytes);
+    double bw = 0;
+    if (src && dst) {
+        memset(src, 1, bytes), memset(dst, 2, bytes);
+        bw = k3_lab_copy_bw(dst, src, bytes);
+    }
+    free(src), free(dst);
+    return bw;
 }
 
 typedef struct kcase {
@@ -394,7 +404,7 @@ static int bench_kernels(int argc, char **argv) {
     double bw[2];
     for (int t = 0; t < 2; t++) {
         omp_set_num_threads(tcounts[t]);
-        bw[t] = copy_bw(dst, src, copy_bytes);
+        bw[t] = k3_lab_copy_bw(dst, src, copy_bytes);
     }
     printf("memory bandwidth (1 GiB memcpy, read + written bytes/s): %.1f GB/s with 1 thread, "
            "%.1f GB/s with %d threads\n\n", bw[0] / 1e9, bw[1] / 1e9, threads);

@@ -87,27 +87,8 @@ static void fill_random(float *p, size_t n, uint64_t seed) {
 }
 
 /* Bytes copied per second by a parallel memcpy of 512 MiB (best of 3): the rate the floor
- * reads the latent rows at. */
-static double copy_rate(void) {
-    size_t bytes = (size_t)512 << 20;
-    uint8_t *src = malloc(bytes), *dst = malloc(bytes);
-    if (!src || !dst) return free(src), free(dst), 0;
-    memset(src, 1, bytes), memset(dst, 2, bytes);
-    double best = 1e30;
-    for (int it = 0; it < 3; it++) {
-        double t = k3_now_s();
-#pragma omp parallel
-        {
-            size_t nt = (size_t)omp_get_num_threads(), i = (size_t)omp_get_thread_num();
-            size_t c = bytes / nt / 64 * 64, off = i * c, n = i + 1 == nt ? bytes - off : c;
-            memcpy(dst + off, src + off, n);
-        }
-        t = k3_now_s() - t;
-        best = t < best ? t : best;
-    }
-    free(src), free(dst);
-    return (double)bytes / best;
-}
+ * reads the latent rows at (half of what is read + written). */
+static double copy_rate(void) { return k3_lab_copy_rate((size_t)512 << 20) / 2; }
 
 /* Multiply-adds per second of one attention tile's two products for H (query, head) rows:
  * scores [H][TILE] from the tile [TILE][lora + rope], and Σ p·c [H][lora] from its transpose

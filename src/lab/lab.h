@@ -8,6 +8,8 @@
 #ifndef K3_LAB_H
 #define K3_LAB_H
 
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #include "../util/err.h"
@@ -27,6 +29,12 @@ int k3_cmd_bench_gpu(int argc, char **argv);
 int k3_cmd_synth(int argc, char **argv);
 int k3_cmd_replay(int argc, char **argv);
 int k3_cmd_tracegen(int argc, char **argv);
+
+/* Read + written bytes per second of a parallel memcpy of `bytes` from src to dst (best of 3;
+ * every benchmark's bandwidth floor, cmd_bench_kernels.c). k3_lab_copy_rate allocates and
+ * fills its own buffers of `bytes` each; 0 when out of memory. */
+double k3_lab_copy_bw(uint8_t *dst, const uint8_t *src, size_t bytes);
+double k3_lab_copy_rate(size_t bytes);
 
 /* What `k3-lab bench-gpu` measures of the kernels alone (cuda_bench.c, CUDA=1 builds). */
 typedef struct k3_gpu_bench {
