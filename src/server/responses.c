@@ -509,6 +509,14 @@ static void event(k3_resp_job *r, k3_sbuf *ev, const char *name) {
                    r->seq++);
 }
 
+/* The output_item.done event of output item idx (its JSON in item). */
+static void item_done(k3_resp_job *r, k3_sbuf *ev, int idx, const k3_sbuf *item) {
+    event(r, ev, "response.output_item.done");
+    k3_sbuf_printf(ev, ",\"output_index\":%d,\"item\":", idx);
+    k3_sbuf_add(ev, item->p, item->len);
+    k3_sbuf_str(ev, "}\n\n");
+}
+
 void k3_resp_open(k3_resp_job *r, k3_sbuf *ev, const struct k3_server *s, const k3_job *j) {
     event(r, ev, "response.created");
     k3_sbuf_str(ev, ",\"response\":");
@@ -571,10 +579,7 @@ static void close_text(k3_resp_job *r, k3_sbuf *ev, bool stream) {
                        "\"part\":", id, idx);
         part(ev, r, kind, true);
         k3_sbuf_str(ev, "}\n\n");
-        event(r, ev, "response.output_item.done");
-        k3_sbuf_printf(ev, ",\"output_index\":%d,\"item\":", idx);
-        k3_sbuf_add(ev, item.p, item.len);
-        k3_sbuf_str(ev, "}\n\n");
+        item_done(r, ev, idx, &item);
     }
     add_item(r, item.p, item.len);
     k3_sbuf_free(&item);
@@ -678,10 +683,7 @@ void k3_resp_tool_call(k3_resp_job *r, k3_sbuf *ev, bool stream, const char *cal
         k3_sbuf_printf(ev, "\",\"%s\":\"", custom ? "input" : "arguments");
         k3_sbuf_json_str(ev, value, strlen(value));
         k3_sbuf_str(ev, "\"}\n\n");
-        event(r, ev, "response.output_item.done");
-        k3_sbuf_printf(ev, ",\"output_index\":%d,\"item\":", idx);
-        k3_sbuf_add(ev, item.p, item.len);
-        k3_sbuf_str(ev, "}\n\n");
+        item_done(r, ev, idx, &item);
     }
     add_item(r, item.p, item.len);
     k3_sbuf_free(&item);
