@@ -181,7 +181,7 @@ static int parse_args(int argc, char **argv, serve_args *a) {
     k3_opt_targets t = {&a->eo, &a->co, &a->cc, a};
     int rc = k3_opts_parse(&serve_cmd, argc, argv, &t, &p);
     if (rc) return rc;
-    if ((rc = k3_model_arg("serve", p.n_positional ? p.positional[0] : NULL, &a->model_dir)))
+    if ((rc = k3_model_arg("k3 serve", p.n_positional ? p.positional[0] : NULL, &a->model_dir)))
         return rc;
     if (p.n_positional && !a->so.model_id && strcmp(a->model_dir, p.positional[0]))
         a->so.model_id = p.positional[0]; /* a name, not its snapshot's revision */
