@@ -241,6 +241,10 @@ static void read_ref(const char *repo_dir, const char *name, char *ref, size_t c
     free(txt);
 }
 
+static int snap_name_cmp(const void *a, const void *b) {
+    return strcmp(((const snap *)a)->name, ((const snap *)b)->name);
+}
+
 /* The snapshot folders of repo_dir/snapshots, newest first; refs/main's first of all. */
 static int list_snapshots(const char *repo_dir, snap **out, int *n, k3_err *err) {
     char p[PATH_MAX];
@@ -367,6 +371,7 @@ static int hub_commit(const char *name, const char *repo_dir, const char *rev, c
     snap *s;
     int n, hits = 0, rc = list_snapshots(repo_dir, &s, &n, err);
     char both[2 * NAME_MAX + 8] = "";
+    if (n) qsort(s, (size_t)n, sizeof *s, snap_name_cmp); /* the message's two, by name */
     for (int i = 0; i < n && !rc; i++) {
         if (strncmp(s[i].name, rev, strlen(rev))) continue;
         if (hits++ < 2) {
