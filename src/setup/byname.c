@@ -383,7 +383,8 @@ static int hub_commit(const char *name, const char *repo_dir, const char *rev, c
     free(s);
     if (!rc && hits > 1)
         rc = k3_fail(err, K3_ERR_USAGE, "%s: %s begins %d snapshots in %s/snapshots: %s%s; give "
-                     "more of the commit", name, rev, hits, repo_dir, both, hits > 2 ? ", ..." : "");
+                     "more of the commit", name, rev, hits, repo_dir, both,
+                     hits > 2 ? ", ..." : "");
     return rc;
 }
 
