@@ -1,8 +1,8 @@
 #!/bin/bash
 # tests/setup/run.sh GROUP... — `k3 setup` against nginx on loopback, serving the k3-nano
 # fixture under the Hugging Face hub layout, plus a fault-injecting proxy (faultproxy.py).
-# Groups: full stream streamrun budget auto faults resume (default: all). Needs nginx and python3; exits 77
-# SKIPPED and the reason when one is missing (exit 0). Ends with "N passed, N failed"; exit 0
+# Groups: full stream streamrun budget auto faults drip resume byname (default: all). Needs
+# nginx and python3; says SKIPPED and the reason when one is missing (exit 0). Ends with "N passed, N failed"; exit 0
 # when every check passed.
 # K3_BIN selects the binary (default ./k3); K3_KEEP_TMP=1 keeps the temp folder.
 set -u
@@ -367,8 +367,37 @@ group_resume() {
     check "Ctrl-C: the next run completes byte-identical" same_as_source "$T/int"
 }
 
+# OWNER/NAME@REV: k3 setup installs a revision other than main into MODELS/OWNER/NAME@REV and
+# records it; k3 run finds each install by the revision, by the commit it pinned (short
+# form too), and refuses a revision no install holds (src/setup/setup.h, part 4)
+group_byname() {
+    local m=$T/models r=moonshotai/Kimi-K3 want got rc v
+    # k3 run by name with no Hugging Face cache: only k3 setup's folders; stderr in $T/bn.err
+    by_name() {
+        HF_HUB_CACHE=$T/nohub K3_MODELS=$m "$K3" run "$1" --prompt-ids 1,2,3 --max-new 3 --ids \
+            2>"$T/bn.err"
+    }
+    want=$("$K3" run "$FIX" --prompt-ids 1,2,3 --max-new 3 --ids 2>/dev/null)
+    K3_MODELS=$m setup "$r@$COMMIT" --full --endpoint "$EP" 2>"$T/bn1.err"; rc=$?
+    check "byname: setup NAME@COMMIT: exit 0" [ $rc = 0 ]
+    check "byname: ... into MODELS/NAME@COMMIT" grep -q "installing into $m/$r@$COMMIT\$" "$T/bn1.err"
+    check "byname: ... byte-identical" same_as_source "$m/$r@$COMMIT"
+    K3_MODELS=$m setup "$r@main" --full --endpoint "$EP" 2>"$T/bn2.err"; rc=$?
+    check "byname: setup NAME@main: exit 0, into MODELS/NAME" bash -c "[ $rc = 0 ] && grep -q 'installing into $m/$r\$' '$T/bn2.err'"
+    got=$(by_name "$r@$COMMIT")
+    check "byname: run NAME@COMMIT loads MODELS/NAME@COMMIT" bash -c "[ '$got' = '$want' ] && grep -q 'loaded $m/$r@$COMMIT:' '$T/bn.err'"
+    for v in main "${COMMIT:0:7}"; do
+        got=$(by_name "$r@$v")
+        check "byname: run NAME@$v loads MODELS/NAME" bash -c "[ '$got' = '$want' ] && grep -q 'loaded $m/$r:' '$T/bn.err'"
+    done
+    by_name "$r@v2" >/dev/null; rc=$?
+    check "byname: run NAME@v2 refused (exit 3)" [ $rc = 3 ]
+    check "byname: ... naming what MODELS/NAME holds" grep -q "$m/$r holds revision main, commit $COMMIT" "$T/bn.err"
+    check "byname: ... and the fix" grep -q "install it with k3 setup $r@v2" "$T/bn.err"
+}
+
 start_nginx
-GROUPS_TO_RUN=${*:-full stream streamrun budget auto faults drip resume}
+GROUPS_TO_RUN=${*:-full stream streamrun budget auto faults drip resume byname}
 for g in $GROUPS_TO_RUN; do
     echo "== $g"
     "group_$g"
