@@ -2,8 +2,8 @@
 # tests/setup/run.sh GROUP... — `k3 setup` against nginx on loopback, serving the k3-nano
 # fixture under the Hugging Face hub layout, plus a fault-injecting proxy (faultproxy.py).
 # Groups: full stream streamrun budget auto faults drip resume byname (default: all). Needs
-# nginx and python3; says SKIPPED and the reason when one is missing (exit 0). Ends with "N passed, N failed"; exit 0
-# when every check passed.
+# nginx and python3; says SKIPPED and the reason when one is missing (exit 0). Ends with
+# "N passed, N failed"; exit 0 when every check passed.
 # K3_BIN selects the binary (default ./k3); K3_KEEP_TMP=1 keeps the temp folder.
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
