@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "../setup/setup.h"
+#include "opts.h"
 
 static int is_model_dir(const char *dir) {
     char p[PATH_MAX + 32];
@@ -73,7 +74,7 @@ int k3_model_arg(const char *cmd, const char *arg, const char **dir) {
     k3_err err = {0};
     int rc = k3_model_resolve(arg, hub, models, out, sizeof out, note, sizeof note, &err);
     if (rc) {
-        fprintf(stderr, "k3 %s: %s\n", cmd, err.msg);
+        k3_opts_error(cmd, &err);
         return rc;
     }
     if (note[0]) fprintf(stderr, "k3 %s: %s\n", cmd, note);

@@ -53,7 +53,7 @@ int k3_spec_init(k3_spec *sp, int max_draft, const k3_session *s, const k3_sampl
     sp->rows = malloc(n * (size_t)sp->vocab * sizeof *sp->rows);
     if (!sp->hist || !sp->pass || !sp->rows) {
         k3_spec_free(sp);
-        return k3_fail(err, K3_ERR_GENERIC, "out of memory for --spec %d", max_draft);
+        return k3_fail_opts(err, K3_ERR_GENERIC, "spec", "out of memory for spec %d", max_draft);
     }
     return K3_OK;
 }
@@ -210,7 +210,7 @@ void k3_spec_summary(const k3_spec *sp, long generated, char *buf, size_t cap) {
         snprintf(saved, sizeof saved, "%.3f s (vs %.4f s per single step)",
                  (double)t->fed * step - t->pass_s, step);
     }
-    int n = snprintf(buf, cap, "speculation (--spec %d): %ld drafts proposed, %ld accepted "
+    int n = snprintf(buf, cap, "speculation (up to %d drafts): %ld drafts proposed, %ld accepted "
                      "(%.1f%%; %ld partial passes; by position", sp->max_draft, t->proposed,
                      t->accepted, t->proposed ? 100.0 * t->accepted / t->proposed : 0.0,
                      t->partial);
