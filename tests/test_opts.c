@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "../src/cli/opts.h"
 #include "../src/engine/k3.h"
@@ -440,16 +441,39 @@ static void test_library_reads_no_environment(void) {
           "spine_gb nan: %s", err.msg);
 }
 
-/* Library errors name fields (k3_fail_field records which); the edge shows the flag that sets
- * it where the name stood, without searching the text: a word that only looks like a field
- * stays as it is. */
+/* Library errors name fields (k3_fail_field / k3_fail_opts record which, and where); the edge
+ * shows the flag that sets each where its name stood, without searching the text: a word that
+ * only looks like a field stays as it is, also after the message is prefixed. */
 static void test_fields_map_to_flags(void) {
     k3_err err = {0};
+    char text[sizeof err.msg + 256];
     k3_fail_field(&err, K3_ERR_USAGE, "spine_gb", " %g: expected a number", 2e6);
-    CHECK(!strcmp(err.msg, "spine_gb 2e+06: expected a number") && !strcmp(err.field, "spine_gb"),
-          "%s / %s", err.msg, err.field);
+    CHECK(!strcmp(err.msg, "spine_gb 2e+06: expected a number") &&
+          !strcmp(err.field[0].name, "spine_gb") && err.field[0].at == 0, "%s / %s", err.msg,
+          err.field[0].name);
+    CHECK(!strcmp(k3_opts_render(&err, text, sizeof text), "--spine-gb 2e+06: expected a number"),
+          "%s", text);
     k3_fail(&err, K3_ERR_USAGE, "expert_gb alone is no field");
-    CHECK(!err.field[0], "k3_fail left the field %s", err.field);
+    CHECK(!err.field[0].name[0], "k3_fail left the field %s", err.field[0].name);
+    CHECK(!strcmp(k3_opts_render(&err, text, sizeof text), "expert_gb alone is no field"), "%s",
+          text);
+    /* advice anywhere in the text; a path holding the same word earlier is left alone */
+    k3_fail_opts(&err, K3_ERR_INPUT, "ctx", "%s holds 9 positions but the context is 4 (raise ctx)",
+                 "/m/ctx/a.state");
+    k3_err_prefix(&err, "loading %s", "state");
+    CHECK(!strcmp(k3_opts_render(&err, text, sizeof text), "loading state: /m/ctx/a.state holds 9 "
+                  "positions but the context is 4 (raise --ctx)"), "%s", text);
+    k3_fail_opts(&err, K3_ERR_DEVICE, "gpu_gb,ctx", "too small: raise gpu_gb or lower ctx");
+    CHECK(!strcmp(k3_opts_render(&err, text, sizeof text),
+                  "too small: raise --gpu-gb or lower --ctx"), "%s", text);
+    k3_fail_opts(&err, K3_ERR_USAGE, "ctx,not_a_field", "my_ctx is not ctx_x nor ctxs");
+    CHECK(!err.field[0].name[0] && !strcmp(k3_opts_render(&err, text, sizeof text), err.msg),
+          "a look-alike word was taken for a field: %s", text);
+    k3_fail_opts(&err, K3_ERR_USAGE, "not_a_field", "raise not_a_field");
+    CHECK(!strcmp(k3_opts_render(&err, text, sizeof text), "raise not_a_field"), "%s", text);
+    char tiny[12];
+    k3_fail_opts(&err, K3_ERR_INPUT, "ctx", "a long message that ends: raise ctx");
+    CHECK(!strcmp(k3_opts_render(&err, tiny, sizeof tiny), "a long mess"), "cut: %s", tiny);
     static const struct { const char *field, *flag; } map[] = {
         {"spine_gb", "--spine-gb"}, {"expert_gb", "--expert-gb"}, {"device", "--device"},
         {"kernels", "--kernels"}, {"ctx", "--ctx"}, {"gpu_gb", "--gpu-gb"}};
@@ -471,6 +495,27 @@ static void test_fields_map_to_flags(void) {
               r.status, r.err);
         k3t_cli_free(&r);
     }
+    /* a field named mid-message by the model's state-file check (k3_fail_opts), end to end */
+    char path[] = "/tmp/k3-opts-XXXXXX", args[256];
+    int fd = mkstemp(path);
+    CHECK(fd >= 0, "mkstemp");
+    if (fd < 0) return;
+    close(fd);
+    k3t_cli r = {0};
+    snprintf(args, sizeof args, "run " NANO " -q --prompt-ids 1,2,3,4,5,6 --max-new 1 "
+             "--save-state %s", path);
+    if (!k3t_cli_run(args, &r)) {
+        CHECK(r.status == 0, "saving: %s", r.err);
+        k3t_cli_free(&r);
+    }
+    snprintf(args, sizeof args, "run " NANO " -q --prompt-ids 7 --max-new 1 --ctx 4 "
+             "--load-state %s", path);
+    if (!k3t_cli_run(args, &r)) {
+        CHECK(r.status == K3_ERR_INPUT && strstr(r.err, "holds 7 positions but the context is 4 "
+              "(raise --ctx)"), "exit %d: %s", r.status, r.err);
+        k3t_cli_free(&r);
+    }
+    unlink(path);
 }
 
 static void test_parse_numbers(void) {

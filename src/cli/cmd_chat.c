@@ -102,7 +102,7 @@ static int parse_args(int argc, char **argv, chat_opts *o) {
     o->eo.verbose = o->verbose;
     k3_err err = {0};
     if (o->cc.save_state && k3_cli_check_writable("--save-state", o->cc.save_state, &err)) {
-        fprintf(stderr, "k3 chat: %s\n", err.msg);
+        k3_opts_error("chat", &err);
         return err.code;
     }
     return 0;
@@ -410,7 +410,8 @@ static int command(chat *c, const char *line) {
     } else {
         printf("unknown command '%s' (try /help)\n", line);
     }
-    if (rc) printf("error: %s\n", err.msg);
+    char text[sizeof err.msg + 256];
+    if (rc) printf("error: %s\n", k3_opts_render(&err, text, sizeof text));
     return 0;
 }
 
@@ -468,7 +469,8 @@ static int repl(chat *c, k3_err *err) {
             if (trc == K3_ERR_INTERRUPTED)
                 dim(c, "(%s; the message is kept)\n", terr.msg);
             else if (trc) {
-                printf("error: %s\n", terr.msg);
+                char text[sizeof terr.msg + 256];
+                printf("error: %s\n", k3_opts_render(&terr, text, sizeof text));
                 failed = trc, last = terr;
             }
         }

@@ -498,6 +498,6 @@ int k3_cmd_pack(int argc, char **argv) {
     if (!a.out_given) a.out_dir = a.model_dir;
     k3_err err = {0};
     rc = pack(&a, &err);
-    if (rc) fprintf(stderr, "k3 pack: %s\n", err.msg);
+    if (rc) k3_opts_error("pack", &err);
     return rc;
 }

@@ -134,7 +134,7 @@ int k3_cmd_render(int argc, char **argv) {
     }
     if (rc && err.msg[0]) {
         fflush(stdout);
-        fprintf(stderr, "k3 render: %s\n", err.msg);
+        k3_opts_error("render", &err);
     }
     free(body);
     k3_segments_free(&segs);

@@ -158,11 +158,11 @@ static int parse_args(int argc, char **argv, run_opts *o) {
     }
     k3_err err = {0};
     if (o->cc.save_state && k3_cli_check_writable("--save-state", o->cc.save_state, &err)) {
-        fprintf(stderr, "k3 run: %s\n", err.msg);
+        k3_opts_error("run", &err);
         return err.code;
     }
     if ((o->prompt_file || (o->prompt && !strcmp(o->prompt, "-"))) && read_prompt(o, &err)) {
-        fprintf(stderr, "k3 run: %s\n", err.msg);
+        k3_opts_error("run", &err);
         return err.code;
     }
     if ((rc = k3_model_arg("k3 run", o->model_dir, &o->model_dir))) return rc;

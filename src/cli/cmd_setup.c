@@ -153,6 +153,6 @@ int k3_cmd_setup(int argc, char **argv) {
     k3_cli_catch_sigint();
     k3_err err = {0};
     rc = k3_setup_run(&o, &err);
-    if (rc) fprintf(stderr, "k3 setup: %s\n", err.msg);
+    if (rc) k3_opts_error("setup", &err);
     return rc;
 }

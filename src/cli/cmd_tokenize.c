@@ -113,7 +113,7 @@ static void print_ids(const int32_t *ids, size_t n) {
 }
 
 static int fail(const char *cmd, const k3_err *err) {
-    fprintf(stderr, "k3 %s: %s\n", cmd, err->msg);
+    k3_opts_error(cmd, err);
     return err->code;
 }
 

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "../setup/setup.h"
+#include "opts.h"
 
 static int is_model_dir(const char *dir) {
     char p[PATH_MAX + 32];
@@ -73,7 +74,8 @@ int k3_model_arg(const char *cmd, const char *arg, const char **dir) {
     k3_err err = {0};
     int rc = k3_model_resolve(arg, hub, models, out, sizeof out, note, sizeof note, &err);
     if (rc) {
-        fprintf(stderr, "%s: %s\n", cmd, err.msg);
+        char text[sizeof err.msg + 256]; /* as k3_opts_error, under cmd's own prefix */
+        fprintf(stderr, "%s: %s\n", cmd, k3_opts_render(&err, text, sizeof text));
         return rc;
     }
     if (note[0]) fprintf(stderr, "%s: %s\n", cmd, note);

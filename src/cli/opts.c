@@ -477,14 +477,30 @@ const char *k3_opts_flag_of(const char *field) {
     return NULL;
 }
 
+const char *k3_opts_render(const k3_err *err, char *out, size_t cap) {
+    size_t o = 0, from = 0, len = strlen(err->msg);
+    while (o < cap) { /* the next recorded field after from, in text order */
+        int next = -1;
+        for (int k = 0; k < K3_ERR_FIELDS; k++) {
+            size_t n = strlen(err->field[k].name);
+            if (n && err->field[k].at >= from && err->field[k].at + n <= len &&
+                !strncmp(err->msg + err->field[k].at, err->field[k].name, n) &&
+                (next < 0 || err->field[k].at < err->field[next].at))
+                next = k;
+        }
+        const char *flag = next < 0 ? NULL : k3_opts_flag_of(err->field[next].name);
+        size_t at = next < 0 ? len : err->field[next].at;
+        o += (size_t)snprintf(out + o, cap - o, "%.*s%s", (int)(at - from),
+                              err->msg + from, flag ? flag : next < 0 ? "" : err->field[next].name);
+        if (next < 0) break;
+        from = at + strlen(err->field[next].name);
+    }
+    if (cap) out[o < cap ? o : cap - 1] = 0;
+    return out;
+}
+
 void k3_opts_error(const char *cmd, const k3_err *err) {
     if (!err->msg[0]) return; /* already said (an MPI follower rank: rank 0 reports) */
-    const char *flag = k3_opts_flag_of(err->field);
-    size_t n = strlen(err->field);
-    if (flag && !strncmp(err->msg, err->field, n))
-        fprintf(stderr, "k3 %s: %s%s\n", cmd, flag, err->msg + n);
-    else if (flag)
-        fprintf(stderr, "k3 %s: %s (%s is %s)\n", cmd, err->msg, err->field, flag);
-    else
-        fprintf(stderr, "k3 %s: %s\n", cmd, err->msg);
+    char text[sizeof err->msg + 256];
+    fprintf(stderr, "k3 %s: %s\n", cmd, k3_opts_render(err, text, sizeof text));
 }

@@ -166,12 +166,15 @@ int k3_opts_usage_error(const k3_cli_command *cmd, const char *what);
 /* The help of cmd: its usage, its rows, then each shared group it draws. */
 void k3_opts_usage(const k3_cli_command *cmd, FILE *f);
 
-/* Prints a library error as "k3 CMD: MSG\n" to stderr. When the error is about an option
- * field (err->field, set by k3_fail_field: msg starts with it), the flag of the table row
- * that sets that field stands where the field's name stood ("spine_gb 2e+06: ..." becomes
- * "--spine-gb 2e+06: ..."); a field no row sets, or a message prefixed since, is printed as
- * it is followed by "(FIELD is FLAG)". Nothing is searched in the text. An empty message is
- * not printed (an MPI follower rank: rank 0 reports). */
+/* Writes a library error's message to out (cap bytes, always terminated), with the flag of
+ * the table row that sets each option field the message names (err->field, recorded by
+ * k3_fail_field / k3_fail_opts with its offset) standing where the field's name stood:
+ * "spine_gb 2e+06: ..." becomes "--spine-gb 2e+06: ...", "(raise ctx)" "(raise --ctx)". A
+ * field no row sets stays as it is. Nothing is searched in the text. Returns out. */
+const char *k3_opts_render(const k3_err *err, char *out, size_t cap);
+
+/* Prints a library error as "k3 CMD: MSG\n" to stderr, MSG rendered by k3_opts_render. An
+ * empty message is not printed (an MPI follower rank: rank 0 reports). */
 void k3_opts_error(const char *cmd, const k3_err *err);
 
 /* The flag of the table row that sets field (a k3_engine_opts or k3_cli_common field), or

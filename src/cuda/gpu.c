@@ -362,9 +362,9 @@ static int make_plan(k3_gpu *g, const k3_gpu_opts *o, plan *p, k3_err *err) {
     uint64_t min_cache = n_moe ? ((uint64_t)c->num_experts_per_token + 1) * g->ec.slot_bytes : 0;
     uint64_t fixed = p->head + p->scratch + p->state;
     if (fixed + min_cache > p->budget)
-        return k3_fail(err, K3_ERR_DEVICE, "a device budget of %.3g GB cannot hold the head "
-                       "(%.3g GB), one session's state (%.3g GB) and one layer's %d experts "
-                       "(%.3g GB); raise gpu_gb or lower --ctx", p->budget / 1e9, p->head / 1e9,
+        return k3_fail_opts(err, K3_ERR_DEVICE, "gpu_gb,ctx", "a device budget of %.3g GB cannot "
+                       "hold the head (%.3g GB), one session's state (%.3g GB) and one layer's "
+                       "%d experts (%.3g GB); raise gpu_gb or lower ctx", p->budget / 1e9, p->head / 1e9,
                        p->state / 1e9, c->num_experts_per_token, min_cache / 1e9);
     uint64_t avail = p->budget - fixed - min_cache, all = 0, biggest = 0;
     for (int l = 0; l < L; l++) {
@@ -610,8 +610,8 @@ int k3_gpu_session_new(k3_gpu *g, int max_ctx, k3_gpu_session **out, k3_err *err
     if (e != cudaSuccess) {
         free(s);
         cudaGetLastError();
-        return k3_fail(err, K3_ERR_DEVICE, "out of device memory for a session's state (%.3g GB "
-                       "at ctx %d): %s; lower --ctx or gpu_gb", total / 1e9, max_ctx,
+        return k3_fail_opts(err, K3_ERR_DEVICE, "ctx,gpu_gb", "out of device memory for a "
+                       "session's state (%.3g GB at a context of %d): %s; lower ctx or gpu_gb", total / 1e9, max_ctx,
                        cudaGetErrorString(e));
     }
     char *p = s->mem;

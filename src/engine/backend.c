@@ -58,7 +58,7 @@ int k3_backend_open(const k3_model *m, const k3_engine_opts *o, k3_backend **out
     if (m->lm_head.dtype == K3_DT_BF16LX) { /* the lossless spine: CPU kernels only */
         have = 0;
         snprintf(reason, sizeof reason, "the lossless spine is decoded by the CPU kernels; "
-                 "--spine bf16 runs on the GPU");
+                 "a BF16 spine runs on the GPU");
         if (!strcmp(dev, "cuda"))
             rc = k3_fail(err, K3_ERR_USAGE, "device cuda: %s", reason);
     }

@@ -40,7 +40,7 @@ static void quality_note(k3_engine *e, const char *dir, char *out, size_t cap) {
     if (k3_pack_quality_read(path, &q, &ignored) || q.pack_checksum != e->pack->header_checksum ||
         (e->approx && !q.has_approx))
         snprintf(out, cap, "no quality figures stored for this pack%s (measure with k3 quality)",
-                 e->approx ? " and --approx" : "");
+                 e->approx ? " and int8 activations" : "");
     else
         snprintf(out, cap, "k3 pack measured on %d predictions: mean KL %.3g nats, top-1 "
                  "agreement %.2f%%, max |dlogit| %.3g, perplexity %.6g (exact %.6g)",
@@ -107,7 +107,7 @@ static int open_spine(k3_engine *e, const char *model_dir, const k3_engine_opts 
     if (rc) return rc;
     quality_note(e, dir, note, sizeof note);
     snprintf(e->spine_line, sizeof e->spine_line, "spine: int8 from %s%s -- NOT exact; %s",
-             path, e->approx ? " with int8 activations (--approx)" : "", note);
+             path, e->approx ? " with int8 activations" : "", note);
     return K3_OK;
 }
 
@@ -420,10 +420,9 @@ int k3_engine_load(const char *model_dir, const k3_engine_opts *opts, k3_engine 
     if (!rc) rc = attach_source(e, opts, err);
     if (!rc) rc = k3_backend_open(&e->model, &dev, &e->backend, err);
     if (!rc && opts->expert_ranks && k3_backend_can_rewind(e->backend) == 0)
-        rc = k3_fail_field(err, K3_ERR_USAGE, "device",
-                           " '%s': an MPI run computes its experts on the "
-                     "CPU backend only (GPU ranks are not built yet); give --device cpu",
-                     k3_backend_name(e->backend));
+        rc = k3_fail_opts(err, K3_ERR_USAGE, "device", "the %s backend: an MPI run computes "
+                          "its experts on the CPU backend only (GPU ranks are not built yet); "
+                          "give device cpu", k3_backend_name(e->backend));
     if (rc) {
         k3_engine_free(e);
         return rc;
@@ -579,8 +578,8 @@ int k3_prefill_begin(k3_prefill *p, k3_session *s, const int32_t *ids, size_t n,
     if (reused) *reused = (int)keep;
     *p = (k3_prefill){.s = s, .ids = ids, .n = n, .at = keep, .first = keep};
     if (n > (size_t)k3_session_max_ctx(s))
-        return k3_fail(err, K3_ERR_INPUT, "the prompt (%zu tokens) does not fit the context of "
-                       "%d tokens (raise --ctx)", n, k3_session_max_ctx(s));
+        return k3_fail_opts(err, K3_ERR_INPUT, "ctx", "the prompt (%zu tokens) does not fit the "
+                            "context of %d tokens (raise ctx)", n, k3_session_max_ctx(s));
     return K3_OK;
 }
 

@@ -45,14 +45,16 @@ int k3_engine_check_logits(const k3_engine *e, const float *logits, int rows, in
         if (!bad) continue;
         size_t id = 0;
         while (id < V && isfinite(row[id])) id++;
-        return k3_fail(err, K3_ERR_CHECKPOINT, "non-finite logits (%s at vocab id %zu) after "
-                       "position %d: %s", isnan(row[id]) ? "NaN" : "Inf", id, first_pos + r,
-                       e->approx ? "--approx (int8 activations) overflowed or the int8 spine "
-                       "pack is corrupt: run without --approx, or rebuild with k3 pack"
-                       : k3_engine_spine_int8(e) ? "the int8 spine pack or the checkpoint's weights are likely "
-                       "corrupt (run with --spine bf16 to tell; rebuild the pack with k3 pack)"
-                       : "the checkpoint's weights are likely corrupt (a damaged or "
-                       "modified shard: compare it with the original, e.g. k3 setup --check)");
+        return k3_fail_opts(err, K3_ERR_CHECKPOINT, e->approx ? "approx" : "spine",
+                            "non-finite logits (%s at vocab id %zu) after position %d: %s",
+                            isnan(row[id]) ? "NaN" : "Inf", id, first_pos + r,
+                            e->approx ? "the int8 activations overflowed or the int8 spine "
+                            "pack is corrupt: run without approx, or rebuild with k3 pack"
+                            : k3_engine_spine_int8(e) ? "the int8 spine pack or the checkpoint's "
+                            "weights are likely corrupt (run with spine bf16 to tell; rebuild "
+                            "the pack with k3 pack)" : "the checkpoint's weights are likely "
+                            "corrupt (a damaged or modified shard: compare it with the "
+                            "original, e.g. k3 setup --check)");
     }
     return K3_OK;
 }
@@ -148,9 +150,9 @@ static int check_seg(const k3_engine *e, k3_pass_seg *g) {
             return k3_fail(&g->err, K3_ERR_INPUT, "token id %d is outside the vocabulary "
                            "[0, %d)", g->ids[i], e->cfg.vocab_size);
     if (k3_state_pos(st) + g->n > k3_state_max_ctx(st))
-        return k3_fail(&g->err, K3_ERR_INPUT, "the context is full (%d positions, %d used, %d "
-                       "more asked); start a new session or raise --ctx", k3_state_max_ctx(st),
-                       k3_state_pos(st), g->n);
+        return k3_fail_opts(&g->err, K3_ERR_INPUT, "ctx", "the context is full (%d positions, "
+                            "%d used, %d more asked); start a new session or raise ctx",
+                            k3_state_max_ctx(st), k3_state_pos(st), g->n);
     if ((g->flags & K3_BATCH_REWINDABLE) && !k3_backend_can_rewind(e->backend))
         return k3_fail(&g->err, K3_ERR_USAGE, "this backend cannot rewind a pass");
     return K3_OK;

@@ -53,7 +53,7 @@ int k3_spec_init(k3_spec *sp, int max_draft, const k3_session *s, const k3_sampl
     sp->rows = malloc(n * (size_t)sp->vocab * sizeof *sp->rows);
     if (!sp->hist || !sp->pass || !sp->rows) {
         k3_spec_free(sp);
-        return k3_fail(err, K3_ERR_GENERIC, "out of memory for --spec %d", max_draft);
+        return k3_fail_opts(err, K3_ERR_GENERIC, "spec", "out of memory for spec %d", max_draft);
     }
     return K3_OK;
 }
@@ -98,27 +98,14 @@ bool k3_spec_next(k3_spec *sp, int32_t *id) {
     return true;
 }
 
-static double uniform(k3_sampler *sm) { return (double)(k3_rng_next(sm->rng) >> 11) * 0x1.0p-53; }
-
-/* Is draft x K3's choice at this row? Greedy: x is the argmax. Sampling: x is accepted with
- * probability p(x); on rejection *next is drawn from p without x, renormalised (spec.h). */
+/* Is draft x K3's choice at this row? The sampler draws at this row exactly as it would
+ * without speculation (greedy: the argmax; sampling: one draw of its PRNG); x is accepted when
+ * it is that id. Otherwise the drawn id is the next one emitted (k3_spec_next), so no row is
+ * drawn twice and the PRNG advances once per emitted id, as without --spec (spec.h). */
 static bool agrees(k3_spec *sp, k3_sampler *sm, const float *row, int32_t x) {
-    if (!sp->sampling) return k3_sampler_sample(sm, row) == x;
-    const k3_candidate *c;
-    int n = k3_sampler_candidates(sm, row, &c);
-    double px = 0;
-    for (int i = 0; i < n; i++)
-        if (c[i].id == x) px = c[i].p;
-    if (uniform(sm) < px) return true;
-    double u = uniform(sm) * (1 - px), cum = 0;
-    int32_t pick = -1;
-    for (int i = 0; i < n; i++) { /* px < 1 here, so some other id is kept */
-        if (c[i].id == x) continue;
-        pick = c[i].id; /* the last other id if rounding leaves none */
-        cum += c[i].p;
-        if (u < cum) break;
-    }
-    sp->next = pick;
+    int32_t y = k3_sampler_sample(sm, row);
+    if (y == x) return true;
+    if (sp->sampling) sp->next = y;
     return false;
 }
 
@@ -210,7 +197,7 @@ void k3_spec_summary(const k3_spec *sp, long generated, char *buf, size_t cap) {
         snprintf(saved, sizeof saved, "%.3f s (vs %.4f s per single step)",
                  (double)t->fed * step - t->pass_s, step);
     }
-    int n = snprintf(buf, cap, "speculation (--spec %d): %ld drafts proposed, %ld accepted "
+    int n = snprintf(buf, cap, "speculation (up to %d drafts): %ld drafts proposed, %ld accepted "
                      "(%.1f%%; %ld partial passes; by position", sp->max_draft, t->proposed,
                      t->accepted, t->proposed ? 100.0 * t->accepted / t->proposed : 0.0,
                      t->partial);

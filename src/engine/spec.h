@@ -6,8 +6,9 @@
  *  - The matcher prefers the LONGEST suffix (max_ngram down to min_ngram tokens) that occurred
  *    before, and among equal lengths the MOST RECENT occurrence; it proposes the tokens that
  *    followed that occurrence (at most max_draft, never past the end of the history).
- *  - Verification (k3_spec_feed) accepts only tokens equal to K3's own greedy choice and rewinds
- *    the state exactly, so output with speculation equals output without it, token for token.
+ *  - Verification (k3_spec_feed) accepts only tokens equal to K3's own choice at that row (the
+ *    argmax, or the seeded sampler's draw) and rewinds the state exactly, so output with
+ *    speculation equals output without it, token for token, greedy or seeded.
  */
 #ifndef K3_SPEC_H
 #define K3_SPEC_H
@@ -36,13 +37,14 @@ int k3_spec_draft(const int32_t *tokens, size_t n, int max_draft, int32_t *draft
  * the next token, exactly as without speculation: output and state are token for token the
  * same, so a wrong draft only costs verification work.
  *
- * With sampling on (temperature > 0) acceptance is standard speculative sampling for a draft
- * that is one id with certainty (q = δ_x): with p the sampler's distribution at that row
- * (temperature, top-k, top-p: k3_sampler_candidates), x is accepted with probability p(x);
- * after a rejection the next id is drawn from p without x, renormalised (max(0, p − q) /
- * (1 − p(x))). Each emitted id is then distributed exactly as the sampler would draw it; the
- * draws come from the sampler's PRNG, so a seed reproduces a run, but not the run without
- * --spec (tests/test_specdec.c compares the distributions).
+ * With sampling on (temperature > 0) the sampler draws at each row of the pass exactly as it
+ * would without speculation (one draw of its PRNG for the id after pass[i]); draft i+1 is
+ * accepted when it is the id drawn, and otherwise the drawn id is emitted next (k3_spec_next).
+ * For a draft that is one id with certainty (q = δ_x) this is standard speculative sampling:
+ * x is accepted with probability p(x), and after a rejection the id comes from p without x,
+ * renormalised. And since the PRNG advances once per emitted id, in order, a seeded run with
+ * --spec is id for id the run without it, whatever drafts were verified or the pays-off rule
+ * decided (tests/test_specdec.c).
  *
  * Speculation is off when the backend cannot rewind (a device backend), and for the rest of a
  * generation once it does not pay as measured: over the last K3_SPEC_WINDOW passes, the ids
@@ -70,9 +72,10 @@ typedef struct k3_spec {
     bool off;            /* off for the rest of this generation (why says so) */
     bool never;          /* off for good: a backend that cannot rewind */
     bool sampling;       /* temperature > 0: speculative sampling acceptance */
-    int32_t next;        /* after a rejection while sampling: the id drawn from the residual
-                          * distribution, to be emitted next (k3_spec_next); -1 = none */
-    bool judge;          /* apply the pays-off rule (default; tests turn it off) */
+    int32_t next;        /* after a rejection while sampling: the id drawn at that row, to be
+                          * emitted next (k3_spec_next); -1 = none */
+    bool judge;          /* apply the pays-off rule (default; tests turn it off to keep
+                          * verifying on a model whose drafts rarely pay) */
     char why[160];
     int vocab;
     int32_t *hist;       /* [max_ctx + 1] the session's ids, then the pending id */

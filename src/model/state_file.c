@@ -156,7 +156,8 @@ done:
 static int check_header(const k3_state_file_header *got, const k3_state_file_header *want,
                         const k3_state *s, uint64_t file_bytes, const char *path, k3_err *err) {
     if (memcmp(got->magic, K3_STATE_MAGIC, 8) != 0)
-        return k3_fail(err, K3_ERR_IO, "%s: not a k3 state file (made by --save-state)", path);
+        return k3_fail_opts(err, K3_ERR_IO, "save_state", "%s: not a k3 state file (made by "
+                            "save_state)", path);
     if (got->version == 1) /* the expanded MLA cache: its rows cannot become latent ones */
         return k3_fail(err, K3_ERR_IO, "%s: state file version 1 holds the expanded MLA cache of "
                        "an older k3; this k3 keeps the latent cache (version %d) and cannot "
@@ -179,8 +180,8 @@ static int check_header(const k3_state_file_header *got, const k3_state_file_hea
         got->kv_floats != want->kv_floats)
         return k3_fail(err, K3_ERR_INPUT, "%s: state sizes do not match this model", path);
     if (got->pos < 0 || got->pos > s->max_ctx)
-        return k3_fail(err, K3_ERR_INPUT, "%s holds %d positions but the context is %d "
-                       "(raise --ctx)", path, got->pos, s->max_ctx);
+        return k3_fail_opts(err, K3_ERR_INPUT, "ctx", "%s holds %d positions but the context "
+                            "is %d (raise ctx)", path, got->pos, s->max_ctx);
     uint64_t want_bytes = sizeof *got + got->payload_bytes + sizeof(uint64_t);
     if (got->payload_bytes != want->payload_bytes || file_bytes != want_bytes)
         return k3_fail(err, K3_ERR_IO, "%s: %llu bytes, expected %llu: the file is truncated or "

@@ -132,9 +132,6 @@ enum k3_server_test_op {
      * slow-client invariant above; default 1 MiB): a test stalls a client with less output
      * than the loopback socket buffers plus 1 MiB. */
     K3_SERVER_TEST_STREAM_BACKLOG,
-    /* int 1: --spec never turns itself off (its pays-off rule measures time, spec.h), so that
-     * a seeded sampled reply verifies the same drafts in every run, alone or beside others. */
-    K3_SERVER_TEST_SPEC_NO_JUDGE,
 };
 int k3_server_test_control(int op, ...);
 #endif

@@ -18,7 +18,6 @@ static struct {
     const char *scripted_reply; /* a JSON file: an array of strings */
     double token_delay_s;
     size_t stream_backlog;
-    int spec_no_judge;
 } tests;
 
 int k3_server_test_control(int op, ...) {
@@ -29,7 +28,6 @@ int k3_server_test_control(int op, ...) {
     case K3_SERVER_TEST_SCRIPTED_REPLY: tests.scripted_reply = va_arg(ap, const char *); break;
     case K3_SERVER_TEST_TOKEN_DELAY: tests.token_delay_s = va_arg(ap, double); break;
     case K3_SERVER_TEST_STREAM_BACKLOG: tests.stream_backlog = va_arg(ap, size_t); break;
-    case K3_SERVER_TEST_SPEC_NO_JUDGE: tests.spec_no_judge = va_arg(ap, int); break;
     default: rc = -1;
     }
     va_end(ap);
@@ -86,7 +84,6 @@ void k3_srv_test_free(k3_worker_state *w) {
 bool k3_srv_test_scripted(const k3_worker_state *w) { return w->n_script > 0; }
 
 void k3_srv_test_begin(k3_worker_state *ws, k3_slot *w) {
-    if (tests.spec_no_judge) w->spec.judge = false;
     if (!ws->n_script) return;
     size_t k = ws->script_next++ % ws->n_script; /* generation i takes reply i % n */
     w->script_cur = ws->script[k];

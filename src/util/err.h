@@ -32,12 +32,17 @@ enum k3_status {
     K3_ERR_INTERRUPTED = 130, /* stopped by SIGINT (128 + 2, the shell convention) */
 };
 
+/* How many option fields one message may name (k3_fail_opts). */
+#define K3_ERR_FIELDS 2
+
 typedef struct k3_err {
     int code;
     char msg[1024];
-    char field[32]; /* the option field the error is about ("spine_gb", a k3_engine_opts field),
-                     * or "" (k3_fail_field sets it; msg then starts with it): the edge shows
-                     * the flag that sets the field instead, without searching the text */
+    /* The option fields the message names ("spine_gb", a k3_engine_opts field), each with the
+     * byte offset where its name stands in msg; an empty name ends the list. The edge shows the
+     * flag that sets a field in its place (k3_opts_render): the library never writes a CLI flag,
+     * and the edge never searches the text for look-alike words. */
+    struct { char name[32]; size_t at; } field[K3_ERR_FIELDS];
 } k3_err;
 
 /* Fills err (if non-NULL) with code and a printf-style message (and no field); returns code.
@@ -46,10 +51,19 @@ int k3_fail(k3_err *err, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 /* The same for an error about one option field: msg is the field's name followed by the
- * formatted text, and err->field the name.
+ * formatted text, and err->field[0] the name at offset 0.
  * Usage: k3_fail_field(err, K3_ERR_USAGE, "spine_gb", " %g: expected ...", gb) gives
  * "spine_gb 2e+06: expected ...", which the CLI prints as "--spine-gb 2e+06: expected ...". */
 int k3_fail_field(k3_err *err, int code, const char *field, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* The same for a message whose advice names option fields anywhere in its text: fields is a
+ * comma-separated list of at most K3_ERR_FIELDS names ("ctx" or "gpu_gb,ctx"), each of which
+ * the formatted text holds as a word; the last such occurrence of each is recorded (so a path
+ * formatted earlier in the text cannot be taken for it). A name the text lacks is not recorded.
+ * Usage: k3_fail_opts(err, K3_ERR_INPUT, "ctx", "the prompt (%zu tokens) does not fit (raise
+ * ctx)", n) prints as "... (raise --ctx)" from the CLI. */
+int k3_fail_opts(k3_err *err, int code, const char *fields, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
 /* Prefixes an existing message with more context ("loading model: ..."); returns err->code. */

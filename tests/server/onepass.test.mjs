@@ -4,15 +4,14 @@
 // at once (greedy, seeded sampling with speculation, an echo + logprobs completion, a greedy
 // chat) run >= 2 token rows per pass on average (/metrics k3_pass_rows: before, speculating
 // slots stepped alone, ~1.3 rows per pass here) and each reply is identical, text, ids and
-// logprobs, to the same request sent alone.
-// K3_TEST_SPEC_NO_JUDGE (the test build's door, server.h): --spec's pays-off rule measures
-// time, and a seeded sampled reply depends on which drafts were verified; with the rule off
-// the drafts depend on the history alone, so "identical" is deterministic.
+// logprobs, to the same request sent alone. "Identical" holds for the seeded sampled request
+// too, whatever drafts were verified or whether --spec's pays-off rule (which measures time)
+// switched speculation off: each id is drawn at its own row as without --spec (spec.h).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { serverPool, raw, MODEL_ID } from './harness.mjs';
 
-const server = serverPool({ K3_TEST_SPEC_NO_JUDGE: '1' });
+const server = serverPool();
 
 // Short, repetitive (code-like) prompts and long replies: the decode rows dominate the passes.
 const CODE = 'for (i = 0; i < n; i++) { a[i] = b[i]; }\n'.repeat(3);
