@@ -209,8 +209,10 @@ async function readUntil(reader, text, pred) {
 }
 
 test('a queued stream gets its first event at once, then keep-alives while it waits', async () => {
-  // A scripted reply of ~300 tokens at 30 ms each keeps the one slot busy for ~9 s.
-  const long = thought('w '.repeat(300), 'done');
+  // A scripted reply of ~1,000 tokens at 30 ms each keeps the one slot busy for 30 s (it is
+  // aborted once the checks are done): the keep-alives come after 5 s of silence, and a loaded
+  // machine may be slow to send the queued requests (at ~300 tokens, 9 s, that left 4 s).
+  const long = thought('w '.repeat(1000), 'done');
   const { srv } = await scripted([long, plain('Short.'), plain('Chat.')], [], { K3_TEST_TOKEN_DELAY_MS: '30' });
   const busy = new AbortController();
   const first = await fetch(`${srv.url}/v1/chat/completions`, { method: 'POST', signal: busy.signal,

@@ -39,7 +39,9 @@ export async function startServer(args = [], env = {}, wrap = []) {
     proc.on('exit', (code) => { clearTimeout(timer); reject(new Error(`k3 serve exited ${code}:\n${out}${err}`)); });
     proc.on('error', (e) => { clearTimeout(timer); reject(new Error(`cannot run ${K3}: ${e.message}`)); });
   });
-  const exited = new Promise((resolve) => proc.on('exit', (code, sig) => resolve({ code, sig })));
+  // 'close', not 'exit': the process has ended AND its stdout and stderr are read to the end,
+  // so that log() after stop() holds every line it wrote ('exit' can come first).
+  const exited = new Promise((resolve) => proc.on('close', (code, sig) => resolve({ code, sig })));
   return {
     url, base: `${url}/v1`, proc, banner: () => out, log: () => err, exited,
     // Stops the server; throws when a sanitizer build (K3_BIN=build-asan/k3) reported errors.
