@@ -95,7 +95,7 @@ async function scripted(replies, dir) {
       const m = out.match(/listening on (http:\/\/\S+)\/v1 /);
       if (m) { clearTimeout(t); resolve(m[1]); }
     });
-    proc.on('exit', (code) => { clearTimeout(t); reject(new Error(`k3 serve exited ${code}:\n${log}`)); });
+    proc.on('close', (code) => { clearTimeout(t); reject(new Error(`k3 serve exited ${code}:\n${log}`)); });
   });
   const exited = new Promise((resolve) => proc.on('close', resolve));
   return {

@@ -6,7 +6,7 @@
 // so every generation is bounded by max_tokens.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { startServer, client, k3, raw, MODEL, MODEL_ID } from './harness.mjs';
+import { startServer, client, k3, raw, logMatch, MODEL, MODEL_ID } from './harness.mjs';
 
 let srv, api;
 before(async () => { srv = await startServer(); api = client(srv); });
@@ -152,7 +152,7 @@ test('chat: reasoning_effort and a system/developer message reach the prompt', a
   const medium = await api.chat.completions.create({ ...base, reasoning_effort: 'medium' });
   assert.deepEqual(medium.choices[0].message, high.choices[0].message);
   assert.equal(medium.usage.prompt_tokens, high.usage.prompt_tokens);
-  assert.match(srv.log(), /reasoning_effort medium read as high/);
+  await logMatch(srv, /reasoning_effort medium read as high/);
   assert.ok(low.usage.prompt_tokens > 0);
   const sys = await api.chat.completions.create({ ...base, messages: [{ role: 'system', content: 'Be brief.' }, user('Hi')] });
   const dev = await api.chat.completions.create({ ...base, messages: [{ role: 'developer', content: 'Be brief.' }, user('Hi')] });

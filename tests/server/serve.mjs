@@ -36,7 +36,8 @@ export async function startServer(args = [], env = {}, wrap = []) {
       const m = out.match(/listening on (http:\/\/\S+)\/v1 /);
       if (m) { clearTimeout(timer); resolve(m[1]); }
     });
-    proc.on('exit', (code) => { clearTimeout(timer); reject(new Error(`k3 serve exited ${code}:\n${out}${err}`)); });
+    // 'close': its stderr is read to the end, so the error names what the server said
+    proc.on('close', (code) => { clearTimeout(timer); reject(new Error(`k3 serve exited ${code}:\n${out}${err}`)); });
     proc.on('error', (e) => { clearTimeout(timer); reject(new Error(`cannot run ${K3}: ${e.message}`)); });
   });
   // 'close', not 'exit': the process has ended AND its stdout and stderr are read to the end,
