@@ -43,19 +43,25 @@ no_false_files() { # DEST: every file under its final name is identical to the s
 }
 
 # ---- servers (nginx: lib.sh) -------------------------------------------------------------
-start_proxy() {
-    PPORT=$(free_port)
-    : > "$T/rules"; : > "$T/proxy.log"
-    python3 "$HERE/faultproxy.py" "$PPORT" "$NPORT" "$T/rules" "$T/proxy.log" 2>"$T/proxy.err" &
+start_proxy() { # on a port the system picks (a port found free first could be taken meanwhile)
+    : > "$T/rules"; : > "$T/proxy.log"; : > "$T/proxy.port"
+    python3 "$HERE/faultproxy.py" 0 "$NPORT" "$T/rules" "$T/proxy.log" >"$T/proxy.port" 2>"$T/proxy.err" &
     PIDS+=($!)
-    for i in $(seq 50); do
-        curl -s -o /dev/null "http://127.0.0.1:$PPORT/moonshotai/Kimi-K3/resolve/main/config.json" && break
+    PPORT=""
+    for i in $(seq 300); do # it prints the port once it listens; up to 30 s on a loaded machine
+        PPORT=$(head -n 1 "$T/proxy.port")
+        [ -n "$PPORT" ] && break
         sleep 0.1
     done
+    [ -n "$PPORT" ] || { echo "FAIL: the fault proxy did not start:"; cat "$T/proxy.err"; exit 1; }
     PEP="http://127.0.0.1:$PPORT"
     : > "$T/proxy.log"
 }
-rules() { printf '%s\n' "$@" > "$T/rules"; sleep 0.01; } # new mtime: the proxy re-reads
+# New rules, each set new to the proxy even when the same as the last (its counts start again):
+# a first line unique to the call (the proxy compares the text; a comment to it), written whole
+# and renamed into place, so that the proxy never reads half of it. (It used to compare the
+# file's mtime and size after a 10 ms pause: no change seen when both fell in one clock tick.)
+rules() { printf '%s\n' "# $(date +%s%N)" "$@" > "$T/rules.new" && mv "$T/rules.new" "$T/rules"; }
 nginx_lines() { wc -l < "$T/ng/access.log"; }
 setup() { "$K3" setup "$@" --backoff 0.05 --timeout 5; }
 setup_t() { "$K3T" setup "$@" --backoff 0.05 --timeout 5; } # the test build
