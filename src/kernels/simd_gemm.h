@@ -30,8 +30,8 @@
  *    accumulators wait in `acc` between tiles (one load and one store per GEMM_KC columns).
  * mix_gemm_dense() runs the micro-kernel on an L1-resident slab and mix_fma() independent FMA
  * chains, for `k3-lab bench kernels` (k3_kernels_mix: the peaks, measured in the same run).
- * Measured (BENCHMARKS.md, issue 31): AVX-512 BF16 at 64 rows 74–77% of the mix's peak on
- * Zen 4 (68–70% with a whole tile widened between the FMA phases).
+ * Measured (BENCHMARKS.md, issue 31): AVX-512 BF16 at 64 rows 73% of the mix's peak on Zen 4
+ * (median per CPU-second; 69% with a whole tile widened in a phase of its own), AVX2 74–76%.
  *
  * The includer defines W, VF, VZERO, VLOADU, VLOADA, VSTOREA, VFMA, VADD, VSET1, hsum,
  * load_tail, tile_row and wsrc (with fields kind, w and cols; SRC_BF16 / SRC_F32), f32_vec
@@ -131,19 +131,20 @@ static gemm_slab gemm_next(gemm_slab c, int64_t cols, int64_t r1) {
 /* The next tile's inputs (xn: x at its first column, n rows of kc floats, cols apart), part q
  * of nq: prefetched a few lines per micro-kernel call (a burst of them filled the miss buffers
  * and stalled). */
-static inline void gemm_prefetch_x(const float *xn, int n, int64_t cols, int64_t q, int64_t nq) {
-    int64_t lpr = GEMM_KC * 4 / 64, all = (int64_t)n * lpr;
+static inline void gemm_prefetch_x(const float *xn, int n, int64_t kc, int64_t cols, int64_t q,
+                                   int64_t nq) {
+    int64_t lpr = (kc * 4 + 63) / 64, all = (int64_t)n * lpr;
     for (int64_t l = all * q / nq; l < all * (q + 1) / nq; l++)
         __builtin_prefetch((const char *)(xn + l / lpr * cols) + l % lpr * 64);
 }
 
 /* acc (slab c's rows) += its widened rows t · the n packed vectors xp, group by group; after
  * group g, row g of the next slab nx is prefetched and row g - GEMM_LAG widened into tn (the
- * rest after the last group), and part q0 + g of nq of the next tile's inputs xn (NULL: none)
- * prefetched. */
+ * rest after the last group), and part q0 + g of nq of the next tile's inputs xn (kcn columns;
+ * NULL: none) prefetched. */
 static void gemm_slab_run(const wsrc *s, gemm_slab c, const float *t, const float *xp, int n,
-                          gemm_slab nx, float *tn, VF *acc, const float *xn, int64_t q0,
-                          int64_t nq) {
+                          gemm_slab nx, float *tn, VF *acc, const float *xn, int64_t kcn,
+                          int64_t q0, int64_t nq) {
     int64_t steps = (c.kc + W - 1) / W;
     int64_t esz = s->kind == SRC_BF16 ? 2 : s->kind == SRC_F32 ? 4 : 0; /* 0: not prefetched */
     int g = 0;
@@ -153,7 +154,7 @@ static void gemm_slab_run(const wsrc *s, gemm_slab c, const float *t, const floa
             const char *w = (const char *)s->w + ((nx.rg + nx.r + g) * s->cols + nx.k0) * esz;
             for (int64_t o = 0; o < nx.kc * esz; o += 64) __builtin_prefetch(w + o);
         }
-        if (xn) gemm_prefetch_x(xn, n, s->cols, q0 + g, nq);
+        if (xn) gemm_prefetch_x(xn, n, kcn, s->cols, q0 + g, nq);
         int h = g - GEMM_LAG;
         if (h >= 0 && h < nx.R) tile_row(s, nx.rg + nx.r + h, nx.k0, nx.kc, tn + h * GEMM_KC);
     }
@@ -185,9 +186,10 @@ static void gemm_dense(const wsrc *s, int64_t rows, const float *x, int n, float
                             c.kc, xp + v * GEMM_KC);
         /* the next tile: these rows' next columns, or the next block's first (none past r1) */
         int last = c.k0 + c.kc >= cols;
-        const float *xn = last && c.rg + GEMM_RB >= r1 ? NULL : x + (last ? 0 : c.k0 + c.kc);
+        int64_t kn = last ? 0 : c.k0 + c.kc, kcn = cols - kn < GEMM_KC ? cols - kn : GEMM_KC;
+        const float *xn = last && c.rg + GEMM_RB >= r1 ? NULL : x + kn;
         int64_t slabs = (c.nr + GEMM_R - 1) / GEMM_R;
-        gemm_slab_run(s, c, t[b], xp, n, nx, t[b ^ 1], acc + c.r * K3_MAX_BATCH, xn,
+        gemm_slab_run(s, c, t[b], xp, n, nx, t[b ^ 1], acc + c.r * K3_MAX_BATCH, xn, kcn,
                       c.r / GEMM_R * ng, slabs * ng);
         if (nx.rg != c.rg || !nx.R) /* the block's last slab */
             for (int r = 0; r < c.nr; r++)
