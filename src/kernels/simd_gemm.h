@@ -30,8 +30,8 @@
  *    accumulators wait in `acc` between tiles (one load and one store per GEMM_KC columns).
  * mix_gemm_dense() runs the micro-kernel on an L1-resident slab and mix_fma() independent FMA
  * chains, for `k3-lab bench kernels` (k3_kernels_mix: the peaks, measured in the same run).
- * Measured (BENCHMARKS.md, issue 31): AVX-512 BF16 at 64 rows 73% of the mix's peak on Zen 4
- * (median per CPU-second; 69% with a whole tile widened in a phase of its own), AVX2 74–76%.
+ * Measured (BENCHMARKS.md, issue 31): AVX-512 BF16 at 64 rows 72–74% of the mix's peak on
+ * Zen 4 in quiet runs (69–70% with a whole tile widened in a phase of its own), AVX2 74–76%.
  *
  * The includer defines W, VF, VZERO, VLOADU, VLOADA, VSTOREA, VFMA, VADD, VSET1, hsum,
  * load_tail, tile_row and wsrc (with fields kind, w and cols; SRC_BF16 / SRC_F32), f32_vec
