@@ -201,6 +201,40 @@ static void test_matmul_rows_equal_matvec_bitwise(void) {
             }
 }
 
+/* The batched products over several row blocks and column tiles (301 rows: two 128-row
+ * blocks and 45 rows, not a multiple of 3 or 4; 1100 columns, MXFP4 1120: two 512-column
+ * tiles and more), on one thread so that one range crosses every block: each slab's successor
+ * is decoded while it runs (simd_gemm.h; NEON's MXFP4 too), also across tiles and blocks;
+ * row b equals the matvec of x[b] bit for bit. */
+static void test_matmul_blocks_rows_equal_matvec(void) {
+    const k3_kernels *all[8];
+    int np = k3_kernels_available(all, 8), saved = omp_get_max_threads();
+    static const int NS[] = {7, 64};
+    rng = 4242;
+    omp_set_num_threads(1);
+    for (int p = 0; p < np; p++)
+        for (int dt = 0; dt < 3; dt++)
+            for (size_t ni = 0; ni < sizeof NS / sizeof NS[0]; ni++) {
+                int n = NS[ni];
+                int64_t rows = 301, cols = dt == DT_MXFP4 ? 1120 : 1100;
+                tmat t;
+                tmat_make(&t, dt, rows, cols, 0);
+                float *xbuf, *x = make_x(n, cols, 0, &xbuf);
+                float *yb = malloc((size_t)(n * rows) * sizeof *yb), *yv = malloc((size_t)rows * 4);
+                product(all[p], &t, x, n, yb);
+                int bad = -1;
+                for (int b = 0; b < n && bad < 0; b++) {
+                    product(all[p], &t, x + b * cols, 1, yv);
+                    if (memcmp(yv, yb + b * rows, (size_t)rows * sizeof *yv) != 0) bad = b;
+                }
+                free(yb), free(yv), free(xbuf);
+                tmat_free(&t);
+                CHECK(bad < 0, "%s %s n=%d: batched row of vector %d differs from matvec",
+                      k3_kernels_name(all[p]), DT_NAME[dt], n, bad);
+            }
+    omp_set_num_threads(saved);
+}
+
 /* A MoE layer's experts in one call give each expert's own matvec bit for bit, with 1 and 2
  * threads (row blocks of different matrices land on one thread). */
 static void test_mxfp4_many_equals_each_matvec(void) {
@@ -568,6 +602,7 @@ const k3_test k3_suite_simd[] = {
     {"matmul_integers_exact", test_matmul_integers_exact},
     {"matmul_random_within_bound", test_matmul_random_within_bound},
     {"matmul_rows_equal_matvec_bitwise", test_matmul_rows_equal_matvec_bitwise},
+    {"matmul_blocks_rows_equal_matvec", test_matmul_blocks_rows_equal_matvec},
     {"mxfp4_edge_scales_batched", test_mxfp4_edge_scales_batched},
     {"mix_counts", test_mix_counts},
     {"thread_count_does_not_change_results", test_thread_count_does_not_change_results},

@@ -245,9 +245,9 @@ static void mxfp4_rows(const uint8_t *packed, const uint8_t *scale, int64_t rows
 #define VMUL(a, b) _mm512_mul_ps(a, b)
 #define VSET1(a) _mm512_set1_ps(a)
 #define VBF16(p) bf16_16(p)
-#define GEMM_R 4         /* simd_gemm.h's micro-kernel: 6 rows x 4 vectors: 24 accumulators of the 32 zmm */
+#define GEMM_R 4         /* simd_gemm.h's micro-kernel: 4 rows x 6 vectors: 24 accumulators of the 32 zmm */
 #define GEMM_V 6
-#define GEMM_RB 64
+#define GEMM_RB 128 /* rows per block: inputs packed once per 128 rows, 512 KB of accumulators */
 #define GEMM_KC 512
 #define SMALL_ACC 20       /* accumulators of bf16_rows (R·V) */
 #define SMALL_R4 4         /* rows per bf16_rows call at n = 4 and at n = 5 */

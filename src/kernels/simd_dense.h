@@ -298,8 +298,9 @@ static void lx_small(const k3_mat *m, const float *x, int n, float *y, int64_t r
 /* Batched: gemm_dense (simd_gemm.h) with each tile row decoded as above (the very vectors
  * lx_vec computes, stored), so row b equals lx_vec of x[b] bit for bit, and the product the
  * BF16 one of the matrix encoded. s->cur[r % GEMM_RB] is row r's escape cursor across its
- * tiles (the rows of one tile are distinct modulo GEMM_RB; GEMM_KC is a multiple of
- * K3_LX_GROUP, so groups never straddle tiles). */
+ * tiles (the rows of one row block are distinct modulo GEMM_RB, each row's tiles are decoded
+ * in column order, and a block's rows are done before the next block's first are decoded;
+ * GEMM_KC is a multiple of K3_LX_GROUP, so groups never straddle tiles). */
 static void lx_tile_row(const wsrc *s, int64_t r, int64_t k0, int64_t kc, float *t) {
     const k3_mat *m = s->m;
     const uint8_t *row = (const uint8_t *)m->data + (uint64_t)r * k3_lx_row_bytes(m->cols);

@@ -13,21 +13,25 @@
  *
  * Blocking (the idea of BLIS/GotoBLAS, with the accumulator's lanes running along k rather
  * than along the output, because the order above fixes them there):
- *  - the weights of GEMM_RB rows × GEMM_KC columns are widened once to f32 into a tile (96
- *    or 64 rows × 512 columns: L2) and used for every vector; while a tile is widened, the
- *    same rows' next columns are prefetched (short runs at a large stride, which the hardware
- *    prefetcher does not follow);
- *  - each group of GEMM_V vectors' GEMM_KC columns is packed step-interleaved into L1 (the
- *    rows of x lie 28 KB apart on K3, which alias in L1), the next group's prefetched;
+ *  - a row block of GEMM_RB rows keeps its accumulators in `acc` (L2) across the columns,
+ *    taken GEMM_KC at a time (a tile); per tile, every vector's columns are packed once,
+ *    step-interleaved per group of GEMM_V (the rows of x lie 28 KB apart on K3, which alias
+ *    in L1; packed, a group's panel is one stream), for every slab of the block's rows;
+ *  - a slab is GEMM_R rows × GEMM_KC columns widened once to f32 into L1 and run against
+ *    every group. Two slab buffers: while one runs, the next slab's rows are prefetched and
+ *    widened into the other, one row after each group's micro-kernel call (GEMM_LAG groups
+ *    after its prefetch), so the widening's loads overlap the FMAs instead of waiting in a
+ *    phase of their own; the next tile's inputs are prefetched a few lines per call too;
  *  - the micro-kernel keeps GEMM_R rows × GEMM_V vectors of accumulators in registers across
- *    the tile's columns: each step loads GEMM_R weight vectors and GEMM_V input vectors for
+ *    the slab's columns: each step loads GEMM_R weight vectors and GEMM_V input vectors for
  *    GEMM_R·GEMM_V FMAs (AVX2 3×4: 12 accumulators + 3 weights + 1 input = the 16 ymm
  *    registers, 7 loads per 12 FMAs; AVX-512 and NEON 4×6: 24 + 4 + 1 of the 32). Twelve or
  *    more independent chains cover the FMA latency (4 cycles) on two FMA pipes; the
  *    accumulators wait in `acc` between tiles (one load and one store per GEMM_KC columns).
- * mix_gemm_dense() runs the micro-kernel on an L1-resident tile and mix_fma() independent FMA
+ * mix_gemm_dense() runs the micro-kernel on an L1-resident slab and mix_fma() independent FMA
  * chains, for `k3-lab bench kernels` (k3_kernels_mix: the peaks, measured in the same run).
- * Measured (BENCHMARKS.md, issue 31): 71–75% of the mix's peak at 64 rows on Zen 4.
+ * Measured (BENCHMARKS.md, issue 31): AVX-512 BF16 at 64 rows 72–74% of the mix's peak on
+ * Zen 4 in quiet runs (69–70% with a whole tile widened in a phase of its own), AVX2 74–76%.
  *
  * The includer defines W, VF, VZERO, VLOADU, VLOADA, VSTOREA, VFMA, VADD, VSET1, hsum,
  * load_tail, tile_row and wsrc (with fields kind, w and cols; SRC_BF16 / SRC_F32), f32_vec
@@ -96,46 +100,102 @@ static void gemm_pack_x(const float *x, int64_t ldx, int V, int64_t kc, float *x
     }
 }
 
-/* Asks for the cache lines of p[0..bytes) ahead of their use: the next group's inputs and the
- * next tile's weights are short runs at large strides, which the hardware prefetcher does not
- * follow (without this the loads waited on L3 / memory for ~40% of the time). */
-static inline void gemm_prefetch(const void *p, int64_t bytes) {
-    for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch((const char *)p + o);
+/* Groups of micro-kernel calls between a row's prefetch and its widening (gemm_slab_run). */
+#define GEMM_LAG 2
+
+/* Rows [rg + r, rg + r + R) of the row block [rg, rg + nr) × columns [k0, k0 + kc): one slab
+ * of gemm_dense; R = 0 past the last. */
+typedef struct gemm_slab {
+    int64_t rg, k0, kc;
+    int nr, r, R;
+} gemm_slab;
+
+/* The slab after c in gemm_dense's order (the block's next GEMM_R rows, then its next
+ * columns, then the next block), for rows below r1. */
+static gemm_slab gemm_next(gemm_slab c, int64_t cols, int64_t r1) {
+    if (c.r + GEMM_R < c.nr) {
+        c.r += GEMM_R;
+    } else if (c.k0 + c.kc < cols) {
+        c.r = 0, c.k0 += c.kc;
+    } else {
+        c.r = 0, c.k0 = 0, c.rg += GEMM_RB;
+        c.nr = r1 - c.rg < GEMM_RB ? (int)(r1 - c.rg) : GEMM_RB;
+        if (c.nr < 0) c.nr = 0;
+    }
+    c.kc = cols - c.k0 < GEMM_KC ? cols - c.k0 : GEMM_KC;
+    c.R = c.nr - c.r < GEMM_R ? c.nr - c.r : GEMM_R;
+    if (c.R < 0) c.R = 0;
+    return c;
 }
 
-/* Rows [r0, r1) of W (BF16 or F32, s) times n <= K3_MAX_BATCH vectors. */
+/* The next tile's inputs (xn: x at its first column, n rows of kc floats, cols apart), part q
+ * of nq: prefetched a few lines per micro-kernel call (a burst of them filled the miss buffers
+ * and stalled). */
+static inline void gemm_prefetch_x(const float *xn, int n, int64_t kc, int64_t cols, int64_t q,
+                                   int64_t nq) {
+    int64_t lpr = (kc * 4 + 63) / 64, all = (int64_t)n * lpr;
+    for (int64_t l = all * q / nq; l < all * (q + 1) / nq; l++)
+        __builtin_prefetch((const char *)(xn + l / lpr * cols) + l % lpr * 64);
+}
+
+/* acc (slab c's rows) += its widened rows t · the n packed vectors xp, group by group; after
+ * group g, row g of the next slab nx is prefetched and row g - GEMM_LAG widened into tn (the
+ * rest after the last group), and part q0 + g of nq of the next tile's inputs xn (kcn columns;
+ * NULL: none) prefetched. */
+static void gemm_slab_run(const wsrc *s, gemm_slab c, const float *t, const float *xp, int n,
+                          gemm_slab nx, float *tn, VF *acc, const float *xn, int64_t kcn,
+                          int64_t q0, int64_t nq) {
+    int64_t steps = (c.kc + W - 1) / W;
+    int64_t esz = s->kind == SRC_BF16 ? 2 : s->kind == SRC_F32 ? 4 : 0; /* 0: not prefetched */
+    int g = 0;
+    for (int b = 0; b < n; b += GEMM_V, g++) {
+        gemm_group(t, c.R, xp + b * GEMM_KC, n - b < GEMM_V ? n - b : GEMM_V, steps, acc + b);
+        if (g < nx.R && esz) {
+            const char *w = (const char *)s->w + ((nx.rg + nx.r + g) * s->cols + nx.k0) * esz;
+            for (int64_t o = 0; o < nx.kc * esz; o += 64) __builtin_prefetch(w + o);
+        }
+        if (xn) gemm_prefetch_x(xn, n, kcn, s->cols, q0 + g, nq);
+        int h = g - GEMM_LAG;
+        if (h >= 0 && h < nx.R) tile_row(s, nx.rg + nx.r + h, nx.k0, nx.kc, tn + h * GEMM_KC);
+    }
+    for (int h = g > GEMM_LAG ? g - GEMM_LAG : 0; h < nx.R; h++)
+        tile_row(s, nx.rg + nx.r + h, nx.k0, nx.kc, tn + h * GEMM_KC);
+}
+
+/* Rows [r0, r1) of W (BF16 or F32, s) times n <= K3_MAX_BATCH vectors, slab by slab (the
+ * blocking above): xp holds the tile's packed inputs (group b / GEMM_V at xp + b·GEMM_KC),
+ * t the slab in use and the next. */
 static void gemm_dense(const wsrc *s, int64_t rows, const float *x, int n, float *y, int64_t r0,
                        int64_t r1) {
-    _Alignas(64) float tile[GEMM_RB * GEMM_KC], xp[GEMM_V * GEMM_KC];
+    _Alignas(64) float t[2][GEMM_R * GEMM_KC];
+    _Alignas(64) float xp[(K3_MAX_BATCH + GEMM_V - 1) / GEMM_V * GEMM_V * GEMM_KC];
     VF acc[GEMM_RB * K3_MAX_BATCH];
     int64_t cols = s->cols;
-    for (int64_t rg = r0; rg < r1; rg += GEMM_RB) {
-        int nr = r1 - rg < GEMM_RB ? (int)(r1 - rg) : GEMM_RB;
-        for (int r = 0; r < nr; r++) /* only the n vectors' accumulators: a small product */
-            for (int b = 0; b < n; b++) acc[r * K3_MAX_BATCH + b] = VZERO();
-        for (int64_t k0 = 0; k0 < cols; k0 += GEMM_KC) {
-            int64_t kc = cols - k0 < GEMM_KC ? cols - k0 : GEMM_KC, steps = (kc + W - 1) / W;
-            /* bytes per weight of the row's next tile (0: a format not prefetched) */
-            int64_t esz = s->kind == SRC_BF16 ? 2 : s->kind == SRC_F32 ? 4 : 0;
-            int64_t kn = cols - k0 - kc;
-            for (int r = 0; r < nr; r++) {
-                tile_row(s, rg + r, k0, kc, tile + r * GEMM_KC);
-                if (kn > 0 && esz) /* this row's next tile */
-                    gemm_prefetch((const char *)s->w + ((rg + r) * cols + k0 + kc) * esz,
-                                  (kn < GEMM_KC ? kn : GEMM_KC) * esz);
-            }
-            for (int b = 0; b < n; b += GEMM_V) {
-                int V = n - b < GEMM_V ? n - b : GEMM_V;
-                for (int v = b + GEMM_V; v < n && v < b + 2 * GEMM_V; v++) /* the next group's */
-                    gemm_prefetch(x + (int64_t)v * cols + k0, kc * 4);
-                gemm_pack_x(x + (int64_t)b * cols + k0, cols, V, kc, xp);
-                for (int r = 0; r < nr; r += GEMM_R)
-                    gemm_group(tile + r * GEMM_KC, nr - r < GEMM_R ? nr - r : GEMM_R, xp, V,
-                               steps, acc + r * K3_MAX_BATCH + b);
-            }
-        }
-        for (int r = 0; r < nr; r++)
-            for (int b = 0; b < n; b++) y[(int64_t)b * rows + rg + r] = hsum(acc[r * K3_MAX_BATCH + b]);
+    int ng = (n + GEMM_V - 1) / GEMM_V;
+    gemm_slab c = {r0 - GEMM_RB, 0, cols, 0, 0, 0}; /* before the first: the next is the first */
+    c = gemm_next(c, cols, r1);
+    for (int i = 0; i < c.R; i++) tile_row(s, c.rg + i, 0, c.kc, t[0] + i * GEMM_KC);
+    for (int b = 0; c.R; b ^= 1) {
+        gemm_slab nx = gemm_next(c, cols, r1);
+        if (c.r == 0 && c.k0 == 0) /* only the n vectors' accumulators: a small product */
+            for (int r = 0; r < c.nr; r++)
+                for (int v = 0; v < n; v++) acc[r * K3_MAX_BATCH + v] = VZERO();
+        if (c.r == 0) /* the tile's inputs, every group */
+            for (int v = 0; v < n; v += GEMM_V)
+                gemm_pack_x(x + (int64_t)v * cols + c.k0, cols, n - v < GEMM_V ? n - v : GEMM_V,
+                            c.kc, xp + v * GEMM_KC);
+        /* the next tile: these rows' next columns, or the next block's first (none past r1) */
+        int last = c.k0 + c.kc >= cols;
+        int64_t kn = last ? 0 : c.k0 + c.kc, kcn = cols - kn < GEMM_KC ? cols - kn : GEMM_KC;
+        const float *xn = last && c.rg + GEMM_RB >= r1 ? NULL : x + kn;
+        int64_t slabs = (c.nr + GEMM_R - 1) / GEMM_R;
+        gemm_slab_run(s, c, t[b], xp, n, nx, t[b ^ 1], acc + c.r * K3_MAX_BATCH, xn, kcn,
+                      c.r / GEMM_R * ng, slabs * ng);
+        if (nx.rg != c.rg || !nx.R) /* the block's last slab */
+            for (int r = 0; r < c.nr; r++)
+                for (int v = 0; v < n; v++)
+                    y[(int64_t)v * rows + c.rg + r] = hsum(acc[r * K3_MAX_BATCH + v]);
+        c = nx;
     }
 }
 
