@@ -1,5 +1,7 @@
 /* cpu_scalar.c — the scalar reference path (spec §2): every dot product sums ascending into
  * one f32 accumulator with separate multiply and add. The SIMD paths are tested against it. */
+#include <math.h>
+
 #include "dispatch.h"
 
 const float k3_e2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
@@ -89,6 +91,25 @@ static void kda_delta(float *S, const float *q, const float *k, const float *v,
     for (int i = 0; i < d; i++) k3_kda_write_cols(S + (size_t)i * d, beta * k[i], u, q[i], o, 0, d);
 }
 
+/* The reference order of k3_softmax_exp (kernels.h): lane j % K3_SM_LANES takes element j's
+ * max and sum, in ascending j; the SIMD paths keep K3_SM_LANES / W vectors of lanes. */
+static float softmax_exp(const float *s, int64_t n, float scale, float *m, float *p) {
+    float lane[K3_SM_LANES];
+    for (int l = 0; l < K3_SM_LANES; l++) lane[l] = -INFINITY;
+    for (int64_t j = 0; j < n; j++) {
+        float t = s[j] * scale, *a = lane + j % K3_SM_LANES;
+        *a = t > *a ? t : *a;
+    }
+    float mt = k3_sm_max(lane), mn = mt > *m ? mt : *m;
+    *m = mn;
+    for (int l = 0; l < K3_SM_LANES; l++) lane[l] = 0;
+    for (int64_t j = 0; j < n; j++) {
+        p[j] = k3_exp_steps(s[j] * scale - mn);
+        lane[j % K3_SM_LANES] = lane[j % K3_SM_LANES] + p[j];
+    }
+    return k3_sm_sum(lane);
+}
+
 const k3_kernels k3_kernels_scalar = {
     .name = "scalar",
     .bf16 = bf16,
@@ -98,4 +119,5 @@ const k3_kernels k3_kernels_scalar = {
     .dot = dot,
     .axpy = axpy,
     .kda_delta = kda_delta,
+    .softmax_exp = softmax_exp,
 };

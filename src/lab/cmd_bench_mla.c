@@ -114,9 +114,11 @@ static double mac_rate(const k3_kernels *kr, int H, int lora, int kvf, double se
     return macs / best;
 }
 
-/* The tile products alone of a decode step at position ctx: per tile of K3_MLA_TILE rows of the cache,
- * the scores product and the Σ p·c product (mla.c's two k3_matmul calls), on buffers of the
- * same shapes. What the attention cannot go below at the batched product's rate. */
+/* The tile products alone of a decode step at position ctx: per tile of K3_MLA_TILE rows of
+ * the cache, the scores product and the Σ p·c product on buffers of mla.c's shapes, issued as
+ * mla.c issues them (one parallel region; each thread its share of each product's rows with
+ * k3_matmul_rows, a barrier after each product). What the attention cannot go below at the
+ * batched product's rate. */
 typedef struct prod_bufs {
     float *qa, *s, *p, *ct, *y;
 } prod_bufs;
@@ -124,12 +126,19 @@ typedef struct prod_bufs {
 static void tile_products(const k3_model *m, const float *cache, int ctx, const prod_bufs *b) {
     const k3_config *c = &m->cfg;
     int H = c->num_attention_heads, lora = c->kv_lora_rank, kvf = lora + c->qk_rope_head_dim;
-    for (int j0 = 0; j0 <= ctx; j0 += K3_MLA_TILE) {
-        int cnt = ctx + 1 - j0 < K3_MLA_TILE ? ctx + 1 - j0 : K3_MLA_TILE;
-        k3_mat C = {.data = cache + (size_t)j0 * kvf, .dtype = K3_DT_F32, .rows = cnt, .cols = kvf};
-        k3_mat Ct = {.data = b->ct, .dtype = K3_DT_F32, .rows = lora, .cols = K3_MLA_TILE};
-        k3_matmul(m->kr, &C, b->qa, H, b->s);
-        k3_matmul(m->kr, &Ct, b->p, H, b->y);
+#pragma omp parallel
+    {
+        int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+        for (int j0 = 0; j0 <= ctx; j0 += K3_MLA_TILE) {
+            int cnt = ctx + 1 - j0 < K3_MLA_TILE ? ctx + 1 - j0 : K3_MLA_TILE;
+            k3_mat C = {.data = cache + (size_t)j0 * kvf, .dtype = K3_DT_F32, .rows = cnt,
+                        .cols = kvf};
+            k3_mat Ct = {.data = b->ct, .dtype = K3_DT_F32, .rows = lora, .cols = K3_MLA_TILE};
+            k3_matmul_rows(m->kr, &C, b->qa, H, b->s, cnt * t / nt, cnt * (t + 1) / nt);
+#pragma omp barrier
+            k3_matmul_rows(m->kr, &Ct, b->p, H, b->y, lora * t / nt, lora * (t + 1) / nt);
+#pragma omp barrier
+        }
     }
 }
 

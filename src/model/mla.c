@@ -19,6 +19,7 @@
  * composition, block size and thread count change no bit.
  */
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -155,66 +156,87 @@ static void transpose_tile(const float *cache, int kvf, int i0, int ni, int j0, 
 
 /* One row's online-softmax step over a tile: raw scores s [cnt] of positions j0.., of which
  * the first `valid` are at or before the row's position. Writes p [TILE] (zeros past valid),
- * updates the running max and sum, and leaves acc's rescale in *corr. */
-static void softmax_step(const float *s, int valid, float scale, float *p, float *mx, float *l,
-                         float *corr) {
-    float mt = -INFINITY;
-    for (int j = 0; j < valid; j++) {
-        p[j] = s[j] * scale;
-        mt = p[j] > mt ? p[j] : mt;
-    }
-    float mn = mt > *mx ? mt : *mx, sum = 0;
-    *corr = *mx == -INFINITY ? 0.0f : expf(*mx - mn);
-    for (int j = 0; j < valid; j++) sum += (p[j] = expf(p[j] - mn));
-    for (int j = valid; j < K3_MLA_TILE; j++) p[j] = 0;
+ * updates the running max and sum, and leaves acc's rescale in *corr. The exponentials are
+ * k3_softmax_exp's (kernels.h: the same bits on every kernel path, its own summation order). */
+static void softmax_step(const k3_kernels *kr, const float *s, int valid, float scale, float *p,
+                         float *mx, float *l, float *corr) {
+    float m0 = *mx, sum = k3_softmax_exp(kr, s, valid, scale, mx, p);
+    *corr = m0 == -INFINITY ? 0.0f : k3_exp(m0 - *mx);
+    memset(p + valid, 0, (size_t)(K3_MLA_TILE - valid) * sizeof(float));
     *l = *l * *corr + sum;
-    *mx = mn;
+}
+
+/* acc = acc·corr + y for the rows that took the tile at j0 (the others keep acc). */
+static void rescale_row(const k3_mla_ws *ws, int r, int lora, int t, int j0) {
+    if (t < j0) return;
+    float *acc = ws->acc + (size_t)r * lora, cr = ws->corr[r];
+    const float *y = ws->y + (size_t)r * lora;
+    for (int i = 0; i < lora; i++) acc[i] = acc[i] * cr + y[i];
+}
+
+/* This thread's share [*a, *b) of n items, in a region of nt threads (0 <= tid < nt). */
+static void share(int64_t n, int tid, int nt, int64_t *a, int64_t *b) {
+    *a = n * tid / nt, *b = n * (tid + 1) / nt;
+}
+
+/* One tile of the block's attention, run by every thread of the region: the scores product
+ * (each thread its share of the tile's rows), then per row the previous tile's rescale and
+ * this tile's softmax step, the transpose, and the Σ p·c product (each thread its share of the
+ * lora rows), with a barrier after each product. The tile starts at cache row j0 and holds cnt
+ * rows; scale is the softmax's. */
+static void attend_tile(const k3_model *m, const float *cache, int pos0, int n, int r0, int R,
+                        int j0, int cnt, float scale, k3_mla_ws *ws) {
+    const k3_config *c = &m->cfg;
+    int lora = c->kv_lora_rank, kvf = lora + c->qk_rope_head_dim;
+    int tid = omp_get_thread_num(), nt = omp_get_num_threads();
+    int64_t a, b;
+    k3_mat C = {.data = cache + (size_t)j0 * kvf, .dtype = K3_DT_F32, .rows = cnt, .cols = kvf};
+    share(cnt, tid, nt, &a, &b);
+    k3_matmul_rows(m->kr, &C, ws->qa, R, ws->s, a, b); /* s[r][j] = (q' ++ q_pe)·(c_j ++ k_pe_j) */
+#pragma omp barrier
+#pragma omp for schedule(static) nowait
+    for (int r = 0; r < R; r++) {
+        int t = pos0 + (r0 + r) % n, valid = t - j0 + 1 < cnt ? t - j0 + 1 : cnt;
+        if (j0 > 0) rescale_row(ws, r, lora, t, j0 - K3_MLA_TILE);
+        if (valid > 0)
+            softmax_step(m->kr, ws->s + (size_t)r * cnt, valid, scale,
+                         ws->p + (size_t)r * K3_MLA_TILE, &ws->m[r], &ws->l[r], &ws->corr[r]);
+        else /* the tile lies past this row: it takes nothing from it */
+            memset(ws->p + (size_t)r * K3_MLA_TILE, 0, K3_MLA_TILE * sizeof(float));
+    }
+#pragma omp for schedule(static)
+    for (int i = 0; i < lora; i += 64)
+        transpose_tile(cache, kvf, i, lora - i < 64 ? lora - i : 64, j0, cnt, ws->ct);
+    k3_mat Ct = {.data = ws->ct, .dtype = K3_DT_F32, .rows = lora, .cols = K3_MLA_TILE};
+    share(lora, tid, nt, &a, &b);
+    k3_matmul_rows(m->kr, &Ct, ws->p, R, ws->y, a, b); /* y[r] = Σ_j p[r][j] c_j */
+#pragma omp barrier
 }
 
 /* Attention of the block's rows over their causal prefixes of the layer cache, tile by tile
- * (flash style): leaves each row's Σ_j softmax_j · c_j in ws->acc. Query q sits at pos0 + q. */
+ * (flash style): leaves each row's Σ_j softmax_j · c_j in ws->acc. Query q sits at pos0 + q.
+ * One parallel region for all the tiles: each fork is a wait on a shared machine, a barrier
+ * half of one. */
 static void attend_block(const k3_model *m, const float *cache, int pos0, int n, int r0, int r1,
                          k3_mla_ws *ws) {
     const k3_config *c = &m->cfg;
-    int lora = c->kv_lora_rank, kvf = lora + c->qk_rope_head_dim, R = r1 - r0;
+    int lora = c->kv_lora_rank, R = r1 - r0;
     const float scale = (float)(1.0 / sqrt((double)(c->qk_nope_head_dim + c->qk_rope_head_dim)));
     int last_q = r1 - r0 >= n || r0 / n != (r1 - 1) / n ? n - 1 : (r1 - 1) % n;
-    int maxpos = pos0 + last_q;
+    int maxpos = pos0 + last_q, last = maxpos / K3_MLA_TILE * K3_MLA_TILE;
     for (int r = 0; r < R; r++) ws->m[r] = -INFINITY, ws->l[r] = 0;
     memset(ws->acc, 0, (size_t)R * lora * sizeof(float));
-    for (int j0 = 0; j0 <= maxpos; j0 += K3_MLA_TILE) {
-        int cnt = maxpos + 1 - j0 < K3_MLA_TILE ? maxpos + 1 - j0 : K3_MLA_TILE;
-        k3_mat C = {.data = cache + (size_t)j0 * kvf, .dtype = K3_DT_F32, .rows = cnt, .cols = kvf};
-        k3_matmul(m->kr, &C, ws->qa, R, ws->s); /* s[r][j] = (q' ++ q_pe)·(c_j ++ k_pe_j) */
-#pragma omp parallel if ((int64_t)R * cnt >= 16384)
-        { /* one region for both: each fork is a wait on a shared machine */
-#pragma omp for schedule(static) nowait
-            for (int r = 0; r < R; r++) {
-                int t = pos0 + (r0 + r) % n, valid = t - j0 + 1 < cnt ? t - j0 + 1 : cnt;
-                if (valid > 0)
-                    softmax_step(ws->s + (size_t)r * cnt, valid, scale,
-                                 ws->p + (size_t)r * K3_MLA_TILE, &ws->m[r], &ws->l[r],
-                                 &ws->corr[r]);
-                else /* the tile lies past this row: it takes nothing from it */
-                    memset(ws->p + (size_t)r * K3_MLA_TILE, 0, K3_MLA_TILE * sizeof(float));
-            }
+#pragma omp parallel if ((int64_t)R * (maxpos + 1) >= 16384)
+    {
+        for (int j0 = 0; j0 <= maxpos; j0 += K3_MLA_TILE)
+            attend_tile(m, cache, pos0, n, r0, R, j0,
+                        maxpos + 1 - j0 < K3_MLA_TILE ? maxpos + 1 - j0 : K3_MLA_TILE, scale, ws);
 #pragma omp for schedule(static)
-            for (int i = 0; i < lora; i += 64)
-                transpose_tile(cache, kvf, i, lora - i < 64 ? lora - i : 64, j0, cnt, ws->ct);
+        for (int r = 0; r < R; r++) { /* the last tile's rescale, then the sum */
+            rescale_row(ws, r, lora, pos0 + (r0 + r) % n, last);
+            float *acc = ws->acc + (size_t)r * lora, l = ws->l[r];
+            for (int i = 0; i < lora; i++) acc[i] = acc[i] / l;
         }
-        k3_mat Ct = {.data = ws->ct, .dtype = K3_DT_F32, .rows = lora, .cols = K3_MLA_TILE};
-        k3_matmul(m->kr, &Ct, ws->p, R, ws->y); /* y[r] = Σ_j p[r][j] c_j */
-#pragma omp parallel for schedule(static) if ((int64_t)R * lora >= 16384)
-        for (int r = 0; r < R; r++) {
-            if (pos0 + (r0 + r) % n < j0) continue;
-            float *acc = ws->acc + (size_t)r * lora, cr = ws->corr[r];
-            const float *y = ws->y + (size_t)r * lora;
-            for (int i = 0; i < lora; i++) acc[i] = acc[i] * cr + y[i];
-        }
-    }
-    for (int r = 0; r < R; r++) {
-        float *acc = ws->acc + (size_t)r * lora, l = ws->l[r];
-        for (int i = 0; i < lora; i++) acc[i] = acc[i] / l;
     }
 }
 
