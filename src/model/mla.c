@@ -8,7 +8,10 @@
  *     o       = Σ_j p_j W_uv c_j                = W_uv (Σ_j p_j c_j)
  * so every head of every query reads the same latent rows: a (query, head) row's absorbed
  * query q' ++ q_pe [lora + rope] meets a tile of cache rows in one batched product, and the
- * probabilities meet the tile (transposed) in a second. The sums run in another order than the
+ * probabilities meet the tile (transposed) in a second. The softmax's exponentials are
+ * k3_softmax_exp's (one polynomial, vectorized, the same bits on every kernel path), and one
+ * parallel region runs all the tiles of a block (each thread its share of each product's rows,
+ * k3_matmul_rows), so a tile costs barriers rather than forks. The sums run in another order than the
  * expanded reference (spec §7.5): results agree within float32 rounding, not bit for bit
  * (tests/test_latent.c measures it against the expanded oracle).
  *
