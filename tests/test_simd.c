@@ -494,6 +494,55 @@ static void test_matmul_rows_equal_matmul(void) {
             }
 }
 
+/* k3_matmul_xw: on every path (scalar included) an output's bits do not depend on the column
+ * range (the whole range against pieces that start mid-vector, and k = 0) and the other
+ * columns are left alone; the scalar path is within the rounding bound of the exact product
+ * computed here in double, and each SIMD path within twice that of the scalar path. */
+static void test_matmul_xw(void) {
+    const k3_kernels *all[8];
+    int np = k3_kernels_available(all, 8);
+    enum { K = 37, LDW = 150, N = 13, LDX = 41, LDY = 160 };
+    static float w[K * LDW + 1], x[N * LDX + 1], ys[N * LDY], yf[N * LDY], yk[N * LDY];
+    static double mg[N * LDY];
+    static const int64_t CUT[] = {0, 3, 64, 67, 68, 133, 149, 150};
+    rng = 2024;
+    for (int i = 0; i < K * LDW; i++) w[1 + i] = rnd();
+    for (int i = 0; i < N * LDX; i++) x[1 + i] = rnd();
+    for (int k = 0; k <= K; k += K) {
+        k3_matmul_xw(k3_kernels_get("scalar"), w + 1, LDW, k, x + 1, LDX, N, ys, LDY, 0, LDW);
+        int within = 1;
+        for (int b = 0; b < N; b++)
+            for (int64_t c = 0; c < LDW; c++) {
+                double e = 0, mag = 0;
+                for (int i = 0; i < k; i++) {
+                    double t = (double)x[1 + b * LDX + i] * w[1 + i * LDW + c];
+                    e += t, mag += fabs(t);
+                }
+                within &= fabs(ys[b * LDY + c] - e) <= k * ldexp(1.0, -24) * mag;
+                mg[b * LDY + c] = mag;
+            }
+        CHECK(within, "scalar k=%d: off the exact product", k);
+        for (int p = 0; p < np; p++) {
+            for (int i = 0; i < N * LDY; i++) yf[i] = yk[i] = -7;
+            k3_matmul_xw(all[p], w + 1, LDW, k, x + 1, LDX, N, yf, LDY, 0, LDW);
+            for (size_t ci = 0; ci + 1 < sizeof CUT / sizeof CUT[0]; ci++)
+                k3_matmul_xw(all[p], w + 1, LDW, k, x + 1, LDX, N, yk, LDY, CUT[ci], CUT[ci + 1]);
+            int same = memcmp(yf, yk, sizeof yf) == 0, alone = 1, near = 1;
+            for (int b = 0; b < N; b++)
+                for (int64_t c = 0; c < LDY; c++) {
+                    float v = yf[b * LDY + c];
+                    if (c >= LDW) alone &= v == -7;
+                    else
+                        near &= fabs(v - ys[b * LDY + c]) <= 2.0 * k * ldexp(1.0, -24) *
+                                                                 mg[b * LDY + c];
+                }
+            CHECK(same && alone && near, "%s k=%d: pieces differ from the whole range (%d), "
+                  "wrote past its columns (%d) or off scalar (%d)", k3_kernels_name(all[p]), k,
+                  same, alone, near);
+        }
+    }
+}
+
 static void test_select_by_name_and_env(void) {
     k3_err err = {0};
     const k3_kernels *k = NULL;
@@ -670,5 +719,6 @@ const k3_test k3_suite_simd[] = {
     {"exp_within_2ulp", test_exp_within_2ulp},
     {"softmax_exp_same_bits", test_softmax_exp_same_bits},
     {"matmul_rows_equal_matmul", test_matmul_rows_equal_matmul},
+    {"matmul_xw", test_matmul_xw},
     {0},
 };

@@ -91,6 +91,21 @@ static void kda_delta(float *S, const float *q, const float *k, const float *v,
     for (int i = 0; i < d; i++) k3_kda_write_cols(S + (size_t)i * d, beta * k[i], u, q[i], o, 0, d);
 }
 
+/* k3_matmul_xw's reference order: per output one sum over i ascending from 0, multiply then
+ * add; y's row is the accumulator, so w's rows are read in order. */
+static void xw(const float *w, int64_t ldw, int64_t k, const float *x, int64_t ldx, int n,
+               float *y, int64_t ldy, int64_t c0, int64_t c1) {
+    for (int b = 0; b < n; b++) {
+        float *yb = y + b * ldy;
+        for (int64_t c = c0; c < c1; c++) yb[c] = 0;
+        for (int64_t i = 0; i < k; i++) {
+            float xi = x[b * ldx + i];
+            const float *wi = w + i * ldw;
+            for (int64_t c = c0; c < c1; c++) yb[c] = yb[c] + xi * wi[c];
+        }
+    }
+}
+
 /* The reference order of k3_softmax_exp (kernels.h): lane j % K3_SM_LANES takes element j's
  * max and sum, in ascending j; the SIMD paths keep K3_SM_LANES / W vectors of lanes. */
 static float softmax_exp(const float *s, int64_t n, float scale, float *m, float *p) {
@@ -119,5 +134,6 @@ const k3_kernels k3_kernels_scalar = {
     .dot = dot,
     .axpy = axpy,
     .kda_delta = kda_delta,
+    .xw = xw,
     .softmax_exp = softmax_exp,
 };

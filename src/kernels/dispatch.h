@@ -36,6 +36,9 @@ struct k3_kernels {
     void (*axpy)(float a, const float *x, float *y, int64_t n);
     void (*kda_delta)(float *S, const float *q, const float *k, const float *v,
                       const float *alpha, float beta, int d, float *u, float *o);
+    /* k3_matmul_xw (kernels.h): the same bits on every path. */
+    void (*xw)(const float *w, int64_t ldw, int64_t k, const float *x, int64_t ldx, int n,
+               float *y, int64_t ldy, int64_t c0, int64_t c1);
     /* k3_softmax_exp (kernels.h): the same bits on every path. */
     float (*softmax_exp)(const float *s, int64_t n, float scale, float *m, float *p);
 };

@@ -227,6 +227,12 @@ void k3_matmul_rows(const k3_kernels *kr, const k3_mat *w, const float *x, int n
     if (n > 0 && r0 < r1) product_rows(&p, x, n, y, r0, r1);
 }
 
+void k3_matmul_xw(const k3_kernels *kr, const float *w, int64_t ldw, int64_t k, const float *x,
+                  int64_t ldx, int n, float *y, int64_t ldy, int64_t c0, int64_t c1) {
+    if (!kr) kr = &k3_kernels_scalar;
+    if (n > 0 && c0 < c1) kr->xw(w, ldw, k, x, ldx, n, y, ldy, c0, c1);
+}
+
 void k3_matvec_mxfp4(const k3_kernels *kr, const k3_mxfp4 *w, const float *x, float *y) {
     k3_matmul_mxfp4(kr, w, x, 1, y);
 }

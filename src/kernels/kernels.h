@@ -115,6 +115,16 @@ void k3_matmul(const k3_kernels *kr, const k3_mat *w, const float *x, int n, flo
  * I8 / BF16LX as k3_matmul; 0 <= r0 <= r1 <= rows. */
 void k3_matmul_rows(const k3_kernels *kr, const k3_mat *w, const float *x, int n, float *y,
                     int64_t r0, int64_t r1);
+/* y[b][c] = Σ_{i<k} x[b][i]·w[i][c] for b < n and columns c0 <= c < c1, on the calling
+ * thread: the F32 product whose matrix has its rows along the sum (x·W: w [k][ldw], x
+ * [n][ldx], y [n][ldy], row-major with those strides; y's other columns are not written).
+ * Every output is one accumulator over i ascending from 0: the scalar path multiplies then
+ * adds, a SIMD path fuses them (FMA) with its lanes along c (not along i, as k3_matmul's), so
+ * on a path an output's bits depend on neither the column range nor the rows beside it, and
+ * SIMD and scalar differ by rounding only. MLA's Σ_j p_j c_j over a cache tile as it is
+ * stored (spec §7.5). k >= 0, n >= 1, 0 <= c0 <= c1 <= ldw and ldy. */
+void k3_matmul_xw(const k3_kernels *kr, const float *w, int64_t ldw, int64_t k, const float *x,
+                  int64_t ldx, int n, float *y, int64_t ldy, int64_t c0, int64_t c1);
 /* y[rows] = W x for an MXFP4 matrix with fused exact decode (the table of the 16 E2M1 codes
  * times the block's E8M0 scale). cols is a multiple of 32. Spec §10.4. */
 void k3_matvec_mxfp4(const k3_kernels *kr, const k3_mxfp4 *w, const float *x, float *y);

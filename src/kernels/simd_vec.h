@@ -1,7 +1,8 @@
-/* simd_vec.h — the matrix-vector BF16 / F32 loops (n = 1) and the element-wise helpers (dot,
- * axpy, kda_delta) of every SIMD path, written once over per-ISA lane macros and included by
- * simd_dense.h (AVX2: 8 lanes, AVX-512F: 16) and cpu_neon.c (4 lanes) inside their target
- * pragma. Internal to src/kernels. K3_SIMD_TABLE below names a SIMD path's table entries.
+/* simd_vec.h — the matrix-vector BF16 / F32 loops (n = 1), the element-wise helpers (dot,
+ * axpy, kda_delta, softmax_exp) and, through simd_xw.h, k3_matmul_xw's product, of every SIMD
+ * path, written once over per-ISA lane macros and included by simd_dense.h (AVX2: 8 lanes,
+ * AVX-512F: 16) and cpu_neon.c (4 lanes) inside their target pragma. Internal to
+ * src/kernels. K3_SIMD_TABLE below names a SIMD path's table entries.
  *
  * The includer defines, before including: W (f32 lanes), VF (the vector type), VZERO, VLOADU,
  * VSTOREU, VFMA(a, b, c) (= a·b + c, one rounding), VADD, VSUB, VMUL, VSET1, VMAX(a, b)
@@ -183,6 +184,8 @@ static float softmax_exp(const float *s, int64_t n, float scale, float *m, float
 }
 #undef SM_V
 
+#include "simd_xw.h" /* xw: k3_matmul_xw */
+
 #define K3_SIMD_TABLE(var, isa)                                                          \
     const k3_kernels var = {                                                             \
         .name = isa,                                                                     \
@@ -194,5 +197,6 @@ static float softmax_exp(const float *s, int64_t n, float scale, float *m, float
         .dot = dot,                                                                      \
         .axpy = axpy,                                                                    \
         .kda_delta = kda_delta,                                                          \
+        .xw = xw,                                                                        \
         .softmax_exp = softmax_exp,                                                      \
     }

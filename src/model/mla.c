@@ -8,16 +8,17 @@
  *     o       = Σ_j p_j W_uv c_j                = W_uv (Σ_j p_j c_j)
  * so every head of every query reads the same latent rows: a (query, head) row's absorbed
  * query q' ++ q_pe [lora + rope] meets a tile of cache rows in one batched product, and the
- * probabilities meet the tile (transposed) in a second. The softmax's exponentials are
- * k3_softmax_exp's (one polynomial, vectorized, the same bits on every kernel path), and one
- * parallel region runs all the tiles of a block (each thread its share of each product's rows,
- * k3_matmul_rows), so a tile costs barriers rather than forks. The sums run in another order than the
- * expanded reference (spec §7.5): results agree within float32 rounding, not bit for bit
- * (tests/test_latent.c measures it against the expanded oracle).
+ * probabilities meet the same tile, as stored, in a second (k3_matmul_xw). The softmax's
+ * exponentials are k3_softmax_exp's (one polynomial, vectorized, the same bits on every kernel
+ * path), and one parallel region runs all the tiles of a block (each thread its share of each
+ * product: k3_matmul_rows, k3_matmul_xw), so a tile costs barriers rather than forks. The sums
+ * run in another order than the expanded reference (spec §7.5): results agree within float32
+ * rounding, not bit for bit (tests/test_latent.c measures it against the expanded oracle).
  *
  * Determinism: a (query, head) row's result depends only on its query, its position t and the
  * cache rows 0..t: tiles start at absolute multiples of K3_MLA_TILE, a product row is
- * independent of the other rows beside it (kernels.h), the online softmax walks the tiles in
+ * independent of the other rows beside it and of how the threads split the product
+ * (kernels.h), the online softmax walks the tiles in
  * order, and the absorb and the final W_uv product are per row. So chunking, batch
  * composition, block size and thread count change no bit.
  */
@@ -43,7 +44,6 @@ struct k3_mla_ws {
     float *y;            /* [rows][lora]: one tile's Σ_j p_j c_j */
     float *acc;          /* [rows][lora]: the running Σ_j p_j c_j, then divided by the sum */
     float *m, *l, *corr; /* [rows]: running max, running Σ p, this tile's rescale of acc */
-    float *ct;           /* [lora][TILE]: one tile's c rows, transposed (zeros past the tile) */
     float *ov;           /* [rows][v]: the W_uv products before they are scattered to o */
 };
 
@@ -63,7 +63,7 @@ static size_t ws_layout(const k3_config *c, int rows, k3_mla_ws *ws, int *ok) {
         if (ws) *ok &= (ws->f = calloc((size_t)(count) + 1, sizeof(float))) != NULL;          \
     } while (0)
     ALLOC(qa, R * kvf); ALLOC(s, R * T); ALLOC(p, R * T); ALLOC(y, R * lora);
-    ALLOC(acc, R * lora); ALLOC(m, R); ALLOC(l, R); ALLOC(corr, R); ALLOC(ct, lora * T);
+    ALLOC(acc, R * lora); ALLOC(m, R); ALLOC(l, R); ALLOC(corr, R);
     ALLOC(ov, R * (size_t)c->v_head_dim);
 #undef ALLOC
     return bytes + sizeof(k3_mla_ws);
@@ -86,7 +86,7 @@ k3_mla_ws *k3_mla_ws_new(const k3_config *c, int rows) {
 
 void k3_mla_ws_free(k3_mla_ws *ws) {
     if (!ws) return;
-    float *f[] = {ws->qa, ws->s, ws->p, ws->y, ws->acc, ws->m, ws->l, ws->corr, ws->ct, ws->ov};
+    float *f[] = {ws->qa, ws->s, ws->p, ws->y, ws->acc, ws->m, ws->l, ws->corr, ws->ov};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) free(f[i]);
     free(ws);
 }
@@ -139,24 +139,6 @@ static void absorb(const k3_model *m, const k3_mla_weights *w, const float *Q, i
     }
 }
 
-/* Rows i0..i0+ni-1 of ct [lora][TILE]: c rows j0..j0+cnt-1 of the layer's cache, transposed;
- * zeros after cnt. In blocks of 8 positions, so that each row of ct is written 8 floats at a
- * time rather than one float per cache line. */
-static void transpose_tile(const float *cache, int kvf, int i0, int ni, int j0, int cnt,
-                           float *ct) {
-    const int T = K3_MLA_TILE;
-    for (int i = i0; i < i0 + ni; i++)
-        memset(ct + (size_t)i * T + cnt, 0, (size_t)(T - cnt) * sizeof(float));
-    for (int jb = 0; jb < cnt; jb += 8) {
-        int nj = cnt - jb < 8 ? cnt - jb : 8;
-        const float *rows = cache + (size_t)(j0 + jb) * kvf;
-        for (int i = i0; i < i0 + ni; i++) {
-            float *dst = ct + (size_t)i * T + jb;
-            for (int j = 0; j < nj; j++) dst[j] = rows[(size_t)j * kvf + i];
-        }
-    }
-}
-
 /* One row's online-softmax step over a tile: raw scores s [cnt] of positions j0.., of which
  * the first `valid` are at or before the row's position. Writes p [TILE] (zeros past valid),
  * updates the running max and sum, and leaves acc's rescale in *corr. The exponentials are
@@ -184,9 +166,9 @@ static void share(int64_t n, int tid, int nt, int64_t *a, int64_t *b) {
 
 /* One tile of the block's attention, run by every thread of the region: the scores product
  * (each thread its share of the tile's rows), then per row the previous tile's rescale and
- * this tile's softmax step, the transpose, and the Σ p·c product (each thread its share of the
- * lora rows), with a barrier after each product. The tile starts at cache row j0 and holds cnt
- * rows; scale is the softmax's. */
+ * this tile's softmax step, then the Σ p·c product over the tile as stored (k3_matmul_xw, each
+ * thread its share of the lora columns, in whole 64-column blocks), with a barrier after each
+ * of the three. The tile starts at cache row j0 and holds cnt rows; scale is the softmax's. */
 static void attend_tile(const k3_model *m, const float *cache, int pos0, int n, int r0, int R,
                         int j0, int cnt, float scale, k3_mla_ws *ws) {
     const k3_config *c = &m->cfg;
@@ -197,7 +179,7 @@ static void attend_tile(const k3_model *m, const float *cache, int pos0, int n, 
     share(cnt, tid, nt, &a, &b);
     k3_matmul_rows(m->kr, &C, ws->qa, R, ws->s, a, b); /* s[r][j] = (q' ++ q_pe)·(c_j ++ k_pe_j) */
 #pragma omp barrier
-#pragma omp for schedule(static) nowait
+#pragma omp for schedule(static)
     for (int r = 0; r < R; r++) {
         int t = pos0 + (r0 + r) % n, valid = t - j0 + 1 < cnt ? t - j0 + 1 : cnt;
         if (j0 > 0) rescale_row(ws, r, lora, t, j0 - K3_MLA_TILE);
@@ -207,13 +189,10 @@ static void attend_tile(const k3_model *m, const float *cache, int pos0, int n, 
         else /* the tile lies past this row: it takes nothing from it */
             memset(ws->p + (size_t)r * K3_MLA_TILE, 0, K3_MLA_TILE * sizeof(float));
     }
-#pragma omp for schedule(static)
-    for (int i = 0; i < lora; i += 64)
-        transpose_tile(cache, kvf, i, lora - i < 64 ? lora - i : 64, j0, cnt, ws->ct);
-    k3_mat Ct = {.data = ws->ct, .dtype = K3_DT_F32, .rows = lora, .cols = K3_MLA_TILE};
-    share(lora, tid, nt, &a, &b);
-    k3_matmul_rows(m->kr, &Ct, ws->p, R, ws->y, a, b); /* y[r] = Σ_j p[r][j] c_j */
-#pragma omp barrier
+    share((lora + 63) / 64, tid, nt, &a, &b);
+    a = a * 64 < lora ? a * 64 : lora, b = b * 64 < lora ? b * 64 : lora;
+    k3_matmul_xw(m->kr, C.data, kvf, cnt, ws->p, K3_MLA_TILE, R, ws->y, lora, a, b);
+#pragma omp barrier /* y[r] = Σ_j p[r][j] c_j */
 }
 
 /* Attention of the block's rows over their causal prefixes of the layer cache, tile by tile
