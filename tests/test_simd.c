@@ -437,6 +437,146 @@ static void test_kda_delta_rule_exact(void) {
         }
 }
 
+/* Distance of f from the exact value e in units of f32's last place at e. */
+static double ulps(float f, double e) {
+    int ex;
+    frexp(e, &ex); /* e = m·2^ex, 0.5 <= m < 1: one ulp is 2^(ex - 24), at least 2^-149 */
+    return fabs((double)f - e) / ldexp(1.0, ex - 24 > -149 ? ex - 24 : -149);
+}
+
+/* k3_exp against libm's double exp (an independent computation): within 2 ulp on [-87.3, 0]
+ * (a dense sweep and random points), e^-87.33654 (~2^-126) below it, NaN for NaN. */
+static void test_exp_within_2ulp(void) {
+    double worst = 0, at = 0;
+    rng = 4242;
+    for (int i = 0; i <= 2000000; i++) {
+        float x = i <= 1000000 ? (float)(-87.3 * i / 1000000.0) : -87.3f * (rnd() + 1) / 2;
+        double u = ulps(k3_exp(x), exp((double)x));
+        if (u > worst) worst = u, at = x;
+    }
+    CHECK(worst <= 2.0, "k3_exp: %.2f ulp at x = %.9g", worst, at);
+    if (getenv("K3_TEST_VERBOSE")) printf("        k3_exp: at most %.3f ulp (at %.9g)\n", worst, at);
+    CHECK(k3_exp(0.0f) == 1.0f && k3_exp(-0.0f) == 1.0f, "e^0 = %.9g", k3_exp(0.0f));
+    float lo = k3_exp(-87.33654f); /* the clamp: e^ln 2^-126 */
+    CHECK(ulps(lo, exp((double)-87.33654f)) <= 2.0 && k3_exp(-100.0f) == lo && k3_exp(-INFINITY) == lo,
+          "e^-87.33654 = %g, e^-100 = %g", lo, k3_exp(-100.0f));
+    CHECK(isnan(k3_exp(NAN)), "e^NaN = %g", k3_exp(NAN));
+}
+
+/* k3_softmax_exp gives the scalar path's bits (p, the sum, the max) on every SIMD path, for
+ * lengths around the 16 lanes and a tile's 512, a running max below and above the row's; and
+ * the scalar path's values are what they say: the max exactly, p within 2 ulp of
+ * e^(s·scale − m), the sum within n·2⁻²⁴·Σp of the exact sum of its p. */
+static void test_softmax_exp_same_bits(void) {
+    const k3_kernels *all[8];
+    int np = k3_kernels_available(all, 8);
+    static const int NS[] = {1, 5, 15, 16, 17, 100, 512, 513};
+    static float s[600], ps[600], pk[600];
+    const k3_kernels *sc = k3_kernels_get("scalar");
+    rng = 99;
+    for (size_t ni = 0; ni < sizeof NS / sizeof NS[0]; ni++)
+        for (int mi = 0; mi < 3; mi++) {
+            int n = NS[ni];
+            float scale = 0.0721f, m0 = mi == 0 ? -INFINITY : mi == 1 ? -50.0f : 3.0f;
+            for (int j = 0; j < n; j++) s[1 + j] = 40 * rnd();
+            float ms = m0, sums = k3_softmax_exp(sc, s + 1, n, scale, &ms, ps + 1);
+            double mx = m0, exact = 0, worst = 0;
+            for (int j = 0; j < n; j++) mx = s[1 + j] * scale > mx ? s[1 + j] * scale : mx;
+            for (int j = 0; j < n; j++) {
+                double u = ulps(ps[1 + j], exp((double)(s[1 + j] * scale - (float)mx)));
+                worst = u > worst ? u : worst, exact += ps[1 + j];
+            }
+            CHECK(ms == (float)mx && worst <= 2.0 &&
+                      fabs(sums - exact) <= n * ldexp(1.0, -24) * exact,
+                  "scalar n=%d: max %g (want %g), p %.2f ulp, sum %.9g (exact %.9g)", n, ms, mx,
+                  worst, sums, exact);
+            for (int p = 0; p < np; p++) {
+                float mk = m0, sumk = k3_softmax_exp(all[p], s + 1, n, scale, &mk, pk + 1);
+                CHECK(memcmp(&mk, &ms, 4) == 0 && memcmp(&sumk, &sums, 4) == 0 &&
+                          memcmp(pk + 1, ps + 1, (size_t)n * sizeof *pk) == 0,
+                      "%s n=%d m0=%g: differs from scalar (sum %.9g vs %.9g)",
+                      k3_kernels_name(all[p]), n, m0, sumk, sums);
+            }
+        }
+}
+
+/* k3_matmul_rows over pieces of the rows gives k3_matmul's bits, every path, one vector and
+ * a batch, and leaves the rows outside its range alone. */
+static void test_matmul_rows_equal_matmul(void) {
+    const k3_kernels *all[8];
+    int np = k3_kernels_available(all, 8);
+    rng = 5150;
+    for (int p = 0; p < np; p++)
+        for (int dt = 0; dt < 2; dt++)
+            for (int n = 1; n <= 13; n += 12) {
+                int64_t rows = 71, cols = 300;
+                tmat t;
+                tmat_make(&t, dt, rows, cols, 0);
+                float *xbuf, *x = make_x(n, cols, 0, &xbuf);
+                float *y1 = malloc((size_t)(n * rows) * sizeof *y1), *y2 = malloc((size_t)(n * rows) * sizeof *y2);
+                k3_matmul(all[p], &t.mat, x, n, y1);
+                for (int64_t i = 0; i < n * rows; i++) y2[i] = -1;
+                k3_matmul_rows(all[p], &t.mat, x, n, y2, 0, 0); /* an empty range */
+                int untouched = y2[0] == -1;
+                for (int64_t r0 = 0; r0 < rows; r0 += 17)
+                    k3_matmul_rows(all[p], &t.mat, x, n, y2, r0, r0 + 17 < rows ? r0 + 17 : rows);
+                int same = memcmp(y1, y2, (size_t)(n * rows) * sizeof *y1) == 0;
+                free(y1), free(y2), free(xbuf);
+                tmat_free(&t);
+                CHECK(same && untouched, "%s %s n=%d: k3_matmul_rows differs from k3_matmul",
+                      k3_kernels_name(all[p]), DT_NAME[dt], n);
+            }
+}
+
+/* k3_matmul_xw: on every path (scalar included) an output's bits do not depend on the column
+ * range (the whole range against pieces that start mid-vector, and k = 0) and the other
+ * columns are left alone; the scalar path is within the rounding bound of the exact product
+ * computed here in double, and each SIMD path within twice that of the scalar path. */
+static void test_matmul_xw(void) {
+    const k3_kernels *all[8];
+    int np = k3_kernels_available(all, 8);
+    enum { K = 37, LDW = 150, N = 13, LDX = 41, LDY = 160 };
+    static float w[K * LDW + 1], x[N * LDX + 1], ys[N * LDY], yf[N * LDY], yk[N * LDY];
+    static double mg[N * LDY];
+    static const int64_t CUT[] = {0, 3, 64, 67, 68, 133, 149, 150};
+    rng = 2024;
+    for (int i = 0; i < K * LDW; i++) w[1 + i] = rnd();
+    for (int i = 0; i < N * LDX; i++) x[1 + i] = rnd();
+    for (int k = 0; k <= K; k += K) {
+        k3_matmul_xw(k3_kernels_get("scalar"), w + 1, LDW, k, x + 1, LDX, N, ys, LDY, 0, LDW);
+        int within = 1;
+        for (int b = 0; b < N; b++)
+            for (int64_t c = 0; c < LDW; c++) {
+                double e = 0, mag = 0;
+                for (int i = 0; i < k; i++) {
+                    double t = (double)x[1 + b * LDX + i] * w[1 + i * LDW + c];
+                    e += t, mag += fabs(t);
+                }
+                within &= fabs(ys[b * LDY + c] - e) <= k * ldexp(1.0, -24) * mag;
+                mg[b * LDY + c] = mag;
+            }
+        CHECK(within, "scalar k=%d: off the exact product", k);
+        for (int p = 0; p < np; p++) {
+            for (int i = 0; i < N * LDY; i++) yf[i] = yk[i] = -7;
+            k3_matmul_xw(all[p], w + 1, LDW, k, x + 1, LDX, N, yf, LDY, 0, LDW);
+            for (size_t ci = 0; ci + 1 < sizeof CUT / sizeof CUT[0]; ci++)
+                k3_matmul_xw(all[p], w + 1, LDW, k, x + 1, LDX, N, yk, LDY, CUT[ci], CUT[ci + 1]);
+            int same = memcmp(yf, yk, sizeof yf) == 0, alone = 1, near = 1;
+            for (int b = 0; b < N; b++)
+                for (int64_t c = 0; c < LDY; c++) {
+                    float v = yf[b * LDY + c];
+                    if (c >= LDW) alone &= v == -7;
+                    else
+                        near &= fabs(v - ys[b * LDY + c]) <= 2.0 * k * ldexp(1.0, -24) *
+                                                                 mg[b * LDY + c];
+                }
+            CHECK(same && alone && near, "%s k=%d: pieces differ from the whole range (%d), "
+                  "wrote past its columns (%d) or off scalar (%d)", k3_kernels_name(all[p]), k,
+                  same, alone, near);
+        }
+    }
+}
+
 static void test_select_by_name_and_env(void) {
     k3_err err = {0};
     const k3_kernels *k = NULL;
@@ -611,5 +751,9 @@ const k3_test k3_suite_simd[] = {
     {"dot_within_bound", test_dot_within_bound},
     {"axpy_exact", test_axpy_exact},
     {"kda_delta_rule_exact", test_kda_delta_rule_exact},
+    {"exp_within_2ulp", test_exp_within_2ulp},
+    {"softmax_exp_same_bits", test_softmax_exp_same_bits},
+    {"matmul_rows_equal_matmul", test_matmul_rows_equal_matmul},
+    {"matmul_xw", test_matmul_xw},
     {0},
 };

@@ -265,6 +265,11 @@ static void mxfp4_rows(const uint8_t *packed, const uint8_t *scale, int64_t rows
 #define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
 #define VADD(a, b) _mm256_add_ps(a, b)
 #define VMUL(a, b) _mm256_mul_ps(a, b)
+#define VSUB(a, b) _mm256_sub_ps(a, b)
+#define VMAX(a, b) _mm256_max_ps(a, b) /* a > b ? a : b: the second operand when unordered */
+#define VPOW2(t)                                                                               \
+    _mm256_castsi256_ps(                                                                       \
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_castps_si256(t), _mm256_set1_epi32(127)), 23))
 #define VSET1(a) _mm256_set1_ps(a)
 #define VBF16(p) bf16_8(p)
 #define GEMM_R 3         /* simd_gemm.h's micro-kernel: 3 rows x 4 vectors: 12 accumulators of the 16 ymm */

@@ -243,6 +243,11 @@ static void mxfp4_rows(const uint8_t *packed, const uint8_t *scale, int64_t rows
 #define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
 #define VADD(a, b) _mm512_add_ps(a, b)
 #define VMUL(a, b) _mm512_mul_ps(a, b)
+#define VSUB(a, b) _mm512_sub_ps(a, b)
+#define VMAX(a, b) _mm512_max_ps(a, b) /* a > b ? a : b: the second operand when unordered */
+#define VPOW2(t)                                                                               \
+    _mm512_castsi512_ps(                                                                       \
+        _mm512_slli_epi32(_mm512_add_epi32(_mm512_castps_si512(t), _mm512_set1_epi32(127)), 23))
 #define VSET1(a) _mm512_set1_ps(a)
 #define VBF16(p) bf16_16(p)
 #define GEMM_R 4         /* simd_gemm.h's micro-kernel: 4 rows x 6 vectors: 24 accumulators of the 32 zmm */

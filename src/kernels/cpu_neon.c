@@ -63,9 +63,13 @@ static inline void mx_32(const uint8_t *p, uint8_t scale, float32x4_t out[8]) {
 #define VFMA(a, b, c) vfmaq_f32(c, a, b)
 #define VADD(a, b) vaddq_f32(a, b)
 #define VMUL(a, b) vmulq_f32(a, b)
+#define VSUB(a, b) vsubq_f32(a, b)
+#define VMAX(a, b) vbslq_f32(vcgtq_f32(a, b), a, b) /* not vmaxq_f32, which returns NaN */
+#define VPOW2(t) \
+    vreinterpretq_f32_u32(vshlq_n_u32(vaddq_u32(vreinterpretq_u32_f32(t), vdupq_n_u32(127)), 23))
 #define VSET1(a) vdupq_n_f32(a)
 #define VBF16(p) bf16_4(p)
-#include "simd_vec.h" /* bf16_tail, bf16_vec, f32_vec, dot, axpy, kda_delta */
+#include "simd_vec.h" /* bf16_tail, bf16_vec, f32_vec, dot, axpy, kda_delta, softmax_exp, xw */
 
 /* ---- MXFP4 matrix-vector (n = 1) -------------------------------------------------------- */
 

@@ -1,5 +1,7 @@
 /* cpu_scalar.c — the scalar reference path (spec §2): every dot product sums ascending into
  * one f32 accumulator with separate multiply and add. The SIMD paths are tested against it. */
+#include <math.h>
+
 #include "dispatch.h"
 
 const float k3_e2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
@@ -89,6 +91,40 @@ static void kda_delta(float *S, const float *q, const float *k, const float *v,
     for (int i = 0; i < d; i++) k3_kda_write_cols(S + (size_t)i * d, beta * k[i], u, q[i], o, 0, d);
 }
 
+/* k3_matmul_xw's reference order: per output one sum over i ascending from 0, multiply then
+ * add; y's row is the accumulator, so w's rows are read in order. */
+static void xw(const float *w, int64_t ldw, int64_t k, const float *x, int64_t ldx, int n,
+               float *y, int64_t ldy, int64_t c0, int64_t c1) {
+    for (int b = 0; b < n; b++) {
+        float *yb = y + b * ldy;
+        for (int64_t c = c0; c < c1; c++) yb[c] = 0;
+        for (int64_t i = 0; i < k; i++) {
+            float xi = x[b * ldx + i];
+            const float *wi = w + i * ldw;
+            for (int64_t c = c0; c < c1; c++) yb[c] = yb[c] + xi * wi[c];
+        }
+    }
+}
+
+/* The reference order of k3_softmax_exp (kernels.h): lane j % K3_SM_LANES takes element j's
+ * max and sum, in ascending j; the SIMD paths keep K3_SM_LANES / W vectors of lanes. */
+static float softmax_exp(const float *s, int64_t n, float scale, float *m, float *p) {
+    float lane[K3_SM_LANES];
+    for (int l = 0; l < K3_SM_LANES; l++) lane[l] = -INFINITY;
+    for (int64_t j = 0; j < n; j++) {
+        float t = s[j] * scale, *a = lane + j % K3_SM_LANES;
+        *a = t > *a ? t : *a;
+    }
+    float mt = k3_sm_max(lane), mn = mt > *m ? mt : *m;
+    *m = mn;
+    for (int l = 0; l < K3_SM_LANES; l++) lane[l] = 0;
+    for (int64_t j = 0; j < n; j++) {
+        p[j] = k3_exp_steps(s[j] * scale - mn);
+        lane[j % K3_SM_LANES] = lane[j % K3_SM_LANES] + p[j];
+    }
+    return k3_sm_sum(lane);
+}
+
 const k3_kernels k3_kernels_scalar = {
     .name = "scalar",
     .bf16 = bf16,
@@ -98,4 +134,6 @@ const k3_kernels k3_kernels_scalar = {
     .dot = dot,
     .axpy = axpy,
     .kda_delta = kda_delta,
+    .xw = xw,
+    .softmax_exp = softmax_exp,
 };

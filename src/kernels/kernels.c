@@ -220,6 +220,19 @@ void k3_matmul(const k3_kernels *kr, const k3_mat *w, const float *x, int n, flo
     product_run(&p, x, n, y);
 }
 
+void k3_matmul_rows(const k3_kernels *kr, const k3_mat *w, const float *x, int n, float *y,
+                    int64_t r0, int64_t r1) {
+    if (!kr) kr = &k3_kernels_scalar;
+    product p = {kr, w, NULL, w->rows, w->cols};
+    if (n > 0 && r0 < r1) product_rows(&p, x, n, y, r0, r1);
+}
+
+void k3_matmul_xw(const k3_kernels *kr, const float *w, int64_t ldw, int64_t k, const float *x,
+                  int64_t ldx, int n, float *y, int64_t ldy, int64_t c0, int64_t c1) {
+    if (!kr) kr = &k3_kernels_scalar;
+    if (n > 0 && c0 < c1) kr->xw(w, ldw, k, x, ldx, n, y, ldy, c0, c1);
+}
+
 void k3_matvec_mxfp4(const k3_kernels *kr, const k3_mxfp4 *w, const float *x, float *y) {
     k3_matmul_mxfp4(kr, w, x, 1, y);
 }
@@ -275,6 +288,14 @@ void k3_kda_delta_rule(const k3_kernels *kr, float *S, const float *q, const flo
     if (!kr) kr = &k3_kernels_scalar;
     kr->kda_delta(S, q, k, v, alpha, beta, d, u, o);
 }
+
+float k3_softmax_exp(const k3_kernels *kr, const float *s, int64_t n, float scale, float *m,
+                     float *p) {
+    if (!kr) kr = &k3_kernels_scalar;
+    return kr->softmax_exp(s, n, scale, m, p);
+}
+
+float k3_exp(float x) { return k3_exp_steps(x); }
 
 /* ---- element-wise (scalar on every path: a few thousand values per token) ---------------- */
 

@@ -23,7 +23,8 @@
  *    one W-lane accumulator along k, FMA per step (MXFP4: a multiply then FMAs per 32-block
  *    partial, one FMA by the block scale), the zero-padded last step, the fixed lane sum — and
  *    only choose which outputs run side by side in registers.
- *  - Threads split work by output row only (OpenMP, inside k3_matvec / k3_matmul).
+ *  - Threads split work by output row only (OpenMP, inside k3_matvec / k3_matmul; with
+ *    k3_matmul_rows the caller splits the rows among its own threads).
  *  - The element-wise helpers (k3_axpy, k3_kda_delta_rule) use separate multiply and add on
  *    every path and keep the scalar order per element, so they are exact on every path.
  *  - Divisions stay divisions (mean, SiTU's /25, SiLU) as in the PyTorch CPU reference.
@@ -108,6 +109,22 @@ void k3_matvec(const k3_kernels *kr, const k3_mat *w, const float *x, float *y);
 /* Batched product for n input vectors (prefill): y[b][rows] = W x[b] for b < n, x [n][cols]
  * and y [n][rows] row-major. W is streamed from memory once per 64 vectors. n >= 1. */
 void k3_matmul(const k3_kernels *kr, const k3_mat *w, const float *x, int n, float *y);
+/* Rows [r0, r1) of k3_matmul's y (y [n][rows]; the other rows are not written), on the
+ * calling thread alone: for a caller that splits one product's rows among the threads of its
+ * own parallel region (no fork per product). Each row's bits are k3_matmul's. BF16 / F32 /
+ * I8 / BF16LX as k3_matmul; 0 <= r0 <= r1 <= rows. */
+void k3_matmul_rows(const k3_kernels *kr, const k3_mat *w, const float *x, int n, float *y,
+                    int64_t r0, int64_t r1);
+/* y[b][c] = Σ_{i<k} x[b][i]·w[i][c] for b < n and columns c0 <= c < c1, on the calling
+ * thread: the F32 product whose matrix has its rows along the sum (x·W: w [k][ldw], x
+ * [n][ldx], y [n][ldy], row-major with those strides; y's other columns are not written).
+ * Every output is one accumulator over i ascending from 0: the scalar path multiplies then
+ * adds, a SIMD path fuses them (FMA) with its lanes along c (not along i, as k3_matmul's), so
+ * on a path an output's bits depend on neither the column range nor the rows beside it, and
+ * SIMD and scalar differ by rounding only. MLA's Σ_j p_j c_j over a cache tile as it is
+ * stored (spec §7.5). k >= 0, n >= 1, 0 <= c0 <= c1 <= ldw and ldy. */
+void k3_matmul_xw(const k3_kernels *kr, const float *w, int64_t ldw, int64_t k, const float *x,
+                  int64_t ldx, int n, float *y, int64_t ldy, int64_t c0, int64_t c1);
 /* y[rows] = W x for an MXFP4 matrix with fused exact decode (the table of the 16 E2M1 codes
  * times the block's E8M0 scale). cols is a multiple of 32. Spec §10.4. */
 void k3_matvec_mxfp4(const k3_kernels *kr, const k3_mxfp4 *w, const float *x, float *y);
@@ -141,6 +158,19 @@ void k3_axpy(const k3_kernels *kr, float a, const float *x, float *y, int64_t n)
 void k3_kda_delta_rule(const k3_kernels *kr, float *S, const float *q, const float *k,
                        const float *v, const float *alpha, float beta, int d, float *u,
                        float *o);
+
+/* The exponentials of one row's online-softmax step (flash attention; spec §7.3's softmax),
+ * the same bits on every path: with t_j = s[j]·scale and m' = max(*m, max_j t_j) (written back
+ * to *m; *m = -INFINITY before a row's first step), p[j] = k3_exp(t_j − m') for j < n, and the
+ * return value is Σ_j p[j]. The max and the sum take element j in lane j % 16 (ascending j)
+ * and then fold the 16 lanes in a fixed order (src/kernels/dispatch.h), so the SIMD paths
+ * give the scalar path's bits. n >= 1; p [n] may not alias s. */
+float k3_softmax_exp(const k3_kernels *kr, const float *s, int64_t n, float scale, float *m,
+                     float *p);
+/* e^x for x <= 0 by the polynomial k3_softmax_exp evaluates (Cephes' expf, separate multiply
+ * and add: the same bits on every path): within 2 ulp of e^x on [-87.3, 0]; 2^-126 below
+ * about -87.34 rather than a subnormal or 0; NaN for NaN. Not for x > 0. */
+float k3_exp(float x);
 
 /* y[n] = w ⊙ (x · 1/sqrt(Σx²/n + eps)); w may be NULL (no weight). y may alias x. Spec §4. */
 void k3_rmsnorm(const float *x, const k3_mat *w, int n, float eps, float *y);

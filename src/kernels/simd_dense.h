@@ -18,7 +18,7 @@
  * changes no result either. The MXFP4 decodes and micro-kernels differ and stay in each file;
  * their batched driver is simd_mxgemm.h's. */
 
-#include "simd_vec.h" /* bf16_tail, bf16_vec, f32_vec, dot, axpy, kda_delta */
+#include "simd_vec.h" /* bf16_tail, bf16_vec, f32_vec, dot, axpy, kda_delta, softmax_exp, xw */
 
 /* ---- batched BF16 / F32 / lossless (n > 1): tiles widened once for every vector, the GEMM
  * of simd_gemm.h ------------------------------------------------------------------------- */

@@ -1,11 +1,13 @@
-/* simd_vec.h — the matrix-vector BF16 / F32 loops (n = 1) and the element-wise helpers (dot,
- * axpy, kda_delta) of every SIMD path, written once over per-ISA lane macros and included by
- * simd_dense.h (AVX2: 8 lanes, AVX-512F: 16) and cpu_neon.c (4 lanes) inside their target
- * pragma. Internal to src/kernels. K3_SIMD_TABLE below names a SIMD path's table entries.
+/* simd_vec.h — the matrix-vector BF16 / F32 loops (n = 1), the element-wise helpers (dot,
+ * axpy, kda_delta, softmax_exp) and, through simd_xw.h, k3_matmul_xw's product, of every SIMD
+ * path, written once over per-ISA lane macros and included by simd_dense.h (AVX2: 8 lanes,
+ * AVX-512F: 16) and cpu_neon.c (4 lanes) inside their target pragma. Internal to
+ * src/kernels. K3_SIMD_TABLE below names a SIMD path's table entries.
  *
  * The includer defines, before including: W (f32 lanes), VF (the vector type), VZERO, VLOADU,
- * VSTOREU, VFMA(a, b, c) (= a·b + c, one rounding), VADD, VMUL, VSET1, VBF16 (W BF16 values
- * widened), and the functions hsum (the fixed lane sum) and load_tail (fewer than W floats,
+ * VSTOREU, VFMA(a, b, c) (= a·b + c, one rounding), VADD, VSUB, VMUL, VSET1, VMAX(a, b)
+ * (= a > b ? a : b lane-wise: NaN in a gives b, NaN in b gives b), VPOW2(t) (the f32 whose bits
+ * are (bits of t + 127) << 23, lane-wise), VBF16 (W BF16 values widened), and the functions hsum (the fixed lane sum) and load_tail (fewer than W floats,
  * zeros above, never reading past them).
  *
  * Exactness: each macro stands for the one instruction its ISA has for the operation, so every
@@ -130,6 +132,60 @@ static void kda_delta(float *S, const float *q, const float *k, const float *v,
 
 /* The kernel table of a SIMD path, whose file defines the entries under these names. One
  * definition so that a new entry in k3_kernels (dispatch.h) is added to every SIMD path. */
+/* k3_exp_steps (dispatch.h) lane-wise: the same IEEE operations, so the same bits. */
+static inline __attribute__((always_inline)) VF exp_steps(VF x) {
+    x = VMAX(VSET1(K3_EXP_LO), x);
+    VF t = VADD(VMUL(x, VSET1(K3_EXP_LOG2E)), VSET1(K3_EXP_ROUND));
+    VF n = VSUB(t, VSET1(K3_EXP_ROUND));
+    VF r = VSUB(x, VMUL(n, VSET1(K3_EXP_C1)));
+    r = VSUB(r, VMUL(n, VSET1(K3_EXP_C2)));
+    VF z = VMUL(r, r), y = VSET1(K3_EXP_P0);
+    y = VADD(VMUL(y, r), VSET1(K3_EXP_P1));
+    y = VADD(VMUL(y, r), VSET1(K3_EXP_P2));
+    y = VADD(VMUL(y, r), VSET1(K3_EXP_P3));
+    y = VADD(VMUL(y, r), VSET1(K3_EXP_P4));
+    y = VADD(VMUL(y, r), VSET1(K3_EXP_P5));
+    y = VADD(VADD(VMUL(y, z), r), VSET1(1.0f));
+    return VMUL(y, VPOW2(t));
+}
+
+/* cpu_scalar.c's softmax_exp with K3_SM_LANES / W vectors holding the K3_SM_LANES lanes: each
+ * lane sees the scalar path's operations in its order, the elements past the last full group
+ * go to their lanes one by one, and the lanes fold as there (dispatch.h): the scalar bits. */
+#define SM_V (K3_SM_LANES / W)
+static float softmax_exp(const float *s, int64_t n, float scale, float *m, float *p) {
+    _Alignas(64) float lane[K3_SM_LANES];
+    int64_t full = n & ~(int64_t)(K3_SM_LANES - 1), j;
+    VF sc = VSET1(scale), a[SM_V];
+    for (int u = 0; u < SM_V; u++) a[u] = VSET1(-INFINITY);
+    for (j = 0; j < full; j += K3_SM_LANES)
+        for (int u = 0; u < SM_V; u++) a[u] = VMAX(VMUL(VLOADU(s + j + u * W), sc), a[u]);
+    for (int u = 0; u < SM_V; u++) VSTOREU(lane + u * W, a[u]);
+    for (; j < n; j++) {
+        float t = s[j] * scale, *l = lane + j % K3_SM_LANES;
+        *l = t > *l ? t : *l;
+    }
+    float mt = k3_sm_max(lane), mn = mt > *m ? mt : *m;
+    *m = mn;
+    VF vm = VSET1(mn);
+    for (int u = 0; u < SM_V; u++) a[u] = VZERO();
+    for (j = 0; j < full; j += K3_SM_LANES)
+        for (int u = 0; u < SM_V; u++) {
+            VF e = exp_steps(VSUB(VMUL(VLOADU(s + j + u * W), sc), vm));
+            VSTOREU(p + j + u * W, e);
+            a[u] = VADD(a[u], e);
+        }
+    for (int u = 0; u < SM_V; u++) VSTOREU(lane + u * W, a[u]);
+    for (; j < n; j++) {
+        p[j] = k3_exp_steps(s[j] * scale - mn);
+        lane[j % K3_SM_LANES] = lane[j % K3_SM_LANES] + p[j];
+    }
+    return k3_sm_sum(lane);
+}
+#undef SM_V
+
+#include "simd_xw.h" /* xw: k3_matmul_xw */
+
 #define K3_SIMD_TABLE(var, isa)                                                          \
     const k3_kernels var = {                                                             \
         .name = isa,                                                                     \
@@ -141,4 +197,6 @@ static void kda_delta(float *S, const float *q, const float *k, const float *v,
         .dot = dot,                                                                      \
         .axpy = axpy,                                                                    \
         .kda_delta = kda_delta,                                                          \
+        .xw = xw,                                                                        \
+        .softmax_exp = softmax_exp,                                                      \
     }

@@ -1,8 +1,8 @@
 /* cmd_bench_mla.c — `k3-lab bench mla`: one MLA layer's attention over the latent cache (spec
  * §7.5, absorbed form, src/model/mla.c) against the context length, beside its floor measured
  * in the same run: the latent bytes read per token at memcpy's rate, and the multiply-adds at
- * the rate of the batched f32 product the attention runs on (k3_matmul, one tile's two
- * products). Then the attention of an 8k-position prefill in K3_DEFAULT_CHUNK passes beside the
+ * the rate of the f32 products the attention runs on (k3_matmul_rows and k3_matmul_xw, one
+ * tile's two). Then the attention of an 8k-position prefill in K3_DEFAULT_CHUNK passes beside the
  * layer's own projections (its share of the MLA layer's prefill time).
  *
  * The cache rows and queries are random; the attention's time does not depend on the values,
@@ -89,47 +89,57 @@ static void fill_random(float *p, size_t n, uint64_t seed) {
  * reads the latent rows at (half of what is read + written). */
 static double copy_rate(void) { return k3_lab_copy_rate((size_t)512 << 20) / 2; }
 
-/* Multiply-adds per second of one attention tile's two products for H (query, head) rows:
- * scores [H][TILE] from the tile [TILE][lora + rope], and Σ p·c [H][lora] from its transpose
- * [lora][TILE] (K3_MLA_TILE positions, as mla.c). */
+/* Buffers of mla.c's shapes for one tile's two products over H (query, head) rows. */
+typedef struct prod_bufs {
+    float *qa, *s, *p, *y;
+} prod_bufs;
+
+/* One tile (cnt rows of kvf floats from `tile`) through the two products as mla.c issues them,
+ * run by every thread of a parallel region: each thread its share of the scores' rows
+ * (k3_matmul_rows) and of Σ p·c's 64-column blocks (k3_matmul_xw), a barrier after each. */
+static void tile_pair(const k3_kernels *kr, const float *tile, int cnt, int kvf, int lora, int H,
+                      const prod_bufs *b) {
+    int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    int64_t nb = (lora + 63) / 64, c0 = nb * t / nt * 64, c1 = nb * (t + 1) / nt * 64;
+    k3_mat C = {.data = tile, .dtype = K3_DT_F32, .rows = cnt, .cols = kvf};
+    k3_matmul_rows(kr, &C, b->qa, H, b->s, cnt * t / nt, cnt * (t + 1) / nt);
+#pragma omp barrier
+    k3_matmul_xw(kr, tile, kvf, cnt, b->p, K3_MLA_TILE, H, b->y, lora, c0 < lora ? c0 : lora,
+                 c1 < lora ? c1 : lora);
+#pragma omp barrier
+}
+
+/* Multiply-adds per second of one attention tile's two products (K3_MLA_TILE positions of a
+ * tile in cache, as tile_pair), best of a short burst. */
 static double mac_rate(const k3_kernels *kr, int H, int lora, int kvf, double seconds) {
     int T = K3_MLA_TILE;
-    float *tile = malloc(sizeof(float) * T * kvf), *ct = malloc(sizeof(float) * lora * T);
-    float *q = malloc(sizeof(float) * H * kvf), *p = malloc(sizeof(float) * H * T);
-    float *y = malloc(sizeof(float) * H * (T > lora ? T : lora));
-    fill_random(tile, (size_t)T * kvf, 1), fill_random(ct, (size_t)lora * T, 2);
-    fill_random(q, (size_t)H * kvf, 3), fill_random(p, (size_t)H * T, 4);
-    k3_mat A = {.data = tile, .dtype = K3_DT_F32, .rows = T, .cols = kvf};
-    k3_mat B = {.data = ct, .dtype = K3_DT_F32, .rows = lora, .cols = T};
+    float *tile = malloc(sizeof(float) * T * kvf);
+    prod_bufs pb = {malloc(sizeof(float) * H * kvf), malloc(sizeof(float) * H * T),
+                    malloc(sizeof(float) * H * T), malloc(sizeof(float) * H * lora)}, *b = &pb;
+    fill_random(tile, (size_t)T * kvf, 1), fill_random(pb.qa, (size_t)H * kvf, 3);
+    fill_random(pb.p, (size_t)H * T, 4);
     double macs = (double)H * T * kvf + (double)H * lora * T, best = 1e30, t_end = k3_now_s() + seconds;
     for (int it = 0; it < 5 || k3_now_s() < t_end; it++) {
         double t = k3_now_s();
-        k3_matmul(kr, &A, q, H, y);
-        k3_matmul(kr, &B, p, H, y);
+#pragma omp parallel
+        tile_pair(kr, tile, T, kvf, lora, H, b);
         t = k3_now_s() - t;
         best = t < best ? t : best;
     }
-    free(tile), free(ct), free(q), free(p), free(y);
+    free(tile), free(pb.qa), free(pb.s), free(pb.p), free(pb.y);
     return macs / best;
 }
 
-/* The tile products alone of a decode step at position ctx: per tile of K3_MLA_TILE rows of the cache,
- * the scores product and the Σ p·c product (mla.c's two k3_matmul calls), on buffers of the
- * same shapes. What the attention cannot go below at the batched product's rate. */
-typedef struct prod_bufs {
-    float *qa, *s, *p, *ct, *y;
-} prod_bufs;
-
+/* The tile products alone of a decode step at position ctx: per tile of K3_MLA_TILE rows of
+ * the cache, tile_pair in one parallel region, as mla.c runs its tiles. What the attention
+ * cannot go below at the products' rate. */
 static void tile_products(const k3_model *m, const float *cache, int ctx, const prod_bufs *b) {
     const k3_config *c = &m->cfg;
     int H = c->num_attention_heads, lora = c->kv_lora_rank, kvf = lora + c->qk_rope_head_dim;
-    for (int j0 = 0; j0 <= ctx; j0 += K3_MLA_TILE) {
-        int cnt = ctx + 1 - j0 < K3_MLA_TILE ? ctx + 1 - j0 : K3_MLA_TILE;
-        k3_mat C = {.data = cache + (size_t)j0 * kvf, .dtype = K3_DT_F32, .rows = cnt, .cols = kvf};
-        k3_mat Ct = {.data = b->ct, .dtype = K3_DT_F32, .rows = lora, .cols = K3_MLA_TILE};
-        k3_matmul(m->kr, &C, b->qa, H, b->s);
-        k3_matmul(m->kr, &Ct, b->p, H, b->y);
-    }
+#pragma omp parallel
+    for (int j0 = 0; j0 <= ctx; j0 += K3_MLA_TILE)
+        tile_pair(m->kr, cache + (size_t)j0 * kvf,
+                  ctx + 1 - j0 < K3_MLA_TILE ? ctx + 1 - j0 : K3_MLA_TILE, kvf, lora, H, b);
 }
 
 /* Least seconds (the machine may be shared: the least is the one least disturbed) of the
@@ -172,10 +182,9 @@ static void decode_rows(const mla_opts *o, const k3_model *m, int layer, double 
     float *Q = malloc(sizeof(float) * H * (nope + rope)), *out = malloc(sizeof(float) * H * vd);
     size_t T = K3_MLA_TILE;
     prod_bufs b = {malloc(sizeof(float) * H * kvf), malloc(sizeof(float) * H * T),
-                   malloc(sizeof(float) * H * T), malloc(sizeof(float) * lora * T),
-                   malloc(sizeof(float) * H * lora)};
+                   malloc(sizeof(float) * H * T), malloc(sizeof(float) * H * lora)};
     fill_random(Q, (size_t)H * (nope + rope), 9), fill_random(b.qa, (size_t)H * kvf, 10);
-    fill_random(b.p, (size_t)H * T, 11), fill_random(b.ct, (size_t)lora * T, 12);
+    fill_random(b.p, (size_t)H * T, 11);
     printf("| context | latent MB / layer | ms / token / layer | s / token (%d layers) | bytes "
            "floor (ms) | MACs at the burst rate (ms) | tile products alone (ms) | x floor |\n"
            "|---:|---:|---:|---:|---:|---:|---:|---:|\n", K3_MLA_LAYERS);
@@ -198,7 +207,7 @@ static void decode_rows(const mla_opts *o, const k3_model *m, int layer, double 
         fflush(stdout);
         k3_state_free(s);
     }
-    free(Q), free(out), free(b.qa), free(b.s), free(b.p), free(b.ct), free(b.y);
+    free(Q), free(out), free(b.qa), free(b.s), free(b.p), free(b.y);
 }
 
 /* The prefill: attention of o->prefill positions in passes of K3_DEFAULT_CHUNK, beside the MLA

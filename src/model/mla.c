@@ -8,17 +8,22 @@
  *     o       = Σ_j p_j W_uv c_j                = W_uv (Σ_j p_j c_j)
  * so every head of every query reads the same latent rows: a (query, head) row's absorbed
  * query q' ++ q_pe [lora + rope] meets a tile of cache rows in one batched product, and the
- * probabilities meet the tile (transposed) in a second. The sums run in another order than the
- * expanded reference (spec §7.5): results agree within float32 rounding, not bit for bit
- * (tests/test_latent.c measures it against the expanded oracle).
+ * probabilities meet the same tile, as stored, in a second (k3_matmul_xw). The softmax's
+ * exponentials are k3_softmax_exp's (one polynomial, vectorized, the same bits on every kernel
+ * path), and one parallel region runs all the tiles of a block (each thread its share of each
+ * product: k3_matmul_rows, k3_matmul_xw), so a tile costs barriers rather than forks. The sums
+ * run in another order than the expanded reference (spec §7.5): results agree within float32
+ * rounding, not bit for bit (tests/test_latent.c measures it against the expanded oracle).
  *
  * Determinism: a (query, head) row's result depends only on its query, its position t and the
  * cache rows 0..t: tiles start at absolute multiples of K3_MLA_TILE, a product row is
- * independent of the other rows beside it (kernels.h), the online softmax walks the tiles in
+ * independent of the other rows beside it and of how the threads split the product
+ * (kernels.h), the online softmax walks the tiles in
  * order, and the absorb and the final W_uv product are per row. So chunking, batch
  * composition, block size and thread count change no bit.
  */
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -39,7 +44,6 @@ struct k3_mla_ws {
     float *y;            /* [rows][lora]: one tile's Σ_j p_j c_j */
     float *acc;          /* [rows][lora]: the running Σ_j p_j c_j, then divided by the sum */
     float *m, *l, *corr; /* [rows]: running max, running Σ p, this tile's rescale of acc */
-    float *ct;           /* [lora][TILE]: one tile's c rows, transposed (zeros past the tile) */
     float *ov;           /* [rows][v]: the W_uv products before they are scattered to o */
 };
 
@@ -59,7 +63,7 @@ static size_t ws_layout(const k3_config *c, int rows, k3_mla_ws *ws, int *ok) {
         if (ws) *ok &= (ws->f = calloc((size_t)(count) + 1, sizeof(float))) != NULL;          \
     } while (0)
     ALLOC(qa, R * kvf); ALLOC(s, R * T); ALLOC(p, R * T); ALLOC(y, R * lora);
-    ALLOC(acc, R * lora); ALLOC(m, R); ALLOC(l, R); ALLOC(corr, R); ALLOC(ct, lora * T);
+    ALLOC(acc, R * lora); ALLOC(m, R); ALLOC(l, R); ALLOC(corr, R);
     ALLOC(ov, R * (size_t)c->v_head_dim);
 #undef ALLOC
     return bytes + sizeof(k3_mla_ws);
@@ -82,7 +86,7 @@ k3_mla_ws *k3_mla_ws_new(const k3_config *c, int rows) {
 
 void k3_mla_ws_free(k3_mla_ws *ws) {
     if (!ws) return;
-    float *f[] = {ws->qa, ws->s, ws->p, ws->y, ws->acc, ws->m, ws->l, ws->corr, ws->ct, ws->ov};
+    float *f[] = {ws->qa, ws->s, ws->p, ws->y, ws->acc, ws->m, ws->l, ws->corr, ws->ov};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) free(f[i]);
     free(ws);
 }
@@ -135,86 +139,86 @@ static void absorb(const k3_model *m, const k3_mla_weights *w, const float *Q, i
     }
 }
 
-/* Rows i0..i0+ni-1 of ct [lora][TILE]: c rows j0..j0+cnt-1 of the layer's cache, transposed;
- * zeros after cnt. In blocks of 8 positions, so that each row of ct is written 8 floats at a
- * time rather than one float per cache line. */
-static void transpose_tile(const float *cache, int kvf, int i0, int ni, int j0, int cnt,
-                           float *ct) {
-    const int T = K3_MLA_TILE;
-    for (int i = i0; i < i0 + ni; i++)
-        memset(ct + (size_t)i * T + cnt, 0, (size_t)(T - cnt) * sizeof(float));
-    for (int jb = 0; jb < cnt; jb += 8) {
-        int nj = cnt - jb < 8 ? cnt - jb : 8;
-        const float *rows = cache + (size_t)(j0 + jb) * kvf;
-        for (int i = i0; i < i0 + ni; i++) {
-            float *dst = ct + (size_t)i * T + jb;
-            for (int j = 0; j < nj; j++) dst[j] = rows[(size_t)j * kvf + i];
-        }
-    }
-}
-
 /* One row's online-softmax step over a tile: raw scores s [cnt] of positions j0.., of which
  * the first `valid` are at or before the row's position. Writes p [TILE] (zeros past valid),
- * updates the running max and sum, and leaves acc's rescale in *corr. */
-static void softmax_step(const float *s, int valid, float scale, float *p, float *mx, float *l,
-                         float *corr) {
-    float mt = -INFINITY;
-    for (int j = 0; j < valid; j++) {
-        p[j] = s[j] * scale;
-        mt = p[j] > mt ? p[j] : mt;
-    }
-    float mn = mt > *mx ? mt : *mx, sum = 0;
-    *corr = *mx == -INFINITY ? 0.0f : expf(*mx - mn);
-    for (int j = 0; j < valid; j++) sum += (p[j] = expf(p[j] - mn));
-    for (int j = valid; j < K3_MLA_TILE; j++) p[j] = 0;
+ * updates the running max and sum, and leaves acc's rescale in *corr. The exponentials are
+ * k3_softmax_exp's (kernels.h: the same bits on every kernel path, its own summation order). */
+static void softmax_step(const k3_kernels *kr, const float *s, int valid, float scale, float *p,
+                         float *mx, float *l, float *corr) {
+    float m0 = *mx, sum = k3_softmax_exp(kr, s, valid, scale, mx, p);
+    *corr = m0 == -INFINITY ? 0.0f : k3_exp(m0 - *mx);
+    memset(p + valid, 0, (size_t)(K3_MLA_TILE - valid) * sizeof(float));
     *l = *l * *corr + sum;
-    *mx = mn;
+}
+
+/* acc = acc·corr + y for the rows that took the tile at j0 (the others keep acc). */
+static void rescale_row(const k3_mla_ws *ws, int r, int lora, int t, int j0) {
+    if (t < j0) return;
+    float *acc = ws->acc + (size_t)r * lora, cr = ws->corr[r];
+    const float *y = ws->y + (size_t)r * lora;
+    for (int i = 0; i < lora; i++) acc[i] = acc[i] * cr + y[i];
+}
+
+/* This thread's share [*a, *b) of n items, in a region of nt threads (0 <= tid < nt). */
+static void share(int64_t n, int tid, int nt, int64_t *a, int64_t *b) {
+    *a = n * tid / nt, *b = n * (tid + 1) / nt;
+}
+
+/* One tile of the block's attention, run by every thread of the region: the scores product
+ * (each thread its share of the tile's rows), then per row the previous tile's rescale and
+ * this tile's softmax step, then the Σ p·c product over the tile as stored (k3_matmul_xw, each
+ * thread its share of the lora columns, in whole 64-column blocks), with a barrier after each
+ * of the three. The tile starts at cache row j0 and holds cnt rows; scale is the softmax's. */
+static void attend_tile(const k3_model *m, const float *cache, int pos0, int n, int r0, int R,
+                        int j0, int cnt, float scale, k3_mla_ws *ws) {
+    const k3_config *c = &m->cfg;
+    int lora = c->kv_lora_rank, kvf = lora + c->qk_rope_head_dim;
+    int tid = omp_get_thread_num(), nt = omp_get_num_threads();
+    int64_t a, b;
+    k3_mat C = {.data = cache + (size_t)j0 * kvf, .dtype = K3_DT_F32, .rows = cnt, .cols = kvf};
+    share(cnt, tid, nt, &a, &b);
+    k3_matmul_rows(m->kr, &C, ws->qa, R, ws->s, a, b); /* s[r][j] = (q' ++ q_pe)·(c_j ++ k_pe_j) */
+#pragma omp barrier
+#pragma omp for schedule(static)
+    for (int r = 0; r < R; r++) {
+        int t = pos0 + (r0 + r) % n, valid = t - j0 + 1 < cnt ? t - j0 + 1 : cnt;
+        if (j0 > 0) rescale_row(ws, r, lora, t, j0 - K3_MLA_TILE);
+        if (valid > 0)
+            softmax_step(m->kr, ws->s + (size_t)r * cnt, valid, scale,
+                         ws->p + (size_t)r * K3_MLA_TILE, &ws->m[r], &ws->l[r], &ws->corr[r]);
+        else /* the tile lies past this row: it takes nothing from it */
+            memset(ws->p + (size_t)r * K3_MLA_TILE, 0, K3_MLA_TILE * sizeof(float));
+    }
+    share((lora + 63) / 64, tid, nt, &a, &b);
+    a = a * 64 < lora ? a * 64 : lora, b = b * 64 < lora ? b * 64 : lora;
+    k3_matmul_xw(m->kr, C.data, kvf, cnt, ws->p, K3_MLA_TILE, R, ws->y, lora, a, b);
+#pragma omp barrier /* y[r] = Σ_j p[r][j] c_j */
 }
 
 /* Attention of the block's rows over their causal prefixes of the layer cache, tile by tile
- * (flash style): leaves each row's Σ_j softmax_j · c_j in ws->acc. Query q sits at pos0 + q. */
+ * (flash style): leaves each row's Σ_j softmax_j · c_j in ws->acc. Query q sits at pos0 + q.
+ * One parallel region for all the tiles: each fork is a wait on a shared machine, a barrier
+ * half of one. */
 static void attend_block(const k3_model *m, const float *cache, int pos0, int n, int r0, int r1,
                          k3_mla_ws *ws) {
     const k3_config *c = &m->cfg;
-    int lora = c->kv_lora_rank, kvf = lora + c->qk_rope_head_dim, R = r1 - r0;
+    int lora = c->kv_lora_rank, R = r1 - r0;
     const float scale = (float)(1.0 / sqrt((double)(c->qk_nope_head_dim + c->qk_rope_head_dim)));
     int last_q = r1 - r0 >= n || r0 / n != (r1 - 1) / n ? n - 1 : (r1 - 1) % n;
-    int maxpos = pos0 + last_q;
+    int maxpos = pos0 + last_q, last = maxpos / K3_MLA_TILE * K3_MLA_TILE;
     for (int r = 0; r < R; r++) ws->m[r] = -INFINITY, ws->l[r] = 0;
     memset(ws->acc, 0, (size_t)R * lora * sizeof(float));
-    for (int j0 = 0; j0 <= maxpos; j0 += K3_MLA_TILE) {
-        int cnt = maxpos + 1 - j0 < K3_MLA_TILE ? maxpos + 1 - j0 : K3_MLA_TILE;
-        k3_mat C = {.data = cache + (size_t)j0 * kvf, .dtype = K3_DT_F32, .rows = cnt, .cols = kvf};
-        k3_matmul(m->kr, &C, ws->qa, R, ws->s); /* s[r][j] = (q' ++ q_pe)·(c_j ++ k_pe_j) */
-#pragma omp parallel if ((int64_t)R * cnt >= 16384)
-        { /* one region for both: each fork is a wait on a shared machine */
-#pragma omp for schedule(static) nowait
-            for (int r = 0; r < R; r++) {
-                int t = pos0 + (r0 + r) % n, valid = t - j0 + 1 < cnt ? t - j0 + 1 : cnt;
-                if (valid > 0)
-                    softmax_step(ws->s + (size_t)r * cnt, valid, scale,
-                                 ws->p + (size_t)r * K3_MLA_TILE, &ws->m[r], &ws->l[r],
-                                 &ws->corr[r]);
-                else /* the tile lies past this row: it takes nothing from it */
-                    memset(ws->p + (size_t)r * K3_MLA_TILE, 0, K3_MLA_TILE * sizeof(float));
-            }
+#pragma omp parallel if ((int64_t)R * (maxpos + 1) >= 16384)
+    {
+        for (int j0 = 0; j0 <= maxpos; j0 += K3_MLA_TILE)
+            attend_tile(m, cache, pos0, n, r0, R, j0,
+                        maxpos + 1 - j0 < K3_MLA_TILE ? maxpos + 1 - j0 : K3_MLA_TILE, scale, ws);
 #pragma omp for schedule(static)
-            for (int i = 0; i < lora; i += 64)
-                transpose_tile(cache, kvf, i, lora - i < 64 ? lora - i : 64, j0, cnt, ws->ct);
+        for (int r = 0; r < R; r++) { /* the last tile's rescale, then the sum */
+            rescale_row(ws, r, lora, pos0 + (r0 + r) % n, last);
+            float *acc = ws->acc + (size_t)r * lora, l = ws->l[r];
+            for (int i = 0; i < lora; i++) acc[i] = acc[i] / l;
         }
-        k3_mat Ct = {.data = ws->ct, .dtype = K3_DT_F32, .rows = lora, .cols = K3_MLA_TILE};
-        k3_matmul(m->kr, &Ct, ws->p, R, ws->y); /* y[r] = Σ_j p[r][j] c_j */
-#pragma omp parallel for schedule(static) if ((int64_t)R * lora >= 16384)
-        for (int r = 0; r < R; r++) {
-            if (pos0 + (r0 + r) % n < j0) continue;
-            float *acc = ws->acc + (size_t)r * lora, cr = ws->corr[r];
-            const float *y = ws->y + (size_t)r * lora;
-            for (int i = 0; i < lora; i++) acc[i] = acc[i] * cr + y[i];
-        }
-    }
-    for (int r = 0; r < R; r++) {
-        float *acc = ws->acc + (size_t)r * lora, l = ws->l[r];
-        for (int i = 0; i < lora; i++) acc[i] = acc[i] / l;
     }
 }
 
