@@ -135,11 +135,12 @@ fi
 serve_reply() {
     out=$1
     shift
+    rm -f "$T/serve.log" "$T/serve.err" # the last server's "listening" line must not be read
     "$@" >"$T/serve.log" 2>"$T/serve.err" &
     spid=$!
     url="" # up to 30 s: a loaded 2-core machine starts two ranks slowly
     for i in $(seq 1 300); do
-        url=$(sed -n 's/^k3 serve: listening on \(http[^ ]*\) .*/\1/p' "$T/serve.log")
+        url=$(sed -n 's/^k3 serve: listening on \(http[^ ]*\) .*/\1/p' "$T/serve.log" 2>/dev/null)
         [ -n "$url" ] && break
         sleep 0.1
     done
@@ -186,11 +187,12 @@ serve_four() {
     dir=$1 together=$2
     shift 2
     mkdir -p "$dir"
+    rm -f "$T/serve.log" "$T/serve.err" # the last server's "listening" line must not be read
     "$@" >"$T/serve.log" 2>"$T/serve.err" &
     spid=$!
     url="" # up to 30 s: a loaded 2-core machine starts two ranks slowly
     for i in $(seq 1 300); do
-        url=$(sed -n 's/^k3 serve: listening on \(http[^ ]*\) .*/\1/p' "$T/serve.log")
+        url=$(sed -n 's/^k3 serve: listening on \(http[^ ]*\) .*/\1/p' "$T/serve.log" 2>/dev/null)
         [ -n "$url" ] && break
         sleep 0.1
     done
@@ -254,11 +256,12 @@ PY
 ln -sf "$KJV/$SHARD" "$T/r1/$SHARD" # back from the missing-shard case
 rm -f "$T/r1/$SHARD2"
 cp "$KJV/$SHARD2" "$T/r1/$SHARD2"
+rm -f "$T/serve.log" "$T/serve.err" # the last server's "listening" line must not be read
 $MPIRUN -np 3 "$K3_MPI_BIN" serve "$T/model" --dirs "$T/r%r" --port 0 >"$T/serve.log" 2>"$T/serve.err" &
 spid=$!
 url="" # up to 30 s, as above: three ranks start slowly on a loaded 2-core machine
 for i in $(seq 1 300); do
-    url=$(sed -n 's/^k3 serve: listening on \(http[^ ]*\) .*/\1/p' "$T/serve.log")
+    url=$(sed -n 's/^k3 serve: listening on \(http[^ ]*\) .*/\1/p' "$T/serve.log" 2>/dev/null)
     [ -n "$url" ] && break
     sleep 0.1
 done
