@@ -190,7 +190,8 @@ static inline size_t k3_srv_test_stream_backlog(void) { return 0; }
 /* The sessions' on_layer hook (k3_trace, pass.h; user: the server): nonzero, which stops the
  * pass after this layer, when every slot in the running pass is abandoned (client gone,
  * cancelled, server stopping). A long prompt pass whose client left ends within a layer; a
- * pass that still serves someone runs to its end (a stop resets every session in it). */
+ * pass that still serves someone runs to its end. A stop puts every session in the pass back
+ * where the pass began: its conversation keeps the prompt passes before it. */
 int k3_sched_pass_unwanted(void *user, int pos, int n, int layer, int n_layers);
 
 /* ---- sched.c ---- */
