@@ -209,6 +209,7 @@ static int parse_args(int argc, char **argv, serve_args *a) {
     if (!a->so.prompt_cache) a->so.prompt_cache_ram = 0;
     a->eo.sessions += a->so.prompt_cache_ram;
     if (a->eo.sessions < 1) a->eo.sessions = 1;
+    a->eo.pass_sessions = a->so.parallel; /* each slot's pass-start copy (plan.h) */
     /* the plan counts the worker's prompt passes (expert-major prefill), as for run and chat:
      * --chunk ids, by default as many as it can give */
     if (a->co.chunk) a->eo.prompt_rows = a->co.chunk;

@@ -120,6 +120,9 @@ typedef struct k3_engine_opts {
                                * memory planner's choice (src/engine/plan.h: in place when it
                                * fits beside the expert cache's minimum, else a budget) */
     int sessions;             /* sessions that will be open at once, for the plan (default 1) */
+    int pass_sessions;        /* sessions one pass may carry (the server's --parallel), for the
+                               * plan: a prompt pass that may be stopped keeps a copy of each
+                               * one's KDA state (k3_plan.undo_bytes); 0 = 1 */
     int ctx;                  /* positions each session is opened with, for the plan (0: the
                                * default min(max_position_embeddings, 4096)); k3_session_new
                                * refuses a larger session (plan.h, "Sessions") */

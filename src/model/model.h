@@ -111,6 +111,10 @@ int k3_state_max_ctx(const k3_state *s);
 /* Bytes a session's state takes at max_ctx positions (0 = the default), for the memory plan;
  * counts a pass's scratch at K3_DEFAULT_CHUNK rows. */
 size_t k3_state_plan_bytes(const k3_model *m, int max_ctx);
+/* Bytes of the copy a prompt pass that may be stopped keeps for each session in it, to go back
+ * to where the pass began (forward_batch.c, "stopping a pass"): the KDA state and conv windows
+ * of every KDA layer, independent of the context (465 MB at K3's widths). */
+size_t k3_state_undo_bytes(const k3_model *m);
 /* Bytes each further row of a pass adds to its scratch once the pass has more rows than a
  * group (batch.h K3_BATCH_GROUP, k3_prefill_group_rows): the rows' block partial sums, AttnRes
  * blocks, FFN input and the routed experts' inputs and per-slot outputs. The other buffers
