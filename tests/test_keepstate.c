@@ -76,7 +76,8 @@ static void stop_in_second_pass(const char *dir) {
     float *a = malloc(V * sizeof *a), *b = malloc(V * sizeof *b);
     int32_t ids[N_IDS];
     ids_of(ids, N_IDS, c->vocab_size);
-    CHECK(k3_session_new(e, 64, &s, &err) == K3_OK && k3_session_new(e, 64, &first, &err) == K3_OK &&
+    CHECK(k3_session_new(e, 64, &s, &err) == K3_OK &&
+          k3_session_new(e, 64, &first, &err) == K3_OK &&
           k3_session_new(e, 64, &whole, &err) == K3_OK, "%s", err.msg);
     k3_session_set_chunk(s, CHUNK);
     /* the second pass (positions 16..31), after a middle layer: KDA layers before it ran */
@@ -123,8 +124,8 @@ static void test_multistep_all_back(void) {
     ids_of(ids, N_IDS, c->vocab_size);
     CHECK(k3_multistep_new(e, 64, &ms, &err) == K3_OK, "%s", err.msg);
     for (int i = 0; i < 3; i++) {
-        CHECK(k3_session_new(e, 64, &s[i], &err) == K3_OK && k3_session_new(e, 64, &ref[i], &err) ==
-              K3_OK, "%s", err.msg);
+        CHECK(k3_session_new(e, 64, &s[i], &err) == K3_OK &&
+              k3_session_new(e, 64, &ref[i], &err) == K3_OK, "%s", err.msg);
         /* each holds 8 + i ids already, as its reference does */
         CHECK(k3_session_prefill(s[i], ids + i, 8 + (size_t)i, NULL, NULL, &err) == K3_OK &&
               k3_session_prefill(ref[i], ids + i, 8 + (size_t)i, NULL, NULL, &err) == K3_OK,
