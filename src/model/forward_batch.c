@@ -183,7 +183,7 @@ typedef struct pass {
     int n_blocks;         /* AttnRes blocks so far (the same for every row) */
     bool keep;            /* some segment is K3_BATCH_REWINDABLE (its rewind data goes to its
                            * own session's buffers, s->batch->rw) */
-    bool stoppable;       /* on_layer may stop it: b->undo keeps what goes back (pass_undo) */
+    bool stoppable;       /* on_layer may stop it: b->undo holds what a stop puts back */
     k3_store_client *client;
     k3_state *acct;
     k3_spine_pass *sp;
