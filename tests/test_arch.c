@@ -557,7 +557,7 @@ static void test_shipped_k3_has_no_test_controls(void) {
     fclose(f);
     CHECK(ok, "%s: cannot read", bin);
     static const char *const names[] = {"K3_TEST_SCRIPTED_REPLY", "K3_TEST_TOKEN_DELAY_MS",
-                                        "K3_TEST_STREAM_BACKLOG_BYTES",
+                                        "K3_TEST_STREAM_BACKLOG_BYTES", "K3_TEST_PASS_HOLD_S",
                                         "k3_server_test_control"};
     const char *found = NULL;
     for (size_t i = 0; i < sizeof names / sizeof *names && !found; i++)

@@ -98,7 +98,7 @@ static int parse_args(int argc, char **argv, chat_opts *o) {
     k3_opt_targets t = {&o->eo, &o->co, &o->cc, o};
     int rc = k3_opts_parse(&chat_cmd, argc, argv, &t, &p);
     if (rc) return rc;
-    if ((rc = k3_model_arg("chat", p.n_positional ? p.positional[0] : NULL, &o->model_dir)))
+    if ((rc = k3_model_arg("k3 chat", p.n_positional ? p.positional[0] : NULL, &o->model_dir)))
         return rc;
     o->verbose = !o->cc.quiet;
     o->eo.verbose = o->verbose;

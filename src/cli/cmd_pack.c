@@ -493,7 +493,8 @@ int k3_cmd_pack(int argc, char **argv) {
     pack_args a;
     int rc = parse_pack(argc, argv, &a);
     if (rc) return rc < 0 ? 0 : rc;
-    if ((rc = k3_model_arg("pack", a.model_dir, &a.model_dir))) return rc; /* a name: its folder */
+    /* a name: its folder */
+    if ((rc = k3_model_arg("k3 pack", a.model_dir, &a.model_dir))) return rc;
     if (!a.out_given) a.out_dir = a.model_dir;
     k3_err err = {0};
     rc = pack(&a, &err);

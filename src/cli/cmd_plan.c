@@ -130,7 +130,7 @@ int k3_cmd_plan(int argc, char **argv) {
     int rc = k3_opts_parse(&plan_cmd, argc, argv, &t, &parsed);
     if (rc) return rc < 0 ? 0 : rc;
     const char *dir;
-    if ((rc = k3_model_arg("plan", parsed.n_positional ? parsed.positional[0] : NULL, &dir)))
+    if ((rc = k3_model_arg("k3 plan", parsed.n_positional ? parsed.positional[0] : NULL, &dir)))
         return rc;
     /* a streaming install (k3 setup --stream) keeps its incomplete shards, headers whole, in
      * DIR/.k3/partial: plan from them as k3 run loads them (load.c) */

@@ -190,7 +190,7 @@ static int parse_quality(int argc, char **argv, quality_args *a) {
     k3_opt_targets t = {.eo = &a->eo, .cc = &a->cc, .cmd = a};
     int rc = k3_opts_parse(&quality_cmd, argc, argv, &t, &p);
     if (rc) return rc;
-    if ((rc = k3_model_arg("quality", p.n_positional ? p.positional[0] : NULL, &a->model_dir)))
+    if ((rc = k3_model_arg("k3 quality", p.n_positional ? p.positional[0] : NULL, &a->model_dir)))
         return rc;
     a->eo.verbose = !a->cc.quiet;
     if ((a->text_file != NULL) + (a->ids != NULL) + a->builtin != 1) {

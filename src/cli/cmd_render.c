@@ -121,7 +121,7 @@ int k3_cmd_render(int argc, char **argv) {
     if (!rc && (rc = k3_chat_render_json(body, len, &segs, &err)))
         k3_err_prefix(&err, "%s", request);
     if (!rc && ids) {
-        if (!(rc = k3_model_arg("render", dir, &dir))) rc = print_ids(dir, &segs, &err);
+        if (!(rc = k3_model_arg("k3 render", dir, &dir))) rc = print_ids(dir, &segs, &err);
         else err.msg[0] = 0; /* reported */
     } else if (!rc && segments) {
         rc = print_segments(&segs, &err);

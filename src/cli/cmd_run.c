@@ -165,7 +165,7 @@ static int parse_args(int argc, char **argv, run_opts *o) {
         k3_opts_error("run", &err);
         return err.code;
     }
-    if ((rc = k3_model_arg("run", o->model_dir, &o->model_dir))) return rc;
+    if ((rc = k3_model_arg("k3 run", o->model_dir, &o->model_dir))) return rc;
     o->eo.ctx = o->cc.ctx ? o->cc.ctx : expected_ctx(o);
     return 0;
 }

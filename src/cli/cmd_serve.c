@@ -148,23 +148,26 @@ static const k3_cli_command serve_cmd = {
 #ifdef K3_TEST_CONTROLS
 /* The test build only (build/k3-test; server.h, k3_server_test_control): K3_TEST_* variables
  * set the server's test controls (replies replaced by a script, a pause after each token, a
- * smaller stream backlog). The shipped k3 reads none of them. Returns 0,
+ * smaller stream backlog, a prompt pass held). The shipped k3 reads none of them. Returns 0,
  * or 2 (reported). */
 static int test_hooks(void) {
     const char *script = getenv("K3_TEST_SCRIPTED_REPLY");
     if (script && script[0]) k3_server_test_control(K3_SERVER_TEST_SCRIPTED_REPLY, script);
     const char *delay = getenv("K3_TEST_TOKEN_DELAY_MS");
     const char *backlog = getenv("K3_TEST_STREAM_BACKLOG_BYTES");
-    double ms = 0;
+    const char *hold = getenv("K3_TEST_PASS_HOLD_S");
+    double ms = 0, hold_s = 0;
     long long bytes = 0;
     k3_err err = {0};
     if ((delay && delay[0] &&
          k3_parse_double(delay, "K3_TEST_TOKEN_DELAY_MS", 0, 1000, &ms, &err)) ||
         (backlog && backlog[0] &&
-         k3_parse_long(backlog, "K3_TEST_STREAM_BACKLOG_BYTES", 1, 1ll << 30, &bytes, &err))) {
+         k3_parse_long(backlog, "K3_TEST_STREAM_BACKLOG_BYTES", 1, 1ll << 30, &bytes, &err)) ||
+        (hold && hold[0] && k3_parse_double(hold, "K3_TEST_PASS_HOLD_S", 0, 600, &hold_s, &err))) {
         k3_opts_error("serve", &err);
         return 2;
     }
+    k3_server_test_control(K3_SERVER_TEST_PASS_HOLD, hold_s);
     k3_server_test_control(K3_SERVER_TEST_TOKEN_DELAY, ms / 1e3);
     k3_server_test_control(K3_SERVER_TEST_STREAM_BACKLOG, (size_t)bytes);
     return 0;
@@ -179,7 +182,7 @@ static int parse_args(int argc, char **argv, serve_args *a) {
     k3_opt_targets t = {&a->eo, &a->co, &a->cc, a};
     int rc = k3_opts_parse(&serve_cmd, argc, argv, &t, &p);
     if (rc) return rc;
-    if ((rc = k3_model_arg("serve", p.n_positional ? p.positional[0] : NULL, &a->model_dir)))
+    if ((rc = k3_model_arg("k3 serve", p.n_positional ? p.positional[0] : NULL, &a->model_dir)))
         return rc;
     if (p.n_positional && !a->so.model_id && strcmp(a->model_dir, p.positional[0]))
         a->so.model_id = p.positional[0]; /* a name, not its snapshot's revision */

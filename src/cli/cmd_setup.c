@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "../setup/setup.h"
@@ -37,7 +38,8 @@ static const k3_opt setup_rows[] = {
     {.flag = "--repo", SETUP(repo), .type = K3_OPT_STR, .flags = K3_OPTF_NONEMPTY,
      .meta = "ID", .help = "repository (default " K3_HF_REPO ")"},
     {.flag = "--revision", SETUP(revision), .type = K3_OPT_STR, .flags = K3_OPTF_NONEMPTY,
-     .meta = "REV", .help = "branch, tag or commit (default " K3_HF_REVISION ")"},
+     .meta = "REV", .help = "branch, tag or commit (default " K3_HF_REVISION "); DEST defaults to\n"
+             "MODELS/REPO@REV for any other"},
     {.flag = "--connections", SETUP(connections), .type = K3_OPT_INT, .lo = 1, .hi = 64,
      .meta = "N", .help = "parallel keep-alive connections (default 4, or the last k3 setup's\n"
                           "into DEST; so for the three below)"},
@@ -62,13 +64,18 @@ static const k3_opt setup_rows[] = {
 static const k3_cli_command setup_cmd = {
     .name = "setup",
     .usage =
-        "usage: k3 setup [DEST] [--full | --stream | --finish | --check] [options]\n"
+        "usage: k3 setup [DEST | OWNER/NAME@REV] [--full | --stream | --finish | --check]\n"
+        "                [options]\n"
         "\n"
         "Installs a Kimi K3 snapshot into the folder DEST from any server laid out like the\n"
         "Hugging Face hub: {endpoint}/{repo}/resolve/{revision}/{file}.\n"
         "DEST defaults to MODELS/REPO (REPO: --repo), where MODELS is $K3_MODELS, else\n"
         "$XDG_DATA_HOME/k3/models, else ~/.local/share/k3/models; there, the commands that\n"
-        "take a model find it by name (k3 run " K3_HF_REPO "). It first fetches\n"
+        "take a model find it by name (k3 run " K3_HF_REPO "). A --revision other than\n"
+        "main goes into its own folder, MODELS/REPO@REV, found as REPO@REV (k3 run\n"
+        K3_HF_REPO "@REV); k3 setup OWNER/NAME@REV means --repo OWNER/NAME --revision REV\n"
+        "into that folder. The install records its revision (.k3/setup.json): REPO@REV\n"
+        "never takes a folder that holds another revision. It first fetches\n"
         "config.json, the index, the tokenizer files and every shard's header, then checks free\n"
         "space (refusing with the exact number of bytes to free) before writing anything.\n"
         "Every file is checked (length; sha256 when the server gives one) before it gets its\n"
@@ -86,7 +93,29 @@ static const k3_cli_command setup_cmd = {
     .max_positional = 1,
 };
 
+/* `k3 setup OWNER/NAME@REV` is `k3 setup --repo OWNER/NAME --revision REV` (into the default
+ * folder) when no folder of that name exists: the form the commands take a revision in. Given
+ * with a --repo or --revision that says otherwise, it is a usage error. repo (256 bytes)
+ * holds OWNER/NAME for o->repo. Returns 0 or K3_ERR_USAGE. */
+static int name_at_revision(k3_setup_opts *o, char *repo) {
+    const char *rev;
+    struct stat st;
+    if (!strchr(o->dest, '@') || stat(o->dest, &st) == 0 ||
+        !k3_model_name_split(o->dest, repo, 256, &rev))
+        return 0;
+    char msg[1024];
+    if ((o->repo && strcmp(o->repo, repo)) || (o->revision && strcmp(o->revision, rev))) {
+        snprintf(msg, sizeof msg, "%s names %s at revision %s, but --repo %s --revision %s "
+                 "say otherwise: give one of them", o->dest, repo, rev,
+                 o->repo ? o->repo : repo, o->revision ? o->revision : rev);
+        return k3_opts_usage_error(&setup_cmd, msg);
+    }
+    o->repo = repo, o->revision = rev, o->dest = NULL;
+    return 0;
+}
+
 static int parse_args(int argc, char **argv, k3_setup_opts *o) {
+    static char repo[256]; /* OWNER/NAME of OWNER/NAME@REV; main thread */
     setup_args a = {.o = o, .free_bytes = -1};
     k3_cli_common cc;
     k3_opts_parsed parsed;
@@ -103,8 +132,9 @@ static int parse_args(int argc, char **argv, k3_setup_opts *o) {
     o->mode = (enum k3_setup_mode)a.mode;
     o->endpoint = a.endpoint, o->repo = a.repo, o->revision = a.revision;
     o->dest = parsed.n_positional ? parsed.positional[0] : NULL;
-    if (!o->dest && k3_setup_default_dest(o->repo ? o->repo : K3_HF_REPO, &o->dest))
-        return K3_ERR_USAGE; /* MODELS/REPO, where commands find it by name (model_dir.h) */
+    if (o->dest && (rc = name_at_revision(o, repo))) return rc;
+    if (!o->dest && k3_setup_default_dest(o->repo ? o->repo : K3_HF_REPO, o->revision, &o->dest))
+        return K3_ERR_USAGE; /* MODELS/REPO[@REV], where commands find it by name (model_dir.h) */
     o->token = cc.hf_token && cc.hf_token[0] ? cc.hf_token : NULL;
     o->connections = a.connections;
     /* k3_http_opts: 0 is the default (or the manifest's), -1 none */

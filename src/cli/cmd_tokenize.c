@@ -92,8 +92,10 @@ static int parse_args(const k3_cli_command *cmd, int argc, char **argv, tok_args
     const char *const *pos = parsed.positional;
     int n_pos = parsed.n_positional, first = 0;
     if (n_pos > 0 && is_tokenizer_dir(pos[0])) a->dir = pos[first++];
-    else if (n_pos > (a->file ? 0 : 1) && k3_repo_id_valid(pos[0])) { /* a model's name */
-        int rc2 = k3_model_arg(cmd->name, pos[first++], &a->dir);
+    else if (n_pos > (a->file ? 0 : 1) && k3_model_name_split(pos[0], NULL, 0, NULL)) {
+        char who[32]; /* a model's name, OWNER/NAME[@REV] */
+        snprintf(who, sizeof who, "k3 %s", cmd->name);
+        int rc2 = k3_model_arg(who, pos[first++], &a->dir);
         if (rc2) return rc2;
     }
     const char *problem = arity_problem(a->file != NULL, n_pos - first, cmd == &tokenize_cmd);

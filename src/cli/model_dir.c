@@ -74,23 +74,32 @@ int k3_model_arg(const char *cmd, const char *arg, const char **dir) {
     k3_err err = {0};
     int rc = k3_model_resolve(arg, hub, models, out, sizeof out, note, sizeof note, &err);
     if (rc) {
-        k3_opts_error(cmd, &err);
+        char text[sizeof err.msg + 256]; /* as k3_opts_error, under cmd's own prefix */
+        fprintf(stderr, "%s: %s\n", cmd, k3_opts_render(&err, text, sizeof text));
         return rc;
     }
-    if (note[0]) fprintf(stderr, "k3 %s: %s\n", cmd, note);
+    if (note[0]) fprintf(stderr, "%s: %s\n", cmd, note);
     *dir = out;
     return 0;
 }
 
-int k3_setup_default_dest(const char *repo, const char **dest) {
-    static char out[PATH_MAX + 256]; /* CLI-only; main thread */
+int k3_setup_default_dest(const char *repo, const char *revision, const char **dest) {
+    static char out[PATH_MAX + 512]; /* CLI-only; main thread */
     char models[PATH_MAX];
-    if (!k3_repo_id_valid(repo) || !k3_cli_models_dir(models, sizeof models)[0]) {
+    const char *why = !k3_repo_id_valid(repo) ? "--repo is no OWNER/NAME"
+                      : revision && strchr(revision, '/') ? "a revision with '/' in it needs one"
+                      : !k3_cli_models_dir(models, sizeof models)[0] ? "HOME is not set" : NULL;
+    if (why) {
         fprintf(stderr, "k3 setup: give the folder to install into: %s (see k3 setup --help)\n",
-                k3_repo_id_valid(repo) ? "HOME is not set" : "--repo is no OWNER/NAME");
+                why);
         return 2;
     }
-    snprintf(out, sizeof out, "%s/%s", models, repo);
+    /* main (the default) in MODELS/OWNER/NAME, another revision beside it in its own folder,
+     * where OWNER/NAME@REV finds it (setup.h, part 4) */
+    if (revision && strcmp(revision, K3_HF_REVISION))
+        snprintf(out, sizeof out, "%s/%s@%s", models, repo, revision);
+    else
+        snprintf(out, sizeof out, "%s/%s", models, repo);
     fprintf(stderr, "k3 setup: installing into %s\n", out);
     *dest = out;
     return 0;

@@ -229,9 +229,9 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
     k3_opt_targets t = {.cmd = o};
     int rc = k3_opts_parse(&bench_cmd, argc - 1, argv + 1, &t, &parsed);
     if (rc) return rc;
-    o->dir = parsed.n_positional ? parsed.positional[0] : NULL;
-    if (!o->dir) o->dir = k3_default_model_dir();
-    return 0;
+    /* a folder, a name (OWNER/NAME[@REV]) or the bundled model: the one door (model_dir.h) */
+    return k3_model_arg("k3-lab bench io", parsed.n_positional ? parsed.positional[0] : NULL,
+                        &o->dir);
 }
 
 static void print_decode(const char *what, const k3_run_stats *st, double fio_gbps) {

@@ -105,7 +105,11 @@ static int parse(int argc, char **argv, const char *what, bopts *o) {
             return K3_ERR_USAGE;
         }
     o->threads = eo.threads;
-    o->model_dir = parsed.n_positional ? parsed.positional[0] : k3_default_model_dir();
+    char who[32];
+    snprintf(who, sizeof who, "k3-lab bench %s", what);
+    if ((rc = k3_model_arg(who, parsed.n_positional ? parsed.positional[0] : NULL,
+                           &o->model_dir)))
+        return rc;
     return parse_chunks(cmd, o);
 }
 

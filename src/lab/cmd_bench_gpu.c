@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "../cli/model_dir.h"
 #include "../cli/opts.h"
 #include "../engine/k3.h"
 #include "../engine/k3_lab.h"
@@ -202,6 +203,7 @@ int k3_cmd_bench_gpu(int argc, char **argv) {
     int rc = k3_opts_parse(&gpu_cmd, argc, argv, &tg, &parsed);
     if (rc) return rc < 0 ? 0 : rc;
     const char *dir = parsed.n_positional ? parsed.positional[0] : NULL;
+    if (dir && (rc = k3_model_arg("k3-lab bench-gpu", dir, &dir))) return rc; /* a name too */
     a.t.no_pdl = !a.pdl;
 #ifdef K3_WITH_CUDA
     k3_err err = {0};

@@ -593,7 +593,10 @@ static int bench_decode(int argc, char **argv) {
     k3_opt_targets t = {.eo = &eo, .cmd = &a};
     int rc = k3_opts_parse(&decode_cmd, argc, argv, &t, &parsed);
     if (rc) return rc < 0 ? 0 : rc;
-    const char *dir = parsed.n_positional ? parsed.positional[0] : k3_default_model_dir();
+    const char *dir;
+    if ((rc = k3_model_arg("k3-lab bench decode", parsed.n_positional ? parsed.positional[0]
+                           : NULL, &dir)))
+        return rc;
     int tokens = a.tokens;
     k3_err err = {0};
     k3_engine *e = NULL;

@@ -75,8 +75,7 @@ static int parse(int argc, char **argv, mla_opts *o) {
         fprintf(stderr, "k3-lab bench mla: need --seconds > 0 and --prefill >= 0\n");
         return K3_ERR_USAGE;
     }
-    if (!o->dir) o->dir = k3_default_model_dir();
-    return 0;
+    return k3_model_arg("k3-lab bench mla", o->dir, &o->dir); /* NULL: the bundled model */
 }
 
 static void fill_random(float *p, size_t n, uint64_t seed) {

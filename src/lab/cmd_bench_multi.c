@@ -67,7 +67,9 @@ static int parse(int argc, char **argv, mopts *o, k3_err *err) {
     int rc = k3_opts_parse(&multi_cmd, argc, argv, &t, &parsed);
     if (rc) return rc;
     o->threads = eo.threads, o->spine_gb = eo.spine_gb, o->pack_dir = eo.pack_dir;
-    o->model_dir = parsed.n_positional ? parsed.positional[0] : k3_default_model_dir();
+    if ((rc = k3_model_arg("k3-lab bench-batch", parsed.n_positional ? parsed.positional[0]
+                           : NULL, &o->model_dir)))
+        return rc;
     char buf[256];
     snprintf(buf, sizeof buf, "%s", o->session_list);
     for (char *save = NULL, *p = strtok_r(buf, ",", &save); p && !rc;

@@ -32,7 +32,8 @@ static const k3_command commands[] = {
 
 static const k3_program lab_prog = {
     "k3-lab", "k3-lab — the k3 developer tools: benchmarks, synthetic snapshots, router traces",
-    "DIR / MODEL_DIR default to the fixture model bundled in " K3_BUNDLED_MODEL ".\n"
+    "DIR / MODEL_DIR default to the fixture model bundled in " K3_BUNDLED_MODEL "; a\n"
+    "model's name works too, OWNER/NAME or OWNER/NAME@REV, found as k3 finds it (k3 --help).\n"
     "The commands users run (run, chat, serve, setup, ...) are in k3 (k3 --help).\n"
     "Exit status: as k3's (0 ok, 2 usage, 3 I/O, 4 config, 5 checkpoint, ...; k3 --help).\n",
     commands,

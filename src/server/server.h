@@ -132,6 +132,12 @@ enum k3_server_test_op {
      * slow-client invariant above; default 1 MiB): a test stalls a client with less output
      * than the loopback socket buffers plus 1 MiB. */
     K3_SERVER_TEST_STREAM_BACKLOG,
+    /* double: seconds the first pass of the process with a segment of more than one id (a
+     * prompt) waits after its first layer, in the on_layer hook, while a client of the pass
+     * stays; it logs "k3 serve: test: a pass of N ids holds after layer 1" first. A test that
+     * waits for that line and then leaves is inside the pass whatever the machine's speed
+     * (a pause measured from a first run could outlast a faster second one). */
+    K3_SERVER_TEST_PASS_HOLD,
 };
 int k3_server_test_control(int op, ...);
 #endif

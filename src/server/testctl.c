@@ -6,10 +6,12 @@
 #ifdef K3_TEST_CONTROLS
 #include <poll.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../tok/tokenizer.h"
+#include "../util/clock.h"
 #include "../util/fileio.h"
 #include "worker.h"
 
@@ -18,6 +20,8 @@ static struct {
     const char *scripted_reply; /* a JSON file: an array of strings */
     double token_delay_s;
     size_t stream_backlog;
+    double pass_hold_s;
+    bool pass_held; /* the one hold was spent */
 } tests;
 
 int k3_server_test_control(int op, ...) {
@@ -28,6 +32,7 @@ int k3_server_test_control(int op, ...) {
     case K3_SERVER_TEST_SCRIPTED_REPLY: tests.scripted_reply = va_arg(ap, const char *); break;
     case K3_SERVER_TEST_TOKEN_DELAY: tests.token_delay_s = va_arg(ap, double); break;
     case K3_SERVER_TEST_STREAM_BACKLOG: tests.stream_backlog = va_arg(ap, size_t); break;
+    case K3_SERVER_TEST_PASS_HOLD: tests.pass_hold_s = va_arg(ap, double); break;
     default: rc = -1;
     }
     va_end(ap);
@@ -38,6 +43,20 @@ size_t k3_srv_test_stream_backlog(void) { return tests.stream_backlog; }
 
 void k3_srv_test_after_token(void) {
     if (tests.token_delay_s > 0) poll(NULL, 0, (int)(tests.token_delay_s * 1e3));
+}
+
+void k3_srv_test_hold_pass(k3_server *s, int n, int layer) {
+    if (!(tests.pass_hold_s > 0) || tests.pass_held || layer != 0 || n < 2) return;
+    tests.pass_held = true;
+    fprintf(stderr, "k3 serve: test: a pass of %d ids holds after layer 1\n", n);
+    k3_worker_state *ws = s->ws;
+    double t0 = k3_now_s();
+    for (; k3_now_s() - t0 < tests.pass_hold_s; poll(NULL, 0, 5)) {
+        bool stay = false;
+        for (int i = 0; i < ws->pass_segs && !stay; i++)
+            stay = !k3_job_abandoned(s, ws->seg_slot[i]->j);
+        if (!stay) return;
+    }
 }
 
 /* Reads the scripted replies into w->script. */

@@ -291,9 +291,17 @@ const char *k3_stream_shard_name(const k3_stream *s, int shard);
  *
  * `k3 run moonshotai/Kimi-K3`: a repository id names a snapshot that the Hugging Face tools
  * downloaded into their hub cache,
- *     {hub_cache}/models--OWNER--NAME/snapshots/REVISION/FILE  (a symlink into ../../blobs/)
- *     {hub_cache}/models--OWNER--NAME/refs/main                (the revision main was)
+ *     {hub_cache}/models--OWNER--NAME/snapshots/COMMIT/FILE  (a symlink into ../../blobs/)
+ *     {hub_cache}/models--OWNER--NAME/refs/REF               (the commit branch or tag REF
+ *                                                            was: refs/main, refs/refs/pr/1)
  * or, failing that, the folder `k3 setup` installs into by default: {models_dir}/OWNER/NAME.
+ * `OWNER/NAME@REV` pins a revision: REV is a branch or tag as refs/ stores it (main, v1.0,
+ * refs/pr/1), or a commit (40 hex digits, or 7 or more of its first, as git shortens them).
+ * In the hub cache it is refs/REV's commit, else snapshots/REV, else the one snapshot whose
+ * name begins with REV. Under models_dir it is {models_dir}/OWNER/NAME@REV (where `k3 setup
+ * OWNER/NAME@REV` installs a revision other than main: k3_setup_default_dest) or
+ * {models_dir}/OWNER/NAME, either only when its manifest (.k3/setup.json) records REV as the
+ * revision asked for or the commit pinned (or a 7+ digit prefix of it).
  * The caller (the edge) finds hub_cache and models_dir from the environment with
  * k3_hub_cache_dir and k3_models_dir; nothing here reads the environment.
  *
@@ -309,10 +317,19 @@ const char *k3_stream_shard_name(const k3_stream *s, int shard);
  *    (newest first; ties by name, so the choice is deterministic).
  *  - Several snapshots, none complete: an error naming what the newest lacks (its first 8
  *    files, and how many) and the fix (finish the download, or k3 setup).
+ *  - A pinned revision is that revision or an error, never another one: incomplete, it is an
+ *    error naming what it lacks; a short commit beginning two snapshots is an error naming
+ *    both; an install whose manifest records another revision (or none) is not taken for it.
  */
 
 /* Whether s has the form of a Hugging Face repository id (above). */
 bool k3_repo_id_valid(const char *s);
+
+/* Whether s is a model name, OWNER/NAME or OWNER/NAME@REV (REV: '/'-separated parts of
+ * [A-Za-z0-9._-], none empty or starting with '.', at most 200 characters). When it is, repo
+ * (cap bytes; may be NULL) receives OWNER/NAME and *rev (may be NULL) points at REV in s, or
+ * is NULL when s has no '@'. */
+bool k3_model_name_split(const char *s, char *repo, size_t cap, const char **rev);
 
 /* The hub cache folder as huggingface_hub finds it: hf_hub_cache (HF_HUB_CACHE), else
  * hf_home/hub (HF_HOME), else xdg_cache_home/huggingface/hub (XDG_CACHE_HOME), else
@@ -327,14 +344,17 @@ char *k3_hub_cache_dir(char *buf, size_t cap, const char *hf_hub_cache, const ch
 char *k3_models_dir(char *buf, size_t cap, const char *k3_models, const char *xdg_data_home,
                     const char *home);
 
-/* The folder arg names: arg itself when it exists or is no repository id; else the newest
- * complete snapshot of that repository in hub_cache; else models_dir/arg when it holds a
- * config.json (a full or streaming install). hub_cache and models_dir may be NULL or "".
- * On success out (cap bytes) holds the folder, and note (if non-NULL) a line to show the
- * user when a newer but incomplete snapshot was passed over ("" otherwise).
- * Errors: K3_ERR_IO when nothing is found (the message names every place looked at and the
- * fix) or no snapshot is complete (what the newest lacks); K3_ERR_CHECKPOINT for an index
- * that is not JSON with a weight_map of plain file names. */
+/* The folder arg names: arg itself when it exists or is no model name (OWNER/NAME[@REV]);
+ * else the newest complete snapshot of that repository in hub_cache (of REV: that revision's,
+ * complete); else models_dir/OWNER/NAME when it holds a config.json (a full or streaming
+ * install; for @REV, the install that records REV, above). hub_cache and models_dir may be
+ * NULL or "". On success out (cap bytes) holds the folder, and note (if non-NULL) a line to
+ * show the user when a newer but incomplete snapshot was passed over ("" otherwise).
+ * Errors: K3_ERR_IO when nothing is found (the message names every place looked at and what
+ * each holds, and the fix) or no snapshot is complete (what the newest lacks) or REV's is
+ * incomplete (what it lacks); K3_ERR_USAGE for a REV of the wrong form or a short commit
+ * beginning several snapshots (it names two); K3_ERR_CHECKPOINT for an index that is not
+ * JSON with a weight_map of plain file names, or a malformed .k3/setup.json. */
 int k3_model_resolve(const char *arg, const char *hub_cache, const char *models_dir, char *out,
                      size_t cap, char *note, size_t note_cap, k3_err *err);
 

@@ -95,9 +95,9 @@ async function scripted(replies, dir) {
       const m = out.match(/listening on (http:\/\/\S+)\/v1 /);
       if (m) { clearTimeout(t); resolve(m[1]); }
     });
-    proc.on('exit', (code) => { clearTimeout(t); reject(new Error(`k3 serve exited ${code}:\n${log}`)); });
+    proc.on('close', (code) => { clearTimeout(t); reject(new Error(`k3 serve exited ${code}:\n${log}`)); });
   });
-  const exited = new Promise((resolve) => proc.on('exit', resolve));
+  const exited = new Promise((resolve) => proc.on('close', resolve));
   return {
     url,
     posts: () => log.split('\n').filter((l) => /k3 serve: POST /.test(l)),
@@ -115,10 +115,15 @@ function run(cmd, args, { cwd, env }) {
     p.stdout.on('data', (d) => { stdout += d; });
     p.stderr.on('data', (d) => { stderr += d; });
     const t = setTimeout(() => p.kill('SIGKILL'), CLIENT_TIMEOUT_MS);
+    // The last bytes of stdout (the final answer the checks read) can come after 'exit': wait
+    // for the pipes to close too, though not for ever (a helper of the client may hold them).
+    const drained = Promise.all([p.stdout, p.stderr].map((s) => new Promise((r) => s.on('close', r))));
     p.on('exit', (code, sig) => {
       clearTimeout(t);
-      running.delete(p);
-      resolve({ code, sig, stdout, stderr });
+      Promise.race([drained, new Promise((r) => setTimeout(r, 10000))]).then(() => {
+        running.delete(p);
+        resolve({ code, sig, stdout, stderr });
+      });
     });
   });
 }

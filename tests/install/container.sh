@@ -87,8 +87,8 @@ a=$(PATH="$tmp/fake:$PATH" K3_API_KEY=x K3_PORT=9 sh $ep owner/name)
 K3_API_KEY=sekrit K3_PORT=0 sh $ep "$tmp/root/usr/local/share/k3/k3-tiny-kjv" -q \
     >"$tmp/serve.log" 2>&1 &
 pid=$!
-port=""
-for _ in $(seq 1 100); do
+port="" # up to 30 s: a loaded 2-core machine
+for _ in $(seq 1 300); do
     port=$(sed -n 's|.*listening on http://0\.0\.0\.0:\([0-9]*\)/.*|\1|p' "$tmp/serve.log" | head -1)
     [ -n "$port" ] && break
     kill -0 $pid 2>/dev/null || break

@@ -12,7 +12,7 @@ import os from 'node:os';
 import path from 'node:path';
 import Anthropic from '@anthropic-ai/sdk';
 import OpenAI from 'openai';
-import { startServer, client, raw, MODEL_ID } from './harness.mjs';
+import { startServer, client, raw, logMatch, MODEL_ID } from './harness.mjs';
 
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'k3-agents-'));
 const servers = [];
@@ -150,7 +150,7 @@ test("Claude Code's request: hints accepted, thinking adaptive is on, max_tokens
   assert.equal(r.status, 200, r.text);
   assert.deepEqual(r.json.content.map((c) => c.type), ['thinking', 'text']);
   assert.equal(r.json.content[1].text, 'Hello.');
-  assert.match(srv.log(), /max_tokens 32000 cut to --max-tokens 64/);
+  await logMatch(srv, /max_tokens 32000 cut to --max-tokens 64/);
   // a reply longer than the ceiling stops there and says so
   const long = await scripted([thought('a b c d e f g h i j k l m n o p q r s t u v w x y z '.repeat(8), 'x')], ['--max-tokens', '20']);
   const l = (await raw(long.srv, 'POST', '/v1/messages', JSON.stringify(claudeBody('b')))).json;
@@ -209,8 +209,10 @@ async function readUntil(reader, text, pred) {
 }
 
 test('a queued stream gets its first event at once, then keep-alives while it waits', async () => {
-  // A scripted reply of ~300 tokens at 30 ms each keeps the one slot busy for ~9 s.
-  const long = thought('w '.repeat(300), 'done');
+  // A scripted reply of ~1,000 tokens at 30 ms each keeps the one slot busy for 30 s (it is
+  // aborted once the checks are done): the keep-alives come after 5 s of silence, and a loaded
+  // machine may be slow to send the queued requests (at ~300 tokens, 9 s, that left 4 s).
+  const long = thought('w '.repeat(1000), 'done');
   const { srv } = await scripted([long, plain('Short.'), plain('Chat.')], [], { K3_TEST_TOKEN_DELAY_MS: '30' });
   const busy = new AbortController();
   const first = await fetch(`${srv.url}/v1/chat/completions`, { method: 'POST', signal: busy.signal,

@@ -34,7 +34,7 @@ export async function startServe(model, args) {
       const m = out.match(/listening on (http:\/\/127\.0\.0\.1:\d+)\/v1 /);
       if (m) { clearTimeout(t); resolve(m[1]); }
     });
-    proc.on('exit', (code) => { clearTimeout(t); reject(new Error(`k3 serve exited ${code}:\n${err}`)); });
+    proc.on('close', (code) => { clearTimeout(t); reject(new Error(`k3 serve exited ${code}:\n${err}`)); });
   });
   const exited = new Promise((r) => proc.on('exit', r));
   return { url, log: () => err, stop: async () => { proc.kill('SIGTERM'); await exited; } };

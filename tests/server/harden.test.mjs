@@ -59,22 +59,25 @@ test('D6: a client that really leaves still cancels its generation', async () =>
   // test build's pause of 5 ms per token (K3_TEST_TOKEN_DELAY_MS) makes that >= 1.7 s, so the
   // reply cannot end before the hang-up is seen however slow a loaded machine is (~0.2 s
   // without the pause: on 2 busy cores the whole reply sometimes beat the RST)
+  // The hang-up comes once the generation runs (polled: a fixed pause could end before the
+  // server read the request on a loaded machine), and the log line is polled for too.
   const slow = await startServer(['--ctx', '512'], { K3_TEST_TOKEN_DELAY_MS: '5' });
   const sock = net.connect(Number(new URL(slow.url).port), '127.0.0.1');
   await new Promise((r) => sock.on('connect', r));
   sock.write(post({ messages: [{ role: 'user', content: 'write a long story' }], max_tokens: 340,
     temperature: 0 }));
-  await sleep(60);
+  for (const t0 = Date.now(); !(await raw(slow, 'GET', '/health')).json.generating; await sleep(5))
+    assert.ok(Date.now() - t0 < 30000, 'the request never started');
   sock.destroy();
   const t0 = Date.now();
   for (;;) {
     const h = await raw(slow, 'GET', '/health');
     if (!h.json.generating) break;
-    assert.ok(Date.now() - t0 < 5000, `still generating 5 s after the client left: ${h.text}`);
+    assert.ok(Date.now() - t0 < 30000, `still generating 30 s after the client left: ${h.text}`);
     await sleep(20);
   }
-  await sleep(200);
-  assert.match(slow.log(), /POST \/v1\/chat\/completions 499 .*cancelled/);
+  for (const t1 = Date.now(); !/POST \/v1\/chat\/completions 499 .*cancelled/.test(slow.log()); await sleep(20))
+    assert.ok(Date.now() - t1 < 10000, `no cancelled line in the log:\n${slow.log()}`);
   await slow.stop();
 });
 
@@ -93,11 +96,13 @@ test('D8: control characters from a request are escaped in the log', async () =>
   const forged = 'x\nk3 serve: POST /v1/chat/completions 200 forged\u001b[2J';
   const r = await chat({ messages: [{ role: 'user', content: 'hi' }], [forged]: 1 });
   assert.equal(r.status, 400, r.text);
-  await sleep(200);
+  // the log line comes on another pipe than the answer, maybe later: wait for it
+  const escaped = /x\\x0ak3 serve: POST \/v1\/chat\/completions 200 forged\\x1b\[2J/;
+  for (const t0 = Date.now(); !escaped.test(srv.log()) && Date.now() - t0 < 10000;) await sleep(20);
   const log = srv.log();
   assert.ok(!/^k3 serve: POST \/v1\/chat\/completions 200 forged/m.test(log), log);
   assert.ok(!log.includes('\u001b'), 'an escape byte reached the log');
-  assert.match(log, /x\\x0ak3 serve: POST \/v1\/chat\/completions 200 forged\\x1b\[2J/);
+  assert.match(log, escaped);
 });
 
 test('D1: 200k messages are refused at the context, fast, and /health answers meanwhile', async () => {
@@ -112,13 +117,15 @@ test('D1: 200k messages are refused at the context, fast, and /health answers me
   const r = await pending;
   const ms = Date.now() - t0;
   assert.equal(h.status, 200);
-  assert.ok(healthMs < 1000, `/health took ${healthMs} ms`);
+  // Bounds for a loaded 2-core machine (an ASan build too), far below the defect's: the
+  // quadratic renderer held a core for minutes, and /health waited as long.
+  assert.ok(healthMs < 5000, `/health took ${healthMs} ms`);
   assert.equal(r.status, 400, r.text.slice(0, 300));
   assert.equal(r.json.error.code, 'context_length_exceeded');
-  assert.ok(ms < 10000, `refused after ${ms} ms`);
+  assert.ok(ms < 30000, `refused after ${ms} ms`);
 });
 
-test('D5: 70 slowloris connections leave /health answering within a second', async () => {
+test('D5: 70 slowloris connections leave /health answering at once', async () => {
   // From another loopback address, so that the per-address limit is what keeps /health open.
   const socks = [];
   for (let i = 0; i < 70; i++) {
@@ -135,7 +142,8 @@ test('D5: 70 slowloris connections leave /health answering within a second', asy
       const h = await raw(srv, 'GET', '/health');
       const ms = Date.now() - t0;
       assert.equal(h.status, 200);
-      assert.ok(ms < 1000, `/health took ${ms} ms under slowloris`);
+      // the defect locked /health out for good; 5 s is room for a loaded machine
+      assert.ok(ms < 5000, `/health took ${ms} ms under slowloris`);
       const r = await chat({ messages: [{ role: 'user', content: 'hi' }], max_tokens: 1 });
       assert.equal(r.status, 200, r.text);
       await sleep(1000);

@@ -1,6 +1,7 @@
 // harness.mjs — `k3 serve` on the fixture model (serve.mjs) and an OpenAI client for it.
 //
 // K3_BIN names the k3 binary (make test-server sets it); default: build/k3-test (serve.mjs).
+import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { after } from 'node:test';
 import OpenAI from 'openai';
@@ -46,6 +47,13 @@ export async function raw(srv, method, p, body, headers = {}) {
 }
 
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+// Asserts that the server's log (stderr) comes to match re: its lines reach us on a pipe of
+// their own, maybe after the reply that a line is about, so they are waited for (10 s at most).
+export async function logMatch(srv, re, what = undefined, limitMs = 10000) {
+  for (const t0 = Date.now(); !re.test(srv.log()) && Date.now() - t0 < limitMs;) await sleep(10);
+  assert.match(srv.log(), re, what);
+}
 
 // Polls /health until it says nothing is generating; returns the milliseconds it took.
 export async function waitIdle(srv, limitMs = 5000) {

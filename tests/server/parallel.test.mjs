@@ -4,10 +4,15 @@
 // mid-stream or one that fails leaves the others unchanged; --queue 0 answers 429 beyond N.
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
 import OpenAI from 'openai';
 import { serverPool, client, raw, waitIdle, MODEL_ID } from './harness.mjs';
 
 const server = serverPool();
+const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'k3-parallel-'));
+after(() => fs.rmSync(dir, { recursive: true, force: true }));
 
 // Four different requests: greedy and seeded sampling, chat and raw completions; long enough
 // (200 tokens) that they run side by side.
@@ -75,14 +80,21 @@ test('--parallel 4 --queue 0: 4 simultaneous requests all 200, each identical to
   assert.deepEqual(await run(api, REQS[1]), ref[1]);
 });
 
+// The four must still run when the fifth comes: sampled, one of them sometimes ended first (1
+// round in 40 here; the random-weight model ends a sampled reply about once in 1,000 tokens).
+// So their replies are scripted (K3_TEST_SCRIPTED_REPLY: no end of message before max_tokens)
+// and slowed (K3_TEST_TOKEN_DELAY_MS: 3000 tokens take minutes); they are aborted at the end.
 test('--queue 0 beyond N: the fifth request gets 429 while four run', async () => {
-  const srv = await server(['--parallel', '4', '--queue', '0']);
+  const script = path.join(dir, 'long.json');
+  fs.writeFileSync(script, JSON.stringify(['the fox ran over the hills, '.repeat(1000)]));
+  const srv = await serverPool({ K3_TEST_SCRIPTED_REPLY: script, K3_TEST_TOKEN_DELAY_MS: '10' })(
+    ['--parallel', '4', '--queue', '0']);
   const api = client(srv);
   const streams = [];
   for (let i = 0; i < 4; i++) {
     const ac = new AbortController();
     const s = await api.chat.completions.create({ model: MODEL_ID, max_tokens: 3000, stream: true,
-      messages: [{ role: 'user', content: `Talk for a long time, ${i}.` }] }, { signal: ac.signal });
+      temperature: 0, messages: [{ role: 'user', content: `Talk for a long time, ${i}.` }] }, { signal: ac.signal });
     const it = s[Symbol.asyncIterator]();
     await it.next(); // the role chunk: sent as soon as the request is accepted
     await it.next(); // the first generated piece: it runs
@@ -93,7 +105,7 @@ test('--queue 0 beyond N: the fifth request gets 429 while four run', async () =
   await assert.rejects(api.completions.create({ model: MODEL_ID, prompt: 'x', max_tokens: 1 }),
     (e) => e instanceof OpenAI.APIError && e.status === 429 && /--parallel 4/.test(e.message));
   for (const s of streams) s.ac.abort();
-  await waitIdle(srv, 5000);
+  await waitIdle(srv, 30000);
   const ok = await api.completions.create({ model: MODEL_ID, prompt: 'x', max_tokens: 2, temperature: 0 });
   assert.equal(ok.usage.completion_tokens, 2);
 });
@@ -112,7 +124,7 @@ test('a request cancelled mid-pass leaves the others unchanged', async () => {
   ac.abort();
   const got = await others;
   for (let i = 0; i < 3; i++) assert.deepEqual(got[i], ref[i], `request ${i} changed by the cancel`);
-  await waitIdle(srv, 5000);
+  await waitIdle(srv, 30000);
   const spent = (await raw(srv, 'GET', '/health')).json.completion_tokens
     - got.reduce((n, r) => n + r.usage.completion_tokens, 0);
   assert.ok(spent < 3000, `the cancelled request ran on: ${spent} tokens`);

@@ -11,7 +11,7 @@ import { execFileSync, spawn } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { startServer, client, raw, MODEL_ID, K3, ROOT, MODEL } from './harness.mjs';
+import { startServer, client, raw, logMatch, MODEL_ID, K3, ROOT, MODEL } from './harness.mjs';
 
 const KJV = path.join(ROOT, 'tests', 'fixtures', 'k3-tiny-kjv');
 const servers = [];
@@ -28,14 +28,14 @@ async function spawnServer(model, args, wrap) {
   const proc = spawn(argv[0], argv.slice(1), { cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'] });
   let out = '', err = '';
   proc.stderr.on('data', (d) => { err += d; });
-  const exited = new Promise((r) => proc.on('exit', r));
+  const exited = new Promise((r) => proc.on('close', r)); // exited, its pipes read to the end
   const url = await new Promise((resolve, reject) => {
     proc.stdout.on('data', (d) => {
       out += d;
       const m = out.match(/listening on (http:\/\/\S+)\/v1 /);
       if (m) resolve(m[1]);
     });
-    proc.on('exit', (c) => reject(new Error(`k3 serve exited ${c}: ${err}`)));
+    proc.on('close', (c) => reject(new Error(`k3 serve exited ${c}: ${err}`)));
   });
   return { url, base: `${url}/v1`, banner: () => out, log: () => err,
     stop: async () => { if (proc.exitCode === null && proc.signalCode === null) proc.kill('SIGTERM'); await exited; } };
@@ -151,7 +151,7 @@ test('every file truncated to half, corrupted, a link or a FIFO: skipped, 200, t
     const b = await ask(client(s), conv('Boris'));
     assert.equal(b.usage.prompt_tokens_details.cached_tokens, 0, damage);
     assert.deepEqual(b.choices[0], (await plain()).choices[0], `${damage}: the reply without the cache`);
-    assert.match(s.log(), /prompt cache: .*skipped/, damage);
+    await logMatch(s, /prompt cache: .*skipped/, damage);
     await s.stop();
     if (damage !== 'link-fifo') { // the prefill wrote good snapshots over the damaged ones
       const s2 = await server(['--prompt-cache', dir]);
@@ -171,7 +171,7 @@ test("another model's files (k3-tiny-kjv under k3-nano's names) are skipped, sam
   const b = await ask(client(s), conv('Boris'));
   assert.equal(b.usage.prompt_tokens_details.cached_tokens, 0);
   assert.deepEqual(b.choices[0], (await plain()).choices[0]);
-  assert.match(s.log(), /another model/);
+  await logMatch(s, /another model/);
   await s.stop();
   // and the kjv server still uses its own folder (files of nano beside them are left alone)
   const k = await server(['--prompt-cache', kjv], KJV);
@@ -238,7 +238,7 @@ test('two servers share one folder: one reads what the other wrote, same reply',
 test('--state-dir is the old name of --prompt-cache; --state-files is refused', async () => {
   const dir = tmp();
   const s = await server(['--state-dir', dir]);
-  assert.match(s.log(), /--state-dir is now --prompt-cache/);
+  await logMatch(s, /--state-dir is now --prompt-cache/);
   await ask(client(s), conv('Anna'));
   await s.stop();
   assert.ok(files(dir).length > 0, 'kept at exit');

@@ -36,10 +36,13 @@ export async function startServer(args = [], env = {}, wrap = []) {
       const m = out.match(/listening on (http:\/\/\S+)\/v1 /);
       if (m) { clearTimeout(timer); resolve(m[1]); }
     });
-    proc.on('exit', (code) => { clearTimeout(timer); reject(new Error(`k3 serve exited ${code}:\n${out}${err}`)); });
+    // 'close': its stderr is read to the end, so the error names what the server said
+    proc.on('close', (code) => { clearTimeout(timer); reject(new Error(`k3 serve exited ${code}:\n${out}${err}`)); });
     proc.on('error', (e) => { clearTimeout(timer); reject(new Error(`cannot run ${K3}: ${e.message}`)); });
   });
-  const exited = new Promise((resolve) => proc.on('exit', (code, sig) => resolve({ code, sig })));
+  // 'close', not 'exit': the process has ended AND its stdout and stderr are read to the end,
+  // so that log() after stop() holds every line it wrote ('exit' can come first).
+  const exited = new Promise((resolve) => proc.on('close', (code, sig) => resolve({ code, sig })));
   return {
     url, base: `${url}/v1`, proc, banner: () => out, log: () => err, exited,
     // Stops the server; throws when a sanitizer build (K3_BIN=build-asan/k3) reported errors.

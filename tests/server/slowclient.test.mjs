@@ -112,13 +112,14 @@ async function waitStalled(srv, limitMs = 20000) {
   }
 }
 
-// Polls /metrics until pred holds (5 s at most); returns the metrics that satisfied it.
+// Polls /metrics until pred holds (20 s at most: a bound for a loaded machine); returns the
+// metrics that satisfied it.
 async function until(srv, pred, what) {
   const t0 = Date.now();
   for (;;) {
     const m = await metrics(srv);
     if (pred(m)) return m;
-    if (Date.now() - t0 > 5000) assert.fail(`${what}: not within 5 s: ${JSON.stringify(m)}`);
+    if (Date.now() - t0 > 20000) assert.fail(`${what}: not within 20 s: ${JSON.stringify(m)}`);
     await sleep(20);
   }
 }
@@ -144,8 +145,9 @@ function cpuSeconds(srv) {
 }
 
 // B: a streamed chat through the official client, with the model's logprobs of each token;
-// aborted after B_LIMIT_MS (the client's own timeout covers only the wait for the headers).
-const B_LIMIT_MS = 10000;
+// aborted after B_LIMIT_MS (the client's own timeout covers only the wait for the headers):
+// 40 tokens take well under a second; stuck behind A (the defect) B never ends.
+const B_LIMIT_MS = 30000;
 async function requestB(api) {
   const signal = AbortSignal.timeout(B_LIMIT_MS);
   const stream = await api.chat.completions.create({ model: MODEL_ID, stream: true, max_tokens: 40,
@@ -193,7 +195,7 @@ test('a stalled streaming client does not stop another generation; when it goes 
   a.destroy(); // unread bytes in its socket: the server sees a reset
   await until(srv, (x) => x.active === 0 && x.waiting === 0, "A's job ending");
   for (let t = Date.now(); !/POST \/v1\/chat\/completions 499 stream .* cancelled/.test(srv.log()); await sleep(20))
-    assert.ok(Date.now() - t < 5000, `no cancelled line in the log:\n${srv.log()}`);
+    assert.ok(Date.now() - t < 20000, `no cancelled line in the log:\n${srv.log()}`);
   const h = await raw(srv, 'GET', '/health');
   assert.equal(h.status, 200);
   assert.deepEqual(await requestB(api), alone, 'the server after A is gone');

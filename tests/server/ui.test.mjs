@@ -55,8 +55,10 @@ test('/health: the memory plan, then the last generation as usage reported it', 
   const r = await api.chat.completions.create({
     model: 'k3-nano', messages: [{ role: 'user', content: 'hi' }], max_tokens: 12, seed: 5,
   });
-  await sleep(50); // the worker files the figures right after the reply
-  const h = (await raw(srv, 'GET', '/health')).json;
+  // the worker files the figures right after the reply: wait for them rather than guess how long
+  let h = (await raw(srv, 'GET', '/health')).json;
+  for (const t0 = Date.now(); h.generations === h0.generations && Date.now() - t0 < 10000; await sleep(10))
+    h = (await raw(srv, 'GET', '/health')).json;
   const g = h.last_generation;
   assert.equal(g.completion_tokens, r.usage.completion_tokens);
   assert.equal(g.completion_tokens, 12);
@@ -72,9 +74,10 @@ test('/health: the memory plan, then the last generation as usage reported it', 
   assert.equal(h.generations, h0.generations + 1);
 });
 
+// Everything the server wrote to stderr: the warning follows the URL line, before the server
+// waits for a signal, and stop() returns once stderr is read to its end.
 async function stderrOf(args) {
   const s = await startServer(args);
-  await sleep(300); // the warning follows the URL line
   await s.stop();
   return s.log();
 }

@@ -3,8 +3,11 @@
 
 usage: faultproxy.py LISTEN_PORT UPSTREAM_PORT RULES_FILE LOG_FILE
 
+Prints the port it listens on once it does (LISTEN_PORT 0: one the system picks).
+
 Forwards GET requests (Range and Authorization headers included) to nginx on
-127.0.0.1:UPSTREAM_PORT. RULES_FILE is re-read whenever it changes; each line is
+127.0.0.1:UPSTREAM_PORT. RULES_FILE is read at each request and taken anew (its counts
+reset) whenever its text changed; lines starting with # are comments; each other line is
     MODE PATH_SUBSTRING COUNT [ARG]
 and the first matching rule whose COUNT is not used up (-1 = forever) is applied:
     reset     headers and half the body, then a TCP reset (SO_LINGER 0)
@@ -16,28 +19,27 @@ and the first matching rule whose COUNT is not used up (-1 = forever) is applied
     drip      the body one byte at a time, ARG bytes per second (never a second without one)
 Every request is logged as: PATH RANGE STATUS MODE
 """
-import http.client, http.server, os, socket, struct, sys, threading, time
+import http.client, http.server, socket, struct, sys, threading, time
 
 LISTEN, UPSTREAM, RULES, LOG = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 lock = threading.Lock()
-state = {"stamp": None, "rules": [], "used": []}
+state = {"text": None, "rules": [], "used": []}
 
 
 def pick(path):
     with lock:
         try:
-            st = os.stat(RULES)
-            stamp = (st.st_mtime_ns, st.st_size)
+            with open(RULES) as f:
+                text = f.read()
         except FileNotFoundError:
-            stamp = None
-        if stamp != state["stamp"]:
+            text = ""
+        if text != state["text"]:
             rules = []
-            if stamp:
-                for line in open(RULES):
-                    f = line.split()
-                    if len(f) >= 3:
-                        rules.append((f[0], f[1], int(f[2]), f[3] if len(f) > 3 else ""))
-            state.update(stamp=stamp, rules=rules, used=[0] * len(rules))
+            for line in text.splitlines():
+                f = line.split()
+                if len(f) >= 3 and not f[0].startswith("#"):
+                    rules.append((f[0], f[1], int(f[2]), f[3] if len(f) > 3 else ""))
+            state.update(text=text, rules=rules, used=[0] * len(rules))
         for i, (mode, sub, count, arg) in enumerate(state["rules"]):
             if sub in path and (count < 0 or state["used"][i] < count):
                 state["used"][i] += 1
@@ -129,4 +131,6 @@ class Server(http.server.ThreadingHTTPServer):
         pass  # a client that went away (killed k3) is not an error here
 
 
-Server(("127.0.0.1", LISTEN), Proxy).serve_forever()
+server = Server(("127.0.0.1", LISTEN), Proxy)
+print(server.server_address[1], flush=True)  # the port (LISTEN_PORT 0: a free one, no race)
+server.serve_forever()

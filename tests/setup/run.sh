@@ -1,9 +1,9 @@
 #!/bin/bash
 # tests/setup/run.sh GROUP... — `k3 setup` against nginx on loopback, serving the k3-nano
 # fixture under the Hugging Face hub layout, plus a fault-injecting proxy (faultproxy.py).
-# Groups: full stream streamrun budget auto faults resume (default: all). Needs nginx and python3; exits 77
-# SKIPPED and the reason when one is missing (exit 0). Ends with "N passed, N failed"; exit 0
-# when every check passed.
+# Groups: full stream streamrun budget auto faults drip resume byname (default: all). Needs
+# nginx and python3; says SKIPPED and the reason when one is missing (exit 0). Ends with
+# "N passed, N failed"; exit 0 when every check passed.
 # K3_BIN selects the binary (default ./k3); K3_KEEP_TMP=1 keeps the temp folder.
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -43,19 +43,25 @@ no_false_files() { # DEST: every file under its final name is identical to the s
 }
 
 # ---- servers (nginx: lib.sh) -------------------------------------------------------------
-start_proxy() {
-    PPORT=$(free_port)
-    : > "$T/rules"; : > "$T/proxy.log"
-    python3 "$HERE/faultproxy.py" "$PPORT" "$NPORT" "$T/rules" "$T/proxy.log" 2>"$T/proxy.err" &
+start_proxy() { # on a port the system picks (a port found free first could be taken meanwhile)
+    : > "$T/rules"; : > "$T/proxy.log"; : > "$T/proxy.port"
+    python3 "$HERE/faultproxy.py" 0 "$NPORT" "$T/rules" "$T/proxy.log" >"$T/proxy.port" 2>"$T/proxy.err" &
     PIDS+=($!)
-    for i in $(seq 50); do
-        curl -s -o /dev/null "http://127.0.0.1:$PPORT/moonshotai/Kimi-K3/resolve/main/config.json" && break
+    PPORT=""
+    for i in $(seq 300); do # it prints the port once it listens; up to 30 s on a loaded machine
+        PPORT=$(head -n 1 "$T/proxy.port")
+        [ -n "$PPORT" ] && break
         sleep 0.1
     done
+    [ -n "$PPORT" ] || { echo "FAIL: the fault proxy did not start:"; cat "$T/proxy.err"; exit 1; }
     PEP="http://127.0.0.1:$PPORT"
     : > "$T/proxy.log"
 }
-rules() { printf '%s\n' "$@" > "$T/rules"; sleep 0.01; } # new mtime: the proxy re-reads
+# New rules, each set new to the proxy even when the same as the last (its counts start again):
+# a first line unique to the call (the proxy compares the text; a comment to it), written whole
+# and renamed into place, so that the proxy never reads half of it. (It used to compare the
+# file's mtime and size after a 10 ms pause: no change seen when both fell in one clock tick.)
+rules() { printf '%s\n' "# $(date +%s%N)" "$@" > "$T/rules.new" && mv "$T/rules.new" "$T/rules"; }
 nginx_lines() { wc -l < "$T/ng/access.log"; }
 setup() { "$K3" setup "$@" --backoff 0.05 --timeout 5; }
 setup_t() { "$K3T" setup "$@" --backoff 0.05 --timeout 5; } # the test build
@@ -367,8 +373,37 @@ group_resume() {
     check "Ctrl-C: the next run completes byte-identical" same_as_source "$T/int"
 }
 
+# OWNER/NAME@REV: k3 setup installs a revision other than main into MODELS/OWNER/NAME@REV and
+# records it; k3 run finds each install by the revision, by the commit it pinned (short
+# form too), and refuses a revision no install holds (src/setup/setup.h, part 4)
+group_byname() {
+    local m=$T/models r=moonshotai/Kimi-K3 want got rc v
+    # k3 run by name with no Hugging Face cache: only k3 setup's folders; stderr in $T/bn.err
+    by_name() {
+        HF_HUB_CACHE=$T/nohub K3_MODELS=$m "$K3" run "$1" --prompt-ids 1,2,3 --max-new 3 --ids \
+            2>"$T/bn.err"
+    }
+    want=$("$K3" run "$FIX" --prompt-ids 1,2,3 --max-new 3 --ids 2>/dev/null)
+    K3_MODELS=$m setup "$r@$COMMIT" --full --endpoint "$EP" 2>"$T/bn1.err"; rc=$?
+    check "byname: setup NAME@COMMIT: exit 0" [ $rc = 0 ]
+    check "byname: ... into MODELS/NAME@COMMIT" grep -q "installing into $m/$r@$COMMIT\$" "$T/bn1.err"
+    check "byname: ... byte-identical" same_as_source "$m/$r@$COMMIT"
+    K3_MODELS=$m setup "$r@main" --full --endpoint "$EP" 2>"$T/bn2.err"; rc=$?
+    check "byname: setup NAME@main: exit 0, into MODELS/NAME" bash -c "[ $rc = 0 ] && grep -q 'installing into $m/$r\$' '$T/bn2.err'"
+    got=$(by_name "$r@$COMMIT")
+    check "byname: run NAME@COMMIT loads MODELS/NAME@COMMIT" bash -c "[ '$got' = '$want' ] && grep -q 'loaded $m/$r@$COMMIT:' '$T/bn.err'"
+    for v in main "${COMMIT:0:7}"; do
+        got=$(by_name "$r@$v")
+        check "byname: run NAME@$v loads MODELS/NAME" bash -c "[ '$got' = '$want' ] && grep -q 'loaded $m/$r:' '$T/bn.err'"
+    done
+    by_name "$r@v2" >/dev/null; rc=$?
+    check "byname: run NAME@v2 refused (exit 3)" [ $rc = 3 ]
+    check "byname: ... naming what MODELS/NAME holds" grep -q "$m/$r holds revision main, commit $COMMIT" "$T/bn.err"
+    check "byname: ... and the fix" grep -q "install it with k3 setup $r@v2" "$T/bn.err"
+}
+
 start_nginx
-GROUPS_TO_RUN=${*:-full stream streamrun budget auto faults drip resume}
+GROUPS_TO_RUN=${*:-full stream streamrun budget auto faults drip resume byname}
 for g in $GROUPS_TO_RUN; do
     echo "== $g"
     "group_$g"
