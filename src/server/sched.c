@@ -106,8 +106,8 @@ static bool twin_queued(k3_server *s, const k3_slot *w) {
 int k3_sched_pass_unwanted(void *user, int pos, int n, int layer, int n_layers) {
     k3_server *s = user;
     k3_worker_state *ws = s->ws;
-    (void)pos, (void)n_layers;
-    k3_srv_test_hold_pass(s, n, layer); /* the test build's hold, if set */
+    (void)n_layers;
+    k3_srv_test_hold_pass(s, pos, n, layer); /* the test build's hold, if set */
     for (int i = 0; i < ws->pass_segs; i++)
         if (!k3_job_abandoned(s, ws->seg_slot[i]->j)) return 0;
     for (int i = 0; i < ws->pass_segs; i++)

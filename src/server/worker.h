@@ -174,9 +174,9 @@ bool k3_srv_test_scripted(const k3_worker_state *w);
 bool k3_srv_test_choose(void *user, int32_t *id); /* k3_gen_io.choose: the script, then end */
 void k3_srv_test_after_token(void);
 size_t k3_srv_test_stream_backlog(void); /* 0: the default */
-/* The on_layer hook, after layer `layer` of a pass whose segment has n ids: the one hold of
- * K3_SERVER_TEST_PASS_HOLD (server.h), while a client of the pass stays. */
-void k3_srv_test_hold_pass(k3_server *s, int n, int layer);
+/* The on_layer hook, after layer `layer` of a pass whose segment has n ids at positions pos..:
+ * the one hold of K3_SERVER_TEST_PASS_HOLD (server.h), while a client of the pass stays. */
+void k3_srv_test_hold_pass(k3_server *s, int pos, int n, int layer);
 #else
 static inline int k3_srv_test_start(k3_worker_state *w, const k3_tokenizer *tok, k3_err *err) {
     (void)w, (void)tok, (void)err;
@@ -188,8 +188,8 @@ static inline bool k3_srv_test_scripted(const k3_worker_state *w) { return (void
 #define k3_srv_test_choose NULL
 static inline void k3_srv_test_after_token(void) {}
 static inline size_t k3_srv_test_stream_backlog(void) { return 0; }
-static inline void k3_srv_test_hold_pass(k3_server *s, int n, int layer) {
-    (void)s, (void)n, (void)layer;
+static inline void k3_srv_test_hold_pass(k3_server *s, int pos, int n, int layer) {
+    (void)s, (void)pos, (void)n, (void)layer;
 }
 #endif
 
