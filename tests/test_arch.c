@@ -558,7 +558,7 @@ static void test_shipped_k3_has_no_test_controls(void) {
     CHECK(ok, "%s: cannot read", bin);
     static const char *const names[] = {"K3_TEST_SCRIPTED_REPLY", "K3_TEST_TOKEN_DELAY_MS",
                                         "K3_TEST_STREAM_BACKLOG_BYTES", "K3_TEST_PASS_HOLD_S",
-                                        "k3_server_test_control"};
+                                        "K3_TEST_PASS_HOLD_POS", "k3_server_test_control"};
     const char *found = NULL;
     for (size_t i = 0; i < sizeof names / sizeof *names && !found; i++)
         if (memmem(b, (size_t)n, names[i], strlen(names[i]))) found = names[i];

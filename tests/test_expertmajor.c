@@ -99,8 +99,9 @@ static void test_prompt_reads_each_expert_once(void) {
 }
 
 /* on_layer sees every layer of a prompt pass in order with the pass's ids, and a nonzero
- * return stops the pass there: K3_ERR_INTERRUPTED, the session reset to position 0 (its state
- * was part way through the pass), and a later prefill gives the uninterrupted logits. */
+ * return stops the pass there: K3_ERR_INTERRUPTED, the session back at position 0 where the
+ * pass began (tests/test_keepstate.c stops a later pass), and a later prefill gives the
+ * uninterrupted logits. */
 typedef struct layers_seen {
     int calls, last, stop_at, bad;
 } layers_seen;

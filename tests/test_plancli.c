@@ -113,6 +113,11 @@ static void test_figures_from_the_headers(void) {
     int n_mla = cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(lac, "full_attn_layers"));
     int moe = cfg_int(tc, "num_hidden_layers") - cfg_int(tc, "first_k_dense_replace");
     int experts = cfg_int(tc, "num_experts");
+    /* the pass-start copy: each KDA layer's S [heads][d][d] and conv windows [3][P][conv-1] */
+    int n_kda = cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(lac, "kda_layers"));
+    long long kh = cfg_int(lac, "num_heads"), kd = cfg_int(lac, "head_dim");
+    long long win = cfg_int(lac, "short_conv_kernel_size") - 1;
+    long long undo = 4ll * n_kda * (kh * kd * kd + 3 * kh * kd * win);
     cJSON_Delete(root);
     uint64_t spine = 0, expert = 0;
     int sums = header_sums(NANO, &spine, &expert);
@@ -120,7 +125,7 @@ static void test_figures_from_the_headers(void) {
     long long sp = row_bytes(a.out, "spine"), cache = row_bytes(a.out, "expert cache");
     long long s64 = row_bytes(a.out, "sessions"), s1064 = row_bytes(b.out, "sessions");
     long long base = row_bytes(a.out, "base"), total = row_bytes(a.out, "total");
-    long long prompt = row_bytes(a.out, "prompt passes");
+    long long prompt = row_bytes(a.out, "prompt passes"), copies = row_bytes(a.out, "pass copies");
     int st = a.status, st2 = b.status;
     char err[512];
     snprintf(err, sizeof err, "%s", a.err ? a.err : "");
@@ -139,7 +144,8 @@ static void test_figures_from_the_headers(void) {
      * (kv_lora_rank) and the shared k_pe (rope) in f32; nothing per head grows with them */
     long long per_pos = 4ll * n_mla * (lora + rope);
     CHECK(s1064 - s64 == 1000 * per_pos, "%lld - %lld vs 1000 x %lld", s1064, s64, per_pos);
-    CHECK(prompt >= 0 && total == base + sp + cache + s64 + prompt, "%lld", total);
+    CHECK(copies == undo && undo > 0, "pass copies %lld vs %lld", copies, undo);
+    CHECK(prompt >= 0 && total == base + sp + cache + s64 + copies + prompt, "%lld", total);
 }
 
 /* `k3 plan -q` prints the line `k3 run` prints for the same flags and machine. */

@@ -77,7 +77,9 @@ static const k3_cli_command chat_cmd = {
         "shown dimmed (or hidden with --no-show-thinking), then its answer, then a summary.\n"
         "The conversation's model state is kept between turns: each turn prefills only its\n"
         "new tokens. Ctrl-C during a reply stops it after the current token (the partial reply\n"
-        "stays in the conversation); at the prompt Ctrl-C or Ctrl-D exits.\n"
+        "stays in the conversation); during a long prompt it stops the prompt pass within a\n"
+        "layer, and the message and the prompt passes done before it are kept (the next turn\n"
+        "goes on from there); at the prompt Ctrl-C or Ctrl-D exits.\n"
         "A turn that fails prints its error and is dropped; the chat goes on, and its exit\n"
         "status is then that of the last failed turn (5 non-finite logits, 3 or 9 a spine\n"
         "layer or an expert that could not be read; k3 --help lists them), else 0.\n"
@@ -275,12 +277,18 @@ static int turn(chat *c, const char *role, const char *text, k3_err *err) {
     if (c->sr) k3_cli_prompt_end(c->sr);
     if (c->pc) reused = (int)held;
     double prefill_s = k3_now_s() - t0;
-    /* a pass stopped part-way resets the session (k3.h): then nothing was fed */
+    /* a pass stopped part-way goes back to where it began (k3.h): the passes before it stay */
     int n_new = k3_session_pos(c->s) > reused ? k3_session_pos(c->s) - reused : 0;
     c->prefilled += n_new;
     c->reused += reused;
     c->prefill_s += prefill_s;
-    if (rc == K3_ERR_INTERRUPTED) return rc; /* the message stays; the next turn continues */
+    if (rc == K3_ERR_INTERRUPTED) { /* the message stays; the next turn goes on from the state */
+        size_t len = strlen(err->msg);
+        snprintf(err->msg + len, sizeof err->msg - len, "; kept: the %s and the state of %d of "
+                 "its %zu prompt tokens, from which the next turn goes on",
+                 strcmp(role, "tool") ? "message" : "result", k3_session_pos(c->s), n);
+        return rc;
+    }
     if (rc) { /* a failed turn leaves no trace: no two user messages in a row next time */
         k3_conv_pop(&c->conv);
         return rc;
@@ -398,7 +406,7 @@ static int command(chat *c, const char *line) {
         } else {
             rc = turn(c, "tool", arg, &err);
             if (rc == K3_ERR_INTERRUPTED) {
-                dim(c, "(%s; the result is kept)\n", err.msg);
+                dim(c, "(%s)\n", err.msg);
                 rc = K3_OK;
             }
         }
@@ -467,7 +475,7 @@ static int repl(chat *c, k3_err *err) {
             k3_err terr = {0};
             int trc = turn(c, "user", msg, &terr);
             if (trc == K3_ERR_INTERRUPTED)
-                dim(c, "(%s; the message is kept)\n", terr.msg);
+                dim(c, "(%s)\n", terr.msg);
             else if (trc) {
                 char text[sizeof terr.msg + 256];
                 printf("error: %s\n", k3_opts_render(&terr, text, sizeof text));

@@ -100,6 +100,10 @@ static void print_plan(const char *dir, const k3_engine_plan_info *in) {
     snprintf(note, sizeof note, "%d x %d positions: KV cache, KDA state, scratch "
              "(%.3f GB each)", p->sessions, p->ctx, (double)m->session_bytes / GB);
     part("sessions", p->sessions_bytes, note);
+    snprintf(note, sizeof note, "%d x %.3f GB: a prompt pass keeps each session's KDA state "
+             "to go back to its start when stopped (Ctrl-C, a client gone)", p->pass_sessions,
+             (double)m->undo_bytes / GB);
+    part("pass copies", p->undo_bytes, note);
     snprintf(note, sizeof note, "a prompt in passes of %d ids: each routed expert read once per "
              "pass (%.2f MB per id beyond %d, + %.2f GB of %d-row groups)", p->prefill_rows,
              (double)m->prefill_row_bytes / 1e6, m->prefill_rows_min,

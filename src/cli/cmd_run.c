@@ -76,9 +76,9 @@ static const k3_cli_command run_cmd = {
         "Generates from the exact float32 model (greedily unless --temperature is given) and\n"
         "prints text as each token is produced. Stops after --max-new tokens or at an\n"
         "end-of-message token (<|end_of_msg|>, [EOS], [EOT]). Ctrl-C stops after the current\n"
-        "token, prints the text and the summary and exits with status 130. Without MODEL_DIR\n"
-        "the bundled fixture model is used. --system, --effort and the thinking flags apply\n"
-        "with --chat.\n",
+        "token, prints the text and the summary and exits with status 130 (in the prompt it\n"
+        "stops within a layer). Without MODEL_DIR the bundled fixture model is used.\n"
+        "--system, --effort and the thinking flags apply with --chat.\n",
     .rows = run_rows, .n_rows = sizeof run_rows / sizeof *run_rows,
     .groups = K3_OG_MODEL | K3_OG_TRACE | K3_OG_SPEED | K3_OG_SAMPLING | K3_OG_CHAT |
               K3_OG_CTX | K3_OG_STATE,
@@ -302,7 +302,8 @@ static int generate(run_ctx *r, const int32_t *prompt, size_t n_prompt, k3_err *
     k3_stops_init(&stops, r->tok, k3_engine_config(r->e)->eos_token_id);
     if (r->has_conv) k3_reply_parser_init(&parser, r->tok, &stops, !o->co.no_think);
     double t0 = k3_now_s();
-    /* Ctrl-C stops the prefill between passes (K3_ERR_INTERRUPTED) */
+    /* Ctrl-C stops the prefill within a layer (K3_ERR_INTERRUPTED): the session is back where
+     * that pass began, the passes before it kept (the summary counts them as fed) */
     k3_prefill_hook dump = {.user = r, .on_pass = dump_pass, .all_logits = 1};
     size_t held = 0;
     if (r->pc && n_prompt > 1)
@@ -314,7 +315,7 @@ static int generate(run_ctx *r, const int32_t *prompt, size_t n_prompt, k3_err *
     if (r->sr) k3_cli_prompt_end(r->sr);
     size_t reused = r->pc ? held : (size_t)kept;
     double prefill_s = k3_now_s() - t0;
-    /* a pass stopped part-way resets the session (k3.h): then nothing was fed */
+    /* a pass stopped part-way goes back to where it began (k3.h): the passes before it stay */
     size_t pos = (size_t)k3_session_pos(r->s), fed = pos > reused ? pos - reused : 0;
     const char *end_note = rc == K3_ERR_INTERRUPTED ? "interrupted (Ctrl-C) in the prompt" : NULL;
     k3_spec spec = {0};

@@ -156,18 +156,22 @@ static int test_hooks(void) {
     const char *delay = getenv("K3_TEST_TOKEN_DELAY_MS");
     const char *backlog = getenv("K3_TEST_STREAM_BACKLOG_BYTES");
     const char *hold = getenv("K3_TEST_PASS_HOLD_S");
+    const char *hold_at = getenv("K3_TEST_PASS_HOLD_POS");
     double ms = 0, hold_s = 0;
-    long long bytes = 0;
+    long long bytes = 0, hold_pos = 0;
     k3_err err = {0};
     if ((delay && delay[0] &&
          k3_parse_double(delay, "K3_TEST_TOKEN_DELAY_MS", 0, 1000, &ms, &err)) ||
         (backlog && backlog[0] &&
          k3_parse_long(backlog, "K3_TEST_STREAM_BACKLOG_BYTES", 1, 1ll << 30, &bytes, &err)) ||
-        (hold && hold[0] && k3_parse_double(hold, "K3_TEST_PASS_HOLD_S", 0, 600, &hold_s, &err))) {
+        (hold && hold[0] && k3_parse_double(hold, "K3_TEST_PASS_HOLD_S", 0, 600, &hold_s, &err)) ||
+        (hold_at && hold_at[0] &&
+         k3_parse_long(hold_at, "K3_TEST_PASS_HOLD_POS", 0, 1 << 30, &hold_pos, &err))) {
         k3_opts_error("serve", &err);
         return 2;
     }
     k3_server_test_control(K3_SERVER_TEST_PASS_HOLD, hold_s);
+    k3_server_test_control(K3_SERVER_TEST_PASS_HOLD_POS, (int)hold_pos);
     k3_server_test_control(K3_SERVER_TEST_TOKEN_DELAY, ms / 1e3);
     k3_server_test_control(K3_SERVER_TEST_STREAM_BACKLOG, (size_t)bytes);
     return 0;
@@ -212,6 +216,7 @@ static int parse_args(int argc, char **argv, serve_args *a) {
     if (!a->so.prompt_cache) a->so.prompt_cache_ram = 0;
     a->eo.sessions += a->so.prompt_cache_ram;
     if (a->eo.sessions < 1) a->eo.sessions = 1;
+    a->eo.pass_sessions = a->so.parallel; /* each slot's pass-start copy (plan.h) */
     /* the plan counts the worker's prompt passes (expert-major prefill), as for run and chat:
      * --chunk ids, by default as many as it can give */
     if (a->co.chunk) a->eo.prompt_rows = a->co.chunk;

@@ -133,7 +133,8 @@ static int open_store(k3_engine *e, const k3_store_settings *ss, k3_err *err) {
     k3_mem_plan plan = {.base_bytes = e->mplan.base_bytes,
                         .spine_bytes = k3_spine_ram_bytes(e->model.spine, &e->model),
                         /* the sessions and the prompt passes' scratch (plan.h) */
-                        .state_bytes = e->mplan.sessions_bytes + e->mplan.prefill_bytes,
+                        .state_bytes = e->mplan.sessions_bytes + e->mplan.undo_bytes +
+                                       e->mplan.prefill_bytes,
                         .limit_bytes = e->mplan.limit_bytes,
                         .headroom_bytes = e->mplan.headroom_bytes};
     int rc = k3_store_open(e->ck, &e->cfg, ss, &plan, &e->store, err);
@@ -264,7 +265,11 @@ static int plan_memory(k3_engine *e, const k3_engine_opts *o, uint64_t *spine_bu
                         .prefill_rows_max = o->device && !strcmp(o->device, "cuda") ? 0
                                             : o->prompt_rows < 0 ? 0
                                             : e->plan_ctx < K3_MAX_CHUNK ? e->plan_ctx
-                                                                         : K3_MAX_CHUNK};
+                                                                         : K3_MAX_CHUNK,
+                        /* a pass that may be stopped keeps it (not on the GPU nor under MPI:
+                         * no pass of theirs stops) */
+                        .undo_bytes = (o->device && !strcmp(o->device, "cuda")) ||
+                                      o->expert_ranks ? 0 : k3_state_undo_bytes(&e->model)};
     if (o->prompt_rows > 0 && pm.prefill_rows_max > o->prompt_rows)
         pm.prefill_rows_max = o->prompt_rows;
     pm.experts_bytes = (uint64_t)(moe_layers > 0 ? moe_layers : 0) * (uint64_t)c->num_experts *
@@ -278,6 +283,7 @@ static int plan_memory(k3_engine *e, const k3_engine_opts *o, uint64_t *spine_bu
     if (!m) m = &probed;
     k3_plan_request r = {.base_bytes = k3_plan_base_bytes(metadata_bytes(e->ck)),
                          .sessions = o->sessions > 0 ? o->sessions : 1,
+                         .pass_sessions = o->pass_sessions,
                          .gpu = o->device && !strcmp(o->device, "cuda"),
                          .spine_gb = o->spine_gb, /* K3_SPINE_GB_PLAN is the planner's -1 */
                          .expert_gb = lab_of(o)->expert_slots > 0

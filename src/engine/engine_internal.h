@@ -69,7 +69,8 @@ typedef struct k3_pass_seg {
  * sends the segments that run to the other ranks (K3_ROP_PASS), which replay the same pass;
  * the ids join each session's history; the pass runs with SIGBUS armed (a mapped shard
  * truncated under it fails it with K3_ERR_IO naming the file); a failed pass resets every
- * session in it (failed_pass, pass.c); the store is told of the pass; each segment's logits
+ * session in it (failed_pass, pass.c), but one that an on_layer hook stopped
+ * (K3_ERR_INTERRUPTED), whose sessions the model put back where the pass began; the store is told of the pass; each segment's logits
  * rows are checked for NaN/Inf (K3_ERR_CHECKPOINT, that segment alone).
  * logits: the rows of the segments that ran, packed in segment order (may be NULL).
  * Returns K3_OK, or the first failed segment's status with err = its message. */

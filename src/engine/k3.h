@@ -120,6 +120,9 @@ typedef struct k3_engine_opts {
                                * memory planner's choice (src/engine/plan.h: in place when it
                                * fits beside the expert cache's minimum, else a budget) */
     int sessions;             /* sessions that will be open at once, for the plan (default 1) */
+    int pass_sessions;        /* sessions one pass may carry (the server's --parallel), for the
+                               * plan: a prompt pass that may be stopped keeps a copy of each
+                               * one's KDA state (k3_plan.undo_bytes); 0 = 1 */
     int ctx;                  /* positions each session is opened with, for the plan (0: the
                                * default min(max_position_embeddings, 4096)); k3_session_new
                                * refuses a larger session (plan.h, "Sessions") */
@@ -283,7 +286,8 @@ const int32_t *k3_session_tokens(const k3_session *s);
  * and all of ids is fed. Writes the logits after ids[n-1] (vocab_size floats) when `logits`
  * is non-NULL. *reused (may be NULL) receives the number of positions kept.
  * Errors: those of k3_session_step; K3_ERR_INPUT (n exceeds the context);
- * K3_ERR_INTERRUPTED (the interrupt flag was raised: the ids fed so far are kept). */
+ * K3_ERR_INTERRUPTED (the interrupt flag was raised, or the trace's on_layer stopped a pass:
+ * the ids fed so far, in the passes before it, are kept; the stopped pass left no trace). */
 int k3_session_prefill(k3_session *s, const int32_t *ids, size_t n, float *logits, int *reused,
                        k3_err *err);
 
@@ -423,7 +427,9 @@ int k3_state_peek(const uint8_t fingerprint[16], const char *path, int *pos, uin
  * one segment's NaN fails that segment only (its session has advanced, as after
  * k3_session_step). Only a failure of the shared pass itself — a routed expert or a streamed
  * spine layer that cannot be read, a mapped shard truncated under it — fails every segment
- * that was in the pass (each of their sessions is then reset, as k3_session_step does).
+ * that was in the pass (each of their sessions is then reset, as k3_session_step does). A pass
+ * stopped by a session's on_layer hook (pass.h) gives every segment K3_ERR_INTERRUPTED and
+ * leaves every session exactly as before the pass.
  *
  * Threads: one k3_multistep per thread; a session appears in at most one segment of a call
  * and is not stepped elsewhere meanwhile. Several multisteps may share the engine.

@@ -162,13 +162,16 @@ static int check_seg(const k3_engine *e, k3_pass_seg *g) {
  * read) has already folded its ids into the KDA and conv state of the layers before the
  * failure, while the position did not move. The history would still look like a prefix of
  * a retried prompt and k3_session_prefill would build on that state, so every session in the
- * pass is reset: its next prefill starts again from an empty state (tests/test_spinefail.c). */
+ * pass is reset: its next prefill starts again from an empty state (tests/test_spinefail.c).
+ * A pass stopped by an on_layer hook (K3_ERR_INTERRUPTED) is not reset: the model put every
+ * session in it back where the pass began (forward_batch.c, "stopping a pass"), so the passes
+ * before it stay (tests/test_keepstate.c). */
 static void failed_pass(k3_pass_seg *segs, int n, int rc, const k3_err *perr) {
     for (int i = 0; i < n; i++) {
         if (segs[i].status) continue;
         segs[i].status = rc;
         segs[i].err = *perr;
-        k3_session_reset(segs[i].s);
+        if (rc != K3_ERR_INTERRUPTED) k3_session_reset(segs[i].s);
     }
 }
 

@@ -317,6 +317,8 @@ int k3_plan_memory(const k3_machine_mem *m, const k3_plan_model *mod, const k3_p
     p->base_bytes = r->base_bytes;
     p->sessions_bytes = (uint64_t)r->sessions * mod->session_bytes;
     p->sessions = r->sessions, p->ctx = r->ctx;
+    p->pass_sessions = r->pass_sessions > 0 ? r->pass_sessions : 1;
+    p->undo_bytes = (uint64_t)p->pass_sessions * mod->undo_bytes;
     p->spine_from_user = r->spine_gb >= 0;
     p->experts_from_user = r->expert_gb > 0;
     if (r->gpu && p->spine_from_user)
@@ -325,7 +327,7 @@ int k3_plan_memory(const k3_machine_mem *m, const k3_plan_model *mod, const k3_p
                        "backend plans its own device memory");
     plan_limit(m, r->base_bytes, p);
     p->headroom_bytes = headroom(p->limit_bytes);
-    uint64_t fixed = p->base_bytes + p->sessions_bytes;
+    uint64_t fixed = p->base_bytes + p->sessions_bytes + p->undo_bytes;
     uint64_t need = fixed + (r->gpu ? mod->spine_bytes : mod->staging_bytes) +
                     slots_bytes(mod, (uint64_t)mod->top_k + 1);
     p->min_limit_bytes = min_limit(need);
@@ -337,7 +339,8 @@ int k3_plan_memory(const k3_machine_mem *m, const k3_plan_model *mod, const k3_p
                        "more memory or fewer sessions", p->limit_bytes / GB, p->limit_source,
                        p->min_limit_bytes / GB, (unsigned long long)p->min_limit_bytes,
                        p->base_bytes / GB, r->sessions,
-                       p->sessions_bytes / GB, (r->gpu ? mod->spine_bytes : mod->staging_bytes) / GB,
+                       (p->sessions_bytes + p->undo_bytes) / GB,
+                       (r->gpu ? mod->spine_bytes : mod->staging_bytes) / GB,
                        mod->top_k + 1, slots_bytes(mod, (uint64_t)mod->top_k + 1) / GB,
                        headroom(p->min_limit_bytes) / GB);
     uint64_t reserve = prefill_reserve(mod, r, avail - fixed);
@@ -357,8 +360,8 @@ void k3_plan_settle(k3_plan *p, const k3_plan_model *mod, uint64_t spine_ram_byt
     p->spine_ram_bytes = spine_ram_bytes;
     if (!p->experts_from_user)
         p->expert_cache_bytes = cache_fit(mod, p->expert_cache_bytes + spare, p->expert_cache_bytes);
-    p->total_bytes = p->base_bytes + p->sessions_bytes + p->spine_ram_bytes + p->expert_cache_bytes +
-                     p->prefill_bytes;
+    p->total_bytes = p->base_bytes + p->sessions_bytes + p->undo_bytes + p->spine_ram_bytes +
+                     p->expert_cache_bytes + p->prefill_bytes;
 }
 
 void k3_plan_describe(const k3_plan *p, char *buf, size_t cap) {
@@ -374,6 +377,10 @@ void k3_plan_describe(const k3_plan *p, char *buf, size_t cap) {
              spine, p->expert_cache_bytes / GB, p->experts_from_user ? " (given)" : "",
              p->sessions_bytes / GB, p->sessions, p->ctx, p->total_bytes / GB);
     size_t n = strlen(buf);
+    if (p->undo_bytes && n < cap) /* in the total: the sessions' part a stopped pass needs */
+        snprintf(buf + n, cap - n, "; pass-start copies %.2f GB (%d x the KDA state)",
+                 p->undo_bytes / GB, p->pass_sessions);
+    n = strlen(buf);
     if (p->prefill_bytes && n < cap) /* prompt passes beyond what the sessions count (their
                                         ids follow the base's RSS: not in this line) */
         snprintf(buf + n, cap - n, "; prompt passes +%.2f GB", p->prefill_bytes / GB);

@@ -5,8 +5,8 @@
  *
  * Invariants:
  *  - k3_plan_memory is pure: same inputs, same plan; it reads no file and no environment.
- *  - The plan never exceeds the limit it obeys: base + sessions + spine RAM + expert cache +
- *    prompt passes + headroom <= limit (the limit: the tightest of RAM, cgroup v1 memory.limit_in_bytes, v2
+ *  - The plan never exceeds the limit it obeys: base + sessions + pass-start copies + spine
+ *    RAM + expert cache + prompt passes + headroom <= limit (the limit: the tightest of RAM, cgroup v1 memory.limit_in_bytes, v2
  *    memory.max and memory.high, and what the OS says is available now plus our own base).
  *  - A user override fixes its own part only; the other parts are re-planned around it
  *    (a spine budget with no expert budget shrinks the expert cache to fit).
@@ -92,6 +92,10 @@ typedef struct k3_plan_model {
                                    (R - min) / (group - min) of it, rounded up) */
     int prefill_rows_max;       /* most rows a prompt pass may take (K3_MAX_CHUNK); 0: no
                                    prompt passes planned (prefill_rows = prefill_rows_min) */
+    uint64_t undo_bytes;        /* the copy of one session's KDA state and conv windows that a
+                                   prompt pass which may be stopped keeps, to go back to where
+                                   it began (k3_state_undo_bytes; 0: no pass stops: the GPU,
+                                   expert parallelism) */
 } k3_plan_model;
 
 #define K3_PLAN_PAGE_BYTES 4096ull /* limits are counted in whole pages */
@@ -111,6 +115,8 @@ typedef struct k3_plan_request {
     uint64_t base_bytes; /* the process before weights (code, tokenizer, headers): the
                             allowance k3_plan_base_bytes, never a measurement */
     int sessions;        /* sessions that will be open at once (>= 1) */
+    int pass_sessions;   /* sessions one pass may carry (the server's slots), each keeping
+                            an undo_bytes copy through a prompt pass; 0 = 1 */
     int gpu;             /* 1: the GPU backend (it plans device memory itself; the spine stays
                             mapped in host RAM and is not given a budget) */
     double spine_gb;     /* < 0: planned; else the user's spine budget in GB (1e9 bytes),
@@ -126,17 +132,20 @@ typedef struct k3_plan {
     uint64_t headroom_bytes;     /* left to the OS, page cache and allocator slack */
     uint64_t base_bytes;
     uint64_t sessions_bytes;     /* all sessions' state */
+    uint64_t undo_bytes;         /* the pass-start copies of a prompt pass that may be stopped:
+                                    pass_sessions x k3_plan_model.undo_bytes */
     int spine_budgeted;          /* 0: the spine is used in place (all of it resident);
                                     1: k3_spine with spine_budget_bytes (resident + staging) */
     uint64_t spine_budget_bytes; /* with spine_budgeted: RAM for the spine, staging included */
     uint64_t spine_ram_bytes;    /* RAM the spine takes in the plan (in place: spine_bytes) */
     uint64_t expert_cache_bytes; /* the expert cache budget (a multiple of the slot size) */
-    uint64_t total_bytes;        /* base + sessions + spine + experts + prompt passes: peak
+    uint64_t total_bytes;        /* base + sessions + undo + spine + experts + prompt passes: peak
                                     RSS should stay within this + 5% */
     uint64_t min_limit_bytes;    /* the smallest limit this model and these sessions run in
                                     (whole pages; one page less is refused) */
     int spine_from_user, experts_from_user; /* which parts the user fixed */
     int sessions, ctx;           /* as requested: sessions_bytes = sessions x session_bytes */
+    int pass_sessions;           /* as requested (at least 1) */
     uint64_t over_limit_bytes;   /* how far the user's own spine_gb / expert_gb take the plan
                                     past the limit less headroom (obeyed, and said), else 0 */
     int prefill_rows;            /* ids per prompt pass (expert-major prefill: each routed

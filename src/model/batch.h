@@ -17,6 +17,16 @@
 
 #include "state.h"
 
+/* What a pass that may be stopped keeps to go back to where it began (forward_batch.c,
+ * "stopping a pass"): for each of its segments that is not rewindable (a rewindable one has
+ * the same copy in its k3_rewind), the KDA state and conv windows of every KDA layer as they
+ * were before the pass ran that layer. Grown, never shrunk, to the segments a pass needs. */
+typedef struct k3_undo {
+    int cap;            /* segments buf holds */
+    float *buf;         /* [cap][n_kda][S floats + conv floats] */
+    int *at;            /* [rows cap] segment i's entry of buf (-1: none: it is rewindable) */
+} k3_undo;
+
 typedef struct k3_rewind {
     int cap;            /* tokens per pass these buffers hold */
     int pass_pos, pass_n; /* the last rewindable pass: its first position and length; n 0 = none */
@@ -75,6 +85,7 @@ typedef struct k3_batch {
     int *row_seg, *row_pos, *seg_first;
     uint64_t experts;   /* union entries requested since creation (k3_batch_experts) */
     k3_rewind rw;
+    k3_undo undo;       /* the pass-start copies of a pass that may be stopped */
 } k3_batch;
 
 /* Bytes of a k3_batch for cap tokens (without rewind buffers), for the memory plan. */

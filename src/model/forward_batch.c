@@ -51,6 +51,7 @@ void k3_batch_free(k3_batch *b) {
     int *ip[] = {b->topk, b->uni, b->own_uni, b->own_u, b->slot_of, b->first, b->fill,
                  b->member_tok, b->member_j, b->row_seg, b->row_pos, b->seg_first};
     for (size_t i = 0; i < sizeof ip / sizeof ip[0]; i++) free(ip[i]);
+    free(b->undo.buf), free(b->undo.at);
     k3_mla_ws_free(b->mla_ws);
     free(b);
 }
@@ -182,6 +183,7 @@ typedef struct pass {
     int n_blocks;         /* AttnRes blocks so far (the same for every row) */
     bool keep;            /* some segment is K3_BATCH_REWINDABLE (its rewind data goes to its
                            * own session's buffers, s->batch->rw) */
+    bool stoppable;       /* on_layer may stop it: b->undo holds what a stop puts back */
     k3_store_client *client;
     k3_state *acct;
     k3_spine_pass *sp;
@@ -519,6 +521,87 @@ static int reserve(const k3_model *m, k3_state *s, int n, bool keep, k3_err *err
     return K3_OK;
 }
 
+/* ==== stopping a pass ===================================================================== */
+
+/* A pass may be stopped by an on_layer hook when it holds a prompt chunk (a segment of more
+ * than one id that is not a speculative verification) and some segment has a hook; not under
+ * expert parallelism (the other ranks would wait for this one at the next layer's exchange
+ * until their deadline: a stop there would have to be agreed by every rank). A pass of decode
+ * rows (single ids, verifications) lasts one step and runs to its end, as a single step does.
+ * What a stop must undo is the KDA state and conv windows of the layers that ran: they cannot
+ * be rewound, so each is copied before the pass runs its layer (undo_keep: at K3's widths 465
+ * MB per segment over a whole pass, one memcpy per layer beside minutes of compute; a
+ * rewindable segment's copy is already in its k3_rewind). The position moves only when the
+ * pass ends, and the MLA rows written at the pass's positions are never read at or past the
+ * position (state.h), so with those restored every session is exactly where the pass began.
+ * When the copies cannot be allocated, the pass runs to its end (on_layer is not called). */
+static bool pass_stoppable(pass *p) {
+    const k3_model *m = p->m;
+    k3_undo *u = &p->b->undo;
+    bool hook = false, prompt = false;
+    int need = 0;
+    for (int i = 0; i < p->nseg; i++) {
+        const k3_batch_seg *g = &p->segs[i];
+        hook |= g->trace && g->trace->on_layer;
+        prompt |= g->n > 1 && !(g->flags & K3_BATCH_REWINDABLE);
+        need += !(g->flags & K3_BATCH_REWINDABLE);
+    }
+    if (m->ranks || !hook || !prompt) return false;
+    const k3_state *s0 = p->segs[0].s;
+    size_t per = (size_t)m->n_kda * (s0->kda_S_floats + s0->kda_conv_floats);
+    if (!u->at && !(u->at = malloc((size_t)p->b->cap * sizeof *u->at))) return false;
+    if (u->cap < need) {
+        float *buf = malloc((size_t)need * per * sizeof *buf + 1);
+        if (!buf) return false;
+        free(u->buf);
+        u->buf = buf, u->cap = need;
+    }
+    for (int i = 0, k = 0; i < p->nseg; i++)
+        u->at[i] = p->segs[i].flags & K3_BATCH_REWINDABLE ? -1 : k++;
+    return true;
+}
+
+/* Segment i's copy of KDA layer slot's S (then its conv windows right after it). */
+static float *undo_slot(const pass *p, int i, size_t slot) {
+    const k3_state *s = p->segs[i].s;
+    size_t per = s->kda_S_floats + s->kda_conv_floats;
+    return p->b->undo.buf + ((size_t)p->b->undo.at[i] * (size_t)p->m->n_kda + slot) * per;
+}
+
+/* Before the pass runs KDA layer slot: each non-rewindable segment's state and conv windows. */
+static void undo_keep(const pass *p, size_t slot) {
+    for (int i = 0; i < p->nseg; i++) {
+        if (p->b->undo.at[i] < 0) continue;
+        const k3_state *s = p->segs[i].s;
+        float *u = undo_slot(p, i, slot);
+        memcpy(u, s->kda_S + s->kda_S_floats * slot, s->kda_S_floats * sizeof(float));
+        memcpy(u + s->kda_S_floats, s->kda_conv + s->kda_conv_floats * slot,
+               s->kda_conv_floats * sizeof(float));
+    }
+}
+
+/* The pass stopped after layer `last`: every segment's KDA layers 0..last back as they were
+ * before the pass (from its copy, or a rewindable one's k3_rewind). Nothing of the pass can be
+ * rewound after it. */
+static void undo_restore(const pass *p, int last) {
+    for (int i = 0; i < p->nseg; i++) {
+        k3_state *s = p->segs[i].s;
+        const k3_rewind *r = s->batch ? &s->batch->rw : NULL;
+        bool rw = p->b->undo.at[i] < 0; /* rewindable: kda_keep made the copy */
+        for (int l = 0; l <= last; l++) {
+            const k3_layer *L = &p->m->layers[l];
+            if (L->is_mla) continue;
+            size_t slot = (size_t)L->state_slot;
+            const float *S = rw ? r->S + slot * s->kda_S_floats : undo_slot(p, i, slot);
+            const float *cv = rw ? r->conv + slot * s->kda_conv_floats : S + s->kda_S_floats;
+            memcpy(s->kda_S + s->kda_S_floats * slot, S, s->kda_S_floats * sizeof(float));
+            memcpy(s->kda_conv + s->kda_conv_floats * slot, cv,
+                   s->kda_conv_floats * sizeof(float));
+        }
+        if (s->batch) s->batch->rw.pass_n = 0;
+    }
+}
+
 /* The row after the group that starts at r0. */
 static int group_end(const pass *p, int r0) {
     return p->n - r0 < p->b->group ? p->n : r0 + p->b->group;
@@ -532,6 +615,7 @@ static void mixer_half(pass *p, const k3_layer *L, int l) {
     int hd = c->hidden_size, nb = p->n_blocks;
     size_t vec = (size_t)hd * sizeof(float);
     bool fresh_block = l % c->attn_res_block_size == 0;
+    if (p->stoppable && !L->is_mla) undo_keep(p, (size_t)L->state_slot);
     for (int r0 = 0, r1; r0 < p->n; r0 = r1) {
         r1 = group_end(p, r0);
         for (int t = r0; t < r1; t++) {
@@ -684,12 +768,11 @@ static int final_batch(pass *p, float *logits, k3_err *err) {
     return K3_OK;
 }
 
-/* Each segment's on_layer hook after layer l; K3_ERR_INTERRUPTED when one asks to stop. Not
- * under expert parallelism: the other ranks would wait for this one at the next layer's
- * exchange until their deadline (a stop there would have to be agreed by every rank). */
+/* Each segment's on_layer hook after layer l of a pass that may stop (pass_stoppable);
+ * K3_ERR_INTERRUPTED when one asks to stop. */
 static int layer_done(const pass *p, int l, k3_err *err) {
     int L = p->m->cfg.num_hidden_layers;
-    if (p->m->ranks) return K3_OK;
+    if (!p->stoppable) return K3_OK;
     for (int i = 0; i < p->nseg; i++) {
         const k3_trace *tr = p->segs[i].trace;
         int n = p->b->seg_first[i + 1] - p->b->seg_first[i];
@@ -733,9 +816,13 @@ static int forward_pass(pass *p, float *logits, k3_err *err) {
         int32_t id = g->tokens[t - b->seg_first[b->row_seg[t]]];
         if ((rc = k3_spine_embed(m, id, b->P + (size_t)t * hd, err))) return rc;
     }
+    p->stoppable = pass_stoppable(p);
     for (int l = 0; l < c->num_hidden_layers; l++) {
         if ((rc = layer_batch(p, l, err))) return rc;
-        if ((rc = layer_done(p, l, err))) return rc;
+        if ((rc = layer_done(p, l, err))) {
+            undo_restore(p, l);
+            return rc;
+        }
     }
     if ((rc = final_batch(p, logits, err))) return rc;
     double t_end = k3_now_s();

@@ -111,6 +111,10 @@ int k3_state_max_ctx(const k3_state *s);
 /* Bytes a session's state takes at max_ctx positions (0 = the default), for the memory plan;
  * counts a pass's scratch at K3_DEFAULT_CHUNK rows. */
 size_t k3_state_plan_bytes(const k3_model *m, int max_ctx);
+/* Bytes of the copy a prompt pass that may be stopped keeps for each session in it, to go back
+ * to where the pass began (forward_batch.c, "stopping a pass"): the KDA state and conv windows
+ * of every KDA layer, independent of the context (465 MB at K3's widths). */
+size_t k3_state_undo_bytes(const k3_model *m);
 /* Bytes each further row of a pass adds to its scratch once the pass has more rows than a
  * group (batch.h K3_BATCH_GROUP, k3_prefill_group_rows): the rows' block partial sums, AttnRes
  * blocks, FFN input and the routed experts' inputs and per-slot outputs. The other buffers
@@ -168,7 +172,8 @@ enum { K3_BATCH_ALL_LOGITS = 1, K3_BATCH_REWINDABLE = 2, K3_BATCH_NO_LOGITS = 4 
  * (state, logits, routing). logits may be NULL; trace hooks see every position (layer by
  * layer). Scratch grows to n tokens on the first pass that needs it (the only allocation).
  * Errors: K3_ERR_INPUT (n < 1 or the context is full), K3_ERR_GENERIC (out of memory),
- * K3_ERR_EXPERT_IO, K3_ERR_IO (as k3_forward; the session must then be reset). */
+ * K3_ERR_EXPERT_IO, K3_ERR_IO (as k3_forward; the session must then be reset);
+ * K3_ERR_INTERRUPTED (on_layer stopped it: the state is as before the pass, see below). */
 int k3_forward_batch(const k3_model *m, k3_state *s, const int32_t *tokens, int n,
                      float *logits, int flags, const k3_trace *trace, k3_err *err);
 
@@ -210,6 +215,12 @@ typedef struct k3_batch_seg {
     const k3_trace *trace;
 } k3_batch_seg;
 
+/* A pass whose trace's on_layer asks to stop (pass.h) returns K3_ERR_INTERRUPTED with every
+ * segment's state exactly as before the pass; to that end a pass holding a prompt chunk copies
+ * each session's KDA state and conv windows of a layer before running it, into the pass's
+ * scratch (grown, the first time, to the segments that need a copy: k3_state_undo_bytes each;
+ * when that allocation fails the pass runs to its end without asking on_layer). */
+
 /* segs[0, nseg) (distinct states) through the whole model in ONE pass over all their rows,
  * laid out segment after segment in b (at most b's cap rows): each spine matrix is applied
  * once over all rows, the MoE reads the union of the rows' experts once through `client` (a
@@ -222,8 +233,8 @@ typedef struct k3_batch_seg {
  * buffers of a rewindable segment's session on its first such pass (as k3_forward_batch).
  * Errors: K3_ERR_INPUT (a segment of no tokens, a context too small, more rows than b's cap:
  * nothing has run); K3_ERR_GENERIC (out of memory for rewind buffers); K3_ERR_EXPERT_IO,
- * K3_ERR_IO (as k3_forward: every segment's state must
- * then be reset). */
+ * K3_ERR_IO (as k3_forward: every segment's state must then be reset); K3_ERR_INTERRUPTED
+ * (a segment's on_layer stopped the pass: every state is as before it). */
 int k3_forward_multi(const k3_model *m, k3_batch *b, k3_store_client *client,
                      const k3_batch_seg *segs, int nseg, float *logits, k3_err *err);
 

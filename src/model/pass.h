@@ -45,12 +45,16 @@ typedef struct k3_trace {
                        int k);
     /* Called once the step at pos is complete (logits written), e.g. for a profile line. */
     void (*on_step)(void *user, int pos);
-    /* A batched pass (a prompt pass) has taken its n ids at positions pos.. through layer
-     * `layer` of n_layers: progress within a long pass, and the place to stop it. Nonzero stops
-     * the pass before the next layer with K3_ERR_INTERRUPTED (the engine then resets the
-     * session, as after any pass that fails part-way; in a pass of several sessions every one
-     * of them: a server stops a pass only when all its rows are unwanted). Not called for
-     * single-token steps, nor under expert parallelism (MPI: every rank would have to agree). */
+    /* A prompt pass has taken its n ids at positions pos.. through layer `layer` of n_layers:
+     * progress within a long pass, and the place to stop it. Nonzero stops the pass before the
+     * next layer with K3_ERR_INTERRUPTED, and every session in it is then exactly as before
+     * the pass (KDA state, conv windows, position, ids: forward_batch.c, "stopping a pass"),
+     * so the passes before it are kept; a pass of several sessions stops for all of them (a
+     * server stops one only when all its rows are unwanted). Called only in a pass that holds
+     * a prompt chunk (a segment of more than one id that is not a speculative verification):
+     * not for single steps or passes of decode rows (they last one step), nor under expert
+     * parallelism (MPI: every rank would have to agree), nor on the CUDA backend (it steps a
+     * pass id by id). */
     int (*on_layer)(void *user, int pos, int n, int layer, int n_layers);
 } k3_trace;
 

@@ -150,6 +150,13 @@ size_t k3_state_plan_bytes(const k3_model *m, int max_ctx) {
            k3_batch_plan_bytes(m, max_blocks, K3_DEFAULT_CHUNK);
 }
 
+size_t k3_state_undo_bytes(const k3_model *m) {
+    const k3_config *c = &m->cfg;
+    size_t P = (size_t)c->kda_num_heads * c->kda_head_dim;
+    return (size_t)m->n_kda * ((size_t)c->kda_num_heads * c->kda_head_dim * c->kda_head_dim +
+                               3 * P * (size_t)(c->kda_conv_size - 1)) * sizeof(float);
+}
+
 void k3_state_times(const k3_state *s, k3_phase_times *sum, k3_phase_times *last) {
     *sum = s->sum;
     *last = s->tok;

@@ -106,8 +106,8 @@ static bool twin_queued(k3_server *s, const k3_slot *w) {
 int k3_sched_pass_unwanted(void *user, int pos, int n, int layer, int n_layers) {
     k3_server *s = user;
     k3_worker_state *ws = s->ws;
-    (void)pos, (void)n_layers;
-    k3_srv_test_hold_pass(s, n, layer); /* the test build's hold, if set */
+    (void)n_layers;
+    k3_srv_test_hold_pass(s, pos, n, layer); /* the test build's hold, if set */
     for (int i = 0; i < ws->pass_segs; i++)
         if (!k3_job_abandoned(s, ws->seg_slot[i]->j)) return 0;
     for (int i = 0; i < ws->pass_segs; i++)
@@ -120,13 +120,17 @@ static void take_result(k3_server *s, k3_slot *w, k3_multistep_seg *g) {
     k3_worker_state *ws = s->ws;
     size_t V = (size_t)ws->vocab;
     const float *rows = g->logits_row >= 0 ? ws->rows + (size_t)g->logits_row * V : NULL;
+    if (g->status == K3_ERR_INTERRUPTED) { /* k3_sched_pass_unwanted: its client is gone */
+        /* the session is back where the pass began (k3.h): the passes before it stay in the
+         * conversation, from which the same request re-sent goes on (k3_kept_pick) */
+        w->err = g->err;
+        w->c->logits_valid = false;
+        w->done = true;
+        return;
+    }
     if (g->status) {
         w->err = g->err;
         k3_kept_feed_failed(w->c, g->status);
-    }
-    if (g->status == K3_ERR_INTERRUPTED) { /* k3_sched_pass_unwanted: its client is gone */
-        w->done = true;
-        return;
     }
     if (w->phase == K3_SLOT_DECODE) {
         if (!g->status) /* one row after a step, one per id after a verification */

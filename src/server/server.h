@@ -138,6 +138,9 @@ enum k3_server_test_op {
      * waits for that line and then leaves is inside the pass whatever the machine's speed
      * (a pause measured from a first run could outlast a faster second one). */
     K3_SERVER_TEST_PASS_HOLD,
+    /* int: the hold above is in the first such pass that starts at this prompt position or
+     * later (default 0): a test stops a later pass of a prompt in passes of --chunk ids. */
+    K3_SERVER_TEST_PASS_HOLD_POS,
 };
 int k3_server_test_control(int op, ...);
 #endif

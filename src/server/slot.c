@@ -274,7 +274,8 @@ void k3_slot_finish(k3_server *s, k3_slot *w) {
         k3_api_fail(&j->err, 500, "server_error", NULL, NULL, "generation failed: %s",
                     w->err.msg);
     } else if (w->err.code == K3_ERR_INTERRUPTED) { /* its pass stopped: the client left */
-        snprintf(j->stopped, sizeof j->stopped, "%.150s", w->err.msg);
+        snprintf(j->stopped, sizeof j->stopped, "%.150s; %d ids kept", w->err.msg,
+                 k3_session_pos(w->c->sess));
     } else if (w->phase == K3_SLOT_DECODE) {
         switch (w->g.end) {
         case K3_GEN_STOP:

@@ -212,7 +212,7 @@ typedef struct k3_job {
                                 the submission) */
     bool stalled;            /* cancelled because its streaming client read nothing for
                                 o.stall_timeout_s (D21) */
-    char stopped[160];       /* cancelled inside a pass: where it stopped (the engine's words,
+    char stopped[192];       /* cancelled inside a pass: where it stopped (the engine's words,
                                 k3_sched_pass_unwanted), for the log line; "" otherwise */
     struct k3_job *next;     /* FIFO link while queued */
 

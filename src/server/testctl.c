@@ -21,6 +21,7 @@ static struct {
     double token_delay_s;
     size_t stream_backlog;
     double pass_hold_s;
+    int pass_hold_pos; /* ... in a pass that starts at this position or later */
     bool pass_held; /* the one hold was spent */
 } tests;
 
@@ -33,6 +34,7 @@ int k3_server_test_control(int op, ...) {
     case K3_SERVER_TEST_TOKEN_DELAY: tests.token_delay_s = va_arg(ap, double); break;
     case K3_SERVER_TEST_STREAM_BACKLOG: tests.stream_backlog = va_arg(ap, size_t); break;
     case K3_SERVER_TEST_PASS_HOLD: tests.pass_hold_s = va_arg(ap, double); break;
+    case K3_SERVER_TEST_PASS_HOLD_POS: tests.pass_hold_pos = va_arg(ap, int); break;
     default: rc = -1;
     }
     va_end(ap);
@@ -45,10 +47,13 @@ void k3_srv_test_after_token(void) {
     if (tests.token_delay_s > 0) poll(NULL, 0, (int)(tests.token_delay_s * 1e3));
 }
 
-void k3_srv_test_hold_pass(k3_server *s, int n, int layer) {
-    if (!(tests.pass_hold_s > 0) || tests.pass_held || layer != 0 || n < 2) return;
+void k3_srv_test_hold_pass(k3_server *s, int pos, int n, int layer) {
+    if (!(tests.pass_hold_s > 0) || tests.pass_held || layer != 0 || n < 2 ||
+        pos < tests.pass_hold_pos)
+        return;
     tests.pass_held = true;
-    fprintf(stderr, "k3 serve: test: a pass of %d ids holds after layer 1\n", n);
+    fprintf(stderr, "k3 serve: test: a pass of %d ids holds after layer 1 (position %d)\n", n,
+            pos);
     k3_worker_state *ws = s->ws;
     double t0 = k3_now_s();
     for (; k3_now_s() - t0 < tests.pass_hold_s; poll(NULL, 0, 5)) {

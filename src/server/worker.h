@@ -174,9 +174,9 @@ bool k3_srv_test_scripted(const k3_worker_state *w);
 bool k3_srv_test_choose(void *user, int32_t *id); /* k3_gen_io.choose: the script, then end */
 void k3_srv_test_after_token(void);
 size_t k3_srv_test_stream_backlog(void); /* 0: the default */
-/* The on_layer hook, after layer `layer` of a pass whose segment has n ids: the one hold of
- * K3_SERVER_TEST_PASS_HOLD (server.h), while a client of the pass stays. */
-void k3_srv_test_hold_pass(k3_server *s, int n, int layer);
+/* The on_layer hook, after layer `layer` of a pass whose segment has n ids at positions pos..:
+ * the one hold of K3_SERVER_TEST_PASS_HOLD (server.h), while a client of the pass stays. */
+void k3_srv_test_hold_pass(k3_server *s, int pos, int n, int layer);
 #else
 static inline int k3_srv_test_start(k3_worker_state *w, const k3_tokenizer *tok, k3_err *err) {
     (void)w, (void)tok, (void)err;
@@ -188,15 +188,16 @@ static inline bool k3_srv_test_scripted(const k3_worker_state *w) { return (void
 #define k3_srv_test_choose NULL
 static inline void k3_srv_test_after_token(void) {}
 static inline size_t k3_srv_test_stream_backlog(void) { return 0; }
-static inline void k3_srv_test_hold_pass(k3_server *s, int n, int layer) {
-    (void)s, (void)n, (void)layer;
+static inline void k3_srv_test_hold_pass(k3_server *s, int pos, int n, int layer) {
+    (void)s, (void)pos, (void)n, (void)layer;
 }
 #endif
 
 /* The sessions' on_layer hook (k3_trace, pass.h; user: the server): nonzero, which stops the
  * pass after this layer, when every slot in the running pass is abandoned (client gone,
  * cancelled, server stopping). A long prompt pass whose client left ends within a layer; a
- * pass that still serves someone runs to its end (a stop resets every session in it). */
+ * pass that still serves someone runs to its end. A stop puts every session in the pass back
+ * where the pass began: its conversation keeps the prompt passes before it. */
 int k3_sched_pass_unwanted(void *user, int pos, int n, int layer, int n_layers);
 
 /* ---- sched.c ---- */

@@ -185,3 +185,39 @@ test('a pass whose client left runs on when the same request, re-sent, waits in 
     `the re-sent copy reused ${usage.prompt_tokens_details.cached_tokens} of ${usage.prompt_tokens} prompt tokens`);
   assert.match(await logLine(srv, 0), / 499 stream prompt \d+ .*cancelled, /); // not stopped
 });
+
+// A stopped pass no longer drops the passes before it (issue 31): the session goes back to where
+// the stopped pass began and stays in its conversation, so the same request re-sent (Claude Code
+// re-sends the whole conversation) goes on from there, and its reply is a fresh server's. The
+// prompt goes in passes of 512 ids; the third (from position 1,024) holds after its first layer
+// (K3_TEST_PASS_HOLD_POS) until the client leaves, which then stops it.
+test('a stopped prompt pass keeps the passes before it: the same request re-sent goes on from there', async () => {
+  const CHUNK = 512; // ~3,930 ids: 8 prompt passes
+  const srv = await serverPool({ ...HOLD, K3_TEST_PASS_HOLD_POS: String(2 * CHUNK) })(['--chunk', String(CHUNK)]);
+  const body = PROMPT_BODY({ stream_options: { include_usage: true } });
+  const ac = new AbortController();
+  const gone = fetch(srv.url + '/v1/chat/completions', { method: 'POST', body, headers: JSONH,
+    signal: ac.signal }).then((r) => r.text()).catch(() => 'aborted');
+  await intoThePass(srv);
+  assert.match(srv.log(), /a pass of 512 ids holds after layer 1 \(position 1024\)/);
+  ac.abort();
+  assert.equal(await gone, 'aborted');
+  const line = await logLine(srv, 0);
+  const m = line.match(/ 499 stream .*cancelled: stopped after layer 1 of 9 of a pass of 512 ids; (\d+) ids kept/);
+  assert.ok(m && Number(m[1]) === 2 * CHUNK, line);
+  const usageOf = (text) => JSON.parse(text.split('\n').filter((l) => l.startsWith('data: {')).at(-1).slice(6)).usage;
+  const replyOf = (text) => text.split('\n').filter((l) => l.startsWith('data: {'))
+    .map((l) => JSON.parse(l.slice(6)).choices?.[0]?.delta).filter(Boolean)
+    .map((d) => (d.reasoning_content ?? '') + (d.content ?? '')).join('');
+  const again = await raw(srv, 'POST', '/v1/chat/completions', body, JSONH);
+  assert.equal(again.status, 200, again.text);
+  const usage = usageOf(again.text);
+  assert.ok(usage.prompt_tokens_details.cached_tokens >= 2 * CHUNK,
+    `the re-sent request reused ${usage.prompt_tokens_details.cached_tokens} ids, ${2 * CHUNK} kept`);
+  const fresh = await raw(await serverPool({})(['--chunk', String(CHUNK)]), 'POST',
+    '/v1/chat/completions', body, JSONH);
+  assert.equal(fresh.status, 200, fresh.text);
+  assert.equal(usageOf(fresh.text).prompt_tokens_details.cached_tokens, 0);
+  assert.ok(replyOf(fresh.text).length > 0, fresh.text);
+  assert.equal(replyOf(again.text), replyOf(fresh.text));
+});
