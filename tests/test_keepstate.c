@@ -146,7 +146,7 @@ static void test_multistep_all_back(void) {
     for (int i = 0; i < 3; i++) {
         CHECK(segs[i].status == K3_ERR_INTERRUPTED && k3_session_pos(s[i]) == 8 + i,
               "segment %d: status %d, position %d", i, segs[i].status, k3_session_pos(s[i]));
-        char tag[8];
+        char tag[16];
         snprintf(tag, sizeof tag, "ms%d", i);
         CHECK(same_state(s[i], ref[i], tag), "session %d is not where the pass began", i);
     }
