@@ -170,28 +170,25 @@ static void test_matvec_random_within_bound(void) { check_all_shapes(0, 1); }
 static void test_matmul_integers_exact(void) { check_all_shapes(1, 5); }
 static void test_matmul_random_within_bound(void) { check_all_shapes(0, 3); }
 
-/* Row b of a batched product equals the matrix-vector product of x[b] bit for bit, on every
- * path (scalar included), for batches below, at and above the kernels' 64-vector batch. */
-static void test_matmul_rows_equal_matvec_bitwise(void) {
+/* Every path's batched product of a rows x cols matrix (MXFP4: cols_mx) with each count of
+ * vectors in ns equals, row for row, the matvec of each vector, bit for bit. */
+static void rows_equal_matvec(const int *ns, size_t n_ns, int64_t rows, int64_t cols,
+                              int64_t cols_mx) {
     const k3_kernels *all[8];
     int np = k3_kernels_available(all, 8);
-    static const int NS[] = {2, 4, 7, 8, 13, 64, 67};
-    rng = 777;
     for (int p = 0; p < np; p++)
         for (int dt = 0; dt < 3; dt++)
-            for (size_t ni = 0; ni < sizeof NS / sizeof NS[0]; ni++) {
-                int n = NS[ni];
-                /* > one 256-column tile; 26 rows: a 24-row tile and 2 more, and not a multiple
-                 * of the GEMM micro-kernels' 3 or 6 rows */
-                int64_t rows = 26, cols = dt == DT_MXFP4 ? 544 : 523;
+            for (size_t ni = 0; ni < n_ns; ni++) {
+                int n = ns[ni];
+                int64_t cc = dt == DT_MXFP4 ? cols_mx : cols;
                 tmat t;
-                tmat_make(&t, dt, rows, cols, 0);
-                float *xbuf, *x = make_x(n, cols, 0, &xbuf);
+                tmat_make(&t, dt, rows, cc, 0);
+                float *xbuf, *x = make_x(n, cc, 0, &xbuf);
                 float *yb = malloc((size_t)(n * rows) * sizeof *yb), *yv = malloc((size_t)rows * 4);
                 product(all[p], &t, x, n, yb);
                 int bad = -1;
                 for (int b = 0; b < n && bad < 0; b++) {
-                    product(all[p], &t, x + b * cols, 1, yv);
+                    product(all[p], &t, x + b * cc, 1, yv);
                     if (memcmp(yv, yb + b * rows, (size_t)rows * sizeof *yv) != 0) bad = b;
                 }
                 free(yb), free(yv), free(xbuf);
@@ -201,37 +198,27 @@ static void test_matmul_rows_equal_matvec_bitwise(void) {
             }
 }
 
+/* Row b of a batched product equals the matrix-vector product of x[b] bit for bit, on every
+ * path (scalar included), for batches below, at and above the kernels' 64-vector batch. */
+static void test_matmul_rows_equal_matvec_bitwise(void) {
+    static const int NS[] = {2, 4, 7, 8, 13, 64, 67};
+    rng = 777;
+    /* > one 256-column tile; 26 rows: a 24-row tile and 2 more, and not a multiple of the GEMM
+     * micro-kernels' 3 or 6 rows */
+    rows_equal_matvec(NS, sizeof NS / sizeof NS[0], 26, 523, 544);
+}
+
 /* The batched products over several row blocks and column tiles (301 rows: two 128-row
  * blocks and 45 rows, not a multiple of 3 or 4; 1100 columns, MXFP4 1120: two 512-column
  * tiles and more), on one thread so that one range crosses every block: each slab's successor
  * is decoded while it runs (simd_gemm.h; NEON's MXFP4 too), also across tiles and blocks;
  * row b equals the matvec of x[b] bit for bit. */
 static void test_matmul_blocks_rows_equal_matvec(void) {
-    const k3_kernels *all[8];
-    int np = k3_kernels_available(all, 8), saved = omp_get_max_threads();
     static const int NS[] = {7, 64};
+    int saved = omp_get_max_threads();
     rng = 4242;
     omp_set_num_threads(1);
-    for (int p = 0; p < np; p++)
-        for (int dt = 0; dt < 3; dt++)
-            for (size_t ni = 0; ni < sizeof NS / sizeof NS[0]; ni++) {
-                int n = NS[ni];
-                int64_t rows = 301, cols = dt == DT_MXFP4 ? 1120 : 1100;
-                tmat t;
-                tmat_make(&t, dt, rows, cols, 0);
-                float *xbuf, *x = make_x(n, cols, 0, &xbuf);
-                float *yb = malloc((size_t)(n * rows) * sizeof *yb), *yv = malloc((size_t)rows * 4);
-                product(all[p], &t, x, n, yb);
-                int bad = -1;
-                for (int b = 0; b < n && bad < 0; b++) {
-                    product(all[p], &t, x + b * cols, 1, yv);
-                    if (memcmp(yv, yb + b * rows, (size_t)rows * sizeof *yv) != 0) bad = b;
-                }
-                free(yb), free(yv), free(xbuf);
-                tmat_free(&t);
-                CHECK(bad < 0, "%s %s n=%d: batched row of vector %d differs from matvec",
-                      k3_kernels_name(all[p]), DT_NAME[dt], n, bad);
-            }
+    rows_equal_matvec(NS, sizeof NS / sizeof NS[0], 301, 1100, 1120);
     omp_set_num_threads(saved);
 }
 

@@ -5,14 +5,19 @@
 #include <stdio.h>
 #include <string.h>
 
+/* err's message from fmt, its code, and no field. */
+static void vfail(k3_err *err, int code, const char *fmt, va_list ap) {
+    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+    err->code = code;
+    memset(err->field, 0, sizeof err->field);
+}
+
 int k3_fail(k3_err *err, int code, const char *fmt, ...) {
     if (err) {
         va_list ap;
         va_start(ap, fmt);
-        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+        vfail(err, code, fmt, ap);
         va_end(ap);
-        err->code = code;
-        memset(err->field, 0, sizeof err->field);
     }
     return code;
 }
@@ -50,10 +55,8 @@ int k3_fail_opts(k3_err *err, int code, const char *fields, const char *fmt, ...
     if (!err) return code;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+    vfail(err, code, fmt, ap);
     va_end(ap);
-    err->code = code;
-    memset(err->field, 0, sizeof err->field);
     int k = 0;
     for (const char *f = fields; *f && k < K3_ERR_FIELDS;) {
         size_t n = strcspn(f, ",");
